@@ -1,6 +1,6 @@
 module github.com/softroce/softroce
 
-go 1.26
+go 1.26.0
 
 require (
 	github.com/google/gopacket v1.1.19 // indirect

@@ -1,0 +1,736 @@
+package link
+
+// Pipeline (one UDPLink, one socket per local address):
+//
+//	Send(batch): validate all -> split into runs of consecutive datagrams with the same source
+//	socket -> per run, under the socket's send lock, fill preallocated mmsghdr/iovec/sockaddr
+//	arrays (and UDP_SEGMENT cmsgs when GSO groups equal-size datagrams to one peer) -> sendmmsg
+//	through RawConn.Write (the poller parks the goroutine on EAGAIN).
+//	Recv(batch), one socket: under the receive lock, point the iovecs at the caller's buffers ->
+//	recvmmsg through RawConn.Read (parks on EAGAIN).
+//	Recv(batch), several sockets: a waiter goroutine per socket parks in RawConn.Read on a
+//	MSG_PEEK probe and signals `ready`; Recv tries every socket without blocking (RawConn.Control)
+//	and only waits on `ready` when all were empty, re-arming each waiter it found empty.
+//
+// All per-datagram state lives in arrays allocated at ListenUDP: no allocation per datagram.
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// GSOMode selects UDP generic segmentation offload on send.
+type GSOMode uint8
+
+const (
+	// GSOAuto (the zero value) uses GSO for IPv6 sockets only: IPv6 has no IP ID, while for IPv4
+	// the kernel numbers GSO segments' IDs upward (see docs/link.md), which the ICRC covers.
+	GSOAuto GSOMode = iota
+	// GSOOff never uses GSO.
+	GSOOff
+	// GSOOn uses GSO for IPv4 and IPv6 sockets (IPv4 segments after the first then carry
+	// non-zero IDs: only for peers that do not check the ICRC over the ID, or for benchmarks).
+	GSOOn
+)
+
+// Defaults of UDPOptions (see docs/link.md and /work/shared/reference/perf-ceilings.md).
+const (
+	DefaultRecvBuf   = 16 << 20 // bytes; SO_RCVBUFFORCE as root, else capped by net.core.rmem_max
+	DefaultSendBuf   = 4 << 20  // bytes; SO_SNDBUFFORCE as root, else capped by net.core.wmem_max
+	DefaultBatchSize = 64
+	// maxGSOSegments bounds the datagrams of one GSO message (the kernel's UDP_MAX_SEGMENTS is 64
+	// on older kernels, 128 on newer ones).
+	maxGSOSegments = 64
+	// maxGSOBytes bounds the payload of one GSO message (IPv4 total length 65535 - 20 - 8).
+	maxGSOBytes = 65507
+)
+
+// UDPOptions configure ListenUDP.
+type UDPOptions struct {
+	// Addrs are the local addresses; one socket is bound to each (IPv4 or IPv6; an IPv6
+	// link-local address needs its zone).
+	Addrs []netip.Addr
+	// Port is the local port of every socket; 0 means 4791 (IBTA A17.2.3).
+	Port uint16
+	// AnyPort binds each socket to a kernel-chosen port instead of Port (tests that must not
+	// collide with other users of 4791); read the ports back with UDPLink.LocalAddrPorts.
+	AnyPort bool
+	// RecvBuf and SendBuf size SO_RCVBUF/SO_SNDBUF in bytes: 0 means DefaultRecvBuf /
+	// DefaultSendBuf, negative leaves the kernel default.
+	RecvBuf, SendBuf int
+	// NoForce skips SO_RCVBUFFORCE/SO_SNDBUFFORCE (which need CAP_NET_ADMIN and ignore the
+	// rmem_max/wmem_max caps); the plain options are used when the FORCE ones are refused anyway.
+	NoForce bool
+	// BatchSize is the preferred batch length (and the size of the preallocated arrays);
+	// 0 means DefaultBatchSize.
+	BatchSize int
+	// GSO selects UDP_SEGMENT on send; falls back to plain sends if the kernel refuses.
+	GSO GSOMode
+}
+
+// UDPLink is the Link over UDP sockets returned by ListenUDP.
+type UDPLink struct {
+	socks   []*udpSock
+	batch   int
+	closed  atomic.Bool
+	closing chan struct{}
+	wg      sync.WaitGroup
+
+	// multi-socket receive
+	rmu   sync.Mutex
+	ready chan struct{}
+	next  int
+
+	sent, received, sendBatches, recvBatches, gsoSends, groReceives, drops, truncated, fallbacks atomic.Uint64
+}
+
+var _ StatsLink = (*UDPLink)(nil)
+
+// mmsghdr is struct mmsghdr.
+type mmsghdr struct {
+	hdr unix.Msghdr
+	len uint32
+	_   [4]byte
+}
+
+// udpSock is one bound socket with its preallocated syscall arrays.
+type udpSock struct {
+	l     *UDPLink
+	local netip.AddrPort
+	v6    bool
+	gso   atomic.Bool
+	f     *os.File
+	rc    syscall.RawConn
+
+	smu    sync.Mutex
+	smsgs  []mmsghdr
+	siov   []unix.Iovec
+	ssa    []unix.RawSockaddrInet6 // large enough for an IPv4 sockaddr too
+	scmsg  []byte                  // one UDP_SEGMENT cmsg per message
+	scount int                     // messages filled
+	sidx   int                     // next message to send
+	sfail  int                     // datagrams lost to send errors in this run
+	sgsoEr bool                    // a GSO message was refused
+	sendFn func(uintptr) bool
+
+	rmsgs  []mmsghdr
+	riov   []unix.Iovec
+	rsa    []unix.RawSockaddrInet6
+	rcount int
+	rn     int
+	rerr   error
+	again  bool
+	recvFn func(uintptr) bool
+	tryFn  func(uintptr)
+	peekFn func(uintptr) bool
+	rearm  chan struct{}
+}
+
+// ListenUDP opens one unconnected UDP socket per address, bound to ADDR:Port, with DF set
+// (IP_PMTUDISC_DO / IPV6_PMTUDISC_DO: Linux then writes IPv4 ID 0 on unconnected sockets, the
+// value the sender's ICRC assumes, IBTA A17.3.3), sized buffers and preallocated batch arrays.
+func ListenUDP(o UDPOptions) (Link, error) { return listenUDP(o) }
+
+func listenUDP(o UDPOptions) (*UDPLink, error) {
+	if len(o.Addrs) == 0 {
+		return nil, fmt.Errorf("listen udp: no addresses: %w", ErrInvalidAddr)
+	}
+	if o.Port == 0 {
+		o.Port = UDPPort
+	}
+	if o.BatchSize <= 0 {
+		o.BatchSize = DefaultBatchSize
+	}
+	if o.RecvBuf == 0 {
+		o.RecvBuf = DefaultRecvBuf
+	}
+	if o.SendBuf == 0 {
+		o.SendBuf = DefaultSendBuf
+	}
+	l := &UDPLink{batch: o.BatchSize, closing: make(chan struct{}), ready: make(chan struct{}, 1)}
+	for i, a := range o.Addrs {
+		if !a.IsValid() {
+			l.closeSocks()
+			return nil, fmt.Errorf("listen udp %v: %w", a, ErrInvalidAddr)
+		}
+		a = a.Unmap()
+		for _, s := range l.socks {
+			if s.local.Addr() == a {
+				l.closeSocks()
+				return nil, fmt.Errorf("listen udp %v: %w", a, ErrAddrInUse)
+			}
+		}
+		s, err := openSock(l, a, &o)
+		if err != nil {
+			l.closeSocks()
+			return nil, fmt.Errorf("listen udp %v (address %d): %w", a, i, err)
+		}
+		l.socks = append(l.socks, s)
+	}
+	if len(l.socks) > 1 {
+		for _, s := range l.socks {
+			l.wg.Add(1)
+			go s.waiter()
+		}
+	}
+	return l, nil
+}
+
+func openSock(l *UDPLink, a netip.Addr, o *UDPOptions) (*udpSock, error) {
+	s := &udpSock{l: l, v6: a.Is6()}
+	fam := unix.AF_INET
+	if s.v6 {
+		fam = unix.AF_INET6
+	}
+	fd, err := unix.Socket(fam, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
+	if err != nil {
+		return nil, os.NewSyscallError("socket", err)
+	}
+	fail := func(op string, err error) (*udpSock, error) {
+		unix.Close(fd)
+		return nil, os.NewSyscallError(op, err)
+	}
+	if s.v6 {
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1); err != nil {
+			return fail("setsockopt IPV6_V6ONLY", err)
+		}
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_DO); err != nil {
+			return fail("setsockopt IPV6_MTU_DISCOVER", err)
+		}
+	} else if err := unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO); err != nil {
+		return fail("setsockopt IP_MTU_DISCOVER", err)
+	}
+	if err := setBuf(fd, unix.SO_RCVBUF, unix.SO_RCVBUFFORCE, o.RecvBuf, o.NoForce); err != nil {
+		return fail("setsockopt SO_RCVBUF", err)
+	}
+	if err := setBuf(fd, unix.SO_SNDBUF, unix.SO_SNDBUFFORCE, o.SendBuf, o.NoForce); err != nil {
+		return fail("setsockopt SO_SNDBUF", err)
+	}
+	port := int(o.Port)
+	if o.AnyPort {
+		port = 0
+	}
+	var sa unix.Sockaddr
+	if s.v6 {
+		sa6 := &unix.SockaddrInet6{Port: port, Addr: a.As16()}
+		if z := a.Zone(); z != "" {
+			ifi, err := net.InterfaceByName(z)
+			if err != nil {
+				unix.Close(fd)
+				return nil, err
+			}
+			sa6.ZoneId = uint32(ifi.Index)
+		}
+		sa = sa6
+	} else {
+		sa = &unix.SockaddrInet4{Port: port, Addr: a.As4()}
+	}
+	if err := unix.Bind(fd, sa); err != nil {
+		return fail("bind", err)
+	}
+	bound, err := unix.Getsockname(fd)
+	if err != nil {
+		return fail("getsockname", err)
+	}
+	switch b := bound.(type) {
+	case *unix.SockaddrInet4:
+		s.local = netip.AddrPortFrom(a, uint16(b.Port))
+	case *unix.SockaddrInet6:
+		s.local = netip.AddrPortFrom(a, uint16(b.Port))
+	}
+	s.gso.Store(o.GSO == GSOOn || (o.GSO == GSOAuto && s.v6))
+	s.f = os.NewFile(uintptr(fd), "udp:"+s.local.String())
+	if s.rc, err = s.f.SyscallConn(); err != nil {
+		s.f.Close()
+		return nil, err
+	}
+	n := o.BatchSize
+	s.smsgs = make([]mmsghdr, n)
+	s.siov = make([]unix.Iovec, n)
+	s.ssa = make([]unix.RawSockaddrInet6, n)
+	s.scmsg = make([]byte, n*unix.CmsgSpace(2))
+	s.rmsgs = make([]mmsghdr, n)
+	s.riov = make([]unix.Iovec, n)
+	s.rsa = make([]unix.RawSockaddrInet6, n)
+	s.rearm = make(chan struct{}, 1)
+	s.sendFn = s.doSend
+	s.recvFn = s.doRecv
+	s.tryFn = s.tryRecv
+	s.peekFn = s.peek
+	return s, nil
+}
+
+func setBuf(fd, opt, force, size int, noForce bool) error {
+	if size < 0 {
+		return nil
+	}
+	if !noForce && unix.SetsockoptInt(fd, unix.SOL_SOCKET, force, size) == nil {
+		return nil
+	}
+	return unix.SetsockoptInt(fd, unix.SOL_SOCKET, opt, size)
+}
+
+// sock returns the socket bound to a (nil if none).
+func (l *UDPLink) sock(a netip.Addr) *udpSock {
+	a = a.Unmap()
+	for _, s := range l.socks {
+		if s.local.Addr().WithZone("") == a.WithZone("") {
+			return s
+		}
+	}
+	return nil
+}
+
+// Send transmits the batch in order with sendmmsg, one call per run of datagrams from the same
+// local address (more if a run exceeds BatchSize). Invalid input (zero source port, foreign or
+// wrong-family addresses, oversized payload) fails the whole batch before anything is sent.
+// Datagrams the kernel refuses (ENOBUFS, EMSGSIZE, unreachable...) are dropped and counted in
+// Stats.Drops, as a lossy network would; Send then still returns nil.
+func (l *UDPLink) Send(batch []Datagram) error {
+	if l.closed.Load() {
+		return net.ErrClosed
+	}
+	for i := range batch {
+		d := &batch[i]
+		if !d.Src.IsValid() || d.Src.Port() == 0 || !d.Dst.IsValid() || d.Dst.Port() == 0 {
+			return fmt.Errorf("send %v -> %v: %w", d.Src, d.Dst, ErrInvalidAddr)
+		}
+		s := l.sock(d.Src.Addr())
+		if s == nil {
+			return fmt.Errorf("send from %v: %w", d.Src.Addr(), ErrNoLocalAddr)
+		}
+		if dst := d.Dst.Addr().Unmap(); dst.Is6() != s.v6 {
+			return fmt.Errorf("send %v -> %v: address families differ: %w", d.Src, d.Dst, ErrInvalidAddr)
+		}
+		if len(d.Buf) > MaxDatagram {
+			return fmt.Errorf("send %d bytes: %w", len(d.Buf), ErrTooLarge)
+		}
+	}
+	for i := 0; i < len(batch); {
+		s := l.sock(batch[i].Src.Addr())
+		j := i + 1
+		for j < len(batch) && l.sock(batch[j].Src.Addr()) == s {
+			j++
+		}
+		if err := s.send(batch[i:j]); err != nil {
+			return err
+		}
+		i = j
+	}
+	return nil
+}
+
+// putSockaddr writes ap into sa (IPv4 or IPv6 layout) and returns its length.
+func putSockaddr(sa *unix.RawSockaddrInet6, ap netip.AddrPort, v6 bool) uint32 {
+	port := ap.Port()
+	if !v6 {
+		sa4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
+		sa4.Family = unix.AF_INET
+		p := (*[2]byte)(unsafe.Pointer(&sa4.Port))
+		p[0], p[1] = byte(port>>8), byte(port)
+		sa4.Addr = ap.Addr().Unmap().As4()
+		sa4.Zero = [8]uint8{}
+		return unix.SizeofSockaddrInet4
+	}
+	sa.Family = unix.AF_INET6
+	p := (*[2]byte)(unsafe.Pointer(&sa.Port))
+	p[0], p[1] = byte(port>>8), byte(port)
+	sa.Flowinfo = 0
+	sa.Addr = ap.Addr().As16()
+	sa.Scope_id = 0
+	return unix.SizeofSockaddrInet6
+}
+
+// getSockaddr decodes a received sockaddr.
+func getSockaddr(sa *unix.RawSockaddrInet6) netip.AddrPort {
+	switch sa.Family {
+	case unix.AF_INET:
+		sa4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
+		p := (*[2]byte)(unsafe.Pointer(&sa4.Port))
+		return netip.AddrPortFrom(netip.AddrFrom4(sa4.Addr), uint16(p[0])<<8|uint16(p[1]))
+	case unix.AF_INET6:
+		p := (*[2]byte)(unsafe.Pointer(&sa.Port))
+		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(p[0])<<8|uint16(p[1]))
+	}
+	return netip.AddrPort{}
+}
+
+// send transmits a run of datagrams that all leave from s.
+func (s *udpSock) send(run []Datagram) error {
+	s.smu.Lock()
+	defer s.smu.Unlock()
+	for len(run) > 0 {
+		used := s.fill(run, s.gso.Load())
+		s.sidx, s.sfail, s.sgsoEr = 0, 0, false
+		err := s.rc.Write(s.sendFn)
+		s.clear()
+		if err != nil {
+			if s.l.closed.Load() {
+				return net.ErrClosed
+			}
+			return fmt.Errorf("sendmmsg from %v: %w", s.local, err)
+		}
+		if s.sgsoEr {
+			// The kernel refused UDP_SEGMENT: turn GSO off on this socket and resend the run
+			// (datagrams of the messages before the refused one were sent; resending them
+			// would duplicate, so resend from the refused message).
+			s.gso.Store(false)
+			s.l.fallbacks.Add(1)
+			used = s.sentDatagrams()
+		}
+		if s.sfail > 0 {
+			s.l.drops.Add(uint64(s.sfail))
+		}
+		s.l.sent.Add(uint64(s.sentDatagrams() - s.sfail))
+		s.l.sendBatches.Add(1)
+		run = run[used:]
+	}
+	return nil
+}
+
+// fill builds up to len(s.smsgs) messages from the head of run and returns how many datagrams
+// they hold. With gso, consecutive datagrams to the same peer of the same length (the last may be
+// shorter) share one message with a UDP_SEGMENT cmsg carrying that length.
+func (s *udpSock) fill(run []Datagram, gso bool) int {
+	m, d := 0, 0
+	space := unix.CmsgSpace(2)
+	for m < len(s.smsgs) && d < len(run) && d < len(s.siov) {
+		first := d
+		size := len(run[d].Buf)
+		total := size
+		d++
+		if gso && size > 0 {
+			for d < len(run) && d < len(s.siov) && d-first < maxGSOSegments &&
+				run[d].Dst == run[first].Dst && len(run[d].Buf) <= size && len(run[d].Buf) > 0 &&
+				total+len(run[d].Buf) <= maxGSOBytes {
+				total += len(run[d].Buf)
+				short := len(run[d].Buf) < size
+				d++
+				if short {
+					break // only the last segment may be shorter
+				}
+			}
+		}
+		for k := first; k < d; k++ {
+			iov := &s.siov[k]
+			if b := run[k].Buf; len(b) > 0 {
+				iov.Base = &b[0]
+			} else {
+				iov.Base = nil
+			}
+			iov.SetLen(len(run[k].Buf))
+		}
+		h := &s.smsgs[m].hdr
+		h.Name = (*byte)(unsafe.Pointer(&s.ssa[m]))
+		h.Namelen = putSockaddr(&s.ssa[m], run[first].Dst, s.v6)
+		h.Iov = &s.siov[first]
+		h.SetIovlen(d - first)
+		h.Control, h.Controllen, h.Flags = nil, 0, 0
+		if d-first > 1 {
+			c := s.scmsg[m*space : (m+1)*space]
+			ch := (*unix.Cmsghdr)(unsafe.Pointer(&c[0]))
+			ch.Level = unix.SOL_UDP
+			ch.Type = unix.UDP_SEGMENT
+			ch.SetLen(unix.CmsgLen(2))
+			*(*uint16)(unsafe.Pointer(&c[unix.CmsgLen(0)])) = uint16(size)
+			h.Control = &c[0]
+			h.SetControllen(space)
+		}
+		s.smsgs[m].len = 0
+		m++
+	}
+	s.scount = m
+	return d
+}
+
+// sentDatagrams counts the datagrams in messages [0, sidx).
+func (s *udpSock) sentDatagrams() int {
+	n := 0
+	for m := 0; m < s.sidx; m++ {
+		n += int(s.smsgs[m].hdr.Iovlen)
+	}
+	return n
+}
+
+// clear drops references to the caller's buffers (Send does not retain them).
+func (s *udpSock) clear() {
+	for i := range s.siov {
+		if s.siov[i].Base == nil {
+			break
+		}
+		s.siov[i].Base = nil
+	}
+}
+
+// doSend runs inside RawConn.Write: sendmmsg until every message is sent; false = wait writable.
+func (s *udpSock) doSend(fd uintptr) bool {
+	for s.sidx < s.scount {
+		r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&s.smsgs[s.sidx])),
+			uintptr(s.scount-s.sidx), 0, 0, 0)
+		switch e {
+		case 0:
+			s.sidx += int(r)
+		case unix.EAGAIN:
+			return false
+		case unix.EINTR:
+		case unix.EIO, unix.EINVAL:
+			if s.smsgs[s.sidx].hdr.Controllen != 0 {
+				s.sgsoEr = true // GSO refused: the caller disables it and resends from here
+				return true
+			}
+			s.sfail += int(s.smsgs[s.sidx].hdr.Iovlen)
+			s.sidx++
+		default:
+			// This message failed (ENOBUFS, EMSGSIZE, ENETUNREACH...): drop it, go on.
+			s.sfail += int(s.smsgs[s.sidx].hdr.Iovlen)
+			s.sidx++
+		}
+	}
+	return true
+}
+
+// prepRecv points the receive iovecs at the caller's buffers.
+func (s *udpSock) prepRecv(batch []Datagram) {
+	n := min(len(batch), len(s.rmsgs))
+	for i := 0; i < n; i++ {
+		b := batch[i].Buf[:cap(batch[i].Buf)]
+		iov := &s.riov[i]
+		if len(b) > 0 {
+			iov.Base = &b[0]
+		} else {
+			iov.Base = nil
+		}
+		iov.SetLen(len(b))
+		h := &s.rmsgs[i].hdr
+		h.Name = (*byte)(unsafe.Pointer(&s.rsa[i]))
+		h.Namelen = unix.SizeofSockaddrInet6
+		h.Iov = iov
+		h.SetIovlen(1)
+		h.Control, h.Controllen, h.Flags = nil, 0, 0
+		s.rmsgs[i].len = 0
+	}
+	s.rcount = n
+	s.rn, s.rerr, s.again = 0, nil, false
+}
+
+// recvmmsg is one non-blocking attempt.
+func (s *udpSock) recvmmsg(fd uintptr) {
+	for {
+		r, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&s.rmsgs[0])),
+			uintptr(s.rcount), 0, 0, 0)
+		switch e {
+		case 0:
+			s.rn = int(r)
+			return
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			s.again = true
+			return
+		default:
+			s.rerr = e
+			return
+		}
+	}
+}
+
+// doRecv runs inside RawConn.Read; false = wait readable.
+func (s *udpSock) doRecv(fd uintptr) bool {
+	s.recvmmsg(fd)
+	return !s.again
+}
+
+// tryRecv runs inside RawConn.Control: one attempt, never waits.
+func (s *udpSock) tryRecv(fd uintptr) { s.recvmmsg(fd) }
+
+// finishRecv fills batch from the received messages and drops buffer references.
+func (s *udpSock) finishRecv(batch []Datagram) int {
+	trunc := 0
+	for i := 0; i < s.rn; i++ {
+		m := &s.rmsgs[i]
+		b := batch[i].Buf[:cap(batch[i].Buf)]
+		batch[i].Buf = b[:min(int(m.len), len(b))]
+		if m.hdr.Flags&unix.MSG_TRUNC != 0 {
+			trunc++
+		}
+		batch[i].Src = getSockaddr(&s.rsa[i])
+		batch[i].Dst = s.local
+	}
+	for i := 0; i < s.rcount; i++ {
+		s.riov[i].Base = nil
+	}
+	if s.rn > 0 {
+		s.l.received.Add(uint64(s.rn))
+		s.l.recvBatches.Add(1)
+	}
+	if trunc > 0 {
+		s.l.truncated.Add(uint64(trunc))
+	}
+	return s.rn
+}
+
+// peek runs inside RawConn.Read in the waiter: true once a datagram is queued (not consumed).
+func (s *udpSock) peek(fd uintptr) bool {
+	var b [1]byte
+	for {
+		_, _, e := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
+			unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+		switch e {
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false
+		}
+		return true
+	}
+}
+
+// waiter parks until s is readable, tells Recv, and waits to be re-armed (multi-socket links).
+func (s *udpSock) waiter() {
+	defer s.l.wg.Done()
+	for {
+		if err := s.rc.Read(s.peekFn); err != nil {
+			return
+		}
+		select {
+		case s.l.ready <- struct{}{}:
+		default:
+		}
+		select {
+		case <-s.rearm:
+		case <-s.l.closing:
+			return
+		}
+	}
+}
+
+// Recv waits for datagrams and fills batch[0:n] with them (up to BatchSize at a time). Src is the
+// peer, Dst the local address and port of the socket it arrived on.
+func (l *UDPLink) Recv(batch []Datagram) (int, error) {
+	if l.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	if len(batch) == 0 {
+		return 0, nil
+	}
+	if len(l.socks) == 1 {
+		s := l.socks[0]
+		l.rmu.Lock()
+		defer l.rmu.Unlock()
+		s.prepRecv(batch)
+		err := s.rc.Read(s.recvFn)
+		n := s.finishRecv(batch)
+		return l.recvResult(s, n, err)
+	}
+	l.rmu.Lock()
+	defer l.rmu.Unlock()
+	for {
+		for k := range l.socks {
+			s := l.socks[(l.next+k)%len(l.socks)]
+			s.prepRecv(batch)
+			err := s.rc.Control(s.tryFn)
+			if s.again {
+				select {
+				case s.rearm <- struct{}{}:
+				default:
+				}
+				s.finishRecv(batch)
+				continue
+			}
+			n := s.finishRecv(batch)
+			l.next = (l.next + k + 1) % len(l.socks)
+			return l.recvResult(s, n, err)
+		}
+		select {
+		case <-l.ready:
+		case <-l.closing:
+			return 0, net.ErrClosed
+		}
+	}
+}
+
+func (l *UDPLink) recvResult(s *udpSock, n int, err error) (int, error) {
+	if l.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	if err == nil {
+		err = s.rerr
+	}
+	if err != nil {
+		return n, fmt.Errorf("recvmmsg on %v: %w", s.local, err)
+	}
+	return n, nil
+}
+
+// BatchSize returns UDPOptions.BatchSize.
+func (l *UDPLink) BatchSize() int { return l.batch }
+
+// LocalAddrs returns the bound addresses.
+func (l *UDPLink) LocalAddrs() []netip.Addr {
+	out := make([]netip.Addr, len(l.socks))
+	for i, s := range l.socks {
+		out[i] = s.local.Addr()
+	}
+	return out
+}
+
+// LocalAddrPorts returns the bound address and port of each socket.
+func (l *UDPLink) LocalAddrPorts() []netip.AddrPort {
+	out := make([]netip.AddrPort, len(l.socks))
+	for i, s := range l.socks {
+		out[i] = s.local
+	}
+	return out
+}
+
+// SourcePort returns the port of the socket bound to local: the kernel writes it as the UDP
+// source port of every send (the entropy is not used); 0 if local is not one of the link's.
+func (l *UDPLink) SourcePort(local netip.Addr, entropy uint16) uint16 {
+	if s := l.sock(local); s != nil {
+		return s.local.Port()
+	}
+	return 0
+}
+
+// GSOEnabled reports whether sends from local currently use UDP GSO.
+func (l *UDPLink) GSOEnabled(local netip.Addr) bool {
+	s := l.sock(local)
+	return s != nil && s.gso.Load()
+}
+
+// Stats returns the link's counters.
+func (l *UDPLink) Stats() Stats {
+	return Stats{Sent: l.sent.Load(), Received: l.received.Load(), SendBatches: l.sendBatches.Load(),
+		RecvBatches: l.recvBatches.Load(), GSOSends: l.gsoSends.Load(), GROReceives: l.groReceives.Load(),
+		Drops: l.drops.Load(), Truncated: l.truncated.Load(), Fallbacks: l.fallbacks.Load()}
+}
+
+// Close closes the sockets, unblocks Recv and Send, and waits for the link's goroutines.
+func (l *UDPLink) Close() error {
+	if l.closed.Swap(true) {
+		return nil
+	}
+	close(l.closing)
+	err := l.closeSocks()
+	l.wg.Wait()
+	return err
+}
+
+func (l *UDPLink) closeSocks() error {
+	var errs []error
+	for _, s := range l.socks {
+		if err := s.f.Close(); err != nil && !errors.Is(err, os.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
