@@ -1,0 +1,206 @@
+package bth
+
+import (
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
+	"net/netip"
+)
+
+// ICRCSize is the size of the invariant CRC that ends every packet.
+const ICRCSize = 4
+
+// Endpoints is the part of the IP and UDP headers the ICRC covers and a UDP
+// socket knows (IBTA Annex A17.3.3). Src and Dst are both IPv4 (4-byte or
+// IPv4-mapped) or both IPv6; Src decides.
+//
+// For IPv4 the covered header is rebuilt as the one Linux writes for a
+// RoCEv2 datagram: version 4, IHL 5, DF set, fragment offset 0, protocol UDP,
+// no options, with Identification = IPID. Other IP headers (options,
+// fragments) can only be checked with ICRCFromIP on the whole packet.
+type Endpoints struct {
+	Src, Dst         netip.Addr // IP source and destination
+	SrcPort, DstPort uint16     // UDP ports
+	IPID             uint16     // IPv4 Identification (covered by the ICRC); 0 for our own sends
+}
+
+// ErrNotRoCEIP is returned by ICRCFromIP for input that is not an IPv4 or
+// IPv6 packet carrying UDP directly.
+var ErrNotRoCEIP = errors.New("bth: not an IPv4/IPv6 UDP packet")
+
+const (
+	ipv4HdrSize = 20
+	ipv6HdrSize = 40
+	udpHdrSize  = 8
+	ipv4IDOff   = 4
+	ipv4DF      = 0x4000
+	protoUDP    = 17
+)
+
+// lrhMaskCRC is the CRC32 state after the 8 bytes of 0xFF that stand for the
+// LRH, which RoCEv2 does not carry (IBTA A17.3.3: "the LRH is replaced by 64
+// bits of 1s").
+var lrhMaskCRC = crc32.Update(0, crc32.IEEETable, []byte{0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF})
+
+var ffByte = []byte{0xFF}
+
+// buildPseudo writes the masked IP and UDP headers the ICRC covers into buf
+// and returns their length (28 for IPv4, 48 for IPv6), IBTA A17.3.3:
+// IPv4 TOS, TTL and header checksum, IPv6 traffic class, flow label and hop
+// limit, and the UDP checksum are replaced by ones.
+func buildPseudo(buf *[ipv6HdrSize + udpHdrSize]byte, ep *Endpoints, udpPayloadLen int) int {
+	src, dst := ep.Src.Unmap(), ep.Dst.Unmap()
+	ulen := uint16(udpHdrSize + udpPayloadLen)
+	var u []byte
+	n := 0
+	if src.Is4() {
+		h := buf[:ipv4HdrSize]
+		h[0] = 0x45
+		h[1] = 0xFF // TOS
+		binary.BigEndian.PutUint16(h[2:], ipv4HdrSize+ulen)
+		binary.BigEndian.PutUint16(h[ipv4IDOff:], ep.IPID)
+		binary.BigEndian.PutUint16(h[6:], ipv4DF)
+		h[8] = 0xFF // TTL
+		h[9] = protoUDP
+		h[10], h[11] = 0xFF, 0xFF // header checksum
+		s, d := src.As4(), dst.As4()
+		copy(h[12:16], s[:])
+		copy(h[16:20], d[:])
+		u = buf[ipv4HdrSize : ipv4HdrSize+udpHdrSize]
+		n = ipv4HdrSize + udpHdrSize
+	} else {
+		h := buf[:ipv6HdrSize]
+		h[0], h[1], h[2], h[3] = 0x6F, 0xFF, 0xFF, 0xFF // version 6, traffic class, flow label
+		binary.BigEndian.PutUint16(h[4:], ulen)
+		h[6] = protoUDP
+		h[7] = 0xFF // hop limit
+		s, d := src.As16(), dst.As16()
+		copy(h[8:24], s[:])
+		copy(h[24:40], d[:])
+		u = buf[ipv6HdrSize:]
+		n = ipv6HdrSize + udpHdrSize
+	}
+	binary.BigEndian.PutUint16(u[0:], ep.SrcPort)
+	binary.BigEndian.PutUint16(u[2:], ep.DstPort)
+	binary.BigEndian.PutUint16(u[4:], ulen)
+	u[6], u[7] = 0xFF, 0xFF // UDP checksum
+	return n
+}
+
+// PseudoHeaderCRC returns the CRC32 state after the 8 bytes of ones, the
+// masked IP header and the masked UDP header of a datagram with the given
+// endpoints and UDP payload length (BTH .. ICRC). The state depends only on
+// (ep, udpPayloadLen): the data path may cache it per flow and length and
+// finish each packet with ICRCContinue.
+func PseudoHeaderCRC(ep *Endpoints, udpPayloadLen int) uint32 {
+	var buf [ipv6HdrSize + udpHdrSize]byte
+	n := buildPseudo(&buf, ep, udpPayloadLen)
+	return crc32.Update(lrhMaskCRC, crc32.IEEETable, buf[:n])
+}
+
+// ICRCContinue continues a PseudoHeaderCRC state over the UDP payload: the
+// BTH with byte 4 (FECN, BECN, reserved) replaced by ones, then everything up
+// to, not including, the last 4 bytes (the ICRC). It returns the ICRC value
+// (as GetICRC reads it). Input shorter than a BTH is covered as it is.
+func ICRCContinue(state uint32, udpPayload []byte) uint32 {
+	n := len(udpPayload) - ICRCSize
+	if n <= bthFECN {
+		if n > 0 {
+			state = crc32.Update(state, crc32.IEEETable, udpPayload[:n])
+		}
+		return state
+	}
+	state = crc32.Update(state, crc32.IEEETable, udpPayload[:bthFECN])
+	state = crc32.Update(state, crc32.IEEETable, ffByte)
+	return crc32.Update(state, crc32.IEEETable, udpPayload[bthFECN+1:n])
+}
+
+// ICRC computes the ICRC of a RoCEv2 datagram (IBTA Annex A17.3.3; Linux
+// rxe_icrc.c): CRC32 (IEEE 802.3) over 8 bytes of ones, the masked IP and
+// UDP headers built from ep, the BTH with byte 4 masked, and the rest of
+// udpPayload except its last 4 bytes (the ICRC field, not read).
+func ICRC(ep *Endpoints, udpPayload []byte) uint32 {
+	return ICRCContinue(PseudoHeaderCRC(ep, len(udpPayload)), udpPayload)
+}
+
+// SetICRC writes v little-endian into the last 4 bytes of udpPayload, as
+// RoCEv2 stores it. Shorter input is left unchanged.
+func SetICRC(udpPayload []byte, v uint32) {
+	if len(udpPayload) >= ICRCSize {
+		binary.LittleEndian.PutUint32(udpPayload[len(udpPayload)-ICRCSize:], v)
+	}
+}
+
+// GetICRC reads the ICRC stored (little-endian) in the last 4 bytes of
+// udpPayload; 0 for shorter input.
+func GetICRC(udpPayload []byte) uint32 {
+	if len(udpPayload) < ICRCSize {
+		return 0
+	}
+	return binary.LittleEndian.Uint32(udpPayload[len(udpPayload)-ICRCSize:])
+}
+
+// VerifyICRC reports whether the stored ICRC matches the one computed with ep
+// (including ep.IPID for IPv4). Input shorter than a BTH and ICRC fails.
+func VerifyICRC(ep *Endpoints, udpPayload []byte) bool {
+	if len(udpPayload) < BTHSize+ICRCSize {
+		return false
+	}
+	return ICRC(ep, udpPayload) == GetICRC(udpPayload)
+}
+
+// ICRCFromIP computes the ICRC of a captured IP packet (IPv4 or IPv6 header,
+// UDP header, RoCEv2 payload ending in the ICRC), masking the fields of
+// IBTA A17.3.3 in place of the real ones. It covers the IP header as it is
+// (IPv4 options and the real flags included) and the UDP payload the UDP
+// length field gives. Compare the result with GetICRC of the UDP payload.
+func ICRCFromIP(ip []byte) (computed uint32, err error) {
+	if len(ip) < 1 {
+		return 0, ErrTruncated
+	}
+	var hdr [60 + udpHdrSize]byte
+	var hl, total int
+	switch ip[0] >> 4 {
+	case 4:
+		hl = int(ip[0]&0x0F) * 4
+		if hl < ipv4HdrSize {
+			return 0, ErrNotRoCEIP
+		}
+		if len(ip) < hl+udpHdrSize {
+			return 0, ErrTruncated
+		}
+		if ip[9] != protoUDP {
+			return 0, ErrNotRoCEIP
+		}
+		total = int(binary.BigEndian.Uint16(ip[2:]))
+		copy(hdr[:], ip[:hl+udpHdrSize])
+		hdr[1] = 0xFF
+		hdr[8] = 0xFF
+		hdr[10], hdr[11] = 0xFF, 0xFF
+	case 6:
+		hl = ipv6HdrSize
+		if len(ip) < hl+udpHdrSize {
+			return 0, ErrTruncated
+		}
+		if ip[6] != protoUDP {
+			return 0, ErrNotRoCEIP
+		}
+		total = ipv6HdrSize + int(binary.BigEndian.Uint16(ip[4:]))
+		copy(hdr[:], ip[:hl+udpHdrSize])
+		hdr[0] |= 0x0F
+		hdr[1], hdr[2], hdr[3] = 0xFF, 0xFF, 0xFF
+		hdr[7] = 0xFF
+	default:
+		return 0, ErrNotRoCEIP
+	}
+	if total > len(ip) || total < hl+udpHdrSize {
+		return 0, ErrTruncated
+	}
+	ulen := int(binary.BigEndian.Uint16(ip[hl+4:]))
+	if ulen < udpHdrSize+ICRCSize || hl+ulen > total {
+		return 0, ErrTruncated
+	}
+	hdr[hl+6], hdr[hl+7] = 0xFF, 0xFF
+	state := crc32.Update(lrhMaskCRC, crc32.IEEETable, hdr[:hl+udpHdrSize])
+	return ICRCContinue(state, ip[hl+udpHdrSize:hl+ulen]), nil
+}

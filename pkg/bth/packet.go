@@ -1,0 +1,159 @@
+package bth
+
+import (
+	"errors"
+	"strconv"
+)
+
+// Sentinel errors of Parse; every Parse error wraps exactly one of them.
+var (
+	// ErrTruncated: the packet is shorter than its headers and ICRC.
+	ErrTruncated = errors.New("bth: truncated packet")
+	// ErrBadTVer: the BTH transport header version is not 0 (IBTA 9.2.5, C9-2).
+	ErrBadTVer = errors.New("bth: unsupported transport header version")
+	// ErrUnknownOpcode: the opcode is reserved (IBTA 9.2.1 table 36).
+	ErrUnknownOpcode = errors.New("bth: unknown opcode")
+	// ErrBadPad: the pad count does not fit the packet, or the opcode carries
+	// no payload but PadCnt is not 0 (IBTA 9.2.4).
+	ErrBadPad = errors.New("bth: bad pad count")
+	// ErrBadLength: the payload length is not allowed for the opcode: bytes
+	// after the headers of an opcode without payload, or an ATOMIC WRITE
+	// payload other than 8 bytes.
+	ErrBadLength = errors.New("bth: bad payload length for opcode")
+)
+
+// ParseError is the error Parse returns: the sentinel (Err) and where the
+// packet failed. It is allocated only when parsing fails.
+type ParseError struct {
+	Err    error  // one of ErrTruncated, ErrBadTVer, ErrUnknownOpcode, ErrBadPad, ErrBadLength
+	Opcode Opcode // the opcode (0 if the packet is shorter than one byte)
+	Len    int    // the length of the packet
+	Need   int    // bytes needed (ErrTruncated, ErrBadPad), else 0
+}
+
+// Error implements error.
+func (e *ParseError) Error() string {
+	s := e.Err.Error() + ": opcode 0x" + hex2(uint8(e.Opcode)) + " len " + strconv.Itoa(e.Len)
+	if e.Need > 0 {
+		s += " need " + strconv.Itoa(e.Need)
+	}
+	return s
+}
+
+// Unwrap returns the sentinel error.
+func (e *ParseError) Unwrap() error { return e.Err }
+
+// Packet is a parsed RoCEv2 packet (the UDP payload): views into the
+// buffer given to Parse, no copies. Absent headers are nil.
+type Packet struct {
+	BTH       BTH
+	RDETH     RDETH // RD only
+	DETH      DETH
+	XRCETH    XRCETH // XRC requests only
+	FETH      FETH
+	RETH      RETH
+	AtomicETH AtomicETH
+	AETH      AETH
+	AtomicAck AtomicAckETH
+	ImmDt     ImmDt
+	IETH      IETH
+	Payload   []byte // without pad
+	Pad       int    // pad bytes between payload and ICRC (BTH PadCnt)
+	ICRC      []byte // the trailing 4 bytes
+	Info      *OpInfo
+}
+
+// Parse parses a RoCEv2 packet: b is the UDP payload, BTH through ICRC
+// (IBTA 9.2, 9.3). It checks TVer == 0, that the opcode is defined, that the
+// packet holds the opcode's headers, PadCnt pad bytes and the ICRC, and that
+// opcodes without payload have none (and PadCnt 0). It does not check the
+// ICRC (see VerifyICRC) nor any transport state. The returned views alias
+// b. Malformed input gives a *ParseError wrapping a sentinel error; Parse
+// never panics and allocates nothing on success.
+func Parse(b []byte) (Packet, error) {
+	var p Packet
+	if len(b) < BTHSize+ICRCSize {
+		var op Opcode
+		if len(b) > 0 {
+			op = Opcode(b[0])
+		}
+		return p, &ParseError{Err: ErrTruncated, Opcode: op, Len: len(b), Need: BTHSize + ICRCSize}
+	}
+	bth := BTH(b[:BTHSize])
+	op := bth.Opcode()
+	if bth.TVer() != 0 {
+		return p, &ParseError{Err: ErrBadTVer, Opcode: op, Len: len(b)}
+	}
+	info := &opTable[op]
+	if !info.Valid {
+		return p, &ParseError{Err: ErrUnknownOpcode, Opcode: op, Len: len(b)}
+	}
+	if len(b) < info.HdrLen+ICRCSize {
+		return p, &ParseError{Err: ErrTruncated, Opcode: op, Len: len(b), Need: info.HdrLen + ICRCSize}
+	}
+	pad := int(bth.PadCnt())
+	end := len(b) - ICRCSize
+	if !info.Payload {
+		if pad != 0 {
+			return p, &ParseError{Err: ErrBadPad, Opcode: op, Len: len(b)}
+		}
+		if end != info.HdrLen {
+			return p, &ParseError{Err: ErrBadLength, Opcode: op, Len: len(b)}
+		}
+	} else if end-info.HdrLen < pad {
+		return p, &ParseError{Err: ErrBadPad, Opcode: op, Len: len(b), Need: info.HdrLen + pad + ICRCSize}
+	}
+	p.BTH = bth
+	off := BTHSize
+	h := info.Hdrs
+	if h&HdrRDETH != 0 {
+		p.RDETH = RDETH(b[off : off+RDETHSize : off+RDETHSize])
+		off += RDETHSize
+	}
+	if h&HdrDETH != 0 {
+		p.DETH = DETH(b[off : off+DETHSize : off+DETHSize])
+		off += DETHSize
+	}
+	if h&HdrXRCETH != 0 {
+		p.XRCETH = XRCETH(b[off : off+XRCETHSize : off+XRCETHSize])
+		off += XRCETHSize
+	}
+	if h&HdrFETH != 0 {
+		p.FETH = FETH(b[off : off+FETHSize : off+FETHSize])
+		off += FETHSize
+	}
+	if h&HdrRETH != 0 {
+		p.RETH = RETH(b[off : off+RETHSize : off+RETHSize])
+		off += RETHSize
+	}
+	if h&HdrAtomicETH != 0 {
+		p.AtomicETH = AtomicETH(b[off : off+AtomicETHSize : off+AtomicETHSize])
+		off += AtomicETHSize
+	}
+	if h&HdrAETH != 0 {
+		p.AETH = AETH(b[off : off+AETHSize : off+AETHSize])
+		off += AETHSize
+	}
+	if h&HdrAtomicAckETH != 0 {
+		p.AtomicAck = AtomicAckETH(b[off : off+AtomicAckETHSize : off+AtomicAckETHSize])
+		off += AtomicAckETHSize
+	}
+	if h&HdrImmDt != 0 {
+		p.ImmDt = ImmDt(b[off : off+ImmDtSize : off+ImmDtSize])
+		off += ImmDtSize
+	}
+	if h&HdrIETH != 0 {
+		p.IETH = IETH(b[off : off+IETHSize : off+IETHSize])
+	}
+	if info.Payload {
+		p.Payload = b[info.HdrLen : end-pad : end-pad]
+		if info.FixedPayload > 0 && len(p.Payload) != info.FixedPayload {
+			return Packet{}, &ParseError{Err: ErrBadLength, Opcode: op, Len: len(b)}
+		}
+	}
+	p.BTH = bth[:BTHSize:BTHSize]
+	p.Pad = pad
+	p.ICRC = b[end:len(b):len(b)]
+	p.Info = info
+	return p, nil
+}
