@@ -1,0 +1,323 @@
+package qp
+
+import (
+	"encoding/binary"
+	"time"
+
+	"github.com/softroce/softroce/pkg/bth"
+	"github.com/softroce/softroce/pkg/cq"
+	"github.com/softroce/softroce/pkg/mr"
+)
+
+// The completer processes responses on an RC QP (IBTA 9.7.6 "requester
+// side: receiving responses"): ACKs, NAKs, RNR NAKs, READ responses and
+// atomic ACKs. It retires WQEs strictly in order (IBTA 10.8.3: completions
+// are returned in the order the WRs were posted).
+
+// completer is the response-side state.
+type completer struct {
+	psn bth.PSN // oldest PSN not yet acknowledged
+}
+
+// complete handles one response packet (the caller holds q.mu).
+func (q *QP) complete(now time.Time, p *bth.Packet) {
+	if q.typ != TypeRC || (q.state != StateRTS && q.state != StateSQD) {
+		return
+	}
+	psn := p.BTH.PSN()
+	// A response for a PSN never sent is a ghost (IBTA 9.7.6.1.1): drop.
+	if !psn.LessThan(q.req.next) {
+		return
+	}
+	before := q.comp.psn
+	switch p.Info.Kind {
+	case bth.KindAck:
+		q.onAck(now, p, psn)
+	case bth.KindReadResp:
+		q.onReadResp(now, p, psn)
+	case bth.KindAtomicAck:
+		q.onAtomicAck(now, p, psn)
+	default:
+		return
+	}
+	if q.comp.psn != before {
+		q.progress(now)
+	}
+	q.retire()
+	if q.state == StateRTS || q.state == StateSQD {
+		q.runRequester()
+	}
+}
+
+// progress resets the retry counters and the ACK timer after forward
+// progress (IBTA 9.7.6.1.3: the retry count applies to consecutive
+// timeouts without progress).
+func (q *QP) progress(now time.Time) {
+	q.tmr.retryLeft = q.attr.RetryCnt
+	q.tmr.rnrLeft = q.attr.RNRRetry
+	q.tmr.lastProgress = now
+}
+
+func (q *QP) onAck(now time.Time, p *bth.Packet, psn bth.PSN) {
+	syn := p.AETH.Fields().Syndrome
+	switch bth.SyndromeType(syn) {
+	case bth.AckTypeACK:
+		if psn.LessThan(q.comp.psn) {
+			return // old or duplicate ACK
+		}
+		if q.ackUpTo(psn) {
+			q.goBack(now)
+		}
+	case bth.AckTypeRNR:
+		// IBTA 9.7.5.2.8 / 9.7.6.1.5: RNR NAK implicitly ACKs the PSNs
+		// before it; retry from its PSN after the RNR timer.
+		if psn.LessThan(q.comp.psn) {
+			return
+		}
+		q.cnt.RcvdRNRErr.Add(1)
+		if q.ackUpTo(psn.Add(bth.PSNMask)) { // psn-1
+			q.goBack(now)
+			return
+		}
+		q.comp.psn = psn
+		if q.attr.RNRRetry != 7 { // 7 = retry forever (IBTA 9.7.6.1.5)
+			if q.tmr.rnrLeft == 0 {
+				q.cnt.RetryRNRExceededErr.Add(1)
+				q.failOldest(cq.StatusRNRRetryExcErr)
+				return
+			}
+			q.tmr.rnrLeft--
+		}
+		q.tmr.rnrWait = true
+		q.tmr.rnrDeadline = now.Add(bth.RNRTimer(bth.SyndromeValue(syn)))
+		q.rewind()
+	case bth.AckTypeNAK:
+		if psn.LessThan(q.comp.psn) {
+			return
+		}
+		if q.ackUpTo(psn.Add(bth.PSNMask)) {
+			q.goBack(now)
+			return
+		}
+		switch bth.SyndromeValue(syn) {
+		case bth.NAKPSNSeqErr:
+			// IBTA 9.7.5.2.1: everything before the NAKed PSN arrived;
+			// go back to it.
+			q.cnt.RcvdSeqErr.Add(1)
+			q.comp.psn = psn
+			q.retryOrFail(now, true)
+		case bth.NAKInvalidRequest:
+			q.failAt(psn, cq.StatusRemInvReqErr)
+		case bth.NAKRemoteAccessErr:
+			q.failAt(psn, cq.StatusRemAccessErr)
+		case bth.NAKRemoteOpErr:
+			q.failAt(psn, cq.StatusRemOpErr)
+		case bth.NAKInvalidRDRequest:
+			q.failAt(psn, cq.StatusRemInvRDReqErr)
+		default:
+			q.failAt(psn, cq.StatusBadRespErr)
+		}
+	}
+}
+
+// ackUpTo retires the SEND/WRITE WQEs whose PSNs are all at or before psn
+// (IBTA 9.7.5.1.1 coalesced ACKs). It stops at a READ or atomic WQE that
+// psn covers but whose response has not arrived and reports true: that
+// response was lost, and the request must be retried.
+func (q *QP) ackUpTo(psn bth.PSN) (lost bool) {
+	for i := q.sqHead; i != q.sqTail; i++ {
+		w := q.slot(i)
+		if !w.started {
+			break
+		}
+		if w.done {
+			continue
+		}
+		if psn.LessThan(w.firstPSN) {
+			break
+		}
+		if w.rdAtomic {
+			return true
+		}
+		if psn.LessThan(w.lastPSN) {
+			if q.comp.psn.LessThan(psn.Add(1)) {
+				q.comp.psn = psn.Add(1)
+			}
+			return false
+		}
+		if !w.sentAll {
+			// acknowledged everything sent so far of the WQE being sent
+			if q.comp.psn.LessThan(psn.Add(1)) {
+				q.comp.psn = psn.Add(1)
+			}
+			return false
+		}
+		w.done = true
+		w.status = cq.StatusSuccess
+		q.comp.psn = w.lastPSN.Add(1)
+	}
+	return false
+}
+
+// oldest returns the oldest started, not yet done WQE (nil if none).
+func (q *QP) oldest() *sendWQE {
+	for i := q.sqHead; i != q.sqTail; i++ {
+		w := q.slot(i)
+		if !w.started {
+			return nil
+		}
+		if !w.done {
+			return w
+		}
+	}
+	return nil
+}
+
+func (q *QP) onReadResp(now time.Time, p *bth.Packet, psn bth.PSN) {
+	// A READ response implicitly ACKs the SEND/WRITEs before it (IBTA 9.7.5.1.2).
+	if q.ackUpTo(psn.Add(bth.PSNMask)) {
+		// fall through: the oldest is the READ (or an atomic) itself
+	}
+	w := q.oldest()
+	if w == nil || kindOf(w.wr.Opcode) != kindRead {
+		return
+	}
+	expect := w.firstPSN.Add(w.readDone / q.mtu)
+	if psn != expect {
+		if expect.LessThan(psn) {
+			// responses lost: go back and re-request from expect
+			q.comp.psn = expect
+			q.retryOrFail(now, false)
+		}
+		return // older: duplicate
+	}
+	info := p.Info
+	n := uint32(len(p.Payload))
+	last := info.Last
+	if (!last && n != q.mtu) || n > q.mtu || w.readDone+n > w.length {
+		q.failWQE(w, cq.StatusBadRespErr) // IBTA 9.7.6.1.3 malformed response
+		return
+	}
+	if ok, err := q.scatter(w.sge, w.readDone, p.Payload); err != nil || !ok {
+		q.failWQE(w, cq.StatusLocProtErr)
+		return
+	}
+	w.readDone += n
+	q.comp.psn = psn.Add(1)
+	if last {
+		if w.readDone != w.length {
+			q.failWQE(w, cq.StatusBadRespErr)
+			return
+		}
+		w.done = true
+		w.status = cq.StatusSuccess
+	}
+}
+
+func (q *QP) onAtomicAck(now time.Time, p *bth.Packet, psn bth.PSN) {
+	q.ackUpTo(psn.Add(bth.PSNMask))
+	w := q.oldest()
+	if w == nil {
+		return
+	}
+	k := kindOf(w.wr.Opcode)
+	if k != kindCmpSwap && k != kindFetchAdd {
+		return
+	}
+	if psn != w.firstPSN {
+		if w.firstPSN.LessThan(psn) {
+			q.comp.psn = w.firstPSN
+			q.retryOrFail(now, false)
+		}
+		return
+	}
+	var v [8]byte
+	// Memory holds host-order (little-endian) 64-bit words; the wire is
+	// big-endian (IBTA 9.3.6).
+	binary.LittleEndian.PutUint64(v[:], p.AtomicAck.Fields().OrigData)
+	if ok, err := q.scatter(w.sge, 0, v[:]); err != nil || !ok {
+		q.failWQE(w, cq.StatusLocProtErr)
+		return
+	}
+	w.done = true
+	w.status = cq.StatusSuccess
+	q.comp.psn = psn.Add(1)
+}
+
+// failAt completes the WQE holding psn with st, then ERR (IBTA 9.9.2:
+// NAKs other than PSN sequence error are fatal to the QP).
+func (q *QP) failAt(psn bth.PSN, st cq.Status) {
+	w := q.oldest()
+	if w == nil {
+		q.enterError()
+		return
+	}
+	q.failWQE(w, st)
+}
+
+// failOldest completes the oldest outstanding WQE with st, then ERR.
+func (q *QP) failOldest(st cq.Status) { q.failAt(q.comp.psn, st) }
+
+// retire pops done WQEs from the head of the send queue in order, posting
+// completions: signaled ones on success, every one on error (IBTA 10.8.3).
+func (q *QP) retire() {
+	for q.sqHead != q.sqTail {
+		w := q.slot(q.sqHead)
+		if !w.done {
+			break
+		}
+		if w.status != cq.StatusSuccess || w.signaled(q.cfg.SigAll) {
+			wc := cq.WC{
+				WRID: w.wr.WRID, Status: w.status, Opcode: wcOpcode(w.wr.Opcode),
+				ByteLen: w.length, QPNum: q.num,
+			}
+			if w.status != cq.StatusSuccess {
+				wc.ByteLen = 0
+			}
+			q.cfg.SendCQ.Push(&wc, false)
+		}
+		if w.status == cq.StatusSuccess && kindOf(w.wr.Opcode) == kindSend {
+			q.cnt.RDMASends.Add(1)
+		}
+		if w.rdAtomic {
+			q.rdAtomicInFlight--
+		}
+		w.reset()
+		q.sqHead++
+		if int32(q.sqReq-q.sqHead) < 0 {
+			q.sqReq = q.sqHead
+		}
+	}
+	q.maybeDrained()
+}
+
+// scatter copies src into the SGL at byte offset off through pkg/mr with
+// local write access. ok is false if the SGL is too short (length error).
+func (q *QP) scatter(sgl []SGE, off uint32, src []byte) (ok bool, err error) {
+	var pos uint32
+	for i := range sgl {
+		if len(src) == 0 {
+			return true, nil
+		}
+		s := &sgl[i]
+		if off >= pos+s.Length {
+			pos += s.Length
+			continue
+		}
+		start := off - pos
+		n := s.Length - start
+		if int(n) > len(src) {
+			n = uint32(len(src))
+		}
+		b, done, err := q.cfg.MRs.Check(q.cfg.PD, s.LKey, s.Addr+uint64(start), n, mr.OpLocalWrite)
+		if err != nil {
+			return false, err
+		}
+		copy(b, src[:n])
+		done()
+		src = src[n:]
+		off += n
+		pos += s.Length
+	}
+	return len(src) == 0, nil
+}

@@ -1,0 +1,401 @@
+package qp
+
+import (
+	"net/netip"
+
+	"github.com/softroce/softroce/pkg/bth"
+	"github.com/softroce/softroce/pkg/cq"
+	"github.com/softroce/softroce/pkg/mr"
+	"github.com/softroce/softroce/pkg/roce/link"
+)
+
+// The requester turns send WQEs into request packets (IBTA 9.4 operations,
+// 9.5 segmentation, 9.7.1 PSN assignment). It keeps no copy of a sent
+// packet: a retransmission rebuilds the packets from the WQE (go-back-N).
+
+// wrKind classifies a WR opcode for the engine.
+type wrKind uint8
+
+const (
+	kindInvalid wrKind = iota
+	kindSend
+	kindWrite
+	kindRead
+	kindCmpSwap
+	kindFetchAdd
+)
+
+func kindOf(op WROpcode) wrKind {
+	switch op {
+	case WRSend, WRSendWithImm, WRSendWithInv:
+		return kindSend
+	case WRRDMAWrite, WRRDMAWriteWithImm:
+		return kindWrite
+	case WRRDMARead:
+		return kindRead
+	case WRAtomicCmpAndSwp:
+		return kindCmpSwap
+	case WRAtomicFetchAndAdd:
+		return kindFetchAdd
+	}
+	return kindInvalid
+}
+
+// wcOpcode maps a WR opcode to its send completion opcode.
+func wcOpcode(op WROpcode) cq.Opcode {
+	switch op {
+	case WRRDMAWrite, WRRDMAWriteWithImm:
+		return cq.OpRDMAWrite
+	case WRRDMARead:
+		return cq.OpRDMARead
+	case WRAtomicCmpAndSwp:
+		return cq.OpCompSwap
+	case WRAtomicFetchAndAdd:
+		return cq.OpFetchAdd
+	case WRLocalInv:
+		return cq.OpLocalInv
+	case WRBindMW:
+		return cq.OpBindMW
+	}
+	return cq.OpSend
+}
+
+// requester is the send-side state.
+type requester struct {
+	psn           bth.PSN // next PSN to transmit
+	next          bth.PSN // one past the highest PSN ever assigned
+	noAck         int     // packets since the last AckReq
+	drainSignaled bool
+}
+
+// transportBase returns the opcode base for the QP type (IBTA 9.2.1 table 36).
+func (q *QP) transportBase() bth.Opcode {
+	switch q.typ {
+	case TypeUC:
+		return 0x20
+	case TypeUD, TypeGSI:
+		return 0x60
+	}
+	return 0x00
+}
+
+// runRequester transmits as much of the send queue as the window, the
+// fence and max_rd_atomic allow (IBTA 9.7.7.x flow, 10.8.3.3 fence,
+// 9.4.4/o9-? initiator depth). The caller flushes and arms the timer.
+func (q *QP) runRequester() {
+	for q.sqReq != q.sqTail {
+		if q.state != StateRTS && q.state != StateSQD {
+			return
+		}
+		if q.tmr.rnrWait {
+			return
+		}
+		w := q.slot(q.sqReq)
+		if !w.started {
+			if q.state == StateSQD || !q.canStart(w) {
+				return
+			}
+			q.start(w)
+		}
+		if !q.transmit(w) {
+			return
+		}
+		if q.state == StateErr {
+			return
+		}
+		w.sentAll = true
+		q.sqReq++
+		if q.typ != TypeRC {
+			// UC/UD: no responses; the WQE completes once sent (IBTA 9.8.x).
+			w.done = true
+			w.status = cq.StatusSuccess
+			q.retire()
+		}
+	}
+	q.maybeDrained()
+}
+
+func (q *QP) canStart(w *sendWQE) bool {
+	if q.typ == TypeRC && q.req.psn.Sub(q.comp.psn) >= MaxUnackedPSNs {
+		return false
+	}
+	k := kindOf(w.wr.Opcode)
+	if w.wr.Flags&SendFence != 0 && q.rdAtomicInFlight > 0 {
+		return false // IBTA 10.8.3.3: fenced WR waits for prior READ/atomics
+	}
+	if k == kindRead || k == kindCmpSwap || k == kindFetchAdd {
+		max := int(q.attr.MaxRDAtomic)
+		if max < 1 {
+			max = 1
+		}
+		if q.rdAtomicInFlight >= max {
+			return false
+		}
+	}
+	return true
+}
+
+// start assigns the WQE its PSN range (IBTA 9.7.1: a READ request takes
+// one PSN per expected response packet).
+func (q *QP) start(w *sendWQE) {
+	k := kindOf(w.wr.Opcode)
+	n := uint32(1)
+	if k == kindSend || k == kindWrite || k == kindRead {
+		if w.length > q.mtu {
+			n = (w.length + q.mtu - 1) / q.mtu
+		}
+	}
+	w.started = true
+	w.firstPSN = q.req.psn
+	w.npsn = n
+	w.lastPSN = q.req.psn.Add(n - 1)
+	q.req.next = w.lastPSN.Add(1)
+	w.nextPkt = 0
+	w.readDone = 0
+	if k == kindRead || k == kindCmpSwap || k == kindFetchAdd {
+		w.rdAtomic = true
+		q.rdAtomicInFlight++
+	}
+}
+
+// transmit sends the WQE's remaining packets; false if the window closed
+// first (or the WQE failed and the QP went to ERR).
+func (q *QP) transmit(w *sendWQE) bool {
+	switch kindOf(w.wr.Opcode) {
+	case kindRead:
+		q.sendRead(w)
+		return true
+	case kindCmpSwap, kindFetchAdd:
+		q.sendAtomic(w)
+		return true
+	}
+	for w.nextPkt < w.npsn {
+		psn := w.firstPSN.Add(w.nextPkt)
+		if q.typ == TypeRC && psn.Sub(q.comp.psn) >= MaxUnackedPSNs {
+			return false
+		}
+		if !q.sendSegment(w, psn) {
+			return false
+		}
+		w.nextPkt++
+		q.req.psn = psn.Add(1)
+	}
+	return true
+}
+
+// sendSegment builds packet w.nextPkt of a SEND or WRITE (IBTA 9.5:
+// FIRST/MIDDLE/LAST/ONLY; RETH on the first, ImmDt/IETH on the last).
+func (q *QP) sendSegment(w *sendWQE, psn bth.PSN) bool {
+	idx := w.nextPkt
+	first, last := idx == 0, idx == w.npsn-1
+	off := idx * q.mtu
+	n := w.length - off
+	if n > q.mtu {
+		n = q.mtu
+	}
+	op := w.wr.Opcode
+	var base bth.Opcode
+	write := op == WRRDMAWrite || op == WRRDMAWriteWithImm
+	if write {
+		base = 0x06 // WRITE FIRST
+	}
+	var pos bth.Opcode
+	switch {
+	case first && last:
+		pos = 4 // ONLY
+	case first:
+		pos = 0
+	case last:
+		pos = 2
+	default:
+		pos = 1
+	}
+	imm := last && (op == WRSendWithImm || op == WRRDMAWriteWithImm)
+	inv := last && op == WRSendWithInv
+	if imm {
+		pos++ // LAST_IMM = 3, ONLY_IMM = 5
+	}
+	opcode := q.transportBase() | base | pos
+	if inv {
+		if first {
+			opcode = bth.OpRCSendOnlyInv
+		} else {
+			opcode = bth.OpRCSendLastInv
+		}
+	}
+	buf := q.txBuf()
+	h := bth.BTHSize
+	if q.typ.Datagram() {
+		bth.DETH(buf[h:]).Encode(&bth.DETHFields{QKey: w.qkey, SrcQP: q.num})
+		h += bth.DETHSize
+	}
+	if write && first {
+		bth.RETH(buf[h:]).Encode(&bth.RETHFields{VA: w.wr.RemoteAddr, RKey: w.wr.RKey, DMALen: w.length})
+		h += bth.RETHSize
+	}
+	if imm {
+		bth.ImmDt(buf[h:]).SetImm(w.wr.Imm)
+		h += bth.ImmDtSize
+	}
+	if inv {
+		bth.IETH(buf[h:]).SetRKey(w.wr.InvRKey)
+		h += bth.IETHSize
+	}
+	if !q.gather(w, off, buf[h:h+int(n)]) {
+		return false
+	}
+	ackReq := false
+	if q.typ == TypeRC {
+		q.req.noAck++
+		if last || q.req.noAck >= PktsPerAck {
+			ackReq = true
+			q.req.noAck = 0
+		}
+	}
+	se := last && w.wr.Flags&SendSolicited != 0 && op != WRRDMAWrite
+	dqpn := q.attr.DestQPN
+	path := &q.path
+	if q.typ.Datagram() {
+		dqpn, path = w.dqpn, &w.path
+	}
+	q.finish(buf, opcode, se, ackReq, dqpn, psn, h, int(n), path)
+	return true
+}
+
+// sendRead builds the READ request, resuming after the bytes already
+// received on a retry (IBTA 9.7.6.1.4 / rxe: va + done, PSN + done/MTU).
+func (q *QP) sendRead(w *sendWQE) {
+	skip := w.readDone / q.mtu
+	w.readDone = skip * q.mtu
+	psn := w.firstPSN.Add(skip)
+	buf := q.txBuf()
+	h := bth.BTHSize
+	bth.RETH(buf[h:]).Encode(&bth.RETHFields{
+		VA: w.wr.RemoteAddr + uint64(w.readDone), RKey: w.wr.RKey, DMALen: w.length - w.readDone,
+	})
+	h += bth.RETHSize
+	q.req.noAck = 0
+	q.finish(buf, bth.OpRCReadRequest, false, true, q.attr.DestQPN, psn, h, 0, &q.path)
+	q.req.psn = w.lastPSN.Add(1)
+}
+
+// sendAtomic builds a CMP_SWAP or FETCH_ADD request (IBTA 9.4.5, AtomicETH 9.3.4).
+func (q *QP) sendAtomic(w *sendWQE) {
+	buf := q.txBuf()
+	h := bth.BTHSize
+	f := bth.AtomicETHFields{VA: w.wr.RemoteAddr, RKey: w.wr.RKey}
+	opcode := bth.OpRCFetchAdd
+	if w.wr.Opcode == WRAtomicCmpAndSwp {
+		opcode = bth.OpRCCmpSwap
+		f.SwapAdd, f.Compare = w.wr.Swap, w.wr.CompareAdd
+	} else {
+		f.SwapAdd = w.wr.CompareAdd
+	}
+	bth.AtomicETH(buf[h:]).Encode(&f)
+	h += bth.AtomicETHSize
+	q.req.noAck = 0
+	q.finish(buf, opcode, false, true, q.attr.DestQPN, w.firstPSN, h, 0, &q.path)
+	q.req.psn = w.firstPSN.Add(1)
+}
+
+// gather copies n = len(dst) bytes of the message at offset off from the
+// SGL (through pkg/mr, local read) or the inline copy. On a local
+// protection error the WQE completes with LOC_PROT_ERR and the QP enters
+// ERR (IBTA 10.8.3.1 / 11.6.2).
+func (q *QP) gather(w *sendWQE, off uint32, dst []byte) bool {
+	if len(dst) == 0 {
+		return true
+	}
+	if w.isInline {
+		copy(dst, w.inline[off:])
+		return true
+	}
+	var pos uint32
+	for i := range w.sge {
+		s := &w.sge[i]
+		if off >= pos+s.Length {
+			pos += s.Length
+			continue
+		}
+		start := off - pos
+		n := s.Length - start
+		if int(n) > len(dst) {
+			n = uint32(len(dst))
+		}
+		b, done, err := q.cfg.MRs.Check(q.cfg.PD, s.LKey, s.Addr+uint64(start), n, mr.OpLocalRead)
+		if err != nil {
+			q.failWQE(w, cq.StatusLocProtErr)
+			return false
+		}
+		copy(dst, b)
+		done()
+		dst = dst[n:]
+		off += n
+		pos += s.Length
+		if len(dst) == 0 {
+			return true
+		}
+	}
+	q.failWQE(w, cq.StatusLocLenErr)
+	return false
+}
+
+// failWQE completes w with an error status and moves the QP to ERR; the
+// WQEs before it complete first and the ones after it are flushed.
+func (q *QP) failWQE(w *sendWQE, st cq.Status) {
+	w.done = true
+	w.status = st
+	q.retire()
+	q.enterError()
+}
+
+// txBuf returns the next pooled send buffer, flushing a full batch.
+func (q *QP) txBuf() []byte {
+	if len(q.batch) == cap(q.batch) {
+		q.flush()
+	}
+	return q.tx[len(q.batch)]
+}
+
+// finish writes the BTH, the pad and the ICRC of the packet in buf whose
+// extension headers end at h and whose payload is n bytes, and queues it.
+// BTH per IBTA 9.2 (P_Key 0xFFFF, TVer 0); ICRC per IBTA A17.3.3 with the
+// IPv4 ID 0 a DF socket puts on the wire.
+func (q *QP) finish(buf []byte, op bth.Opcode, se, ackReq bool, dqpn uint32, psn bth.PSN, h, n int, path *Path) {
+	pad := (4 - n&3) & 3
+	end := h + n
+	for i := 0; i < pad; i++ {
+		buf[end+i] = 0
+	}
+	end += pad + bth.ICRCSize
+	bth.BTH(buf).Encode(&bth.BTHFields{
+		Opcode: op, SE: se, PadCnt: uint8(pad), PKey: 0xFFFF,
+		DestQP: dqpn, AckReq: ackReq, PSN: psn,
+	})
+	pkt := buf[:end]
+	sport := q.cfg.Out.SourcePort(path.Src, bth.SourcePort(q.num, dqpn))
+	q.ep = bth.Endpoints{Src: path.Src, Dst: path.Dst, SrcPort: sport, DstPort: q.cfg.DstPort}
+	bth.SetICRC(pkt, bth.ICRC(&q.ep, pkt))
+	q.batch = append(q.batch, link.Datagram{
+		Buf: pkt,
+		Src: netip.AddrPortFrom(path.Src, sport),
+		Dst: netip.AddrPortFrom(path.Dst, q.cfg.DstPort),
+	})
+}
+
+// flush hands the pending batch to the Output.
+func (q *QP) flush() {
+	if len(q.batch) == 0 {
+		return
+	}
+	n := len(q.batch)
+	if err := q.cfg.Out.Send(q.batch); err != nil {
+		q.cnt.SendErr.Add(1)
+	} else {
+		q.cnt.SentPkts.Add(uint64(n))
+	}
+	for i := range q.batch {
+		q.batch[i] = link.Datagram{}
+	}
+	q.batch = q.batch[:0]
+}
