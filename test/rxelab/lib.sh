@@ -1,0 +1,66 @@
+# shellcheck shell=bash
+# rxe-lab common settings and helpers. Sourced by ./setup and ./vm (test/rxelab/ in the
+# softroce repository; originally /work/shared/rxe-lab). See docs/lab.md.
+#
+# Everything here can be overridden from the environment:
+#   RXE_LAB_CACHE   work/cache dir (kernel, initramfs, run state)   [/var/cache/rxe-lab]
+#   RXE_LAB_ACCEL   auto | kvm | tcg                                [auto: result of setup's KVM probe]
+#   RXE_LAB_SMP     guest vCPUs                                      [2]
+#   RXE_LAB_MEM     guest RAM in MiB                                 [1024]
+#   RXE_LAB_MTU     MTU of the host tap, guest eth0 and guest veths  [1500 -> rxe active_mtu 1024]
+#   RXE_LAB_SHARE   host folder shared with the guest at /mnt/host   [$RXE_LAB_CACHE/share]
+#   RXE_LAB_APT_CACHE  where setup keeps downloaded .deb files        [$RXE_LAB_CACHE/apt]
+#
+# Network (fixed, see README.md): netns "rxelab" on the host holds tap "rxetap0"
+# with 198.18.0.1/24; the guest's eth0 is 198.18.0.2/24. Nothing is routed
+# anywhere else: the netns has no other interface and no default route.
+
+LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+CACHE=${RXE_LAB_CACHE:-/var/cache/rxe-lab}
+RUN=$CACHE/run                 # state of the (single) running VM
+CTL=$RUN/ctl                   # 9p share "rxectl", /mnt/ctl in the guest (job control)
+NETNS=rxelab
+TAP=rxetap0
+HOST_IP=198.18.0.1
+GUEST_IP=198.18.0.2
+PREFIXLEN=24
+GUEST_MAC=52:54:00:18:00:02
+MTU=${RXE_LAB_MTU:-1500}
+SMP=${RXE_LAB_SMP:-2}
+MEM=${RXE_LAB_MEM:-1024}
+APT_CACHE=${RXE_LAB_APT_CACHE:-$CACHE/apt}
+
+# Debian packages the lab needs on the host (setup installs the missing ones).
+# Everything setup, vm, scripts/interop and the guest image use, checked from a
+# bare Debian 12 image: qemu (+ seabios/ipxe-qemu by dependency), the guest
+# kernel, the rdma userspace copied into the initramfs, readelf (binutils) for
+# the PVH note check, cpio, flock/setsid/nsenter (util-linux), pgrep (procps),
+# tshark/tcpdump for captures, strace for the guest.
+LAB_PACKAGES=(qemu-system-x86 linux-image-amd64 kmod rdma-core ibverbs-providers
+  libibverbs1 ibverbs-utils perftest rdmacm-utils busybox-static tcpdump tshark
+  iproute2 iputils-ping ethtool cpio python3 binutils util-linux procps strace)
+
+log()  { printf '[rxe-lab] %s\n' "$*" >&2; }
+die()  { printf '[rxe-lab] ERROR: %s\n' "$*" >&2; exit "${DIE_RC:-1}"; }
+need_root() { [ "$(id -u)" = 0 ] || die "must run as root"; }
+
+# Newest Debian amd64 kernel installed on the host (the one the guest boots).
+# setup records the one it used in $CACHE/kver.
+kernel_version() {
+  if [ -s "$CACHE/kver" ]; then cat "$CACHE/kver"; return; fi
+  local v
+  v=$(ls -1 /lib/modules 2>/dev/null | grep -- '-amd64$' | sort -V | tail -n1)
+  [ -n "$v" ] || die "no *-amd64 kernel in /lib/modules (run ./setup)"
+  echo "$v"
+}
+
+# Milliseconds since epoch, for timings.
+now_ms() { date +%s%3N; }
+fmt_ms() { local ms=$1; printf '%d.%03ds' $((ms / 1000)) $((ms % 1000)); }
+
+# Quote words for a POSIX sh (the guest runs busybox ash): 'it'\''s'.
+sh_quote() {
+  local out="" a
+  for a in "$@"; do out+="'${a//\'/\'\\\'\'}' "; done
+  printf '%s' "${out% }"
+}

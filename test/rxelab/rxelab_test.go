@@ -1,0 +1,56 @@
+package rxelab
+
+import (
+	"bytes"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+func TestMatrixPrint(t *testing.T) {
+	var m Matrix
+	m.Record("raw-rc-send-64x2", "softroce->rxe", "pass")
+	m.Record("raw-rc-send-64x2", "rxe->softroce", "FAIL")
+	m.Record("engine-pingpong", "softroce->rxe", "skip")
+	var b bytes.Buffer
+	m.Print(&b)
+	want := "interop matrix (pairing x direction):\n" +
+		"pairing           rxe->softroce  softroce->rxe\n" +
+		"raw-rc-send-64x2  FAIL           pass         \n" +
+		"engine-pingpong   -              skip         \n"
+	if b.String() != want {
+		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
+	}
+	var empty Matrix
+	b.Reset()
+	empty.Print(&b)
+	if !strings.Contains(b.String(), "no pairing ran") {
+		t.Errorf("empty matrix: %q", b.String())
+	}
+}
+
+func TestShQuote(t *testing.T) {
+	for _, s := range []string{"", "plain", "it's", `a "b" $c \d`, "x'y'z"} {
+		out, err := exec.Command("bash", "-c", "printf %s "+shQuote(s)).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(out) != s {
+			t.Errorf("shQuote(%q) round trip gave %q", s, out)
+		}
+	}
+}
+
+func TestDefaultDir(t *testing.T) {
+	t.Setenv("RXE_LAB_DIR", "")
+	d := DefaultDir()
+	for _, f := range []string{"vm", "setup", "lib.sh"} {
+		if _, err := exec.LookPath(d + "/" + f); err != nil && f != "lib.sh" {
+			t.Errorf("%s/%s: %v", d, f, err)
+		}
+	}
+	t.Setenv("RXE_LAB_DIR", "/elsewhere")
+	if DefaultDir() != "/elsewhere" {
+		t.Error("RXE_LAB_DIR ignored")
+	}
+}
