@@ -95,7 +95,19 @@ func buildPseudo(buf *[ipv6HdrSize + udpHdrSize]byte, ep *Endpoints, udpPayloadL
 func PseudoHeaderCRC(ep *Endpoints, udpPayloadLen int) uint32 {
 	var buf [ipv6HdrSize + udpHdrSize]byte
 	n := buildPseudo(&buf, ep, udpPayloadLen)
-	return crc32.Update(lrhMaskCRC, crc32.IEEETable, buf[:n])
+	return crcSmall(lrhMaskCRC, buf[:n])
+}
+
+// crcSmall is crc32.Update for short stack buffers: crc32.Update calls
+// through a function variable, so a buffer passed to it escapes to the
+// heap; this byte-wise loop keeps the pseudo-header on the stack.
+func crcSmall(crc uint32, p []byte) uint32 {
+	tab := crc32.IEEETable
+	crc = ^crc
+	for _, b := range p {
+		crc = tab[byte(crc)^b] ^ crc>>8
+	}
+	return ^crc
 }
 
 // ICRCContinue continues a PseudoHeaderCRC state over the UDP payload: the
@@ -201,6 +213,6 @@ func ICRCFromIP(ip []byte) (computed uint32, err error) {
 		return 0, ErrTruncated
 	}
 	hdr[hl+6], hdr[hl+7] = 0xFF, 0xFF
-	state := crc32.Update(lrhMaskCRC, crc32.IEEETable, hdr[:hl+udpHdrSize])
+	state := crcSmall(lrhMaskCRC, hdr[:hl+udpHdrSize])
 	return ICRCContinue(state, ip[hl+udpHdrSize:hl+ulen]), nil
 }

@@ -188,7 +188,13 @@ func (r *RoCE) SerializeTo(b gopacket.SerializeBuffer, opts gopacket.SerializeOp
 	for _, v := range views {
 		n += len(v)
 	}
-	if !info.Valid || n != info.HdrLen {
+	// A CNP (RoCEv2 Annex A17.9.3) has 16 reserved bytes after the BTH, which
+	// Packet has no view for: written from Contents when it holds them, else 0.
+	cnpResv := 0
+	if info.Transport == bth.TransportCNP && info.HdrLen == n+bth.CNPResvSize {
+		cnpResv = bth.CNPResvSize
+	}
+	if !info.Valid || n+cnpResv != info.HdrLen {
 		return fmt.Errorf("%w: opcode %v needs %d header bytes, have %d", ErrHeaderMismatch, p.BTH.Opcode(), info.HdrLen, n)
 	}
 	payloadLen := len(b.Bytes())
@@ -196,11 +202,21 @@ func (r *RoCE) SerializeTo(b gopacket.SerializeBuffer, opts gopacket.SerializeOp
 	if opts.FixLengths {
 		pad = (4 - payloadLen%4) % 4
 	}
-	hdr, err := b.PrependBytes(n)
+	hdr, err := b.PrependBytes(n + cnpResv)
 	if err != nil {
 		return err
 	}
 	off := copy(hdr, p.BTH[:bth.BTHSize])
+	if cnpResv > 0 {
+		resv := hdr[off : off+cnpResv]
+		for i := range resv {
+			resv[i] = 0
+		}
+		if len(r.Contents) == bth.BTHSize+cnpResv {
+			copy(resv, r.Contents[bth.BTHSize:])
+		}
+		off += cnpResv
+	}
 	for _, v := range views {
 		off += copy(hdr[off:], v)
 	}
