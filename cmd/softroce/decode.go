@@ -1,0 +1,411 @@
+package main
+
+// softroce decode: print the RoCEv2 packets of a pcap or pcapng file, one line
+// (or one JSON object) per packet, with an ICRC check (IBTA A17.3.3). See
+// docs/decode.md for the output formats.
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"strings"
+
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
+
+	"github.com/softroce/softroce/pkg/bth"
+	"github.com/softroce/softroce/pkg/bth/layer"
+)
+
+func init() {
+	register(&command{
+		name:    "decode",
+		summary: "print the RoCEv2 packets of a pcap/pcapng file (--json: one object per line)",
+		run:     runDecode,
+	})
+}
+
+const decodeUsage = "usage: softroce decode [--json] FILE.pcap|FILE.pcapng"
+
+// decodeOptions are the parsed command-line options of decode.
+type decodeOptions struct {
+	path string
+	json bool
+}
+
+func parseDecodeArgs(args []string, stdout, stderr io.Writer) (o decodeOptions, code int, ok bool) {
+	var pos []string
+	for i, a := range args {
+		switch {
+		case a == "--json" || a == "-json":
+			o.json = true
+		case a == "-h" || a == "--help" || a == "-help":
+			fmt.Fprintln(stdout, decodeUsage)
+			return o, 0, false
+		case a == "--":
+			pos = append(pos, args[i+1:]...)
+			goto done
+		case strings.HasPrefix(a, "-") && a != "-":
+			fmt.Fprintf(stderr, "softroce decode: unknown flag %s\n%s\n", a, decodeUsage)
+			return o, 2, false
+		default:
+			pos = append(pos, a)
+		}
+	}
+done:
+	if len(pos) != 1 {
+		fmt.Fprintln(stderr, decodeUsage)
+		return o, 2, false
+	}
+	o.path = pos[0]
+	return o, 0, true
+}
+
+func runDecode(args []string, stdout, stderr io.Writer) int {
+	o, code, ok := parseDecodeArgs(args, stdout, stderr)
+	if !ok {
+		return code
+	}
+	f, err := os.Open(o.path)
+	if err != nil {
+		fmt.Fprintf(stderr, "softroce decode: %v\n", err)
+		return 2
+	}
+	defer f.Close()
+	w := bufio.NewWriter(stdout)
+	defer w.Flush()
+	if err := decodeStream(f, w, o); err != nil {
+		w.Flush()
+		fmt.Fprintf(stderr, "softroce decode: %s: %v\n", o.path, err)
+		return 2
+	}
+	return 0
+}
+
+// Link types (https://www.tcpdump.org/linktypes.html).
+const (
+	linkTypeEthernet = 1
+	linkTypeRawBSD   = 12  // DLT_RAW on most BSDs
+	linkTypeRawOBSD  = 14  // DLT_RAW on OpenBSD
+	linkTypeRaw      = 101 // LINKTYPE_RAW
+	linkTypeLinuxSLL = 113 // LINKTYPE_LINUX_SLL
+	linkTypeIPv4     = 228 // LINKTYPE_IPV4
+	linkTypeIPv6     = 229 // LINKTYPE_IPV6
+	linkTypeLinuxSL2 = 276 // LINKTYPE_LINUX_SLL2
+)
+
+// linkDecoder returns the gopacket decoder for a capture link type.
+func linkDecoder(lt uint32) (gopacket.Decoder, error) {
+	switch lt {
+	case linkTypeEthernet:
+		return layers.LayerTypeEthernet, nil
+	case linkTypeRaw, linkTypeRawBSD, linkTypeRawOBSD:
+		return gopacket.DecodeFunc(decodeRawIP), nil
+	case linkTypeIPv4:
+		return layers.LayerTypeIPv4, nil
+	case linkTypeIPv6:
+		return layers.LayerTypeIPv6, nil
+	case linkTypeLinuxSLL:
+		return layers.LayerTypeLinuxSLL, nil
+	case linkTypeLinuxSL2:
+		return gopacket.DecodeFunc(decodeSLL2), nil
+	}
+	return nil, fmt.Errorf("unsupported link type %d", lt)
+}
+
+// decodeRawIP decodes a raw IP packet by its version nibble.
+func decodeRawIP(data []byte, p gopacket.PacketBuilder) error {
+	if len(data) == 0 {
+		return errors.New("empty raw IP packet")
+	}
+	switch data[0] >> 4 {
+	case 4:
+		return layers.LayerTypeIPv4.Decode(data, p)
+	case 6:
+		return layers.LayerTypeIPv6.Decode(data, p)
+	}
+	return fmt.Errorf("raw IP packet with version %d", data[0]>>4)
+}
+
+// decodeSLL2 skips the 20-byte Linux cooked v2 header (protocol type in bytes
+// 0-1) and decodes the rest by that EtherType. gopacket v1.1.19 has no SLL2.
+func decodeSLL2(data []byte, p gopacket.PacketBuilder) error {
+	const sll2Len = 20
+	if len(data) < sll2Len {
+		return errors.New("truncated Linux SLL2 header")
+	}
+	return layers.EthernetType(binary.BigEndian.Uint16(data[0:2])).Decode(data[sll2Len:], p)
+}
+
+// decodeSummary counts what decodeStream saw.
+type decodeSummary struct {
+	roce, icrcOK, icrcBad, malformed, other int
+}
+
+func decodeStream(r io.Reader, w io.Writer, o decodeOptions) error {
+	src, err := newCaptureReader(r)
+	if err != nil {
+		return err
+	}
+	if lt, ok := src.fileLinkType(); ok {
+		if _, err := linkDecoder(lt); err != nil {
+			return err
+		}
+	}
+	var sum decodeSummary
+	enc := json.NewEncoder(w)
+	for frame := 1; ; frame++ {
+		data, lt, err := src.next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("frame %d: %v", frame, err)
+		}
+		dec, err := linkDecoder(lt)
+		if err != nil {
+			return fmt.Errorf("frame %d: %v", frame, err)
+		}
+		pkt := gopacket.NewPacket(data, dec, gopacket.DecodeOptions{NoCopy: true})
+		rec, derr := decodeFrame(pkt, frame)
+		switch {
+		case rec == nil:
+			sum.other++
+			continue
+		case derr != nil:
+			sum.malformed++
+			if !o.json {
+				fmt.Fprintf(w, "%d %s > %s malformed RoCE: %v\n", frame,
+					hostPort(rec.Src, rec.Sport), hostPort(rec.Dst, rec.Dport), derr)
+			}
+			continue
+		}
+		sum.roce++
+		if rec.ICRCOK {
+			sum.icrcOK++
+		} else {
+			sum.icrcBad++
+		}
+		if o.json {
+			if err := enc.Encode(rec); err != nil {
+				return err
+			}
+		} else {
+			writeText(w, rec)
+		}
+	}
+	if !o.json {
+		fmt.Fprintf(w, "# %d RoCE packets (ICRC ok %d, bad %d), %d malformed, %d other frames\n",
+			sum.roce, sum.icrcOK, sum.icrcBad, sum.malformed, sum.other)
+	}
+	return nil
+}
+
+// decodedPacket is one RoCE packet as printed; its JSON form is the --json
+// schema of docs/decode.md. Flags are 0/1 numbers, like tshark's fields.
+type decodedPacket struct {
+	Frame      int            `json:"frame"`
+	Src        string         `json:"src"`
+	Dst        string         `json:"dst"`
+	Sport      uint16         `json:"sport"`
+	Dport      uint16         `json:"dport"`
+	Opcode     uint8          `json:"opcode"`
+	Opname     string         `json:"opname"`
+	SE         uint8          `json:"se"`
+	M          uint8          `json:"m"`
+	Pad        uint8          `json:"pad"`
+	TVer       uint8          `json:"tver"`
+	PKey       uint16         `json:"pkey"`
+	FECN       uint8          `json:"fecn"`
+	BECN       uint8          `json:"becn"`
+	DQPN       uint32         `json:"dqpn"`
+	AckReq     uint8          `json:"ackreq"`
+	PSN        uint32         `json:"psn"`
+	RETH       *rethJSON      `json:"reth,omitempty"`
+	AETH       *aethJSON      `json:"aeth,omitempty"`
+	AtomicETH  *atomicETHJSON `json:"atomiceth,omitempty"`
+	AtomicAck  *atomicAckJSON `json:"atomicack,omitempty"`
+	Imm        *uint32        `json:"imm,omitempty"`
+	IETH       *uint32        `json:"ieth,omitempty"`
+	DETH       *dethJSON      `json:"deth,omitempty"`
+	PayloadLen int            `json:"payload_len"`
+	ICRC       uint32         `json:"icrc"`
+	ICRCOK     bool           `json:"icrc_ok"`
+}
+
+type rethJSON struct {
+	VA   uint64 `json:"va"`
+	RKey uint32 `json:"rkey"`
+	Len  uint32 `json:"len"`
+}
+
+type aethJSON struct {
+	Syndrome uint8  `json:"syndrome"`
+	MSN      uint32 `json:"msn"`
+}
+
+type atomicETHJSON struct {
+	VA   uint64 `json:"va"`
+	RKey uint32 `json:"rkey"`
+	Swap uint64 `json:"swap"`
+	Cmp  uint64 `json:"cmp"`
+}
+
+type atomicAckJSON struct {
+	Orig uint64 `json:"orig"`
+}
+
+type dethJSON struct {
+	QKey  uint32 `json:"qkey"`
+	SrcQP uint32 `json:"srcqp"`
+}
+
+func b01(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// decodeFrame returns nil for a frame that is not RoCE (not UDP port 4791 on
+// IP). For a UDP 4791 frame whose RoCE decode failed it returns the addresses
+// and the decode error.
+func decodeFrame(pkt gopacket.Packet, frame int) (*decodedPacket, error) {
+	netl := pkt.NetworkLayer()
+	udp, _ := pkt.Layer(layers.LayerTypeUDP).(*layers.UDP)
+	if netl == nil || udp == nil {
+		return nil, nil
+	}
+	d := &decodedPacket{Frame: frame, Sport: uint16(udp.SrcPort), Dport: uint16(udp.DstPort)}
+	switch ip := netl.(type) {
+	case *layers.IPv4:
+		d.Src, d.Dst = addrString(ip.SrcIP), addrString(ip.DstIP)
+	case *layers.IPv6:
+		d.Src, d.Dst = addrString(ip.SrcIP), addrString(ip.DstIP)
+	default:
+		return nil, nil
+	}
+	rl, _ := pkt.Layer(layer.LayerTypeRoCE).(*layer.RoCE)
+	if rl == nil {
+		if d.Sport != bth.UDPPort && d.Dport != bth.UDPPort {
+			return nil, nil
+		}
+		if el := pkt.ErrorLayer(); el != nil {
+			return d, el.Error()
+		}
+		return d, errors.New("no RoCE layer")
+	}
+	p := &rl.Packet
+	f := p.BTH.Fields()
+	d.Opcode = uint8(f.Opcode)
+	d.Opname = f.Opcode.String()
+	d.SE, d.M, d.Pad, d.TVer = b01(f.SE), b01(f.MigReq), f.PadCnt, f.TVer
+	d.PKey, d.FECN, d.BECN, d.DQPN = f.PKey, b01(f.FECN), b01(f.BECN), f.DestQP
+	d.AckReq, d.PSN = b01(f.AckReq), uint32(f.PSN)
+	if p.RETH != nil {
+		x := p.RETH.Fields()
+		d.RETH = &rethJSON{VA: x.VA, RKey: x.RKey, Len: x.DMALen}
+	}
+	if p.AETH != nil {
+		x := p.AETH.Fields()
+		d.AETH = &aethJSON{Syndrome: x.Syndrome, MSN: x.MSN}
+	}
+	if p.AtomicETH != nil {
+		x := p.AtomicETH.Fields()
+		d.AtomicETH = &atomicETHJSON{VA: x.VA, RKey: x.RKey, Swap: x.SwapAdd, Cmp: x.Compare}
+	}
+	if p.AtomicAck != nil {
+		d.AtomicAck = &atomicAckJSON{Orig: p.AtomicAck.Fields().OrigData}
+	}
+	if p.ImmDt != nil {
+		v := p.ImmDt.Imm()
+		d.Imm = &v
+	}
+	if p.IETH != nil {
+		v := p.IETH.RKey()
+		d.IETH = &v
+	}
+	if p.DETH != nil {
+		x := p.DETH.Fields()
+		d.DETH = &dethJSON{QKey: x.QKey, SrcQP: x.SrcQP}
+	}
+	d.PayloadLen = len(p.Payload)
+	if len(p.ICRC) == bth.ICRCSize {
+		d.ICRC = binary.BigEndian.Uint32(p.ICRC)
+		ipb := append(append([]byte(nil), netl.LayerContents()...), netl.LayerPayload()...)
+		computed, err := bth.ICRCFromIP(ipb)
+		d.ICRCOK = err == nil && computed == binary.LittleEndian.Uint32(p.ICRC)
+	}
+	return d, nil
+}
+
+// addrString formats an IP address like tshark's ip.src/ipv6.src.
+func addrString(ip []byte) string {
+	a, ok := netip.AddrFromSlice(ip)
+	if !ok {
+		return "?"
+	}
+	return a.String()
+}
+
+func hostPort(addr string, port uint16) string {
+	a, err := netip.ParseAddr(addr)
+	if err != nil {
+		return fmt.Sprintf("%s:%d", addr, port)
+	}
+	return netip.AddrPortFrom(a, port).String()
+}
+
+// writeText prints the one-line text form (docs/decode.md).
+func writeText(w io.Writer, d *decodedPacket) {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%d %s > %s %s qp=0x%06x psn=%d", d.Frame,
+		hostPort(d.Src, d.Sport), hostPort(d.Dst, d.Dport), d.Opname, d.DQPN, d.PSN)
+	for _, fl := range []struct {
+		on   uint8
+		name string
+	}{{d.AckReq, "ackreq"}, {d.SE, "se"}, {d.M, "mig"}, {d.FECN, "fecn"}, {d.BECN, "becn"}} {
+		if fl.on != 0 {
+			sb.WriteString(" " + fl.name)
+		}
+	}
+	if d.PKey != 0xffff {
+		fmt.Fprintf(&sb, " pkey=0x%04x", d.PKey)
+	}
+	if d.TVer != 0 {
+		fmt.Fprintf(&sb, " tver=%d", d.TVer)
+	}
+	if d.DETH != nil {
+		fmt.Fprintf(&sb, " deth[qkey=0x%08x srcqp=0x%06x]", d.DETH.QKey, d.DETH.SrcQP)
+	}
+	if d.RETH != nil {
+		fmt.Fprintf(&sb, " reth[va=0x%x rkey=0x%08x len=%d]", d.RETH.VA, d.RETH.RKey, d.RETH.Len)
+	}
+	if d.AtomicETH != nil {
+		fmt.Fprintf(&sb, " atomiceth[va=0x%x rkey=0x%08x swap=0x%x cmp=0x%x]",
+			d.AtomicETH.VA, d.AtomicETH.RKey, d.AtomicETH.Swap, d.AtomicETH.Cmp)
+	}
+	if d.AETH != nil {
+		fmt.Fprintf(&sb, " aeth[syndrome=0x%02x msn=%d]", d.AETH.Syndrome, d.AETH.MSN)
+	}
+	if d.AtomicAck != nil {
+		fmt.Fprintf(&sb, " atomicack[orig=0x%x]", d.AtomicAck.Orig)
+	}
+	if d.Imm != nil {
+		fmt.Fprintf(&sb, " imm=0x%08x", *d.Imm)
+	}
+	if d.IETH != nil {
+		fmt.Fprintf(&sb, " ieth=0x%08x", *d.IETH)
+	}
+	icrc := "ok"
+	if !d.ICRCOK {
+		icrc = "BAD"
+	}
+	fmt.Fprintf(&sb, " len=%d pad=%d icrc=0x%08x %s\n", d.PayloadLen, d.Pad, d.ICRC, icrc)
+	io.WriteString(w, sb.String())
+}
