@@ -114,6 +114,9 @@ type Config struct {
 	AtomicMu *sync.Mutex
 	// Events receives affiliated asynchronous events (nil drops them).
 	Events event.Sink
+	// MTU is the port's active MTU: the UD message limit and the RC/UC
+	// default before a path MTU is set (0 = MTU1024).
+	MTU MTU
 }
 
 // Engine tunables (rxe values: RXE_MAX_UNACKED_PSNS, RXE_MAX_PKT_PER_ACK).
@@ -300,6 +303,7 @@ func (q *QP) Modify(a *Attr, mask AttrMask) error {
 		if path, err = q.cfg.Resolve(&a.AH); err != nil {
 			return err
 		}
+		path.Src, path.Dst = path.Src.Unmap(), path.Dst.Unmap()
 	}
 	q.applyAttr(a, mask)
 	if mask&AttrAV != 0 && !q.typ.Datagram() {
@@ -344,7 +348,9 @@ func (q *QP) applyAttr(a *Attr, m AttrMask) {
 	t := &q.attr
 	if m&AttrPathMTU != 0 {
 		t.PathMTU = a.PathMTU
-		q.mtu = uint32(a.PathMTU.Bytes())
+		if !q.typ.Datagram() {
+			q.mtu = uint32(a.PathMTU.Bytes())
+		}
 	}
 	if m&AttrPathMigState != 0 {
 		t.PathMigState = a.PathMigState
@@ -422,11 +428,14 @@ func (q *QP) resetLocked() {
 	q.rqHead, q.rqTail = 0, 0
 	q.rdAtomicInFlight = 0
 	q.req = requester{}
-	res := q.resp.res
+	res, sge := q.resp.res, q.resp.wqe.sge
 	for i := range res {
 		res[i] = resource{}
 	}
-	q.resp = responder{res: res}
+	if sge == nil {
+		sge = make([]SGE, 0, DefaultMaxSGE)
+	}
+	q.resp = responder{res: res, wqe: recvWQE{sge: sge[:0]}}
 	if q.resp.res == nil {
 		q.resp.res = make([]resource, 1)
 	}
@@ -437,8 +446,11 @@ func (q *QP) resetLocked() {
 	q.tmr = timers{t: q.tmr.t}
 	q.batch = q.batch[:0]
 	q.mtu = uint32(q.attr.PathMTU.Bytes())
+	if q.mtu == 0 || q.typ.Datagram() {
+		q.mtu = uint32(q.cfg.MTU.Bytes())
+	}
 	if q.mtu == 0 {
-		q.mtu = 256
+		q.mtu = 1024
 	}
 }
 

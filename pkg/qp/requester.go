@@ -215,7 +215,7 @@ func (q *QP) sendSegment(w *sendWQE, psn bth.PSN) bool {
 	if imm {
 		pos++ // LAST_IMM = 3, ONLY_IMM = 5
 	}
-	opcode := q.transportBase() | base | pos
+	opcode := q.transportBase() + base + pos
 	if inv {
 		if first {
 			opcode = bth.OpRCSendOnlyInv
@@ -373,7 +373,11 @@ func (q *QP) finish(buf []byte, op bth.Opcode, se, ackReq bool, dqpn uint32, psn
 		DestQP: dqpn, AckReq: ackReq, PSN: psn,
 	})
 	pkt := buf[:end]
-	sport := q.cfg.Out.SourcePort(path.Src, bth.SourcePort(q.num, dqpn))
+	entropy := bth.SourcePort(q.num, dqpn) // RC/UC: from the QPN pair (IBTA A17.3.2)
+	if q.typ.Datagram() {
+		entropy = bth.UDSourcePort(q.num)
+	}
+	sport := q.cfg.Out.SourcePort(path.Src, entropy)
 	q.ep = bth.Endpoints{Src: path.Src, Dst: path.Dst, SrcPort: sport, DstPort: q.cfg.DstPort}
 	bth.SetICRC(pkt, bth.ICRC(&q.ep, pkt))
 	q.batch = append(q.batch, link.Datagram{
