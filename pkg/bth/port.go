@@ -37,3 +37,11 @@ func UDSourcePort(qpn uint32) uint16 {
 	const goldenRatio32 = 0x61C88647
 	return uint16(0xC000 + (qpn*goldenRatio32)>>(32-14))
 }
+
+// CMFlowLabel returns the flow label the Linux rdma_cm gives a RoCEv2
+// connection without an explicit IPv6 flow label
+// (cma_get_roce_udp_flow_label): sport*31 + dport folded to 20 bits, where
+// sport is the active side's rdma_cm port (the CMA header port of the CM
+// REQ) and dport the service port. Its SourcePort is then
+// FlowLabelToSourcePort(CMFlowLabel(sport, dport)); both ends use it.
+func CMFlowLabel(sport, dport uint16) uint32 { return (uint32(sport)*31 + uint32(dport)) & 0xFFFFF }

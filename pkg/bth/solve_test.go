@@ -190,4 +190,3 @@ func TestSolveIPv6AndShort(t *testing.T) {
 		t.Fatal("IPv6 corruption accepted")
 	}
 }
-
