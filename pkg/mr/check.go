@@ -74,14 +74,17 @@ func (t *Table) check(pd *PD, qpn uint32, key uint32, va uint64, length uint32, 
 	if need := op.need(); need != 0 && m.acc&need == 0 {
 		return nil, noDone, ErrAccess
 	}
-	end := va + uint64(length)
-	if end < va {
+	// length > 0 here. The last byte va+length-1 must not wrap past 2^64-1.
+	if uint64(length)-1 > ^uint64(0)-va {
 		return nil, noDone, ErrOverflow
 	}
-	if va < m.iova || end-m.iova > uint64(len(m.buf)) {
+	if va < m.iova {
 		return nil, noDone, ErrBounds
 	}
 	off := va - m.iova
+	if off > uint64(len(m.buf)) || uint64(length) > uint64(len(m.buf))-off {
+		return nil, noDone, ErrBounds
+	}
 	owner := m.owner
 	owner.users.Add(1)
 	// Re-validate after taking the reference: a concurrent Dereg/invalidate/rebind published

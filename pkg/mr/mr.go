@@ -359,10 +359,6 @@ func newMR(t *Table, pd *PD, idx uint32) *MR {
 	return m
 }
 
-func checkRange(iova uint64, n int) bool {
-	return uint64(n) <= ^uint64(0)-iova+1 || n == 0
-}
-
 // RegMR registers buf at iova with access acc (ibv_reg_mr / ibv_reg_mr_iova; IBTA 10.6.3.1).
 // The MR's key state is Valid. With AccessZeroBased the MR is addressed from 0 (iova is
 // ignored). Errors: ErrInvalidArg (bad access combination, nil/dead PD, iova+len overflow),
