@@ -473,5 +473,5 @@ type atomicBool struct {
 	v  bool
 }
 
-func (a *atomicBool) load() bool  { a.mu.Lock(); defer a.mu.Unlock(); return a.v }
+func (a *atomicBool) load() bool   { a.mu.Lock(); defer a.mu.Unlock(); return a.v }
 func (a *atomicBool) store(v bool) { a.mu.Lock(); a.v = v; a.mu.Unlock() }
