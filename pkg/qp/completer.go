@@ -101,6 +101,9 @@ func (q *QP) onAck(now time.Time, p *bth.Packet, psn bth.PSN) {
 		}
 		switch bth.SyndromeValue(syn) {
 		case bth.NAKPSNSeqErr:
+			if q.tmr.rnrWait && psn == q.comp.psn {
+				return // already waiting to resend from there
+			}
 			// IBTA 9.7.5.2.1: everything before the NAKed PSN arrived;
 			// go back to it.
 			q.cnt.RcvdSeqErr.Add(1)

@@ -243,6 +243,9 @@ func (q *QP) rnr(p *bth.Packet) {
 	}
 	q.cnt.SendRNRErr.Add(1)
 	q.sendAck(bth.SyndromeRNR(q.attr.MinRNRTimer&31), p.BTH.PSN())
+	// The RNR NAK already tells the requester to resend from this PSN:
+	// the packets of the message still in flight are not NAKed again.
+	q.resp.nakSent = true
 }
 
 // advance moves the expected PSN past an executed packet and ACKs it if
