@@ -74,6 +74,8 @@ type rawOptions struct {
 	Size, Iters int
 	// Client: we are the pingpong client (we send first); else the guest tool is.
 	Client bool
+	// GSO sends each multi-packet message with one UDP_SEGMENT sendmsg (gso_test.go).
+	GSO bool
 }
 
 // rcSide is our raw RC QP: PSNs, MSN, and the packets seen (for the capture cross-check).
@@ -94,8 +96,9 @@ type rcSide struct {
 	ackedThrough bth.PSN
 	anyAck       bool
 
-	seen []seenPacket // every packet received from rxe
-	sent int          // packets we sent
+	gso     bool         // send messages with UDP GSO (sendGSO)
+	seen    []seenPacket // every packet received from rxe
+	sentIDs []uint16     // IPv4 ID each packet we sent must carry on the wire, in order
 }
 
 type seenPacket struct {
@@ -110,13 +113,16 @@ func (s *rcSide) sendMessage(msg []byte) bth.PSN {
 	s.t.Helper()
 	var last bth.PSN
 	segs := rocetest.SegmentSend(len(msg), pathMTU)
+	if s.gso && len(segs) > 1 {
+		return s.sendGSO(msg, segs)
+	}
 	for i, seg := range segs {
 		sp := rocetest.Spec{Opcode: seg.Opcode, DestQP: s.remote.QPN, PSN: s.sendPSN,
 			AckReq: i == len(segs)-1, Payload: msg[seg.Off : seg.Off+seg.Len]}
 		if _, err := s.peer.Send(guestEP, &sp); err != nil {
 			s.t.Fatalf("send %v psn %#x: %v", seg.Opcode, uint32(s.sendPSN), err)
 		}
-		s.sent++
+		s.sentIDs = append(s.sentIDs, 0)
 		last = s.sendPSN
 		s.sendPSN = s.sendPSN.Add(1)
 	}
@@ -131,7 +137,7 @@ func (s *rcSide) ack(psn bth.PSN) {
 	if _, err := s.peer.Send(guestEP, &sp); err != nil {
 		s.t.Fatalf("send ACK: %v", err)
 	}
-	s.sent++
+	s.sentIDs = append(s.sentIDs, 0)
 }
 
 // recv handles one packet from rxe: ICRC (via the solved IPv4 ID), ACKs of our
@@ -286,7 +292,7 @@ func startCapture(t *testing.T, lab *rxelab.Lab) func() []rocetest.IPv4UDP {
 }
 
 // checkCapture cross-checks the wire: every RoCE packet's ICRC verifies over the real
-// IP header; ours carry ID 0 and DF; rxe's carry DF, TTL 64, UDP checksum 0, and the IDs
+// IP header; ours carry DF and the IDs our ICRCs assumed (0 for plain sends); rxe's carry DF, TTL 64, UDP checksum 0, and the IDs
 // SolveIPv4ID recovered, incrementing.
 func checkCapture(t *testing.T, wire []rocetest.IPv4UDP, s *rcSide) {
 	t.Helper()
@@ -306,9 +312,6 @@ func checkCapture(t *testing.T, wire []rocetest.IPv4UDP, s *rcSide) {
 		switch d.Src {
 		case hostIP:
 			fromUs = append(fromUs, d)
-			if d.ID != 0 {
-				t.Errorf("we sent IPv4 ID %d, want 0 (unconnected DF socket)", d.ID)
-			}
 		case guestIP:
 			fromRxe = append(fromRxe, d)
 			if d.TTL != 64 {
@@ -319,8 +322,14 @@ func checkCapture(t *testing.T, wire []rocetest.IPv4UDP, s *rcSide) {
 			}
 		}
 	}
-	if len(fromUs) != s.sent {
-		t.Errorf("capture has %d packets from us, we sent %d", len(fromUs), s.sent)
+	if len(fromUs) != len(s.sentIDs) {
+		t.Errorf("capture has %d packets from us, we sent %d", len(fromUs), len(s.sentIDs))
+	} else {
+		for i, d := range fromUs {
+			if d.ID != s.sentIDs[i] {
+				t.Errorf("our packet %d carries IPv4 ID %d, our ICRC assumed %d", i, d.ID, s.sentIDs[i])
+			}
+		}
 	}
 	if len(fromRxe) != len(s.seen) {
 		t.Fatalf("capture has %d packets from rxe, we received %d", len(fromRxe), len(s.seen))
@@ -341,7 +350,7 @@ func checkCapture(t *testing.T, wire []rocetest.IPv4UDP, s *rcSide) {
 			}
 		}
 	}
-	t.Logf("wire: %d packets from us (ID 0, DF), %d from rxe with IDs %v, all ICRCs valid", len(fromUs), len(fromRxe), ids(fromRxe))
+	t.Logf("wire: %d packets from us with IDs %v, %d from rxe with IDs %v, all ICRCs valid", len(fromUs), ids(fromUs), len(fromRxe), ids(fromRxe))
 }
 
 func ids(d []rocetest.IPv4UDP) []uint16 {
@@ -465,7 +474,7 @@ func rawPingpong(t *testing.T, lab *rxelab.Lab, o rawOptions) {
 		t.Fatalf("rxe GID %v, want %v (GID index %d)", theirs.GID, gidOf(guestIP), rxelab.GuestGIDIndex)
 	}
 
-	s := &rcSide{t: t, peer: peer, qpn: mine.QPN, remote: theirs, sendPSN: mine.PSN, recvPSN: theirs.PSN}
+	s := &rcSide{t: t, peer: peer, qpn: mine.QPN, remote: theirs, sendPSN: mine.PSN, recvPSN: theirs.PSN, gso: o.GSO}
 	// pingpong.c: the client sends message k once its message k-1 completed and it has
 	// received k messages; the server sends message k after receiving message k.
 	lead := 1
