@@ -72,88 +72,95 @@ type Packet struct {
 // never panics and allocates nothing on success.
 func Parse(b []byte) (Packet, error) {
 	var p Packet
+	err := ParseInto(&p, b)
+	return p, err
+}
+
+// ParseInto is Parse writing into *p, for data paths that reuse one Packet
+// (it avoids copying the Packet value). On error *p is zeroed.
+func ParseInto(p *Packet, b []byte) error {
+	*p = Packet{}
 	if len(b) < BTHSize+ICRCSize {
 		var op Opcode
 		if len(b) > 0 {
 			op = Opcode(b[0])
 		}
-		return p, &ParseError{Err: ErrTruncated, Opcode: op, Len: len(b), Need: BTHSize + ICRCSize}
+		return &ParseError{Err: ErrTruncated, Opcode: op, Len: len(b), Need: BTHSize + ICRCSize}
 	}
-	bth := BTH(b[:BTHSize])
-	op := bth.Opcode()
-	if bth.TVer() != 0 {
-		return p, &ParseError{Err: ErrBadTVer, Opcode: op, Len: len(b)}
+	op := Opcode(b[bthOpcode])
+	if b[bthFlags]&tverMask != 0 {
+		return &ParseError{Err: ErrBadTVer, Opcode: op, Len: len(b)}
 	}
 	info := &opTable[op]
 	if !info.Valid {
-		return p, &ParseError{Err: ErrUnknownOpcode, Opcode: op, Len: len(b)}
+		return &ParseError{Err: ErrUnknownOpcode, Opcode: op, Len: len(b)}
 	}
 	if len(b) < info.HdrLen+ICRCSize {
-		return p, &ParseError{Err: ErrTruncated, Opcode: op, Len: len(b), Need: info.HdrLen + ICRCSize}
+		return &ParseError{Err: ErrTruncated, Opcode: op, Len: len(b), Need: info.HdrLen + ICRCSize}
 	}
-	pad := int(bth.PadCnt())
+	pad := int(b[bthFlags]&padMask) >> padShift
 	end := len(b) - ICRCSize
 	if !info.Payload {
 		if pad != 0 {
-			return p, &ParseError{Err: ErrBadPad, Opcode: op, Len: len(b)}
+			return &ParseError{Err: ErrBadPad, Opcode: op, Len: len(b)}
 		}
 		if end != info.HdrLen {
-			return p, &ParseError{Err: ErrBadLength, Opcode: op, Len: len(b)}
+			return &ParseError{Err: ErrBadLength, Opcode: op, Len: len(b)}
 		}
-	} else if end-info.HdrLen < pad {
-		return p, &ParseError{Err: ErrBadPad, Opcode: op, Len: len(b), Need: info.HdrLen + pad + ICRCSize}
-	}
-	p.BTH = bth
-	off := BTHSize
-	h := info.Hdrs
-	if h&HdrRDETH != 0 {
-		p.RDETH = RDETH(b[off : off+RDETHSize : off+RDETHSize])
-		off += RDETHSize
-	}
-	if h&HdrDETH != 0 {
-		p.DETH = DETH(b[off : off+DETHSize : off+DETHSize])
-		off += DETHSize
-	}
-	if h&HdrXRCETH != 0 {
-		p.XRCETH = XRCETH(b[off : off+XRCETHSize : off+XRCETHSize])
-		off += XRCETHSize
-	}
-	if h&HdrFETH != 0 {
-		p.FETH = FETH(b[off : off+FETHSize : off+FETHSize])
-		off += FETHSize
-	}
-	if h&HdrRETH != 0 {
-		p.RETH = RETH(b[off : off+RETHSize : off+RETHSize])
-		off += RETHSize
-	}
-	if h&HdrAtomicETH != 0 {
-		p.AtomicETH = AtomicETH(b[off : off+AtomicETHSize : off+AtomicETHSize])
-		off += AtomicETHSize
-	}
-	if h&HdrAETH != 0 {
-		p.AETH = AETH(b[off : off+AETHSize : off+AETHSize])
-		off += AETHSize
-	}
-	if h&HdrAtomicAckETH != 0 {
-		p.AtomicAck = AtomicAckETH(b[off : off+AtomicAckETHSize : off+AtomicAckETHSize])
-		off += AtomicAckETHSize
-	}
-	if h&HdrImmDt != 0 {
-		p.ImmDt = ImmDt(b[off : off+ImmDtSize : off+ImmDtSize])
-		off += ImmDtSize
-	}
-	if h&HdrIETH != 0 {
-		p.IETH = IETH(b[off : off+IETHSize : off+IETHSize])
-	}
-	if info.Payload {
+	} else {
+		if end-info.HdrLen < pad {
+			return &ParseError{Err: ErrBadPad, Opcode: op, Len: len(b), Need: info.HdrLen + pad + ICRCSize}
+		}
+		if info.FixedPayload > 0 && end-pad-info.HdrLen != info.FixedPayload {
+			return &ParseError{Err: ErrBadLength, Opcode: op, Len: len(b)}
+		}
 		p.Payload = b[info.HdrLen : end-pad : end-pad]
-		if info.FixedPayload > 0 && len(p.Payload) != info.FixedPayload {
-			return Packet{}, &ParseError{Err: ErrBadLength, Opcode: op, Len: len(b)}
+	}
+	p.BTH = b[:BTHSize:BTHSize]
+	if h := info.Hdrs; h != 0 {
+		off := BTHSize
+		if h&HdrRDETH != 0 {
+			p.RDETH = RDETH(b[off : off+RDETHSize : off+RDETHSize])
+			off += RDETHSize
+		}
+		if h&HdrDETH != 0 {
+			p.DETH = DETH(b[off : off+DETHSize : off+DETHSize])
+			off += DETHSize
+		}
+		if h&HdrXRCETH != 0 {
+			p.XRCETH = XRCETH(b[off : off+XRCETHSize : off+XRCETHSize])
+			off += XRCETHSize
+		}
+		if h&HdrFETH != 0 {
+			p.FETH = FETH(b[off : off+FETHSize : off+FETHSize])
+			off += FETHSize
+		}
+		if h&HdrRETH != 0 {
+			p.RETH = RETH(b[off : off+RETHSize : off+RETHSize])
+			off += RETHSize
+		}
+		if h&HdrAtomicETH != 0 {
+			p.AtomicETH = AtomicETH(b[off : off+AtomicETHSize : off+AtomicETHSize])
+			off += AtomicETHSize
+		}
+		if h&HdrAETH != 0 {
+			p.AETH = AETH(b[off : off+AETHSize : off+AETHSize])
+			off += AETHSize
+		}
+		if h&HdrAtomicAckETH != 0 {
+			p.AtomicAck = AtomicAckETH(b[off : off+AtomicAckETHSize : off+AtomicAckETHSize])
+			off += AtomicAckETHSize
+		}
+		if h&HdrImmDt != 0 {
+			p.ImmDt = ImmDt(b[off : off+ImmDtSize : off+ImmDtSize])
+			off += ImmDtSize
+		}
+		if h&HdrIETH != 0 {
+			p.IETH = IETH(b[off : off+IETHSize : off+IETHSize])
 		}
 	}
-	p.BTH = bth[:BTHSize:BTHSize]
 	p.Pad = pad
 	p.ICRC = b[end:len(b):len(b)]
 	p.Info = info
-	return p, nil
+	return nil
 }
