@@ -4,9 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +17,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
+
+	"github.com/softroce/softroce/pkg/bth"
+	"github.com/softroce/softroce/pkg/bth/layer"
 )
 
 // TestTsharkCompare decodes every reference capture with `softroce decode
@@ -32,6 +41,13 @@ func TestTsharkCompare(t *testing.T) {
 		t.Fatalf("no captures: %v", err)
 	}
 	extra := strings.Fields(os.Getenv("SOFTROCE_TSHARK_FILES"))
+	// A synthetic capture with every defined opcode, pad, FECN/BECN and
+	// arbitrary header values (valid ICRCs), which the kernel captures lack.
+	synth := filepath.Join(t.TempDir(), "synthetic-all-opcodes.pcap")
+	if err := os.WriteFile(synth, syntheticCapture(t), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	files = append(files, synth)
 	for _, f := range append(files, extra...) {
 		isRef := !contains(extra, f)
 		t.Run(filepath.Base(f), func(t *testing.T) {
@@ -109,7 +125,8 @@ func compareWithTshark(t *testing.T, tshark, file string, wantICRCOK bool) {
 		}
 		seen++
 		c := &fieldCmp{t: t, frame: frame, ours: m}
-		compareFrame(c, ipL, udpL, ibL)
+		_, malformed := p.Source.Layers["_ws.malformed"]
+		compareFrame(c, ipL, udpL, ibL, malformed)
 		if wantICRCOK && m["icrc_ok"] != true {
 			t.Errorf("frame %d: icrc_ok = %v, the reference captures are all valid", frame, m["icrc_ok"])
 		}
@@ -185,7 +202,10 @@ func (c *fieldCmp) absent(tsName string, path ...string) {
 	}
 }
 
-func compareFrame(c *fieldCmp, ipL, udpL, ib map[string]any) {
+// compareFrame compares one frame. malformed: a dissector after the
+// InfiniBand one threw (tshark's _ws.malformed layer), which cuts the tree
+// short before the ICRC item.
+func compareFrame(c *fieldCmp, ipL, udpL, ib map[string]any, malformed bool) {
 	t := c.t
 	src, dst := ipL["ip.src"], ipL["ip.dst"]
 	if src == nil {
@@ -221,6 +241,22 @@ func compareFrame(c *fieldCmp, ipL, udpL, ib map[string]any) {
 		}
 	}
 	hdrLen := len(tsBytes(t, ib["infiniband.bth"]))
+	// Known, legitimate differences (docs/decode.md): Wireshark 4.0 does not
+	// know FLUSH, ATOMIC WRITE, CNP and the XRC opcodes (it shows the rest of
+	// the packet as "infiniband.vendor"), and dissects RD packets with a
+	// 20-byte BTH item, reading RDETH/DETH 8 bytes later than IBTA 9.2 places
+	// them. For those only the BTH is compared.
+	if _, vendor := ib["infiniband.vendor"]; vendor {
+		t.Logf("frame %d: tshark shows opcode %v as vendor data: BTH compared only", c.frame, c.ours["opname"])
+		return
+	}
+	if op, _ := c.get("opcode"); num(t, op)>>5 == 2 && hdrLen == 20 {
+		t.Logf("frame %d: RD opcode, tshark's BTH item is 20 bytes: BTH compared only", c.frame)
+		return
+	}
+	if hdrLen != 12 {
+		t.Errorf("frame %d: tshark's BTH item is %d bytes", c.frame, hdrLen)
+	}
 
 	if x, ok := ib["infiniband.reth_tree"].(map[string]any); ok {
 		hdrLen += len(tsBytes(t, ib["infiniband.reth"]))
@@ -277,7 +313,11 @@ func compareFrame(c *fieldCmp, ipL, udpL, ib map[string]any) {
 	if _, ok := ib["infiniband.rdeth"]; ok {
 		t.Errorf("frame %d: RDETH in the captures: not compared", c.frame)
 	}
-	c.eqUint("invariant.crc", ib["infiniband.invariant.crc"], "icrc")
+	if v, ok := ib["infiniband.invariant.crc"]; ok || !malformed {
+		c.eqUint("invariant.crc", v, "icrc")
+	} else {
+		t.Logf("frame %d: a payload heuristic dissector failed before tshark showed the ICRC", c.frame)
+	}
 	// Wireshark hands the payload to other dissectors (data, MAD, RPC-over-RDMA
 	// heuristics), so its length is derived: UDP length - 8 - the header bytes
 	// tshark shows - pad - ICRC.
@@ -334,4 +374,73 @@ func num(t *testing.T, v any) uint64 {
 	}
 	t.Fatalf("our value %v (%T) is not a number", v, v)
 	return 0
+}
+
+// syntheticCapture returns a pcap with, for every defined opcode, one
+// Ethernet/IPv4/UDP/RoCE frame whose header bytes are pseudo-random (TVer 0),
+// with an odd payload (so PadCnt != 0) where the opcode carries one, and a
+// valid ICRC.
+func syntheticCapture(t *testing.T) []byte {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(1, 2))
+	var frames [][]byte
+	for op := 0; op < 256; op++ {
+		info := bth.Opcode(op).Info()
+		if !info.Valid {
+			continue
+		}
+		plen := 0
+		if info.Payload {
+			plen = 1 + rng.IntN(40)
+		}
+		if info.FixedPayload > 0 {
+			plen = info.FixedPayload
+		}
+		pad := (4 - plen%4) % 4
+		udpPayload := make([]byte, info.HdrLen+plen+pad+bth.ICRCSize)
+		for i := range udpPayload {
+			udpPayload[i] = byte(rng.Uint32())
+		}
+		udpPayload[0] = byte(op)
+		udpPayload[1] = udpPayload[1]&^0x3f | byte(pad)<<4 // PadCnt, TVer 0
+		var r layer.RoCE
+		if err := r.DecodeFromBytes(udpPayload, nil); err != nil {
+			t.Fatalf("synthetic opcode %#x: %v", op, err)
+		}
+		eth := &layers.Ethernet{SrcMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, DstMAC: net.HardwareAddr{2, 0, 0, 0, 0, 2}, EthernetType: layers.EthernetTypeIPv4}
+		ip := &layers.IPv4{Version: 4, IHL: 5, TTL: 64, Id: uint16(op), Flags: layers.IPv4DontFragment,
+			Protocol: layers.IPProtocolUDP, SrcIP: net.IP{198, 18, 0, 1}, DstIP: net.IP{198, 18, 0, 2}}
+		udp := &layers.UDP{SrcPort: layers.UDPPort(0xc000 + op), DstPort: bth.UDPPort}
+		if err := udp.SetNetworkLayerForChecksum(ip); err != nil {
+			t.Fatal(err)
+		}
+		buf := gopacket.NewSerializeBuffer()
+		err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
+			eth, ip, udp, &r, gopacket.Payload(r.Payload))
+		if err != nil {
+			t.Fatalf("synthetic opcode %#x: %v", op, err)
+		}
+		frame := buf.Bytes()
+		// The UDP checksum is computed over the zero ICRC; clear it (as rxe
+		// sends) so that Wireshark does not flag it once the ICRC is fixed.
+		binary.BigEndian.PutUint16(frame[14+20+6:], 0)
+		if err := layer.FixICRC(frame[14:]); err != nil {
+			t.Fatalf("synthetic opcode %#x: %v", op, err)
+		}
+		frames = append(frames, append([]byte(nil), frame...))
+	}
+	out := make([]byte, 24)
+	binary.LittleEndian.PutUint32(out[0:], 0xa1b2c3d4)
+	binary.LittleEndian.PutUint16(out[4:], 2)
+	binary.LittleEndian.PutUint16(out[6:], 4)
+	binary.LittleEndian.PutUint32(out[16:], 65535)
+	binary.LittleEndian.PutUint32(out[20:], 1)
+	for i, f := range frames {
+		var h [16]byte
+		binary.LittleEndian.PutUint32(h[0:], uint32(i))
+		binary.LittleEndian.PutUint32(h[8:], uint32(len(f)))
+		binary.LittleEndian.PutUint32(h[12:], uint32(len(f)))
+		out = append(append(out, h[:]...), f...)
+	}
+	return out
 }
