@@ -475,3 +475,20 @@ type atomicBool struct {
 
 func (a *atomicBool) load() bool   { a.mu.Lock(); defer a.mu.Unlock(); return a.v }
 func (a *atomicBool) store(v bool) { a.mu.Lock(); a.v = v; a.mu.Unlock() }
+
+func BenchmarkCheck(b *testing.B) {
+	tb := NewTable(TableOptions{})
+	pd, _ := tb.AllocPD()
+	m, _ := tb.RegMR(pd, make([]byte, 1<<16), 0x100000, AccessLocalWrite|AccessRemoteWrite)
+	k := m.RKey()
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			_, done, err := tb.Check(pd, k, 0x100100, 4096, OpRemoteWrite)
+			if err != nil {
+				b.Fatal(err)
+			}
+			done()
+		}
+	})
+}
