@@ -9,8 +9,8 @@ const (
 	fethSelectivityShift = 4
 )
 
-// FLUSH placement types (FETH bits 3..0), IBTA Vol 1 1.5 9.3.9 (as rxe's
-// IB_FLUSH_GLOBAL / IB_FLUSH_PERSISTENT).
+// FLUSH placement types (FETH bits 3..0), IBTA Vol 1 release 1.5 memory
+// placement extensions (as rxe's IB_FLUSH_GLOBAL / IB_FLUSH_PERSISTENT).
 const (
 	FlushGlobal     = 1 << 0 // global visibility
 	FlushPersistent = 1 << 1 // persistence
@@ -23,7 +23,7 @@ const (
 )
 
 // FETH is a view of the FLUSH Extended Transport Header (IBTA Vol 1 release
-// 1.5, 9.3.9, "memory placement extensions"), carried by RC FLUSH before the
+// 1.5, memory placement extensions), carried by RC FLUSH before the
 // RETH. The whole word is kept raw (Raw/SetRaw) so reserved bits round-trip;
 // Placement and Selectivity decode the defined bits.
 //

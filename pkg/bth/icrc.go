@@ -63,7 +63,7 @@ func buildPseudo(buf *[ipv6HdrSize + udpHdrSize]byte, ep *Endpoints, udpPayloadL
 		h[8] = 0xFF // TTL
 		h[9] = protoUDP
 		h[10], h[11] = 0xFF, 0xFF // header checksum
-		s, d := src.As4(), dst.As4()
+		s, d := as4(src), as4(dst)
 		copy(h[12:16], s[:])
 		copy(h[16:20], d[:])
 		u = buf[ipv4HdrSize : ipv4HdrSize+udpHdrSize]
@@ -85,6 +85,15 @@ func buildPseudo(buf *[ipv6HdrSize + udpHdrSize]byte, ep *Endpoints, udpPayloadL
 	binary.BigEndian.PutUint16(u[4:], ulen)
 	u[6], u[7] = 0xFF, 0xFF // UDP checksum
 	return n
+}
+
+// as4 is Addr.As4 without its panic: a mixed-family Endpoints (a caller
+// bug) gives zeros and a failing ICRC rather than a crash.
+func as4(a netip.Addr) [4]byte {
+	if !a.Is4() {
+		return [4]byte{}
+	}
+	return a.As4()
 }
 
 // PseudoHeaderCRC returns the CRC32 state after the 8 bytes of ones, the

@@ -160,3 +160,16 @@ func TestICRCAllocs(t *testing.T) {
 		t.Fatalf("ICRCFromIP: %v allocs", n)
 	}
 }
+
+// TestICRCMixedFamilies: a mixed-family Endpoints must not panic.
+func TestICRCMixedFamilies(t *testing.T) {
+	b := make([]byte, 32)
+	for _, ep := range []Endpoints{
+		{Src: netip.MustParseAddr("1.2.3.4"), Dst: netip.MustParseAddr("2001:db8::1")},
+		{Src: netip.MustParseAddr("2001:db8::1"), Dst: netip.MustParseAddr("1.2.3.4")},
+		{},
+	} {
+		_ = ICRC(&ep, b)
+		_, _ = SolveIPv4ID(&ep, b)
+	}
+}

@@ -127,7 +127,6 @@ type OpInfo struct {
 	Middle       bool      // middle packet of a message
 	Last         bool      // last packet of a message (or only); Only = First && Last
 	Request      bool      // request (true) or response (false); a CNP is neither (false)
-	opcode       Opcode
 }
 
 // Only reports whether the opcode is a whole message in one packet.
@@ -159,7 +158,7 @@ var opTable = buildOpTable()
 func buildOpTable() *[256]OpInfo {
 	var t [256]OpInfo
 	for i := range t {
-		t[i] = OpInfo{Name: "Reserved 0x" + hex2(uint8(i)), Transport: Transport(i >> 5), opcode: Opcode(i)}
+		t[i] = OpInfo{Name: "Reserved 0x" + hex2(uint8(i)), Transport: Transport(i >> 5)}
 	}
 	for _, d := range opList {
 		n := BTHSize + d.hdrs.Size()
@@ -168,7 +167,7 @@ func buildOpTable() *[256]OpInfo {
 		}
 		t[d.op] = OpInfo{Name: d.name, Valid: true, Transport: d.tr, Kind: d.kind, Hdrs: d.hdrs,
 			HdrLen: n, Payload: d.payload, FixedPayload: d.fixed, First: d.first, Middle: d.middle,
-			Last: d.last, Request: d.request, opcode: d.op}
+			Last: d.last, Request: d.request}
 	}
 	return &t
 }
