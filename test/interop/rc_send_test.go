@@ -151,8 +151,9 @@ func (s *rcSide) recv(deadline time.Time) {
 	if r.From != netip.AddrPortFrom(guestIP, r.From.Port()) {
 		s.t.Fatalf("packet from %v, want %v", r.From, guestIP)
 	}
-	if r.From.Port() < 0xC000 {
-		s.t.Errorf("rxe source port %d outside the RoCE entropy range 0xC000-0xFFFF", r.From.Port())
+	// rxe derives the UDP source port from the QPN pair (IBTA A17.3.2 entropy; rxe_net.c)
+	if want := bth.SourcePort(s.remote.QPN, s.qpn); r.From.Port() != want {
+		s.t.Errorf("rxe source port %d, bth.SourcePort(%#x, %#x) = %d", r.From.Port(), s.remote.QPN, s.qpn, want)
 	}
 	f := r.Pkt.BTH.Fields()
 	if !r.IDSolved {
