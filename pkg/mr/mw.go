@@ -247,3 +247,23 @@ func (t *Table) invalidate(pd *PD, qpn uint32, key uint32) error {
 	}
 	return nil
 }
+
+// MRByKey returns the MR whose current key is key (any key state but Invalid), or nil. For
+// work requests that name an MR by key (BIND_MW's MR, fast-register). Lock-free.
+func (t *Table) MRByKey(key uint32) *MR {
+	m := t.lookup(key)
+	if m == nil || m.key != key || m.kind != kindMR || m.state == KeyInvalid {
+		return nil
+	}
+	return m.owner
+}
+
+// MWByKey returns the memory window whose current rkey is key, or nil (BIND_MW names the
+// window by its rkey). Lock-free.
+func (t *Table) MWByKey(key uint32) *MW {
+	m := t.lookup(key)
+	if m == nil || m.key != key || m.kind != kindMW || m.state == KeyInvalid {
+		return nil
+	}
+	return m.mw
+}

@@ -285,3 +285,28 @@ func TestFastRegStateMachine(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestByKey(t *testing.T) {
+	tb, pd, _, m := mwSetup(t)
+	w, _ := tb.AllocMW(pd, MWType2)
+	if tb.MRByKey(m.LKey()) != m || tb.MRByKey(m.LKey()^1) != nil || tb.MRByKey(w.RKey()) != nil {
+		t.Fatal("MRByKey")
+	}
+	if tb.MWByKey(w.RKey()) != w || tb.MWByKey(m.LKey()) != nil || tb.MWByKey(w.RKey()^1) != nil {
+		t.Fatal("MWByKey")
+	}
+	k, err := tb.MWByKey(w.RKey()).Bind(BindOptions{PD: pd, QPN: 3, MR: tb.MRByKey(m.LKey()), Addr: 0x4000, Length: 8, Access: AccessRemoteRead, Key: KeyByte(w.RKey()) + 1})
+	if err != nil || tb.MWByKey(k) != w {
+		t.Fatalf("bind through keys: %v", err)
+	}
+	k0 := m.LKey()
+	if err := tb.Invalidate(pd, k); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Dereg(); err != nil {
+		t.Fatal(err)
+	}
+	if tb.MRByKey(k0) != nil {
+		t.Fatal("MRByKey after dereg")
+	}
+}

@@ -118,6 +118,7 @@ var (
 	ErrWROpcode      = errors.New("qp: opcode not valid for this QP type")
 	ErrWRAtomicAlign = errors.New("qp: atomic remote address not 8-byte aligned")
 	ErrWRNoAH        = errors.New("qp: UD send without an address handle")
+	ErrWRNoBind      = errors.New("qp: BIND_MW work request without bind information")
 )
 
 // TotalLength returns the sum of the SGE lengths and false if it exceeds 2^32-1
@@ -150,7 +151,7 @@ type WRLimits struct {
 
 // ValidateSend checks a send WR against the QP type and limits, without touching memory:
 // opcode legal for the type (IBTA 9.8.3: UD has SEND and SEND_WITH_IMM only; UC has no READ
-// and no atomics), SGE count, total length vs MaxMsgSize (UD additionally must fit one MTU;
+// and no atomics), bind information for BIND_MW, SGE count, total length vs MaxMsgSize (UD additionally must fit one MTU;
 // the engine checks that), inline size, atomic alignment, UD address handle. It returns the
 // total length.
 func ValidateSend(t Type, wr *SendWR, lim WRLimits) (uint32, error) {
@@ -173,6 +174,9 @@ func ValidateSend(t Type, wr *SendWR, lim WRLimits) (uint32, error) {
 	case TypeRC:
 	default:
 		return 0, ErrWROpcode
+	}
+	if wr.Opcode == WRBindMW && wr.Bind == nil {
+		return 0, ErrWRNoBind
 	}
 	if err := CheckSGL(wr.SGL, lim.MaxSGE); err != nil {
 		return 0, err

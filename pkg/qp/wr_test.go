@@ -53,6 +53,9 @@ func TestValidateSend(t *testing.T) {
 		{"ud send", TypeUD, SendWR{Opcode: WRSendWithImm, AH: ah, SGL: sgl(5)}, 5, nil},
 		{"gsi send", TypeGSI, SendWR{Opcode: WRSend, AH: ah}, 0, nil},
 		{"bad opcode", TypeRC, SendWR{Opcode: 42}, 0, ErrWROpcode},
+		{"bind without info", TypeRC, SendWR{Opcode: WRBindMW}, 0, ErrWRNoBind},
+		{"bind", TypeUC, SendWR{Opcode: WRBindMW, Bind: &BindInfo{}}, 0, nil},
+		{"ud bind", TypeUD, SendWR{Opcode: WRBindMW, AH: ah, Bind: &BindInfo{}}, 0, ErrWROpcode},
 	}
 	for _, c := range cases {
 		n, err := ValidateSend(c.t, &c.wr, lim)
