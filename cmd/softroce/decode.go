@@ -272,6 +272,8 @@ func b01(b bool) uint8 {
 	return 0
 }
 
+var errCutBySnaplen = errors.New("packet cut short by the capture's snap length")
+
 // decodeFrame returns nil for a frame that is not RoCE (not UDP port 4791 on
 // IP). For a UDP 4791 frame whose RoCE decode failed it returns the addresses
 // and the decode error.
@@ -291,6 +293,11 @@ func decodeFrame(pkt gopacket.Packet, frame int) (*decodedPacket, error) {
 		return nil, nil
 	}
 	rl, _ := pkt.Layer(layer.LayerTypeRoCE).(*layer.RoCE)
+	if rl != nil && pkt.Metadata().Truncated {
+		// The capture's snap length cut the packet: the last 4 bytes are not
+		// the ICRC and the payload is short.
+		return d, errCutBySnaplen
+	}
 	if rl == nil {
 		if d.Sport != bth.UDPPort && d.Dport != bth.UDPPort {
 			return nil, nil

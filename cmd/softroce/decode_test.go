@@ -403,3 +403,28 @@ func TestDecodeICRCAndMalformed(t *testing.T) {
 		t.Errorf("json:\n%s", js)
 	}
 }
+
+// TestDecodeSnaplenAndEthernetPadding: a RoCE frame cut by the snap length is
+// malformed (its last bytes are not the ICRC); Ethernet padding after the IP
+// packet is ignored (the ICRC still verifies).
+func TestDecodeSnaplenAndEthernetPadding(t *testing.T) {
+	recs := pcapRecords(t, "rc_pingpong_small.pcap")
+	var frames [][]byte
+	for _, r := range recs {
+		if len(r) > 14+20+8 && binary.BigEndian.Uint16(r[14+20+2:]) == 4791 {
+			frames = append(frames, r)
+		}
+	}
+	cut := frames[0][:len(frames[0])-10]
+	padded := append(append([]byte(nil), frames[3]...), make([]byte, 6)...)
+	p := writeTemp(t, "x.pcap", writePcap(binary.LittleEndian, false, 1, [][]byte{cut, padded}))
+	out, _, code := decode(t, p)
+	if code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], "malformed RoCE: packet cut short") || !strings.HasSuffix(lines[1], " ok") ||
+		lines[2] != "# 1 RoCE packets (ICRC ok 1, bad 0), 1 malformed, 0 other frames" {
+		t.Fatalf("output:\n%s", out)
+	}
+}
