@@ -2,6 +2,9 @@ package mr
 
 import (
 	"errors"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -308,5 +311,56 @@ func TestByKey(t *testing.T) {
 	}
 	if tb.MRByKey(k0) != nil {
 		t.Fatal("MRByKey after dereg")
+	}
+}
+
+// Accesses through a window racing with invalidate/rebind (run under -race): every granted
+// slice is the bound range, and every reference is released.
+func TestMWRebindRace(t *testing.T) {
+	tb, pd, buf, m := mwSetup(t)
+	w, _ := tb.AllocMW(pd, MWType2)
+	stop := make(chan struct{})
+	var granted atomic.Int64
+	var wg sync.WaitGroup
+	for g := 0; g < 3; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				s, done, err := tb.CheckQP(pd, 7, w.RKey(), 0x4000, 16, OpRemoteWrite)
+				if err == nil {
+					if &s[0] != &buf[0] || len(s) != 16 {
+						t.Error("slice outside the bound range")
+					}
+					s[0]++
+					granted.Add(1)
+				}
+				done()
+			}
+		}()
+	}
+	for i := 0; i < 300; i++ {
+		k, err := w.Bind(BindOptions{PD: pd, QPN: 7, MR: m, Addr: 0x4000, Length: 32, Access: AccessRemoteWrite, Key: KeyByte(w.RKey()) + 37})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i < 5 { // make sure accesses really interleave with the state changes
+			for before := granted.Load(); granted.Load() == before; {
+				runtime.Gosched()
+			}
+		}
+		if err := tb.Invalidate(pd, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if m.InFlight() != 0 {
+		t.Fatalf("leaked %d in-flight references", m.InFlight())
 	}
 }
