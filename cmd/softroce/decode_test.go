@@ -128,7 +128,7 @@ func TestDecodeJSONSchema(t *testing.T) {
 
 // pcapRecords reads the records of one of the reference captures (classic
 // little-endian pcap, Ethernet).
-func pcapRecords(t *testing.T, name string) [][]byte {
+func pcapRecords(t testing.TB, name string) [][]byte {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(capDir, name))
 	if err != nil {
