@@ -227,3 +227,20 @@ func TestParseRandomNeverPanics(t *testing.T) {
 		}
 	}
 }
+
+// checkTruncatedInHeaders parses every prefix of an op packet that ends
+// inside its extension headers: all must fail with ErrTruncated.
+func checkTruncatedInHeaders(t *testing.T, op Opcode) {
+	t.Helper()
+	r := rand.New(rand.NewPCG(uint64(op), 42))
+	info := op.Info()
+	b := buildPacket(r, op, payloadLenFor(r, info), 0)
+	for n := 0; n < info.HdrLen+ICRCSize; n++ {
+		if _, err := Parse(b[:n]); !errors.Is(err, ErrTruncated) {
+			t.Fatalf("%v truncated to %d: %v, want ErrTruncated", op, n, err)
+		}
+	}
+	if _, err := Parse(b); err != nil {
+		t.Fatalf("%v: %v", op, err)
+	}
+}

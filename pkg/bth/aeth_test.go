@@ -1,9 +1,28 @@
 package bth
 
 import (
+	"math/rand/v2"
 	"testing"
 	"time"
 )
+
+func TestAETH(t *testing.T) {
+	r := rand.New(rand.NewPCG(18, 19))
+	for i := 0; i < 500; i++ {
+		f := AETHFields{Syndrome: uint8(r.Uint32()), MSN: r.Uint32() & 0xFFFFFF}
+		b := AETH(encodeBoth(t, AETHSize, func(b []byte) { AETH(b).Encode(&f) }))
+		if b.Fields() != f {
+			t.Fatalf("%+v != %+v", b.Fields(), f)
+		}
+	}
+	b := make(AETH, 4)
+	b.SetSyndrome(0x1F)
+	b.SetMSN(0xFFABCDEF)
+	if b[0] != 0x1F || b.MSN() != 0xABCDEF || b.Syndrome() != 0x1F {
+		t.Fatalf("%x", b)
+	}
+	checkTruncatedInHeaders(t, OpRCAck)
+}
 
 func TestSyndromes(t *testing.T) {
 	if SyndromeACK(CreditNone) != 0x1F {
