@@ -72,6 +72,8 @@ type tsharkPacket struct {
 	} `json:"_source"`
 }
 
+// compareWithTshark compares one file; wantICRCOK (the reference captures)
+// also requires RoCE packets and valid ICRCs.
 func compareWithTshark(t *testing.T, tshark, file string, wantICRCOK bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -134,7 +136,7 @@ func compareWithTshark(t *testing.T, tshark, file string, wantICRCOK bool) {
 	if seen != len(ours) {
 		t.Errorf("we printed %d RoCE packets, tshark dissected %d of them", len(ours), seen)
 	}
-	if seen == 0 {
+	if seen == 0 && wantICRCOK {
 		t.Errorf("no RoCE packets compared")
 	}
 }
