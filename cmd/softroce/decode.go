@@ -38,18 +38,21 @@ type decodeOptions struct {
 	json bool
 }
 
+// parseDecodeArgs accepts --json (or -json) anywhere, -h/--help, and "--"
+// before a file name starting with "-". ok=false means: exit with code.
 func parseDecodeArgs(args []string, stdout, stderr io.Writer) (o decodeOptions, code int, ok bool) {
 	var pos []string
-	for i, a := range args {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
 		switch {
+		case a == "--":
+			pos = append(pos, args[i+1:]...)
+			i = len(args)
 		case a == "--json" || a == "-json":
 			o.json = true
 		case a == "-h" || a == "--help" || a == "-help":
 			fmt.Fprintln(stdout, decodeUsage)
 			return o, 0, false
-		case a == "--":
-			pos = append(pos, args[i+1:]...)
-			goto done
 		case strings.HasPrefix(a, "-") && a != "-":
 			fmt.Fprintf(stderr, "softroce decode: unknown flag %s\n%s\n", a, decodeUsage)
 			return o, 2, false
@@ -57,7 +60,6 @@ func parseDecodeArgs(args []string, stdout, stderr io.Writer) (o decodeOptions, 
 			pos = append(pos, a)
 		}
 	}
-done:
 	if len(pos) != 1 {
 		fmt.Fprintln(stderr, decodeUsage)
 		return o, 2, false
