@@ -62,9 +62,6 @@ const (
 	ExitLab = 255
 )
 
-// ErrNotRunning is returned when the VM is not (or no longer) running.
-var ErrNotRunning = errors.New("rxelab: VM not running")
-
 // Options configure Start.
 type Options struct {
 	// Dir is the lab directory holding setup and vm. Empty: $RXE_LAB_DIR, else the
