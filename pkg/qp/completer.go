@@ -17,6 +17,10 @@ import (
 // completer is the response-side state.
 type completer struct {
 	psn bth.PSN // oldest PSN not yet acknowledged
+	// gapRetried: a response gap already caused a resend from psn; later
+	// responses of the same burst must not cause another (they are the
+	// rest of the burst, not new losses).
+	gapRetried bool
 }
 
 // complete handles one response packet (the caller holds q.mu).
@@ -42,6 +46,7 @@ func (q *QP) complete(now time.Time, p *bth.Packet) {
 	}
 	if q.comp.psn != before {
 		q.progress(now)
+		q.comp.gapRetried = false
 	}
 	q.retire()
 	if q.state == StateRTS || q.state == StateSQD {
@@ -66,7 +71,7 @@ func (q *QP) onAck(now time.Time, p *bth.Packet, psn bth.PSN) {
 			return // old or duplicate ACK
 		}
 		if q.ackUpTo(psn) {
-			q.goBack(now)
+			q.gapRetry(now)
 		}
 	case bth.AckTypeRNR:
 		// IBTA 9.7.5.2.8 / 9.7.6.1.5: RNR NAK implicitly ACKs the PSNs
@@ -190,7 +195,7 @@ func (q *QP) onReadResp(now time.Time, p *bth.Packet, psn bth.PSN) {
 		if expect.LessThan(psn) {
 			// responses lost: go back and re-request from expect
 			q.comp.psn = expect
-			q.retryOrFail(now, false)
+			q.gapRetry(now)
 		}
 		return // older: duplicate
 	}
@@ -230,7 +235,7 @@ func (q *QP) onAtomicAck(now time.Time, p *bth.Packet, psn bth.PSN) {
 	if psn != w.firstPSN {
 		if w.firstPSN.LessThan(psn) {
 			q.comp.psn = w.firstPSN
-			q.retryOrFail(now, false)
+			q.gapRetry(now)
 		}
 		return
 	}
@@ -323,4 +328,14 @@ func (q *QP) scatter(sgl []SGE, off uint32, src []byte) (ok bool, err error) {
 		pos += s.Length
 	}
 	return len(src) == 0, nil
+}
+
+// gapRetry resends from comp.psn after a response gap, once per gap
+// (IBTA 9.7.6.1.2? implied NAK): the timer covers a lost resend.
+func (q *QP) gapRetry(now time.Time) {
+	if q.comp.gapRetried {
+		return
+	}
+	q.comp.gapRetried = true
+	q.goBack(now)
 }

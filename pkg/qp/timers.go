@@ -136,6 +136,7 @@ func (q *QP) retryOrFail(now time.Time, counted bool) {
 		}
 		q.tmr.retryLeft--
 		q.cnt.CompleterRetryErr.Add(1)
+		q.comp.gapRetried = false
 	}
 	q.goBack(now)
 }

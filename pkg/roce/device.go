@@ -1,0 +1,537 @@
+// Package roce is softroce's device API: a RoCEv2 (InfiniBand transport
+// over UDP 4791) software RDMA device in the shape of ibverbs. A Device is
+// opened on a link (UDP sockets or the in-memory network); it owns the
+// memory-region table, the QP table and one receive goroutine.
+//
+// Pipeline and concurrency (read this first):
+//
+//   - one receive goroutine per Device: link.Recv fills a batch; each
+//     datagram is parsed (bth.Parse), its destination address checked
+//     against the GID table, its ICRC verified (IPv4: with ID 0, else by
+//     solving for the sender's IPv4 ID, counted in rcvd_icrc_solved;
+//     IPv6: a full check), QPN 0 and the multicast QPN dropped, QPN 1
+//     routed to the GSI QP, and the packet handed to its QP through an
+//     O(1) table (QPN & mask, confirmed by number). The QP runs its
+//     responder/completer under its own mutex and may send from this
+//     goroutine (ACKs, READ responses, the next window of requests).
+//   - PostSend runs the requester inline on the caller's goroutine under
+//     the QP's mutex; each QP has one timer from the Clock (an AfterFunc)
+//     for ACK timeouts and RNR waits.
+//   - the device mutex guards only object creation and destruction; the
+//     QP table is read without it (atomic pointers).
+//   - Close closes the link (which ends Recv), waits for the receive
+//     goroutine, and destroys every QP (stopping its timer), so no
+//     goroutine outlives the Device.
+//
+// The per-QP rules (which packet a QP accepts) are in pkg/qp; see
+// docs/engine.md and docs/api.md.
+package roce
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+
+	"github.com/softroce/softroce/pkg/bth"
+	"github.com/softroce/softroce/pkg/cq"
+	"github.com/softroce/softroce/pkg/event"
+	"github.com/softroce/softroce/pkg/mr"
+	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/pkg/roce/link"
+)
+
+// Errors returned by the device API.
+var (
+	// ErrClosed: the device was closed.
+	ErrClosed = errors.New("roce: device closed")
+	// ErrNoLink: Options.Link is nil.
+	ErrNoLink = errors.New("roce: no link")
+	// ErrLimit: a device limit (max_qp, max_cq, max_ah, ...) was reached.
+	ErrLimit = errors.New("roce: device limit reached")
+	// ErrBadGIDIndex: an address vector names a GID index the table does not have.
+	ErrBadGIDIndex = errors.New("roce: GID index out of range")
+	// ErrInvalidArg: a nil or malformed argument.
+	ErrInvalidArg = errors.New("roce: invalid argument")
+)
+
+// FirstQPN is the first QP number handed out (rxe: RXE_MIN_QP_INDEX 16,
+// numbers start at 0x11); 0 and 1 are the special QPs (IBTA 9.6.1.1).
+const FirstQPN = 0x11
+
+// Options configure Open.
+type Options struct {
+	// Link moves the datagrams (required). The device owns it: Close closes it.
+	Link link.Link
+	// Clock drives the transport timers (nil = the real clock).
+	Clock qp.Clock
+	// Port is the UDP destination port of every packet sent (0 = 4791);
+	// tests running on another port set it to the peers' port.
+	Port uint16
+	// MTU is the port's active MTU (0 = MTU4096 for the link; rxe uses the
+	// netdev MTU - 80 rounded down, 1500 -> 1024).
+	MTU qp.MTU
+	// Attr overrides the device attributes (nil = qp.DefaultDeviceAttr()).
+	Attr *qp.DeviceAttr
+	// Events receives asynchronous events synchronously (must not block);
+	// nil queues them for Device.Events instead.
+	Events event.Sink
+	// Name is the device name (default "softroce0").
+	Name string
+}
+
+// Device is an open softroce device. Its methods are safe for concurrent use.
+type Device struct {
+	name  string
+	link  link.Link
+	clock qp.Clock
+	port  uint16
+	mtu   qp.MTU
+	attr  qp.DeviceAttr
+	tbl   *mr.Table
+	gids  []netip.Addr
+
+	cnt      qp.Counters
+	atomicMu sync.Mutex
+
+	mu      sync.Mutex
+	closed  atomic.Bool
+	nextQPN uint32
+	nqp     int
+	qps     []atomic.Pointer[QP] // indexed by QPN & qpMask
+	qpMask  uint32
+	gsi     atomic.Pointer[QP]
+	cqs     map[*cq.CQ]struct{}
+	srqs    map[*qp.SRQ]struct{}
+
+	events   chan event.Event
+	userSink event.Sink
+	wg       sync.WaitGroup
+}
+
+// QP is a queue pair of a Device: the pkg/qp engine object (Modify, Query,
+// PostSend, PostRecv, State, Num) plus Destroy.
+type QP struct {
+	*qp.QP
+	dev *Device
+}
+
+// Open creates a device on o.Link and starts its receive goroutine.
+func Open(o Options) (*Device, error) {
+	if o.Link == nil {
+		return nil, ErrNoLink
+	}
+	d := &Device{
+		name: o.Name, link: o.Link, clock: o.Clock, port: o.Port, mtu: o.MTU,
+		nextQPN: FirstQPN, userSink: o.Events,
+		cqs: map[*cq.CQ]struct{}{}, srqs: map[*qp.SRQ]struct{}{},
+		events: make(chan event.Event, 256),
+	}
+	if d.name == "" {
+		d.name = "softroce0"
+	}
+	if d.clock == nil {
+		d.clock = qp.RealClock{}
+	}
+	if d.port == 0 {
+		d.port = bth.UDPPort
+	}
+	if !d.mtu.Valid() {
+		d.mtu = qp.MTU4096
+	}
+	if o.Attr != nil {
+		d.attr = *o.Attr
+	} else {
+		d.attr = qp.DefaultDeviceAttr()
+	}
+	d.tbl = mr.NewTable(d.attr.TableOptions())
+	for _, a := range o.Link.LocalAddrs() {
+		d.gids = append(d.gids, a.Unmap())
+	}
+	size := uint32(1)
+	for size < uint32(d.attr.MaxQP)+FirstQPN && size < 1<<24 {
+		size <<= 1
+	}
+	d.qps = make([]atomic.Pointer[QP], size)
+	d.qpMask = size - 1
+	d.wg.Add(1)
+	go d.recvLoop()
+	return d, nil
+}
+
+// Name returns the device name.
+func (d *Device) Name() string { return d.name }
+
+// Attr returns the device attributes (ibv_query_device).
+func (d *Device) Attr() qp.DeviceAttr { return d.attr }
+
+// PortAttr returns the attributes of port 1 (ibv_query_port).
+func (d *Device) PortAttr() qp.PortAttr {
+	p := qp.DefaultPortAttr(d.mtu.Bytes() + 80)
+	return p
+}
+
+// GIDs returns the GID table: entry i is the i-th local address of the
+// link, as an IP address (RoCEv2 GIDs are IPv4-mapped IPv6 or IPv6
+// addresses, IBTA A17.8).
+func (d *Device) GIDs() []netip.Addr { return append([]netip.Addr(nil), d.gids...) }
+
+// GID returns the GID at index i.
+func (d *Device) GID(i int) (netip.Addr, error) {
+	if i < 0 || i >= len(d.gids) {
+		return netip.Addr{}, ErrBadGIDIndex
+	}
+	return d.gids[i], nil
+}
+
+// GIDIndex returns the index of addr in the GID table, or -1.
+func (d *Device) GIDIndex(addr netip.Addr) int {
+	addr = addr.Unmap()
+	for i, g := range d.gids {
+		if g == addr {
+			return i
+		}
+	}
+	return -1
+}
+
+func (d *Device) hasGID(a netip.Addr) bool {
+	for _, g := range d.gids {
+		if g == a {
+			return true
+		}
+	}
+	return false
+}
+
+// Stats returns a snapshot of the device counters (rxe's names via Map).
+func (d *Device) Stats() qp.Stats { return d.cnt.Snapshot() }
+
+// Events returns the asynchronous event queue (ibv_get_async_event) used
+// when Options.Events is nil. Events are dropped if it is full.
+func (d *Device) Events() <-chan event.Event { return d.events }
+
+func (d *Device) sink(e event.Event) {
+	if d.userSink != nil {
+		d.userSink(e)
+		return
+	}
+	select {
+	case d.events <- e:
+	default:
+	}
+}
+
+// AllocPD allocates a protection domain (ibv_alloc_pd).
+func (d *Device) AllocPD() (*mr.PD, error) {
+	if d.closed.Load() {
+		return nil, ErrClosed
+	}
+	return d.tbl.AllocPD()
+}
+
+// RegMR registers buf as a memory region at iova with the access flags
+// (ibv_reg_mr; the Go slice stands for the registered memory, iova is the
+// address remote peers and SGEs use).
+func (d *Device) RegMR(pd *mr.PD, buf []byte, iova uint64, acc mr.Access) (*mr.MR, error) {
+	if d.closed.Load() {
+		return nil, ErrClosed
+	}
+	return d.tbl.RegMR(pd, buf, iova, acc)
+}
+
+// MRTable returns the device's memory-region table (memory windows,
+// fast registration and invalidation live there; see pkg/mr).
+func (d *Device) MRTable() *mr.Table { return d.tbl }
+
+// CreateCQ creates a completion queue of capacity cqe (ibv_create_cq).
+func (d *Device) CreateCQ(cqe int) (*cq.CQ, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed.Load() {
+		return nil, ErrClosed
+	}
+	if cqe < 1 || cqe > d.attr.MaxCQE || len(d.cqs) >= d.attr.MaxCQ {
+		return nil, ErrLimit
+	}
+	c, err := cq.New(cq.Options{Capacity: cqe, Events: d.sink})
+	if err != nil {
+		return nil, err
+	}
+	d.cqs[c] = struct{}{}
+	return c, nil
+}
+
+// DestroyCQ destroys a CQ (ibv_destroy_cq).
+func (d *Device) DestroyCQ(c *cq.CQ) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.cqs, c)
+	c.Destroy()
+}
+
+// CreateSRQ creates a shared receive queue (ibv_create_srq).
+func (d *Device) CreateSRQ(o qp.SRQOptions) (*qp.SRQ, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed.Load() {
+		return nil, ErrClosed
+	}
+	if len(d.srqs) >= d.attr.MaxSRQ {
+		return nil, ErrLimit
+	}
+	if o.Events == nil {
+		o.Events = d.sink
+	}
+	if o.Device == nil {
+		o.Device = &d.attr
+	}
+	s, err := qp.NewSRQ(o)
+	if err != nil {
+		return nil, err
+	}
+	d.srqs[s] = struct{}{}
+	return s, nil
+}
+
+// QPInit is ibv_qp_init_attr.
+type QPInit struct {
+	Type   qp.Type
+	PD     *mr.PD
+	SendCQ *cq.CQ
+	RecvCQ *cq.CQ
+	SRQ    *qp.SRQ
+	Cap    qp.Cap
+	// SigAll: every send WR generates a completion (sq_sig_all).
+	SigAll bool
+}
+
+// CreateQP creates a QP in RESET (ibv_create_qp). QP numbers are
+// allocated from 0x11 upward (24-bit, wrapping, skipping numbers in use),
+// as rxe does; TypeGSI gets QPN 1.
+func (d *Device) CreateQP(in QPInit) (*QP, error) {
+	if in.PD == nil || in.SendCQ == nil || in.RecvCQ == nil || !in.Type.Valid() {
+		return nil, ErrInvalidArg
+	}
+	c := in.Cap
+	if c.MaxSendWR > uint32(d.attr.MaxQPWR) || c.MaxRecvWR > uint32(d.attr.MaxQPWR) ||
+		c.MaxSendSGE > uint32(d.attr.MaxSGE) || c.MaxRecvSGE > uint32(d.attr.MaxSGE) ||
+		c.MaxInlineData > uint32(d.attr.MaxInlineData) {
+		return nil, ErrLimit
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed.Load() {
+		return nil, ErrClosed
+	}
+	if d.nqp >= d.attr.MaxQP {
+		return nil, ErrLimit
+	}
+	var qpn uint32
+	if in.Type == qp.TypeGSI {
+		if d.gsi.Load() != nil {
+			return nil, ErrLimit
+		}
+		qpn = 1
+	} else {
+		for {
+			qpn = d.nextQPN
+			d.nextQPN = (d.nextQPN + 1) & bth.PSNMask
+			if d.nextQPN < FirstQPN {
+				d.nextQPN = FirstQPN
+			}
+			if d.qps[qpn&d.qpMask].Load() == nil {
+				break
+			}
+		}
+	}
+	eq, err := qp.New(qp.Config{
+		Type: in.Type, QPN: qpn, PD: in.PD, MRs: d.tbl, SendCQ: in.SendCQ, RecvCQ: in.RecvCQ,
+		SRQ: in.SRQ, Cap: in.Cap, SigAll: in.SigAll, Out: d.link, Clock: d.clock,
+		Resolve: d.resolve, DstPort: d.port, Device: &d.attr, Counters: &d.cnt,
+		AtomicMu: &d.atomicMu, Events: d.sink, MTU: d.mtu,
+	})
+	if err != nil {
+		return nil, err
+	}
+	q := &QP{QP: eq, dev: d}
+	if qpn == 1 {
+		d.gsi.Store(q)
+	} else {
+		d.qps[qpn&d.qpMask].Store(q)
+	}
+	d.nqp++
+	return q, nil
+}
+
+// Destroy destroys the QP (ibv_destroy_qp): it stops receiving, its timer
+// is stopped and outstanding WRs are discarded.
+func (q *QP) Destroy() error {
+	d := q.dev
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := q.Num()
+	if n == 1 {
+		if d.gsi.Load() != q {
+			return ErrInvalidArg
+		}
+		d.gsi.Store(nil)
+	} else {
+		if d.qps[n&d.qpMask].Load() != q {
+			return ErrInvalidArg
+		}
+		d.qps[n&d.qpMask].Store(nil)
+	}
+	d.nqp--
+	q.QP.Destroy()
+	return nil
+}
+
+// lookup returns the QP numbered qpn (O(1)), or nil.
+func (d *Device) lookup(qpn uint32) *QP {
+	if qpn == 1 {
+		return d.gsi.Load()
+	}
+	q := d.qps[qpn&d.qpMask].Load()
+	if q == nil || q.Num() != qpn {
+		return nil
+	}
+	return q
+}
+
+// resolve maps an address vector to a path: the source from the GID
+// table, the destination from the DGID (IBTA A17.4: the GRH becomes the
+// IP header).
+func (d *Device) resolve(ah *qp.AHAttr) (qp.Path, error) {
+	if int(ah.SGIDIndex) >= len(d.gids) {
+		return qp.Path{}, ErrBadGIDIndex
+	}
+	dst := ah.DGID.Unmap()
+	src := d.gids[ah.SGIDIndex]
+	if !dst.IsValid() || src.Is4() != dst.Is4() {
+		return qp.Path{}, fmt.Errorf("%w: DGID %v from GID %v", ErrInvalidArg, ah.DGID, src)
+	}
+	return qp.Path{Src: src, Dst: dst}, nil
+}
+
+// CreateAH creates an address handle for UD sends (ibv_create_ah); the
+// source GID is resolved now.
+func (d *Device) CreateAH(pd *mr.PD, a qp.AHAttr) (*qp.AH, error) {
+	if pd == nil {
+		return nil, ErrInvalidArg
+	}
+	p, err := d.resolve(&a)
+	if err != nil {
+		return nil, err
+	}
+	a.DGID = p.Dst
+	return &qp.AH{AHAttr: a, SGID: p.Src}, nil
+}
+
+// Close stops the device: the link is closed, the receive goroutine ends,
+// every QP is destroyed (timers stopped) and every CQ destroyed. Objects
+// must not be used afterwards.
+func (d *Device) Close() error {
+	if d.closed.Swap(true) {
+		return nil
+	}
+	err := d.link.Close()
+	d.wg.Wait()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i := range d.qps {
+		if q := d.qps[i].Load(); q != nil {
+			q.QP.Destroy()
+			d.qps[i].Store(nil)
+		}
+	}
+	if q := d.gsi.Load(); q != nil {
+		q.QP.Destroy()
+		d.gsi.Store(nil)
+	}
+	for c := range d.cqs {
+		c.Destroy()
+	}
+	d.cqs = map[*cq.CQ]struct{}{}
+	return err
+}
+
+// recvLoop is the receive goroutine.
+func (d *Device) recvLoop() {
+	defer d.wg.Done()
+	bs := d.link.BatchSize()
+	if bs < 1 {
+		bs = 1
+	}
+	batch := make([]link.Datagram, bs)
+	bufs := make([][]byte, bs)
+	for i := range bufs {
+		bufs[i] = make([]byte, link.MaxDatagram)
+	}
+	for {
+		for i := range batch {
+			batch[i].Buf = bufs[i]
+		}
+		n, err := d.link.Recv(batch)
+		if err != nil {
+			if d.closed.Load() || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			d.cnt.LinkDowned.Add(1)
+			continue
+		}
+		for i := 0; i < n; i++ {
+			d.handle(&batch[i])
+		}
+	}
+}
+
+// handle runs the device-level receive checks of rxe_recv.c in order and
+// dispatches the packet to its QP. Failures are silent drops, counted in
+// rcvd_dropped.
+func (d *Device) handle(dg *link.Datagram) {
+	p, err := bth.Parse(dg.Buf) // IBTA 9.2/9.3, TVer 0 (C9-?)
+	if err != nil {
+		d.cnt.RcvdDropped.Add(1)
+		return
+	}
+	src := netip.AddrPortFrom(dg.Src.Addr().Unmap(), dg.Src.Port())
+	dst := netip.AddrPortFrom(dg.Dst.Addr().Unmap(), dg.Dst.Port())
+	if !d.hasGID(dst.Addr()) { // destination GID (IBTA A17.4.5)
+		d.cnt.RcvdDropped.Add(1)
+		return
+	}
+	ep := bth.Endpoints{Src: src.Addr(), Dst: dst.Addr(), SrcPort: src.Port(), DstPort: dst.Port()}
+	if src.Addr().Is4() != dst.Addr().Is4() {
+		d.cnt.RcvdDropped.Add(1)
+		return
+	}
+	// ICRC (IBTA A17.3.3). IPv4: the ID the sender's kernel chose is not
+	// visible to a UDP socket; ID 0 (DF senders like us) first, then the
+	// solver (kernel rxe's counting IDs).
+	if !bth.VerifyICRC(&ep, dg.Buf) {
+		if !src.Addr().Is4() {
+			d.cnt.RcvdDropped.Add(1)
+			return
+		}
+		if _, ok := bth.SolveIPv4ID(&ep, dg.Buf); !ok {
+			d.cnt.RcvdDropped.Add(1)
+			return
+		}
+		d.cnt.RcvdICRCSolved.Add(1)
+	}
+	qpn := p.BTH.DestQP()
+	if qpn == 0 || qpn == bth.PSNMask { // QP0 (no SMI on RoCE) and multicast: not supported
+		d.cnt.RcvdDropped.Add(1)
+		return
+	}
+	q := d.lookup(qpn)
+	if q == nil {
+		d.cnt.RcvdDropped.Add(1)
+		return
+	}
+	d.cnt.RcvdPkts.Add(1)
+	q.Receive(d.clock.Now(), &p, src, dst)
+}

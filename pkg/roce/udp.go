@@ -1,0 +1,90 @@
+package roce
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/softroce/softroce/pkg/event"
+	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/pkg/roce/link"
+)
+
+// UDPOptions configure OpenUDP.
+type UDPOptions struct {
+	// Addrs are the local addresses to listen on (the GID table, in
+	// order). If empty, Interface's addresses are used.
+	Addrs []netip.Addr
+	// Interface names a network interface whose IPv4 and global IPv6
+	// addresses become the GID table (used when Addrs is empty).
+	Interface string
+	// Port is the UDP port for listening and for every destination
+	// (0 = 4791).
+	Port uint16
+	// Link carries extra link options (GSO/GRO, buffers); its Addrs and
+	// Port are overwritten.
+	Link link.UDPOptions
+	// Clock, MTU, Attr, Events and Name as in Options.
+	Clock  qp.Clock
+	MTU    qp.MTU
+	Attr   *qp.DeviceAttr
+	Events event.Sink
+	Name   string
+}
+
+// OpenUDP opens UDP sockets (link.ListenUDP) for the given addresses or
+// interface and a Device on them. Close closes the sockets.
+func OpenUDP(o UDPOptions) (*Device, error) {
+	addrs := o.Addrs
+	if len(addrs) == 0 {
+		if o.Interface == "" {
+			return nil, fmt.Errorf("%w: no addresses and no interface", ErrInvalidArg)
+		}
+		var err error
+		if addrs, err = InterfaceAddrs(o.Interface); err != nil {
+			return nil, err
+		}
+	}
+	lo := o.Link
+	lo.Addrs = addrs
+	lo.Port = o.Port
+	l, err := link.ListenUDP(lo)
+	if err != nil {
+		return nil, err
+	}
+	d, err := Open(Options{Link: l, Clock: o.Clock, Port: o.Port, MTU: o.MTU, Attr: o.Attr, Events: o.Events, Name: o.Name})
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// InterfaceAddrs lists an interface's IPv4 and non-link-local IPv6
+// addresses (link-local IPv6 needs a zone, which RoCEv2 GIDs cannot carry).
+func InterfaceAddrs(name string) ([]netip.Addr, error) {
+	ifi, err := net.InterfaceByName(name)
+	if err != nil {
+		return nil, err
+	}
+	as, err := ifi.Addrs()
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Addr
+	for _, a := range as {
+		pfx, err := netip.ParsePrefix(a.String())
+		if err != nil {
+			continue
+		}
+		ip := pfx.Addr().Unmap()
+		if ip.Is6() && ip.IsLinkLocalUnicast() {
+			continue
+		}
+		out = append(out, ip)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: interface %s has no usable address", ErrInvalidArg, name)
+	}
+	return out, nil
+}
