@@ -24,6 +24,9 @@ type UDPOptions struct {
 	// Link carries extra link options (GSO/GRO, buffers); its Addrs and
 	// Port are overwritten.
 	Link link.UDPOptions
+	// Portable uses plain net.UDPConn sockets (one datagram per system
+	// call) instead of link.ListenUDP's batched sockets.
+	Portable bool
 	// Clock, MTU, Attr, Events and Name as in Options.
 	Clock  qp.Clock
 	MTU    qp.MTU
@@ -45,10 +48,20 @@ func OpenUDP(o UDPOptions) (*Device, error) {
 			return nil, err
 		}
 	}
-	lo := o.Link
-	lo.Addrs = addrs
-	lo.Port = o.Port
-	l, err := link.ListenUDP(lo)
+	var l link.Link
+	var err error
+	if o.Portable {
+		port := o.Port
+		if port == 0 {
+			port = link.UDPPort
+		}
+		l, err = listenStdUDP(addrs, port)
+	} else {
+		lo := o.Link
+		lo.Addrs = addrs
+		lo.Port = o.Port
+		l, err = link.ListenUDP(lo)
+	}
 	if err != nil {
 		return nil, err
 	}
