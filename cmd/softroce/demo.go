@@ -40,6 +40,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	mem := fs.Bool("mem", false, "use the in-memory link instead of UDP on 127.0.0.1/127.0.0.2")
+	portable := fs.Bool("portable", false, "UDP with plain sockets (one datagram per call) instead of sendmmsg/recvmmsg")
 	port := fs.Uint("port", 4791, "UDP port (both devices)")
 	mtuFlag := fs.Int("mtu", 4096, "path MTU: 256, 512, 1024, 2048 or 4096")
 	total := fs.Int("bytes", 64<<20, "bytes of the WRITE throughput stream")
@@ -66,8 +67,11 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 	} else {
-		if da, err = roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{a4}, Port: uint16(*port), Name: "softroce0"}); err == nil {
-			db, err = roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{b4}, Port: uint16(*port), Name: "softroce1"})
+		if *portable {
+			kind = "UDP (portable sockets)"
+		}
+		if da, err = roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{a4}, Port: uint16(*port), Name: "softroce0", Portable: *portable}); err == nil {
+			db, err = roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{b4}, Port: uint16(*port), Name: "softroce1", Portable: *portable})
 		}
 	}
 	if da != nil {
