@@ -308,7 +308,7 @@ func (q *QP) recvSend(p *bth.Packet, psn bth.PSN) {
 	}
 	if p.IETH != nil {
 		key := p.IETH.RKey()
-		if err := q.cfg.MRs.Invalidate(q.cfg.PD, key); err != nil {
+		if err := q.cfg.MRs.InvalidateQP(q.cfg.PD, q.num, key); err != nil {
 			// IBTA 9.7.5.2.4? a key that cannot be invalidated is a
 			// remote operational error.
 			q.reqError(p, bth.NAKRemoteOpErr, cq.StatusRemOpErr)
@@ -335,7 +335,7 @@ func (q *QP) recvWrite(p *bth.Packet, psn bth.PSN) {
 		}
 		f := p.RETH.Fields()
 		if f.DMALen > 0 {
-			_, done, err := q.cfg.MRs.Check(q.cfg.PD, f.RKey, f.VA, f.DMALen, mr.OpRemoteWrite)
+			_, done, err := q.cfg.MRs.CheckQP(q.cfg.PD, q.num, f.RKey, f.VA, f.DMALen, mr.OpRemoteWrite)
 			if err != nil {
 				q.reqError(p, bth.NAKRemoteAccessErr, cq.StatusRemAccessErr)
 				return
@@ -359,7 +359,7 @@ func (q *QP) recvWrite(p *bth.Packet, psn bth.PSN) {
 		r.haveWQE = true
 	}
 	if n > 0 {
-		b, done, err := q.cfg.MRs.Check(q.cfg.PD, r.wrkey, r.wva+uint64(r.woff), n, mr.OpRemoteWrite)
+		b, done, err := q.cfg.MRs.CheckQP(q.cfg.PD, q.num, r.wrkey, r.wva+uint64(r.woff), n, mr.OpRemoteWrite)
 		if err != nil {
 			q.reqError(p, bth.NAKRemoteAccessErr, cq.StatusRemAccessErr)
 			return
@@ -396,7 +396,7 @@ func (q *QP) recvRead(p *bth.Packet, psn bth.PSN) {
 	}
 	f := p.RETH.Fields()
 	if f.DMALen > 0 {
-		_, done, err := q.cfg.MRs.Check(q.cfg.PD, f.RKey, f.VA, f.DMALen, mr.OpRemoteRead)
+		_, done, err := q.cfg.MRs.CheckQP(q.cfg.PD, q.num, f.RKey, f.VA, f.DMALen, mr.OpRemoteRead)
 		if err != nil {
 			q.reqError(p, bth.NAKRemoteAccessErr, cq.StatusRemAccessErr)
 			return
@@ -453,7 +453,7 @@ func (q *QP) readResponses(psn bth.PSN, va uint64, rkey, length uint32) {
 			h += bth.AETHSize
 		}
 		if sz > 0 {
-			b, done, err := q.cfg.MRs.Check(q.cfg.PD, rkey, va+uint64(off), sz, mr.OpRemoteRead)
+			b, done, err := q.cfg.MRs.CheckQP(q.cfg.PD, q.num, rkey, va+uint64(off), sz, mr.OpRemoteRead)
 			if err != nil {
 				q.sendAck(bth.SyndromeNAK(bth.NAKRemoteAccessErr), psn.Add(i))
 				return
@@ -478,7 +478,7 @@ func (q *QP) recvAtomic(p *bth.Packet, psn bth.PSN) {
 		q.reqError(p, bth.NAKInvalidRequest, cq.StatusRemInvReqErr)
 		return
 	}
-	b, done, err := q.cfg.MRs.CheckAtomic(q.cfg.PD, f.RKey, f.VA)
+	b, done, err := q.cfg.MRs.CheckAtomicQP(q.cfg.PD, q.num, f.RKey, f.VA)
 	if err != nil {
 		if errors.Is(err, mr.ErrAlign) {
 			q.reqError(p, bth.NAKInvalidRequest, cq.StatusRemInvReqErr)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/cq"
+	"github.com/softroce/softroce/pkg/mr"
 	"github.com/softroce/softroce/pkg/roce/link"
 )
 
@@ -147,4 +148,30 @@ func TestSRQ(t *testing.T) {
 	expectWC(t, pollAll(b2.rcq), cq.WC{WRID: 2, Opcode: cq.OpRecv, ByteLen: 60})
 	eq(t, "srq 1", b1.buf[:50], a.buf[:50])
 	eq(t, "srq 2", b1.buf[100:160], c.buf[:60])
+}
+
+// TestSendWithInvalidate: SEND_WITH_INV invalidates a fast-registered MR
+// at the responder; the completion carries WITH_INV and the key; a later
+// WRITE with that key is NAKed remote access error.
+func TestSendWithInvalidate(t *testing.T) {
+	n, a, b := rcPair(t, connOpts{})
+	fr, err := b.tbl.AllocMR(b.pd, mr.AllocMROptions{Buf: make([]byte, 4096)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fr.FastReg(mr.FastRegOptions{IOVA: 0x5000_0000, Length: 4096, Access: mr.AccessLocalWrite | mr.AccessRemoteWrite, Key: 7}); err != nil {
+		t.Fatal(err)
+	}
+	key := fr.RKey()
+	a.postSend(t, SendWR{WRID: 1, Opcode: WRRDMAWrite, SGL: []SGE{a.sge(0, 16)}, Flags: SendSignaled, RemoteAddr: 0x5000_0000, RKey: key})
+	n.pump()
+	expectWC(t, pollAll(a.scq), cq.WC{WRID: 1, Opcode: cq.OpRDMAWrite, ByteLen: 16})
+	b.postRecv(t, RecvWR{WRID: 2, SGL: []SGE{b.sge(0, 64)}})
+	a.postSend(t, SendWR{WRID: 3, Opcode: WRSendWithInv, SGL: []SGE{a.sge(0, 10)}, Flags: SendSignaled, InvRKey: key})
+	n.pump()
+	expectWC(t, pollAll(a.scq), cq.WC{WRID: 3, Opcode: cq.OpSend, ByteLen: 10})
+	expectWC(t, pollAll(b.rcq), cq.WC{WRID: 2, Opcode: cq.OpRecv, ByteLen: 10, Flags: cq.FlagWithInv, InvalidatedRKey: key})
+	a.postSend(t, SendWR{WRID: 4, Opcode: WRRDMAWrite, SGL: []SGE{a.sge(0, 16)}, Flags: SendSignaled, RemoteAddr: 0x5000_0000, RKey: key})
+	n.pump()
+	expectWC(t, pollAll(a.scq), cq.WC{WRID: 4, Status: cq.StatusRemAccessErr, Opcode: cq.OpRDMAWrite})
 }
