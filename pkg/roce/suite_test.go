@@ -367,6 +367,7 @@ func TestSuite(t *testing.T) {
 			})
 			t.Run("UD", func(t *testing.T) { udSuite(t, da, db) })
 			t.Run("UCLoss", func(t *testing.T) { ucLoss(t, da, db, dl) })
+			t.Run("RCLoss", func(t *testing.T) { rcLoss(t, da, db, dl) })
 			s := da.Stats()
 			if s.SentPkts == 0 || s.RcvdPkts == 0 || s.RDMASends == 0 {
 				t.Fatalf("counters not counting: %+v", s)
@@ -464,4 +465,38 @@ func ucLoss(t *testing.T, da, db *Device, dl *dropLink) {
 	checkWC(t, w[1], cq.WC{WRID: 2, Opcode: cq.OpSend, ByteLen: 3000})
 	checkWC(t, waitWC(t, b.rcq, 1)[0], cq.WC{WRID: 1, Opcode: cq.OpRecv, ByteLen: 3000})
 	same(t, "uc", b.buf[dst:dst+3000], a.buf[4000:7000])
+}
+
+// rcLoss: the link decorator drops one middle packet (recovered by the
+// PSN-sequence NAK) and then one last packet (recovered by the ACK
+// timeout) of RC WRITEs; the data arrives intact.
+func rcLoss(t *testing.T, da, db *Device, dl *dropLink) {
+	a, b := newEnd(t, da, qp.TypeRC, 4<<20), newEnd(t, db, qp.TypeRC, 4<<20)
+	connect(t, a, b, qp.MTU1024, 50, 60)
+	before := da.Stats()
+	for i, victim := range []bth.Opcode{bth.OpRCWriteMiddle, bth.OpRCWriteLast} {
+		var n int
+		dl.setDrop(func(p *bth.Packet) bool {
+			if p.BTH.Opcode() == victim {
+				n++
+				return n == 2
+			}
+			return false
+		})
+		a.fill(0, 100_000, byte(i))
+		post(t, a, qp.SendWR{WRID: 1, Opcode: qp.WRRDMAWrite, SGL: a.sgl(0, 100_000, 2), Flags: qp.SendSignaled,
+			RemoteAddr: b.va(dst), RKey: b.mr.RKey()},
+			qp.SendWR{WRID: 2, Opcode: qp.WRRDMAWrite, SGL: a.sgl(0, 100_000, 2), Flags: qp.SendSignaled,
+				RemoteAddr: b.va(dst + 200_000), RKey: b.mr.RKey()})
+		w := waitWC(t, a.scq, 2)
+		checkWC(t, w[0], cq.WC{WRID: 1, Opcode: cq.OpRDMAWrite, ByteLen: 100_000})
+		checkWC(t, w[1], cq.WC{WRID: 2, Opcode: cq.OpRDMAWrite, ByteLen: 100_000})
+		same(t, "write 1", b.buf[dst:dst+100_000], a.buf[:100_000])
+		same(t, "write 2", b.buf[dst+200_000:dst+300_000], a.buf[:100_000])
+		dl.setDrop(nil)
+	}
+	after := da.Stats()
+	if after.RcvdSeqErr == before.RcvdSeqErr || after.CompleterRetryErr == before.CompleterRetryErr {
+		t.Fatalf("no recovery counted: before %+v after %+v", before, after)
+	}
 }
