@@ -195,7 +195,16 @@ type QP struct {
 	// output
 	tx    [txBuffers][]byte
 	batch []link.Datagram
+	icrc  icrcCache
+}
+
+// icrcCache holds the pseudo-header CRC state of the last (endpoints,
+// length) a packet was sent with.
+type icrcCache struct {
 	ep    bth.Endpoints
+	n     int
+	state uint32
+	ok    bool
 }
 
 // New creates a QP in the RESET state.

@@ -378,8 +378,14 @@ func (q *QP) finish(buf []byte, op bth.Opcode, se, ackReq bool, dqpn uint32, psn
 		entropy = bth.UDSourcePort(q.num)
 	}
 	sport := q.cfg.Out.SourcePort(path.Src, entropy)
-	q.ep = bth.Endpoints{Src: path.Src, Dst: path.Dst, SrcPort: sport, DstPort: q.cfg.DstPort}
-	bth.SetICRC(pkt, bth.ICRC(&q.ep, pkt))
+	ep := bth.Endpoints{Src: path.Src, Dst: path.Dst, SrcPort: sport, DstPort: q.cfg.DstPort}
+	if !q.icrc.ok || q.icrc.n != end || q.icrc.ep != ep {
+		// the pseudo-header CRC depends only on (endpoints, length):
+		// full-MTU packets of a flow reuse it
+		q.icrc.ep, q.icrc.n, q.icrc.ok = ep, end, true
+		q.icrc.state = bth.PseudoHeaderCRC(&q.icrc.ep, end)
+	}
+	bth.SetICRC(pkt, bth.ICRCContinue(q.icrc.state, pkt))
 	q.batch = append(q.batch, link.Datagram{
 		Buf: pkt,
 		Src: netip.AddrPortFrom(path.Src, sport),
