@@ -92,6 +92,15 @@ type Stream struct {
 // NewStream wraps an established connection.
 func NewStream(c net.Conn, o Options) *Stream { return &Stream{c: c, opts: o} }
 
+// WithTimeout returns a Stream on the same connection whose steps are bounded
+// by d instead (negative: only by the context). Use it for a step that waits
+// for the peer to finish something long, such as a measurement.
+func (s *Stream) WithTimeout(d time.Duration) *Stream {
+	o := s.opts
+	o.Timeout = d
+	return &Stream{c: s.c, opts: o}
+}
+
 // Conn returns the underlying connection.
 func (s *Stream) Conn() net.Conn { return s.c }
 

@@ -27,6 +27,7 @@ import (
 	"math"
 	"net"
 	"strconv"
+	"time"
 
 	"github.com/softroce/softroce/pkg/oob"
 )
@@ -75,6 +76,11 @@ type Options struct {
 	// PerPortReport adds the four per-port values to the BW report exchange
 	// (--report-per-port).
 	PerPortReport bool
+	// FinishTimeout bounds the first round of Finish, in which the side that
+	// finished measuring first waits for the other (the server of a
+	// one-sided test waits for the client's whole run). 0 means no bound
+	// but the context's, as perftest waits forever.
+	FinishTimeout time.Duration
 }
 
 // Conn is one side of a perftest exchange. It is not safe for concurrent use.

@@ -174,20 +174,40 @@ func (c *Conn) Setup(ctx context.Context, s *Setup) (*Session, error) {
 // peer's report is returned (the server prints the client's). The server
 // calls Finish right after Setup: its first round waits for the client to
 // end its measurement.
+//
+// The first round may wait for the peer's whole measurement: it is bounded by
+// Options.FinishTimeout (default: only by ctx), the others by Options.Timeout.
 func (c *Conn) Finish(ctx context.Context, t Test, local *Dest, mine BWReport) (BWReport, error) {
 	var rem BWReport
-	switch {
-	case t == WriteLat:
+	if t == WriteLat {
 		return rem, c.Close()
-	case t.BW() && !t.Send():
-		if _, err := c.HandShake(ctx, local); err != nil {
-			return rem, err
-		}
+	}
+	if _, err := c.waiting().HandShake(ctx, local); err != nil {
+		return rem, err
+	}
+	if t.BW() && !t.Send() {
 		var err error
 		if rem, err = c.ExchangeBWReport(ctx, mine); err != nil {
 			return rem, err
 		}
+		if _, err := c.HandShake(ctx, local); err != nil {
+			return rem, err
+		}
 	}
-	_, err := c.CloseExchange(ctx, local)
-	return rem, err
+	if err := c.s.Write(ctx, "send done", Done[:]); err != nil {
+		return rem, err
+	}
+	return rem, c.s.Close()
+}
+
+// waiting returns a Conn sharing c's connection whose steps are bounded by
+// Options.FinishTimeout.
+func (c *Conn) waiting() *Conn {
+	w := *c
+	d := c.o.FinishTimeout
+	if d == 0 {
+		d = -1
+	}
+	w.s = c.s.WithTimeout(d)
+	return &w
 }

@@ -615,3 +615,51 @@ func FuzzParseRecord(f *testing.F) {
 		}
 	})
 }
+
+// TestFinishWaitsForMeasurement: the first round of Finish is not bounded by
+// the per-step timeout (the peer may be measuring for minutes), only by
+// FinishTimeout and the context.
+func TestFinishWaitsForMeasurement(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		finish time.Duration
+		want   error
+	}{
+		{"unbounded", 0, context.Canceled},
+		{"bounded", 20 * time.Millisecond, oob.ErrTimeout},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln := listen(t)
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			// Every ordinary step would time out at once (fake clock in the past).
+			conn, err := Accept(context.Background(), ln, Options{Options: oob.Options{Now: pastClock}, FinishTimeout: tc.finish})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			ctx, cancel := context.WithCancel(context.Background())
+			errc := make(chan error, 1)
+			go func() {
+				_, err := conn.Finish(ctx, WriteBW, &Dest{}, BWReport{})
+				errc <- err
+			}()
+			if tc.want == context.Canceled {
+				// Still waiting after a real step would have expired: prove it
+				// by a read on the client side that sees nothing.
+				c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+				if n, _ := c.Read(make([]byte, 1)); n != 0 {
+					t.Fatal("server sent something")
+				}
+				cancel()
+			}
+			if err := <-errc; !errors.Is(err, tc.want) {
+				t.Fatalf("err = %v, want %v", err, tc.want)
+			}
+			cancel()
+		})
+	}
+}
