@@ -176,6 +176,15 @@ func altHex(v uint64, width int) string {
 	return "0x" + fmt.Sprintf("%0*x", max(width-2, 1), v)
 }
 
+// Side selects the "local" or "remote" address line.
+type Side uint8
+
+// The sides.
+const (
+	Local Side = iota
+	Remote
+)
+
 // AddressLine is the address line ctx_print_pingpong_data prints for d,
 // newline included, followed by the GID line when withGID (a GID index is in
 // use):
@@ -185,9 +194,9 @@ func altHex(v uint64, width int) string {
 //
 // READ tests print OUT, RKey and VAddr; WRITE tests RKey and VAddr; SEND and
 // atomic tests neither.
-func AddressLine(t Test, remote bool, d Dest, withGID bool) string {
+func AddressLine(t Test, s Side, d Dest, withGID bool) string {
 	side := "local"
-	if remote {
+	if s == Remote {
 		side = "remote"
 	}
 	var b strings.Builder

@@ -57,8 +57,8 @@ func TestLogs(t *testing.T) {
 			}
 			var want strings.Builder
 			want.WriteString(b.String())
-			want.WriteString(AddressLine(c.test, false, me.records[0], true))
-			want.WriteString(AddressLine(c.test, true, peer.records[0], true))
+			want.WriteString(AddressLine(c.test, Local, me.records[0], true))
+			want.WriteString(AddressLine(c.test, Remote, peer.records[0], true))
 			want.WriteString(ResultLine)
 			lines := strings.SplitAfter(log, "\n")
 			resultLine := lines[len(lines)-3]
