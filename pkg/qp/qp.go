@@ -154,6 +154,7 @@ type sendWQE struct {
 	readDone uint32 // READ bytes received
 	isInline bool
 	rdAtomic bool // counts against max_rd_atomic while outstanding
+	bind     BindInfo
 }
 
 // recvWQE is one receive queue slot.
@@ -579,7 +580,20 @@ func (q *QP) enqueueSend(wr *SendWR) error {
 		return ErrQueueFull
 	}
 	if wr.Opcode.Local() {
-		return ErrBadOpcode // LOCAL_INV and BIND_MW are not implemented by the engine yet
+		// LOCAL_INV and BIND_MW (IBTA 10.6.7): memory operations run by
+		// the requester in send-queue order, completed in order.
+		if q.typ.Datagram() || (wr.Opcode == WRBindMW && wr.Bind == nil) {
+			return ErrBadOpcode
+		}
+		w := q.slot(q.sqTail)
+		w.reset()
+		w.wr = *wr
+		w.wr.SGL, w.wr.AH, w.wr.Bind = nil, nil, nil
+		if wr.Bind != nil {
+			w.bind = *wr.Bind
+		}
+		q.sqTail++
+		return nil
 	}
 	total, err := ValidateSend(q.typ, wr, WRLimits{
 		MaxSGE:        int(q.cfg.Cap.MaxSendSGE),

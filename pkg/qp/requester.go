@@ -91,6 +91,17 @@ func (q *QP) runRequester() {
 			return
 		}
 		w := q.slot(q.sqReq)
+		if w.wr.Opcode.Local() {
+			if q.state == StateSQD || (w.wr.Flags&SendFence != 0 && q.rdAtomicInFlight > 0) {
+				return
+			}
+			if !q.localOp(w) {
+				return
+			}
+			q.sqReq++
+			q.retire()
+			continue
+		}
 		if !w.started {
 			if q.state == StateSQD || !q.canStart(w) {
 				return
@@ -408,4 +419,39 @@ func (q *QP) flush() {
 		q.batch[i] = link.Datagram{}
 	}
 	q.batch = q.batch[:0]
+}
+
+// localOp executes LOCAL_INV or BIND_MW through pkg/mr (IBTA 10.6.7.2
+// invalidate, 10.6.7.3 bind). Failures complete with LOC_PROT_ERR /
+// MW_BIND_ERR and move the QP to ERR like any local work queue error.
+func (q *QP) localOp(w *sendWQE) bool {
+	w.started, w.sentAll, w.done = true, true, true
+	w.status = cq.StatusSuccess
+	switch w.wr.Opcode {
+	case WRLocalInv:
+		if err := q.cfg.MRs.Invalidate(q.cfg.PD, w.wr.InvRKey); err != nil {
+			w.status = cq.StatusLocProtErr
+		}
+	case WRBindMW:
+		b := &w.bind
+		win := q.cfg.MRs.MWByKey(b.MWRKey)
+		var region *mr.MR
+		if b.Length > 0 {
+			region = q.cfg.MRs.MRByKey(b.MRLKey)
+		}
+		if win == nil || (b.Length > 0 && region == nil) {
+			w.status = cq.StatusMWBindErr
+			break
+		}
+		if _, err := win.Bind(mr.BindOptions{PD: q.cfg.PD, QPN: q.num, MR: region, Addr: b.Addr,
+			Length: b.Length, Access: mr.Access(b.Access), Key: uint8(b.NewRKey)}); err != nil {
+			w.status = cq.StatusMWBindErr
+		}
+	}
+	if w.status != cq.StatusSuccess {
+		q.retire()
+		q.enterError()
+		return false
+	}
+	return true
 }

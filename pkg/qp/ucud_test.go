@@ -175,3 +175,43 @@ func TestSendWithInvalidate(t *testing.T) {
 	n.pump()
 	expectWC(t, pollAll(a.scq), cq.WC{WRID: 4, Status: cq.StatusRemAccessErr, Opcode: cq.OpRDMAWrite})
 }
+
+// TestLocalOps: BIND_MW binds a type 2 window to this QP's peer-facing
+// region (remote WRITE through it works), LOCAL_INV of the window's key
+// then makes the same WRITE fail with REM_ACCESS_ERR; completions in order.
+func TestLocalOps(t *testing.T) {
+	n, a, b := rcPair(t, connOpts{})
+	win, err := b.tbl.AllocMW(b.pd, mr.MWType2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	region, err := b.tbl.RegMR(b.pd, b.buf[8192:16384], 0x6000_0000, mr.AccessLocalWrite|mr.AccessMWBind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// b binds the window on its own QP (the one a's requests arrive on)
+	newKey := win.RKey()&^0xFF | uint32(uint8(win.RKey())+1)
+	b.postSend(t, SendWR{WRID: 1, Opcode: WRBindMW, Flags: SendSignaled, Bind: &BindInfo{
+		MWRKey: win.RKey(), NewRKey: newKey, MRLKey: region.LKey(), Addr: 0x6000_0000, Length: 4096,
+		Access: uint32(mr.AccessRemoteWrite)}})
+	expectWC(t, pollAll(b.scq), cq.WC{WRID: 1, Opcode: cq.OpBindMW})
+	key := win.RKey()
+	if key != newKey {
+		t.Fatalf("window key %#x, want %#x", key, newKey)
+	}
+	a.fill(0, 100, 7)
+	a.postSend(t, SendWR{WRID: 2, Opcode: WRRDMAWrite, SGL: []SGE{a.sge(0, 100)}, Flags: SendSignaled, RemoteAddr: 0x6000_0000, RKey: key})
+	n.pump()
+	expectWC(t, pollAll(a.scq), cq.WC{WRID: 2, Opcode: cq.OpRDMAWrite, ByteLen: 100})
+	eq(t, "through window", b.buf[8192:8292], a.buf[:100])
+	b.postSend(t, SendWR{WRID: 3, Opcode: WRLocalInv, Flags: SendSignaled, InvRKey: key})
+	expectWC(t, pollAll(b.scq), cq.WC{WRID: 3, Opcode: cq.OpLocalInv})
+	a.postSend(t, SendWR{WRID: 4, Opcode: WRRDMAWrite, SGL: []SGE{a.sge(0, 100)}, Flags: SendSignaled, RemoteAddr: 0x6000_0000, RKey: key})
+	n.pump()
+	expectWC(t, pollAll(a.scq), cq.WC{WRID: 4, Status: cq.StatusRemAccessErr, Opcode: cq.OpRDMAWrite})
+	// a failing LOCAL_INV is a local error: LOC_PROT_ERR, then ERR and flush
+	_, c, _ := rcPair(t, connOpts{})
+	c.postSend(t, SendWR{WRID: 5, Opcode: WRLocalInv, InvRKey: 0xDEAD00}, SendWR{WRID: 6, Opcode: WRSend})
+	expectWC(t, pollAll(c.scq), cq.WC{WRID: 5, Status: cq.StatusLocProtErr, Opcode: cq.OpLocalInv},
+		cq.WC{WRID: 6, Status: cq.StatusWRFlushErr, Opcode: cq.OpSend})
+}
