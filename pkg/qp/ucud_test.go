@@ -7,6 +7,7 @@ import (
 
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/cq"
+	"github.com/softroce/softroce/pkg/event"
 	"github.com/softroce/softroce/pkg/mr"
 	"github.com/softroce/softroce/pkg/roce/link"
 )
@@ -214,4 +215,45 @@ func TestLocalOps(t *testing.T) {
 	c.postSend(t, SendWR{WRID: 5, Opcode: WRLocalInv, InvRKey: 0xDEAD00}, SendWR{WRID: 6, Opcode: WRSend})
 	expectWC(t, pollAll(c.scq), cq.WC{WRID: 5, Status: cq.StatusLocProtErr, Opcode: cq.OpLocalInv},
 		cq.WC{WRID: 6, Status: cq.StatusWRFlushErr, Opcode: cq.OpSend})
+}
+
+// TestEvents: COMM_EST when the first request reaches a QP in RTR;
+// SQ_DRAINED once SQD has nothing outstanding; SQD holds new WQEs until
+// RTS again.
+func TestEvents(t *testing.T) {
+	n := newNet(t)
+	a := n.newSide("10.0.0.1", sideOpts{qpn: 0x11})
+	b := n.newSide("10.0.0.2", sideOpts{qpn: 0x12})
+	var evs []event.Event
+	sink := func(e event.Event) { evs = append(evs, e) }
+	a.qp.cfg.Events, b.qp.cfg.Events = sink, sink
+	n.bringUp(a, b, mr.AccessRemoteWrite, 0, 0, connOpts{mtu: MTU1024, timeout: 14})
+	// b only to RTR
+	must := func(q *QP, at Attr, m AttrMask) {
+		t.Helper()
+		if err := q.Modify(&at, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(b.qp, Attr{State: StateInit, Port: 1, AccessFlags: mr.AccessRemoteWrite}, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags)
+	must(b.qp, Attr{State: StateRTR, AH: AHAttr{DGID: a.addr}, PathMTU: MTU1024, DestQPN: a.qp.Num(), MaxDestRDAtomic: 1},
+		AttrState|AttrAV|AttrPathMTU|AttrDestQPN|AttrRQPSN|AttrMaxDestRDAtomic|AttrMinRNRTimer)
+	a.postSend(t, SendWR{WRID: 1, Opcode: WRRDMAWrite, SGL: []SGE{a.sge(0, 8)}, Flags: SendSignaled, RemoteAddr: b.va(0), RKey: b.mr.RKey()})
+	n.pump()
+	expectWC(t, pollAll(a.scq), cq.WC{WRID: 1, Opcode: cq.OpRDMAWrite, ByteLen: 8})
+	if len(evs) != 1 || evs[0].Type != event.CommEst || evs[0].QPN != b.qp.Num() {
+		t.Fatalf("events %+v", evs)
+	}
+	// SQD: the posted WQE waits; SQ_DRAINED fires at once (nothing outstanding)
+	must(a.qp, Attr{State: StateSQD, SQDrainEvent: true}, AttrState|AttrEnSQDAsyncNotify)
+	a.postSend(t, SendWR{WRID: 2, Opcode: WRRDMAWrite, SGL: []SGE{a.sge(0, 8)}, Flags: SendSignaled, RemoteAddr: b.va(0), RKey: b.mr.RKey()})
+	if len(a.out.q) != 0 {
+		t.Fatal("SQD transmitted a new WQE")
+	}
+	if len(evs) != 2 || evs[1].Type != event.SQDrained {
+		t.Fatalf("events %+v", evs)
+	}
+	must(a.qp, Attr{State: StateRTS}, AttrState)
+	n.pump()
+	expectWC(t, pollAll(a.scq), cq.WC{WRID: 2, Opcode: cq.OpRDMAWrite, ByteLen: 8})
 }
