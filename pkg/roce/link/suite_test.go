@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 )
@@ -27,18 +28,47 @@ func (p *pair) src(l Link, at netip.AddrPort) netip.AddrPort {
 	return netip.AddrPortFrom(at.Addr(), l.SourcePort(at.Addr(), 0xC0DE))
 }
 
-func genTestPair(tb testing.TB, real bool) *pair {
+// Variants of the shared suite.
+const (
+	varMem    = "mem"
+	varUDP    = "udp"     // one IPv4 socket per link on 127.0.0.1 / 127.0.0.2
+	varUDPGSO = "udp-gso" // the same with GSO forced on and GRO on
+	varUDP6   = "udp6"    // IPv6 on ::1 (GSO on by default for IPv6)
+	varMulti  = "udp-multi"
+)
+
+var variants = []string{varMem, varUDP, varUDPGSO, varUDP6, varMulti}
+
+func genTestPair(tb testing.TB, variant string) *pair {
 	tb.Helper()
-	if !real {
+	ip := netip.MustParseAddr
+	switch variant {
+	case varMem:
 		n := NewMemNetwork(MemOptions{QueueDepth: 4096, Full: BlockWhenFull})
 		a, b := mustAttach(tb, n, memA), mustAttach(tb, n, memB)
 		return &pair{a: a, b: b, aAddr: netip.AddrPortFrom(memA, UDPPort), bAddr: netip.AddrPortFrom(memB, UDPPort),
 			maxPayload: MaxDatagram}
+	case varUDP, varUDPGSO:
+		o := UDPOptions{AnyPort: true}
+		if variant == varUDPGSO {
+			o.GSO, o.GRO = GSOOn, true
+		}
+		oa, ob := o, o
+		oa.Addrs, ob.Addrs = []netip.Addr{ip("127.0.0.1")}, []netip.Addr{ip("127.0.0.2")}
+		a, b := listenTB(tb, oa), listenTB(tb, ob)
+		return &pair{a: a, b: b, aAddr: a.LocalAddrPorts()[0], bAddr: b.LocalAddrPorts()[0], maxPayload: 65507, real: true}
+	case varUDP6:
+		a := listenTB(tb, UDPOptions{Addrs: []netip.Addr{ip("::1")}, AnyPort: true, GRO: true})
+		b := listenTB(tb, UDPOptions{Addrs: []netip.Addr{ip("::1")}, AnyPort: true, GRO: true})
+		return &pair{a: a, b: b, aAddr: a.LocalAddrPorts()[0], bAddr: b.LocalAddrPorts()[0],
+			maxPayload: 65536 - 40 - 8, real: true} // lo's MTU with DF: no IPv6 fragments
+	case varMulti:
+		a := listenTB(tb, UDPOptions{Addrs: []netip.Addr{ip("127.0.0.3"), ip("127.0.0.4")}, AnyPort: true})
+		b := listenTB(tb, UDPOptions{Addrs: []netip.Addr{ip("127.0.0.5"), ip("127.0.0.6")}, AnyPort: true})
+		return &pair{a: a, b: b, aAddr: a.LocalAddrPorts()[1], bAddr: b.LocalAddrPorts()[1], maxPayload: 65507, real: true}
 	}
-	a := listenTB(tb, UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}, AnyPort: true})
-	b := listenTB(tb, UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr("127.0.0.2")}, AnyPort: true})
-	return &pair{a: a, b: b, aAddr: a.LocalAddrPorts()[0], bAddr: b.LocalAddrPorts()[0],
-		maxPayload: 65507, real: true}
+	tb.Fatalf("unknown variant %q", variant)
+	return nil
 }
 
 func listenTB(tb testing.TB, o UDPOptions) *UDPLink {
@@ -52,12 +82,8 @@ func listenTB(tb testing.TB, o UDPOptions) *UDPLink {
 }
 
 func forBoth(t *testing.T, f func(t *testing.T, p *pair)) {
-	for _, real := range []bool{false, true} {
-		name := "mem"
-		if real {
-			name = "udp"
-		}
-		t.Run(name, func(t *testing.T) { f(t, genTestPair(t, real)) })
+	for _, v := range variants {
+		t.Run(v, func(t *testing.T) { f(t, genTestPair(t, v)) })
 	}
 }
 
@@ -83,10 +109,18 @@ func recvN(t testing.TB, l Link, n, batch int) []Datagram {
 	t.Helper()
 	var got []Datagram
 	in := recvBufs(batch)
+	// Safety bound, not a wait: if datagrams were lost, closing the link turns a hang into a
+	// failure that shows the counters.
+	wd := time.AfterFunc(10*time.Second, func() { l.Close() })
+	defer wd.Stop()
 	for len(got) < n {
 		k, err := l.Recv(in)
 		if err != nil {
-			t.Fatalf("recv after %d of %d: %v", len(got), n, err)
+			var st Stats
+			if sl, ok := l.(StatsLink); ok {
+				st = sl.Stats()
+			}
+			t.Fatalf("recv after %d of %d: %v (receiver stats %+v)", len(got), n, err, st)
 		}
 		if k < 1 || k > batch {
 			t.Fatalf("recv returned %d for a batch of %d", k, batch)
@@ -166,6 +200,9 @@ func TestSuiteLargePayloads(t *testing.T) {
 		if err := p.a.Send(out); err != nil {
 			t.Fatal(err)
 		}
+		if s := p.a.(StatsLink).Stats(); s.Drops != 0 {
+			t.Fatalf("sender dropped %d datagrams", s.Drops)
+		}
 		p.check(t, out, recvN(t, p.b, len(out), 4))
 	})
 }
@@ -210,11 +247,14 @@ func TestSuiteConcurrentSend(t *testing.T) {
 				}
 			}()
 		}
-		got := recvN(t, p.b, senders*per, 16)
+		got := recvN(t, p.b, senders*per, 16) // receives while the senders send
 		wg.Wait()
 		close(errs)
 		for err := range errs {
 			t.Fatal(err)
+		}
+		if s := p.a.(StatsLink).Stats(); s.Sent != senders*per || s.Drops != 0 {
+			t.Fatalf("sender stats %+v", s)
 		}
 		next := make([]uint32, senders)
 		for _, d := range got {

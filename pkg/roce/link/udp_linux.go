@@ -52,6 +52,8 @@ const (
 	maxGSOSegments = 64
 	// maxGSOBytes bounds the payload of one GSO message (IPv4 total length 65535 - 20 - 8).
 	maxGSOBytes = 65507
+	// groBatch is the number of 64 KiB messages one GRO receive reads.
+	groBatch = 8
 )
 
 // UDPOptions configure ListenUDP.
@@ -75,12 +77,18 @@ type UDPOptions struct {
 	BatchSize int
 	// GSO selects UDP_SEGMENT on send; falls back to plain sends if the kernel refuses.
 	GSO GSOMode
+	// GRO enables UDP_GRO on receive: the kernel may coalesce same-size datagrams from one peer
+	// into one read, which Recv splits again by the segment size (copying each segment into the
+	// caller's buffers). If the kernel refuses the option, plain receives are used
+	// (Stats.Fallbacks counts it).
+	GRO bool
 }
 
 // UDPLink is the Link over UDP sockets returned by ListenUDP.
 type UDPLink struct {
 	socks   []*udpSock
 	batch   int
+	maxSegs int // datagrams per GSO message (maxGSOSegments; tests raise it to provoke EINVAL)
 	closed  atomic.Bool
 	closing chan struct{}
 	wg      sync.WaitGroup
@@ -119,7 +127,7 @@ type udpSock struct {
 	scount int                     // messages filled
 	sidx   int                     // next message to send
 	sfail  int                     // datagrams lost to send errors in this run
-	sgsoEr bool                    // a GSO message was refused
+	sgsoEr unix.Errno              // the error that refused a GSO message (0 = none)
 	sendFn func(uintptr) bool
 
 	rmsgs  []mmsghdr
@@ -133,6 +141,19 @@ type udpSock struct {
 	tryFn  func(uintptr)
 	peekFn func(uintptr) bool
 	rearm  chan struct{}
+
+	// GRO receive: private 64 KiB buffers, split into the caller's buffers by drainGRO.
+	gro    bool
+	gbufs  [][]byte
+	gmsgs  []mmsghdr
+	giov   []unix.Iovec
+	gsa    []unix.RawSockaddrInet6
+	gctl   []byte
+	gn     int // messages held
+	gmi    int // next message to hand out
+	goff   int // offset of the next segment in message gmi
+	groFn  func(uintptr) bool
+	gtryFn func(uintptr)
 }
 
 // ListenUDP opens one unconnected UDP socket per address, bound to ADDR:Port, with DF set
@@ -156,7 +177,7 @@ func listenUDP(o UDPOptions) (*UDPLink, error) {
 	if o.SendBuf == 0 {
 		o.SendBuf = DefaultSendBuf
 	}
-	l := &UDPLink{batch: o.BatchSize, closing: make(chan struct{}), ready: make(chan struct{}, 1)}
+	l := &UDPLink{batch: o.BatchSize, maxSegs: maxGSOSegments, closing: make(chan struct{}), ready: make(chan struct{}, 1)}
 	for i, a := range o.Addrs {
 		if !a.IsValid() {
 			l.closeSocks()
@@ -248,6 +269,13 @@ func openSock(l *UDPLink, a netip.Addr, o *UDPOptions) (*udpSock, error) {
 		s.local = netip.AddrPortFrom(a, uint16(b.Port))
 	}
 	s.gso.Store(o.GSO == GSOOn || (o.GSO == GSOAuto && s.v6))
+	if o.GRO {
+		if unix.SetsockoptInt(fd, unix.SOL_UDP, unix.UDP_GRO, 1) == nil {
+			s.gro = true
+		} else {
+			l.fallbacks.Add(1)
+		}
+	}
 	s.f = os.NewFile(uintptr(fd), "udp:"+s.local.String())
 	if s.rc, err = s.f.SyscallConn(); err != nil {
 		s.f.Close()
@@ -266,6 +294,18 @@ func openSock(l *UDPLink, a netip.Addr, o *UDPOptions) (*udpSock, error) {
 	s.recvFn = s.doRecv
 	s.tryFn = s.tryRecv
 	s.peekFn = s.peek
+	if s.gro {
+		s.gbufs = make([][]byte, groBatch)
+		for i := range s.gbufs {
+			s.gbufs[i] = make([]byte, MaxDatagram)
+		}
+		s.gmsgs = make([]mmsghdr, groBatch)
+		s.giov = make([]unix.Iovec, groBatch)
+		s.gsa = make([]unix.RawSockaddrInet6, groBatch)
+		s.gctl = make([]byte, groBatch*unix.CmsgSpace(4))
+		s.groFn = s.doGRORecv
+		s.gtryFn = s.tryGRORecv
+	}
 	return s, nil
 }
 
@@ -368,9 +408,11 @@ func getSockaddr(sa *unix.RawSockaddrInet6) netip.AddrPort {
 func (s *udpSock) send(run []Datagram) error {
 	s.smu.Lock()
 	defer s.smu.Unlock()
+	plain := false // resend the datagrams of a refused GSO message one by one
 	for len(run) > 0 {
-		used := s.fill(run, s.gso.Load())
-		s.sidx, s.sfail, s.sgsoEr = 0, 0, false
+		used := s.fill(run, s.gso.Load() && !plain)
+		plain = false
+		s.sidx, s.sfail, s.sgsoEr = 0, 0, 0
 		err := s.rc.Write(s.sendFn)
 		s.clear()
 		if err != nil {
@@ -379,18 +421,24 @@ func (s *udpSock) send(run []Datagram) error {
 			}
 			return fmt.Errorf("sendmmsg from %v: %w", s.local, err)
 		}
-		if s.sgsoEr {
-			// The kernel refused UDP_SEGMENT: turn GSO off on this socket and resend the run
-			// (datagrams of the messages before the refused one were sent; resending them
-			// would duplicate, so resend from the refused message).
-			s.gso.Store(false)
-			s.l.fallbacks.Add(1)
-			used = s.sentDatagrams()
+		done := s.sentDatagrams()
+		if s.sgsoEr != 0 {
+			// The kernel refused a GSO message (messages before it were sent; resend from it,
+			// one datagram per message). EIO/EINVAL mean this socket or device cannot do
+			// UDP_SEGMENT at all (as wireguard-go treats them): turn GSO off for good. Other
+			// errors (EMSGSIZE: a segment above the path MTU) are the datagrams' own and are
+			// met again, and counted, by the plain resend.
+			if s.sgsoEr == unix.EIO || s.sgsoEr == unix.EINVAL {
+				s.gso.Store(false)
+				s.l.fallbacks.Add(1)
+			}
+			plain = true
+			used = done
 		}
 		if s.sfail > 0 {
 			s.l.drops.Add(uint64(s.sfail))
 		}
-		s.l.sent.Add(uint64(s.sentDatagrams() - s.sfail))
+		s.l.sent.Add(uint64(done - s.sfail))
 		s.l.sendBatches.Add(1)
 		run = run[used:]
 	}
@@ -409,7 +457,7 @@ func (s *udpSock) fill(run []Datagram, gso bool) int {
 		total := size
 		d++
 		if gso && size > 0 {
-			for d < len(run) && d < len(s.siov) && d-first < maxGSOSegments &&
+			for d < len(run) && d < len(s.siov) && d-first < s.l.maxSegs &&
 				run[d].Dst == run[first].Dst && len(run[d].Buf) <= size && len(run[d].Buf) > 0 &&
 				total+len(run[d].Buf) <= maxGSOBytes {
 				total += len(run[d].Buf)
@@ -452,11 +500,18 @@ func (s *udpSock) fill(run []Datagram, gso bool) int {
 	return d
 }
 
-// sentDatagrams counts the datagrams in messages [0, sidx).
+// sentDatagrams counts the datagrams in messages [0, sidx), and counts those messages that
+// were GSO sends.
 func (s *udpSock) sentDatagrams() int {
-	n := 0
+	n, gso := 0, 0
 	for m := 0; m < s.sidx; m++ {
 		n += int(s.smsgs[m].hdr.Iovlen)
+		if s.smsgs[m].hdr.Controllen != 0 {
+			gso++
+		}
+	}
+	if gso > 0 {
+		s.l.gsoSends.Add(uint64(gso))
 	}
 	return n
 }
@@ -464,9 +519,6 @@ func (s *udpSock) sentDatagrams() int {
 // clear drops references to the caller's buffers (Send does not retain them).
 func (s *udpSock) clear() {
 	for i := range s.siov {
-		if s.siov[i].Base == nil {
-			break
-		}
 		s.siov[i].Base = nil
 	}
 }
@@ -482,14 +534,11 @@ func (s *udpSock) doSend(fd uintptr) bool {
 		case unix.EAGAIN:
 			return false
 		case unix.EINTR:
-		case unix.EIO, unix.EINVAL:
+		default:
 			if s.smsgs[s.sidx].hdr.Controllen != 0 {
-				s.sgsoEr = true // GSO refused: the caller disables it and resends from here
+				s.sgsoEr = e // a GSO message refused: the caller resends from here
 				return true
 			}
-			s.sfail += int(s.smsgs[s.sidx].hdr.Iovlen)
-			s.sidx++
-		default:
 			// This message failed (ENOBUFS, EMSGSIZE, ENETUNREACH...): drop it, go on.
 			s.sfail += int(s.smsgs[s.sidx].hdr.Iovlen)
 			s.sidx++
@@ -522,35 +571,131 @@ func (s *udpSock) prepRecv(batch []Datagram) {
 	s.rn, s.rerr, s.again = 0, nil, false
 }
 
-// recvmmsg is one non-blocking attempt.
-func (s *udpSock) recvmmsg(fd uintptr) {
+// recvmmsg is one non-blocking attempt to fill msgs; it sets s.again or s.rerr.
+func (s *udpSock) recvmmsg(fd uintptr, msgs []mmsghdr) int {
+	s.again, s.rerr = false, nil
 	for {
-		r, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&s.rmsgs[0])),
-			uintptr(s.rcount), 0, 0, 0)
+		r, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&msgs[0])),
+			uintptr(len(msgs)), 0, 0, 0)
 		switch e {
 		case 0:
-			s.rn = int(r)
-			return
+			return int(r)
 		case unix.EINTR:
 			continue
 		case unix.EAGAIN:
 			s.again = true
-			return
+			return 0
 		default:
 			s.rerr = e
-			return
+			return 0
 		}
 	}
 }
 
 // doRecv runs inside RawConn.Read; false = wait readable.
 func (s *udpSock) doRecv(fd uintptr) bool {
-	s.recvmmsg(fd)
+	s.rn = s.recvmmsg(fd, s.rmsgs[:s.rcount])
 	return !s.again
 }
 
 // tryRecv runs inside RawConn.Control: one attempt, never waits.
-func (s *udpSock) tryRecv(fd uintptr) { s.recvmmsg(fd) }
+func (s *udpSock) tryRecv(fd uintptr) { s.rn = s.recvmmsg(fd, s.rmsgs[:s.rcount]) }
+
+// prepGRO points the GRO messages at the private buffers.
+func (s *udpSock) prepGRO() {
+	space := unix.CmsgSpace(4)
+	for i := range s.gmsgs {
+		s.giov[i].Base = &s.gbufs[i][0]
+		s.giov[i].SetLen(len(s.gbufs[i]))
+		h := &s.gmsgs[i].hdr
+		h.Name = (*byte)(unsafe.Pointer(&s.gsa[i]))
+		h.Namelen = unix.SizeofSockaddrInet6
+		h.Iov = &s.giov[i]
+		h.SetIovlen(1)
+		h.Control = &s.gctl[i*space]
+		h.SetControllen(space)
+		h.Flags = 0
+		s.gmsgs[i].len = 0
+	}
+	s.gn, s.gmi, s.goff = 0, 0, 0
+	s.rerr, s.again = nil, false
+}
+
+// doGRORecv runs inside RawConn.Read; false = wait readable.
+func (s *udpSock) doGRORecv(fd uintptr) bool {
+	s.gn = s.recvmmsg(fd, s.gmsgs)
+	return !s.again
+}
+
+// tryGRORecv runs inside RawConn.Control: one attempt.
+func (s *udpSock) tryGRORecv(fd uintptr) { s.gn = s.recvmmsg(fd, s.gmsgs) }
+
+// groSize returns the UDP_GRO segment size in message i's control data (0 if none).
+func (s *udpSock) groSize(i int) int {
+	h := &s.gmsgs[i].hdr
+	space := unix.CmsgSpace(4)
+	ctl := s.gctl[i*space : i*space+int(h.Controllen)]
+	for len(ctl) >= unix.SizeofCmsghdr {
+		c := (*unix.Cmsghdr)(unsafe.Pointer(&ctl[0]))
+		if c.Len < unix.SizeofCmsghdr || int(c.Len) > len(ctl) {
+			return 0
+		}
+		if c.Level == unix.SOL_UDP && c.Type == unix.UDP_GRO && int(c.Len) >= unix.CmsgLen(2) {
+			if int(c.Len) >= unix.CmsgLen(4) {
+				return int(*(*int32)(unsafe.Pointer(&ctl[unix.CmsgLen(0)])))
+			}
+			return int(*(*uint16)(unsafe.Pointer(&ctl[unix.CmsgLen(0)])))
+		}
+		next := unix.CmsgSpace(int(c.Len) - unix.CmsgLen(0))
+		if next > len(ctl) {
+			return 0
+		}
+		ctl = ctl[next:]
+	}
+	return 0
+}
+
+// drainGRO copies held segments into batch; returns how many.
+func (s *udpSock) drainGRO(batch []Datagram) int {
+	k, trunc := 0, 0
+	for k < len(batch) && s.gmi < s.gn {
+		m := &s.gmsgs[s.gmi]
+		total := int(m.len)
+		seg := s.groSize(s.gmi)
+		if seg <= 0 || seg > total {
+			seg = total
+		}
+		if s.goff == 0 && seg < total {
+			s.l.groReceives.Add(1)
+		}
+		end := min(s.goff+seg, total)
+		b := batch[k].Buf[:cap(batch[k].Buf)]
+		c := copy(b, s.gbufs[s.gmi][s.goff:end])
+		if c < end-s.goff {
+			trunc++
+		}
+		batch[k].Buf = b[:c]
+		batch[k].Src = getSockaddr(&s.gsa[s.gmi])
+		batch[k].Dst = s.local
+		k++
+		s.goff = end
+		if s.goff >= total {
+			s.gmi++
+			s.goff = 0
+		}
+	}
+	if k > 0 {
+		s.l.received.Add(uint64(k))
+		s.l.recvBatches.Add(1)
+	}
+	if trunc > 0 {
+		s.l.truncated.Add(uint64(trunc))
+	}
+	return k
+}
+
+// groPending reports held segments not yet handed out.
+func (s *udpSock) groPending() bool { return s.gmi < s.gn }
 
 // finishRecv fills batch from the received messages and drops buffer references.
 func (s *udpSock) finishRecv(batch []Datagram) int {
@@ -626,6 +771,15 @@ func (l *UDPLink) Recv(batch []Datagram) (int, error) {
 		s := l.socks[0]
 		l.rmu.Lock()
 		defer l.rmu.Unlock()
+		if s.gro {
+			if !s.groPending() {
+				s.prepGRO()
+				if err := s.rc.Read(s.groFn); err != nil || s.rerr != nil {
+					return l.recvResult(s, 0, err)
+				}
+			}
+			return s.drainGRO(batch), nil
+		}
 		s.prepRecv(batch)
 		err := s.rc.Read(s.recvFn)
 		n := s.finishRecv(batch)
@@ -636,6 +790,24 @@ func (l *UDPLink) Recv(batch []Datagram) (int, error) {
 	for {
 		for k := range l.socks {
 			s := l.socks[(l.next+k)%len(l.socks)]
+			if s.gro {
+				if !s.groPending() {
+					s.prepGRO()
+					err := s.rc.Control(s.gtryFn)
+					if s.again {
+						select {
+						case s.rearm <- struct{}{}:
+						default:
+						}
+						continue
+					}
+					if err != nil || s.rerr != nil {
+						return l.recvResult(s, 0, err)
+					}
+				}
+				l.next = (l.next + k + 1) % len(l.socks)
+				return s.drainGRO(batch), nil
+			}
 			s.prepRecv(batch)
 			err := s.rc.Control(s.tryFn)
 			if s.again {
@@ -705,6 +877,12 @@ func (l *UDPLink) SourcePort(local netip.Addr, entropy uint16) uint16 {
 func (l *UDPLink) GSOEnabled(local netip.Addr) bool {
 	s := l.sock(local)
 	return s != nil && s.gso.Load()
+}
+
+// GROEnabled reports whether the socket bound to local receives with UDP_GRO.
+func (l *UDPLink) GROEnabled(local netip.Addr) bool {
+	s := l.sock(local)
+	return s != nil && s.gro
 }
 
 // Stats returns the link's counters.

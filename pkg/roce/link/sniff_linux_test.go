@@ -1,0 +1,251 @@
+package link
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// These tests check what Linux writes in the IPv4 header of our sends, which the ICRC covers
+// (IBTA A17.3.3) and a UDP socket cannot see. They need root (AF_PACKET, netns, tun).
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (AF_PACKET / network namespace)")
+	}
+}
+
+// ipv4UDP is what the sniffers extract from a captured IPv4/UDP packet.
+type ipv4UDP struct {
+	id               uint16
+	df               bool
+	src, dst         netip.AddrPort
+	payloadLen       int
+	pkttype          uint8
+	ttl              uint8
+	totalLen, udpLen int
+}
+
+func parseIPv4UDP(p []byte) (ipv4UDP, bool) {
+	if len(p) < 28 || p[0]>>4 != 4 || p[9] != unix.IPPROTO_UDP {
+		return ipv4UDP{}, false
+	}
+	ihl := int(p[0]&0xF) * 4
+	if len(p) < ihl+8 {
+		return ipv4UDP{}, false
+	}
+	u := p[ihl:]
+	return ipv4UDP{
+		id:       binary.BigEndian.Uint16(p[4:]),
+		df:       p[6]&0x40 != 0,
+		ttl:      p[8],
+		src:      netip.AddrPortFrom(netip.AddrFrom4([4]byte(p[12:16])), binary.BigEndian.Uint16(u)),
+		dst:      netip.AddrPortFrom(netip.AddrFrom4([4]byte(p[16:20])), binary.BigEndian.Uint16(u[2:])),
+		totalLen: int(binary.BigEndian.Uint16(p[2:])),
+		udpLen:   int(binary.BigEndian.Uint16(u[4:])),
+	}, true
+}
+
+// readMatching reads packets from fd (non-blocking; poll bounded by 2 s so a failure cannot
+// hang the test) until want packets from src to dst are seen.
+func readMatching(fd int, isPacket bool, src, dst netip.AddrPort, want int) ([]ipv4UDP, error) {
+	var got []ipv4UDP
+	buf := make([]byte, 70000)
+	for len(got) < want {
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(pfd, 2000)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return got, err
+		}
+		if n == 0 {
+			return got, fmt.Errorf("timed out with %d of %d packets", len(got), want)
+		}
+		var pkttype uint8
+		var m int
+		if isPacket {
+			var from unix.Sockaddr
+			m, from, err = unix.Recvfrom(fd, buf, unix.MSG_DONTWAIT)
+			if ll, ok := from.(*unix.SockaddrLinklayer); ok {
+				pkttype = ll.Pkttype
+			}
+		} else {
+			m, err = unix.Read(fd, buf)
+		}
+		if err == unix.EAGAIN {
+			continue
+		}
+		if err != nil {
+			return got, err
+		}
+		h, ok := parseIPv4UDP(buf[:m])
+		if !ok || h.src != src || h.dst != dst {
+			continue
+		}
+		h.pkttype = pkttype
+		h.payloadLen = h.udpLen - 8
+		got = append(got, h)
+	}
+	return got, nil
+}
+
+// TestUDPIPv4IDZeroOnLoopback sniffs lo with AF_PACKET: every datagram an unconnected DF socket
+// sends must carry IPv4 ID 0 and DF, the header the engine's ICRC assumes.
+func TestUDPIPv4IDZeroOnLoopback(t *testing.T) {
+	needRoot(t)
+	lo, err := net.InterfaceByName("lo")
+	if err != nil {
+		t.Skip("no lo:", err)
+	}
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_IP)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: lo.Index}); err != nil {
+		t.Fatal(err)
+	}
+	p := genTestPair(t, varUDP)
+	const n = 20
+	out := p.mkBatch(n, 1100, 7)
+	if err := p.a.Send(out); err != nil {
+		t.Fatal(err)
+	}
+	recvN(t, p.b, n, 32)
+	// lo shows each packet twice (outgoing and host); accept both, count the host copies.
+	got, err := readMatching(fd, true, out[0].Src, p.bAddr, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, h := range got {
+		if h.id != 0 || !h.df {
+			t.Fatalf("packet %d: IPv4 ID %#04x DF %v, want ID 0 with DF", i, h.id, h.df)
+		}
+		if h.payloadLen != 1100 {
+			t.Fatalf("packet %d: UDP payload %d", i, h.payloadLen)
+		}
+	}
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// inNetns runs f on a locked OS thread moved into a fresh network namespace; the thread is
+// discarded afterwards (the goroutine exits locked).
+func inNetns(t *testing.T, f func() error) {
+	t.Helper()
+	needRoot(t)
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			done <- fmt.Errorf("unshare: %w", err)
+			return
+		}
+		done <- f()
+	}()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// openTun creates a tun device with no offloads (so the kernel segments GSO sends in software
+// before handing them to us), addressed 198.18.0.1/24 so 198.18.0.2 routes into it.
+func openTun() (int, netip.Addr, error) {
+	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, netip.Addr{}, err
+	}
+	ifr, _ := unix.NewIfreq("srtun0")
+	ifr.SetUint16(unix.IFF_TUN | unix.IFF_NO_PI)
+	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+		unix.Close(fd)
+		return -1, netip.Addr{}, fmt.Errorf("TUNSETIFF: %w", err)
+	}
+	l, err := netlink.LinkByName("srtun0")
+	if err == nil {
+		err = netlink.LinkSetUp(l)
+	}
+	if err == nil {
+		var a *netlink.Addr
+		a, err = netlink.ParseAddr("198.18.0.1/24")
+		if err == nil {
+			err = netlink.AddrAdd(l, a)
+		}
+	}
+	if err != nil {
+		unix.Close(fd)
+		return -1, netip.Addr{}, err
+	}
+	return fd, netip.MustParseAddr("198.18.0.1"), nil
+}
+
+// TestUDPGSOSegmentIPv4IDs records what IDs the kernel gives the segments of one GSO send from an
+// unconnected DF socket, read back from a tun device in a private netns: the first segment
+// carries 0 and the rest count upward. That is why GSOAuto keeps GSO off for IPv4.
+func TestUDPGSOSegmentIPv4IDs(t *testing.T) {
+	inNetns(t, func() error {
+		fd, local, err := openTun()
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		l, err := listenUDP(UDPOptions{Addrs: []netip.Addr{local}, AnyPort: true, GSO: GSOOn})
+		if err != nil {
+			return err
+		}
+		defer l.Close()
+		src := l.LocalAddrPorts()[0]
+		dst := netip.MustParseAddrPort("198.18.0.2:4791")
+		const segs, size = 8, 1000
+		batch := make([]Datagram, segs+2)
+		for i := range batch {
+			batch[i] = Datagram{Buf: make([]byte, size), Src: src, Dst: dst}
+		}
+		batch[segs].Buf = batch[segs].Buf[:300] // a shorter last segment ends the GSO message
+		batch[segs+1].Dst = netip.MustParseAddrPort("198.18.0.2:4792")
+		if err := l.Send(batch); err != nil {
+			return err
+		}
+		st := l.Stats()
+		if st.GSOSends != 1 || st.Sent != segs+2 || st.Fallbacks != 0 {
+			return fmt.Errorf("stats %+v: want one GSO send of %d datagrams, %d sent, no fallback", st, segs+1, segs+2)
+		}
+		got, err := readMatching(fd, false, src, dst, segs+1)
+		if err != nil {
+			return err
+		}
+		for i, h := range got {
+			want := size
+			if i == segs {
+				want = 300
+			}
+			if h.payloadLen != want || !h.df {
+				return fmt.Errorf("segment %d: payload %d DF %v, want %d with DF", i, h.payloadLen, h.df, want)
+			}
+			if h.id != uint16(i) {
+				return fmt.Errorf("segment %d: IPv4 ID %d, want %d (first ID 0, counting up)", i, h.id, i)
+			}
+		}
+		// The plain send after the GSO message (another peer) is back at ID 0.
+		other, err := readMatching(fd, false, src, batch[segs+1].Dst, 1)
+		if err != nil {
+			return err
+		}
+		if other[0].id != 0 {
+			return fmt.Errorf("plain send after GSO: ID %d, want 0", other[0].id)
+		}
+		return nil
+	})
+}
+
+func closeFD(fd int) { unix.Close(fd) }
