@@ -267,13 +267,15 @@ func (q *QP) advance(p *bth.Packet, psn bth.PSN) {
 func (q *QP) recvSend(p *bth.Packet, psn bth.PSN) {
 	info := p.Info
 	r := &q.resp
-	if info.First && !r.haveWQE {
-		if !q.popRecv(&r.wqe) {
-			q.rnr(p)
-			return
+	if info.First {
+		if !r.haveWQE {
+			if !q.popRecv(&r.wqe) {
+				q.rnr(p)
+				return
+			}
+			r.haveWQE = true
 		}
-		r.haveWQE = true
-		r.recvOff = 0
+		r.recvOff = 0 // a new message (UC may reuse the WQE of a dropped one)
 	}
 	if !r.haveWQE { // cannot happen on RC (opcode sequence); UC resync
 		q.reqError(p, bth.NAKInvalidRequest, cq.StatusRemInvReqErr)
