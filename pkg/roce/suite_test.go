@@ -218,7 +218,7 @@ func connect(t testing.TB, a, b *end, mtu qp.MTU, psnA, psnB uint32) {
 			{qp.Attr{State: qp.StateRTR, AH: qp.AHAttr{DGID: peer.addr, SGIDIndex: 0, Port: 1}, PathMTU: mtu,
 				DestQPN: peer.qp.Num(), RQPSN: rq, MaxDestRDAtomic: 16, MinRNRTimer: 1},
 				qp.AttrState | qp.AttrAV | qp.AttrPathMTU | qp.AttrDestQPN | qp.AttrRQPSN},
-			{qp.Attr{State: qp.StateRTS, SQPSN: sq, Timeout: 12, RetryCnt: 7, RNRRetry: 7, MaxRDAtomic: 16},
+			{qp.Attr{State: qp.StateRTS, SQPSN: sq, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRDAtomic: 16},
 				qp.AttrState | qp.AttrSQPSN},
 		}
 		if e.qp.Type() == qp.TypeRC {
