@@ -136,7 +136,7 @@ func (m *Manager) expire(c *Conn) {
 	c.pending = nil
 	switch c.state {
 	case StateREQSent, StateMRAREQRcvd, StateREPSent, StateMRAREPRcvd:
-		// IBTA 12.9.? / cm.c: give up, tell the peer with REJ(Timeout)
+		// IBTA 12.9 / cm.c: give up, tell the peer with REJ(Timeout)
 		// whose ARI is our CA GUID, and report UNREACHABLE.
 		var ari [8]byte
 		be.PutUint64(ari[:], m.o.CAGUID)
@@ -179,7 +179,7 @@ func (m *Manager) toIdle(c *Conn) {
 	}
 }
 
-// enterTimewait moves to TIMEWAIT (IBTA 12.9.8): the remote IDs stay
+// enterTimewait moves to TIMEWAIT (IBTA 12.9 state diagrams): the remote IDs stay
 // registered, so a REQ from the same remote QP is rejected as stale, until
 // the timer ends it.
 func (m *Manager) enterTimewait(c *Conn) {
@@ -459,7 +459,7 @@ func (m *Manager) establishActive(c *Conn, privateData []byte) error {
 
 // NotifyEstablished tells the CM that the QP received a packet before the
 // RTU arrived (IB_EVENT_COMM_EST, ib_cm_notify): a passive side in REP_SENT
-// becomes ESTABLISHED without the RTU (IBTA 12.9.5).
+// becomes ESTABLISHED without the RTU (IBTA 12.9, COMM_EST).
 func (c *Conn) NotifyEstablished() {
 	m := c.m
 	m.mu.Lock()

@@ -54,7 +54,7 @@ func (m *Manager) issueREJ(dst Addr, tid uint64, remoteID uint32, which MsgType,
 }
 
 // staleConflict handles a REQ or REP naming a remote QP that already has a
-// connection (IBTA 12.9.8 stale connection): the old connection is
+// connection (IBTA 12.9, stale connection): the old connection is
 // disconnected if established (cm.c does the same).
 func (m *Manager) staleConflict(old *Conn) {
 	if old.state == StateEstablished {
@@ -63,7 +63,7 @@ func (m *Manager) staleConflict(old *Conn) {
 	}
 }
 
-// onREQ: passive side (IBTA 12.9.5, cm_req_handler).
+// onREQ: passive side (IBTA 12.9, cm_req_handler).
 func (m *Manager) onREQ(src Addr, tid uint64, r REQ) {
 	rk := remoteKey{r.LocalCommID(), r.LocalCAGUID()}
 	if c := m.remote[rk]; c != nil {
@@ -126,7 +126,7 @@ func (m *Manager) onREQ(src Addr, tid uint64, r REQ) {
 		PrivateData: copyBytes(r.PrivateData())})
 }
 
-// onREP: active side (IBTA 12.9.5, cm_rep_handler / cm_dup_rep_handler).
+// onREP: active side (IBTA 12.9, cm_rep_handler / cm_dup_rep_handler).
 func (m *Manager) onREP(src Addr, tid uint64, r REP) {
 	c := m.local[r.RemoteCommID()]
 	if c == nil || c.ud {
@@ -175,7 +175,7 @@ func (m *Manager) onREP(src Addr, tid uint64, r REP) {
 	}
 }
 
-// onRTU: passive side completes (IBTA 12.9.5, cm_rtu_handler).
+// onRTU: passive side completes (IBTA 12.9, cm_rtu_handler).
 func (m *Manager) onRTU(r RTU) {
 	c := m.local[r.RemoteCommID()]
 	if c == nil || c.remoteID != r.LocalCommID() {
@@ -257,7 +257,7 @@ func (m *Manager) onREJ(r REJ) {
 	m.event(c, ev)
 }
 
-// onDREQ (IBTA 12.6.10, 12.9.7; cm_dreq_handler). Simultaneous DREQs: a
+// onDREQ (IBTA 12.6.10, 12.9; cm_dreq_handler). Simultaneous DREQs: a
 // side in DREQ_SENT that receives the peer's DREQ answers it with a DREP
 // and enters TIMEWAIT; the peer's DREP (or its own timeout) changes nothing.
 func (m *Manager) onDREQ(src Addr, tid uint64, r DREQ) {

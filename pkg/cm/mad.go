@@ -25,7 +25,7 @@ const (
 	GSIQKey = 0x80010000
 )
 
-// Method is the MAD method byte (IBTA 13.4.5, Table 146); bit 7 is the
+// Method is the MAD method byte (IBTA 13.4.5); bit 7 is the
 // response bit. The CM sends every message with MethodSend.
 type Method uint8
 
@@ -41,7 +41,7 @@ const (
 	MethodReportResp  Method = 0x86
 )
 
-// AttrID is a CM attribute ID: the message type (IBTA 12.6.1, Table 104).
+// AttrID is a CM attribute ID: the message type (IBTA 12.6.1).
 type AttrID uint16
 
 // CM attribute IDs.
@@ -87,7 +87,7 @@ const (
 	madAttrMod      = 20
 )
 
-// MAD is a view of the common MAD header (IBTA 13.4.3, Figure 147):
+// MAD is a view of the common MAD header (IBTA 13.4.3):
 //
 //	 0                   1                   2                   3
 //	 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1

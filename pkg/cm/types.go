@@ -120,7 +120,7 @@ func CMTimeout(code uint8) time.Duration {
 	return time.Duration(4096) << code * time.Nanosecond
 }
 
-// State is a CM connection state (IBTA 12.9, Figures 153-155; numbering of
+// State is a CM connection state (IBTA 12.9 state diagrams; numbering of
 // enum ib_cm_state).
 type State uint8
 
