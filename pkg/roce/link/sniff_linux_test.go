@@ -88,6 +88,9 @@ func readMatching(fd int, isPacket bool, src, dst netip.AddrPort, want int) ([]i
 		if err != nil {
 			return got, err
 		}
+		if isPacket && pkttype == unix.PACKET_OUTGOING {
+			continue // lo shows every packet twice: keep the received copy
+		}
 		h, ok := parseIPv4UDP(buf[:m])
 		if !ok || h.src != src || h.dst != dst {
 			continue
@@ -122,7 +125,6 @@ func TestUDPIPv4IDZeroOnLoopback(t *testing.T) {
 		t.Fatal(err)
 	}
 	recvN(t, p.b, n, 32)
-	// lo shows each packet twice (outgoing and host); accept both, count the host copies.
 	got, err := readMatching(fd, true, out[0].Src, p.bAddr, n)
 	if err != nil {
 		t.Fatal(err)
@@ -134,6 +136,38 @@ func TestUDPIPv4IDZeroOnLoopback(t *testing.T) {
 		if h.payloadLen != 1100 {
 			t.Fatalf("packet %d: UDP payload %d", i, h.payloadLen)
 		}
+	}
+}
+
+// TestUDPGSOOnLoopbackIsOnePacket: lo can carry UDP GSO packets whole (NETIF_F_GSO_UDP_L4), so a
+// sniffer on lo sees one IPv4 packet with ID 0 holding every segment; a GRO receiver gets it whole
+// too (TestUDPGSOAndGRO), a receiver without GRO gets it segmented on input.
+func TestUDPGSOOnLoopbackIsOnePacket(t *testing.T) {
+	needRoot(t)
+	lo, err := net.InterfaceByName("lo")
+	if err != nil {
+		t.Skip("no lo:", err)
+	}
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_IP)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: lo.Index}); err != nil {
+		t.Fatal(err)
+	}
+	p := genTestPair(t, varUDPGSO)
+	out := p.mkBatch(6, 1000, 3)
+	if err := p.a.Send(out); err != nil {
+		t.Fatal(err)
+	}
+	p.check(t, out, recvN(t, p.b, len(out), 8))
+	got, err := readMatching(fd, true, out[0].Src, p.bAddr, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := got[0]; h.id != 0 || !h.df || h.payloadLen != 6000 {
+		t.Fatalf("sniffed ID %d DF %v UDP payload %d, want one 6000-byte packet with ID 0 and DF", h.id, h.df, h.payloadLen)
 	}
 }
 

@@ -632,21 +632,32 @@ func (s *udpSock) tryGRORecv(fd uintptr) { s.gn = s.recvmmsg(fd, s.gmsgs) }
 
 // groSize returns the UDP_GRO segment size in message i's control data (0 if none).
 func (s *udpSock) groSize(i int) int {
-	h := &s.gmsgs[i].hdr
 	space := unix.CmsgSpace(4)
-	ctl := s.gctl[i*space : i*space+int(h.Controllen)]
-	for len(ctl) >= unix.SizeofCmsghdr {
+	n := min(int(s.gmsgs[i].hdr.Controllen), space)
+	return parseGROSize(s.gctl[i*space : i*space+n])
+}
+
+// parseGROSize walks control messages (kernel-written, but checked like remote input: never
+// reads outside ctl) and returns the UDP_GRO segment size, 0 if absent or malformed.
+func parseGROSize(ctl []byte) int {
+	hdr := unix.SizeofCmsghdr
+	for len(ctl) >= hdr {
 		c := (*unix.Cmsghdr)(unsafe.Pointer(&ctl[0]))
-		if c.Len < unix.SizeofCmsghdr || int(c.Len) > len(ctl) {
+		cl := uint64(c.Len) // uint32 or uint64 by architecture
+		if cl < uint64(hdr) || cl > uint64(len(ctl)) {
 			return 0
 		}
-		if c.Level == unix.SOL_UDP && c.Type == unix.UDP_GRO && int(c.Len) >= unix.CmsgLen(2) {
-			if int(c.Len) >= unix.CmsgLen(4) {
-				return int(*(*int32)(unsafe.Pointer(&ctl[unix.CmsgLen(0)])))
+		data := ctl[unix.CmsgLen(0):cl]
+		if c.Level == unix.SOL_UDP && c.Type == unix.UDP_GRO {
+			switch {
+			case len(data) >= 4:
+				return int(*(*int32)(unsafe.Pointer(&data[0])))
+			case len(data) >= 2:
+				return int(*(*uint16)(unsafe.Pointer(&data[0])))
 			}
-			return int(*(*uint16)(unsafe.Pointer(&ctl[unix.CmsgLen(0)])))
+			return 0
 		}
-		next := unix.CmsgSpace(int(c.Len) - unix.CmsgLen(0))
+		next := unix.CmsgSpace(len(data))
 		if next > len(ctl) {
 			return 0
 		}
@@ -771,19 +782,28 @@ func (l *UDPLink) Recv(batch []Datagram) (int, error) {
 		s := l.socks[0]
 		l.rmu.Lock()
 		defer l.rmu.Unlock()
-		if s.gro {
-			if !s.groPending() {
-				s.prepGRO()
-				if err := s.rc.Read(s.groFn); err != nil || s.rerr != nil {
-					return l.recvResult(s, 0, err)
+		for {
+			var n int
+			if s.gro {
+				if !s.groPending() {
+					s.prepGRO()
+					if err := s.rc.Read(s.groFn); err != nil || s.rerr != nil {
+						return l.recvResult(s, 0, err)
+					}
+				}
+				n = s.drainGRO(batch)
+			} else {
+				s.prepRecv(batch)
+				err := s.rc.Read(s.recvFn)
+				n = s.finishRecv(batch)
+				if err != nil || s.rerr != nil {
+					return l.recvResult(s, n, err)
 				}
 			}
-			return s.drainGRO(batch), nil
+			if n > 0 {
+				return n, nil
+			}
 		}
-		s.prepRecv(batch)
-		err := s.rc.Read(s.recvFn)
-		n := s.finishRecv(batch)
-		return l.recvResult(s, n, err)
 	}
 	l.rmu.Lock()
 	defer l.rmu.Unlock()

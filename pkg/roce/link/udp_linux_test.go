@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -261,4 +262,25 @@ func BenchmarkUDP(b *testing.B) {
 			})
 		}
 	}
+}
+
+func FuzzParseGROSize(f *testing.F) {
+	good := make([]byte, unix.CmsgSpace(4))
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&good[0]))
+	h.Level, h.Type = unix.SOL_UDP, unix.UDP_GRO
+	h.SetLen(unix.CmsgLen(4))
+	good[unix.CmsgLen(0)] = 0x10 // 16 on little-endian
+	if parseGROSize(good) != 16 {
+		f.Fatalf("parseGROSize of a well-formed cmsg = %d", parseGROSize(good))
+	}
+	f.Add(good)
+	f.Add(good[:unix.SizeofCmsghdr])
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, ctl []byte) {
+		// Align like the kernel-written buffer (cmsghdr needs 8-byte alignment).
+		buf := make([]uint64, (len(ctl)+7)/8)
+		b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(buf))), len(buf)*8)[:len(ctl)]
+		copy(b, ctl)
+		parseGROSize(b) // must not panic
+	})
 }
