@@ -102,7 +102,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 }
 
 func newDemoEnd(d *roce.Device, size int) (*demoEnd, error) {
-	e := &demoEnd{dev: d, addr: d.GIDs()[0], buf: make([]byte, size)}
+	e := &demoEnd{dev: d, addr: d.Addrs()[0], buf: make([]byte, size)}
 	var err error
 	if e.pd, err = d.AllocPD(); err != nil {
 		return nil, err
@@ -130,7 +130,7 @@ func demoConnect(a, b *demoEnd, mtu qp.MTU) error {
 			m qp.AttrMask
 		}{
 			{qp.Attr{State: qp.StateInit, Port: 1, AccessFlags: acc}, qp.AttrState | qp.AttrPKeyIndex | qp.AttrPort | qp.AttrAccessFlags},
-			{qp.Attr{State: qp.StateRTR, AH: qp.AHAttr{DGID: peer.addr, Port: 1, HopLimit: 64}, PathMTU: mtu,
+			{qp.Attr{State: qp.StateRTR, AH: qp.AHAttr{DGID: peer.addr, SGIDIndex: uint8(e.dev.GIDIndex(e.addr)), Port: 1, HopLimit: 64}, PathMTU: mtu,
 				DestQPN: peer.qp.Num(), RQPSN: rq, MaxDestRDAtomic: 16, MinRNRTimer: 12},
 				qp.AttrState | qp.AttrAV | qp.AttrPathMTU | qp.AttrDestQPN | qp.AttrRQPSN | qp.AttrMaxDestRDAtomic | qp.AttrMinRNRTimer},
 			{qp.Attr{State: qp.StateRTS, SQPSN: sq, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRDAtomic: 16},

@@ -40,6 +40,7 @@ import (
 	"github.com/softroce/softroce/pkg/event"
 	"github.com/softroce/softroce/pkg/mr"
 	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/pkg/roce/gid"
 	"github.com/softroce/softroce/pkg/roce/link"
 )
 
@@ -80,6 +81,10 @@ type Options struct {
 	Events event.Sink
 	// Name is the device name (default "softroce0").
 	Name string
+	// GIDs is the GID table (nil = gid.FromAddrs of the link's local
+	// addresses: index 0 the fe80:: link-local GID, then the IPv4
+	// addresses as ::ffff:a.b.c.d, then IPv6, as rxe lays it out).
+	GIDs *gid.Table
 }
 
 // Device is an open softroce device. Its methods are safe for concurrent use.
@@ -91,7 +96,7 @@ type Device struct {
 	mtu   qp.MTU
 	attr  qp.DeviceAttr
 	tbl   *mr.Table
-	gids  []netip.Addr
+	gids  *gid.Table
 
 	cnt      qp.Counters
 	atomicMu sync.Mutex
@@ -148,7 +153,10 @@ func Open(o Options) (*Device, error) {
 		d.port = bth.UDPPort
 	}
 	if !d.mtu.Valid() {
-		d.mtu = qp.MTU4096
+		d.mtu = qp.MTU4096 // loopback and the in-memory link
+		if o.GIDs != nil {
+			d.mtu = qp.MTUFromBytes(o.GIDs.ActiveMTU())
+		}
 	}
 	if o.Attr != nil {
 		d.attr = *o.Attr
@@ -156,8 +164,9 @@ func Open(o Options) (*Device, error) {
 		d.attr = qp.DefaultDeviceAttr()
 	}
 	d.tbl = mr.NewTable(d.attr.TableOptions())
-	for _, a := range o.Link.LocalAddrs() {
-		d.gids = append(d.gids, a.Unmap())
+	d.gids = o.GIDs
+	if d.gids == nil {
+		d.gids = gid.FromAddrs(gid.Options{Addrs: o.Link.LocalAddrs()})
 	}
 	size := uint32(1)
 	for size < uint32(d.attr.MaxQP)+FirstQPN && size < 1<<24 {
@@ -182,37 +191,46 @@ func (d *Device) PortAttr() qp.PortAttr {
 	return p
 }
 
-// GIDs returns the GID table: entry i is the i-th local address of the
-// link, as an IP address (RoCEv2 GIDs are IPv4-mapped IPv6 or IPv6
-// addresses, IBTA A17.8).
-func (d *Device) GIDs() []netip.Addr { return append([]netip.Addr(nil), d.gids...) }
+// GIDTable returns the GID table (pkg/roce/gid; immutable).
+func (d *Device) GIDTable() *gid.Table { return d.gids }
 
-// GID returns the GID at index i.
+// GIDs returns the address of every GID table entry, in index order
+// (RoCEv2 GIDs are IPv4-mapped or IPv6 addresses, IBTA A17.8): index 0 is
+// the link-local GID, which RoCEv2 traffic cannot be sent from.
+func (d *Device) GIDs() []netip.Addr {
+	es := d.gids.Entries()
+	out := make([]netip.Addr, len(es))
+	for i, e := range es {
+		out[i] = e.Addr
+	}
+	return out
+}
+
+// Addrs returns the addresses the device sends from and receives on
+// (the GID table without the link-local entry).
+func (d *Device) Addrs() []netip.Addr { return d.gids.Addrs() }
+
+// GID returns the address of GID index i (ibv_query_gid).
 func (d *Device) GID(i int) (netip.Addr, error) {
-	if i < 0 || i >= len(d.gids) {
+	e, err := d.gids.Entry(i)
+	if err != nil {
 		return netip.Addr{}, ErrBadGIDIndex
 	}
-	return d.gids[i], nil
+	return e.Addr, nil
 }
 
 // GIDIndex returns the index of addr in the GID table, or -1.
 func (d *Device) GIDIndex(addr netip.Addr) int {
-	addr = addr.Unmap()
-	for i, g := range d.gids {
-		if g == addr {
-			return i
-		}
+	i, err := d.gids.Index(addr)
+	if err != nil {
+		return -1
 	}
-	return -1
+	return i
 }
 
 func (d *Device) hasGID(a netip.Addr) bool {
-	for _, g := range d.gids {
-		if g == a {
-			return true
-		}
-	}
-	return false
+	_, err := d.gids.Index(a)
+	return err == nil
 }
 
 // Stats returns a snapshot of the device counters (rxe's names via Map).
@@ -414,12 +432,13 @@ func (d *Device) lookup(qpn uint32) *QP {
 // table, the destination from the DGID (IBTA A17.4: the GRH becomes the
 // IP header).
 func (d *Device) resolve(ah *qp.AHAttr) (qp.Path, error) {
-	if int(ah.SGIDIndex) >= len(d.gids) {
+	e, err := d.gids.Entry(int(ah.SGIDIndex))
+	if err != nil {
 		return qp.Path{}, ErrBadGIDIndex
 	}
 	dst := ah.DGID.Unmap()
-	src := d.gids[ah.SGIDIndex]
-	if !dst.IsValid() || src.Is4() != dst.Is4() {
+	src := e.Addr
+	if !dst.IsValid() || src.Is4() != dst.Is4() || src.IsLinkLocalUnicast() {
 		return qp.Path{}, fmt.Errorf("%w: DGID %v from GID %v", ErrInvalidArg, ah.DGID, src)
 	}
 	return qp.Path{Src: src, Dst: dst}, nil

@@ -98,7 +98,7 @@ func TestIPv6(t *testing.T) {
 	ua, ub := newEnd(t, da, qp.TypeUD, 1<<20), newEnd(t, db, qp.TypeUD, 1<<20)
 	udUp(t, ua, 9)
 	udUp(t, ub, 9)
-	ah, err := da.CreateAH(ua.pd, qp.AHAttr{DGID: b6})
+	ah, err := da.CreateAH(ua.pd, qp.AHAttr{DGID: b6, SGIDIndex: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,6 +136,13 @@ func TestObjectsAndClose(t *testing.T) {
 	}
 	if _, err := d.CreateAH(e1.pd, qp.AHAttr{DGID: addrB, SGIDIndex: 3}); !errors.Is(err, ErrBadGIDIndex) {
 		t.Fatalf("bad GID index: %v", err)
+	}
+	// rxe's layout: 0 = link-local (cannot carry RoCEv2 to an IPv4 peer), 1 = ::ffff:127.0.0.1
+	if g := d.GIDs(); len(g) != 2 || !g[0].IsLinkLocalUnicast() || g[1] != addrA || d.GIDIndex(addrA) != 1 {
+		t.Fatalf("GID table %v", g)
+	}
+	if _, err := d.CreateAH(e1.pd, qp.AHAttr{DGID: addrB, SGIDIndex: 0}); err == nil {
+		t.Fatal("AH from the link-local GID to an IPv4 peer accepted")
 	}
 	if err := e2.qp.Destroy(); err != nil {
 		t.Fatal(err)

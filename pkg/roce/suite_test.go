@@ -150,7 +150,7 @@ type end struct {
 
 func newEnd(t testing.TB, d *Device, typ qp.Type, size int) *end {
 	t.Helper()
-	e := &end{dev: d, addr: d.GIDs()[0]}
+	e := &end{dev: d, addr: d.Addrs()[0]}
 	var err error
 	if e.pd, err = d.AllocPD(); err != nil {
 		t.Fatal(err)
@@ -215,7 +215,7 @@ func connect(t testing.TB, a, b *end, mtu qp.MTU, psnA, psnB uint32) {
 			m qp.AttrMask
 		}{
 			{qp.Attr{State: qp.StateInit, Port: 1, AccessFlags: all}, qp.AttrState | qp.AttrPKeyIndex | qp.AttrPort | qp.AttrAccessFlags},
-			{qp.Attr{State: qp.StateRTR, AH: qp.AHAttr{DGID: peer.addr, SGIDIndex: 0, Port: 1}, PathMTU: mtu,
+			{qp.Attr{State: qp.StateRTR, AH: qp.AHAttr{DGID: peer.addr, SGIDIndex: uint8(e.dev.GIDIndex(e.addr)), Port: 1}, PathMTU: mtu,
 				DestQPN: peer.qp.Num(), RQPSN: rq, MaxDestRDAtomic: 16, MinRNRTimer: 1},
 				qp.AttrState | qp.AttrAV | qp.AttrPathMTU | qp.AttrDestQPN | qp.AttrRQPSN},
 			{qp.Attr{State: qp.StateRTS, SQPSN: sq, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRDAtomic: 16},
@@ -422,7 +422,7 @@ func udSuite(t *testing.T, da, db *Device) {
 	udUp(t, a, 0x11)
 	udUp(t, b1, 0x11)
 	udUp(t, b2, 0x22)
-	ah, err := da.CreateAH(a.pd, qp.AHAttr{DGID: addrB, Port: 1})
+	ah, err := da.CreateAH(a.pd, qp.AHAttr{DGID: addrB, SGIDIndex: 1, Port: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -451,7 +451,7 @@ func udSuite(t *testing.T, da, db *Device) {
 		t.Fatal("wrong Q_Key not counted as dropped")
 	}
 	// reply
-	back, err := db.CreateAH(b1.pd, qp.AHAttr{DGID: addrA, Port: 1})
+	back, err := db.CreateAH(b1.pd, qp.AHAttr{DGID: addrA, SGIDIndex: 1, Port: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

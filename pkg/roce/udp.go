@@ -7,6 +7,7 @@ import (
 
 	"github.com/softroce/softroce/pkg/event"
 	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/pkg/roce/gid"
 	"github.com/softroce/softroce/pkg/roce/link"
 )
 
@@ -15,8 +16,8 @@ type UDPOptions struct {
 	// Addrs are the local addresses to listen on (the GID table, in
 	// order). If empty, Interface's addresses are used.
 	Addrs []netip.Addr
-	// Interface names a network interface whose IPv4 and global IPv6
-	// addresses become the GID table (used when Addrs is empty).
+	// Interface names a network interface whose GID table (gid.FromInterface:
+	// its addresses and MTU) the device uses (when Addrs is empty).
 	Interface string
 	// Port is the UDP port for listening and for every destination
 	// (0 = 4791).
@@ -39,13 +40,17 @@ type UDPOptions struct {
 // interface and a Device on them. Close closes the sockets.
 func OpenUDP(o UDPOptions) (*Device, error) {
 	addrs := o.Addrs
+	var table *gid.Table
 	if len(addrs) == 0 {
 		if o.Interface == "" {
 			return nil, fmt.Errorf("%w: no addresses and no interface", ErrInvalidArg)
 		}
 		var err error
-		if addrs, err = InterfaceAddrs(o.Interface); err != nil {
+		if table, err = gid.FromInterface(o.Interface); err != nil {
 			return nil, err
+		}
+		if addrs = table.Addrs(); len(addrs) == 0 {
+			return nil, fmt.Errorf("%w: interface %s has no usable address", ErrInvalidArg, o.Interface)
 		}
 	}
 	var l link.Link
@@ -65,7 +70,7 @@ func OpenUDP(o UDPOptions) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	d, err := Open(Options{Link: l, Clock: o.Clock, Port: o.Port, MTU: o.MTU, Attr: o.Attr, Events: o.Events, Name: o.Name})
+	d, err := Open(Options{Link: l, Clock: o.Clock, Port: o.Port, MTU: o.MTU, Attr: o.Attr, Events: o.Events, Name: o.Name, GIDs: table})
 	if err != nil {
 		l.Close()
 		return nil, err
