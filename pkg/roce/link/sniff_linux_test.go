@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/softroce/softroce/pkg/bth"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -31,6 +32,7 @@ type ipv4UDP struct {
 	payloadLen       int
 	pkttype          uint8
 	ttl              uint8
+	raw              []byte // the whole IP packet
 	totalLen, udpLen int
 }
 
@@ -97,6 +99,7 @@ func readMatching(fd int, isPacket bool, src, dst netip.AddrPort, want int) ([]i
 		}
 		h.pkttype = pkttype
 		h.payloadLen = h.udpLen - 8
+		h.raw = append([]byte(nil), buf[:m]...)
 		got = append(got, h)
 	}
 	return got, nil
@@ -168,6 +171,56 @@ func TestUDPGSOOnLoopbackIsOnePacket(t *testing.T) {
 	}
 	if h := got[0]; h.id != 0 || !h.df || h.payloadLen != 6000 {
 		t.Fatalf("sniffed ID %d DF %v UDP payload %d, want one 6000-byte packet with ID 0 and DF", h.id, h.df, h.payloadLen)
+	}
+}
+
+// TestUDPICRCOnTheWire is the end-to-end check of the seam's promise: an ICRC computed with
+// Endpoints{IPID: 0, SrcPort: Link.SourcePort(...)} before Send is the ICRC of the packet as it
+// appears on the wire, IP header included (bth.ICRCFromIP on the sniffed IPv4 packet).
+func TestUDPICRCOnTheWire(t *testing.T) {
+	needRoot(t)
+	lo, err := net.InterfaceByName("lo")
+	if err != nil {
+		t.Skip("no lo:", err)
+	}
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_IP)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: lo.Index}); err != nil {
+		t.Fatal(err)
+	}
+	p := genTestPair(t, varUDP)
+	src := netip.AddrPortFrom(p.aAddr.Addr(), p.a.SourcePort(p.aAddr.Addr(), bth.SourcePort(0x11, 0x12)))
+	const n = 4
+	out := make([]Datagram, n)
+	for i := range out {
+		pkt := make([]byte, bth.BTHSize+256*(i+1)+bth.ICRCSize)
+		bth.BTH(pkt).Encode(&bth.BTHFields{Opcode: bth.OpUDSendOnly, PKey: 0xFFFF, DestQP: 0x12, PSN: bth.PSN(i)})
+		for k := bth.BTHSize; k < len(pkt)-bth.ICRCSize; k++ {
+			pkt[k] = byte(k * (i + 3))
+		}
+		ep := bth.Endpoints{Src: src.Addr(), Dst: p.bAddr.Addr(), SrcPort: src.Port(), DstPort: p.bAddr.Port(), IPID: 0}
+		bth.SetICRC(pkt, bth.ICRC(&ep, pkt))
+		out[i] = Datagram{Buf: pkt, Src: src, Dst: p.bAddr}
+	}
+	if err := p.a.Send(out); err != nil {
+		t.Fatal(err)
+	}
+	p.check(t, out, recvN(t, p.b, n, 8))
+	got, err := readMatching(fd, true, src, p.bAddr, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, h := range got {
+		c, err := bth.ICRCFromIP(h.raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := bth.GetICRC(out[i].Buf); c != want {
+			t.Fatalf("packet %d: ICRC over the wire header %#08x, sender computed %#08x (ID %d)", i, c, want, h.id)
+		}
 	}
 }
 
