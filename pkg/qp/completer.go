@@ -331,7 +331,7 @@ func (q *QP) scatter(sgl []SGE, off uint32, src []byte) (ok bool, err error) {
 }
 
 // gapRetry resends from comp.psn after a response gap, once per gap
-// (IBTA 9.7.6.1.2? implied NAK): the timer covers a lost resend.
+// (go-back-N, IBTA 9.7.6): the timer covers a lost resend.
 func (q *QP) gapRetry(now time.Time) {
 	if q.comp.gapRetried {
 		return

@@ -129,8 +129,6 @@ const (
 	txBuffers = 16
 	// txBufSize fits the largest packet: headers, 4096 payload, pad, ICRC.
 	txBufSize = 4096 + 128
-	// maxMsg is the largest message (rxe max_msg_sz, 8 MiB... we allow 1 GiB).
-	maxMsg = 1 << 30
 )
 
 // sendWQE is one send queue slot.

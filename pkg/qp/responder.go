@@ -24,7 +24,7 @@ const (
 	msgWrite
 )
 
-// GSIQKey is the well-known Q_Key of QP1 (IBTA 13.4.6.1? / rxe GSI_QKEY).
+// GSIQKey is the well-known Q_Key of QP1 (IBTA chapter 13 GSI; rxe GSI_QKEY).
 const GSIQKey = 0x80010000
 
 // responder is the receive-side state.
@@ -33,7 +33,7 @@ type responder struct {
 	msn     uint32  // message sequence number (24-bit)
 	nakSent bool    // one PSN sequence error NAK per gap (IBTA 9.7.5.2.1)
 	inMsg   uint8
-	drop    bool // UC: drop until the next FIRST/ONLY (IBTA 9.8.3.2?)
+	drop    bool // UC: drop until the next FIRST/ONLY (IBTA 9.8, unreliable connected)
 	commEst bool
 
 	haveWQE bool
@@ -52,7 +52,7 @@ type responder struct {
 }
 
 // resource remembers an executed READ or atomic so a duplicate can be
-// answered again (IBTA 9.7.4.1.4? duplicate READ/atomic requests).
+// answered again (IBTA 9.7.4.1, duplicate READ/atomic requests).
 type resource struct {
 	valid  bool
 	atomic bool
@@ -163,7 +163,7 @@ func (q *QP) respond(now time.Time, p *bth.Packet, src, dst netip.AddrPort) {
 	q.resp.nakSent = false
 	kind := p.Info.Kind
 	if !q.opSeqOK(p.Info) {
-		// IBTA 9.7.4.1.5? (opcode sequence): invalid request NAK.
+		// IBTA 9.7.4.1 (opcode sequence): invalid request NAK.
 		q.reqError(p, bth.NAKInvalidRequest, cq.StatusRemInvReqErr)
 		return
 	}
@@ -182,7 +182,7 @@ func (q *QP) respond(now time.Time, p *bth.Packet, src, dst netip.AddrPort) {
 	}
 }
 
-// opSeqOK checks the opcode sequence (IBTA 9.8.3.1? / rxe check_op_seq): a
+// opSeqOK checks the opcode sequence (IBTA 9.7.4.1; rxe check_op_seq): a
 // MIDDLE or LAST must continue a message of the same kind; a FIRST, ONLY,
 // READ or atomic may not interrupt one.
 func (q *QP) opSeqOK(info *bth.OpInfo) bool {
@@ -198,7 +198,7 @@ func (q *QP) opSeqOK(info *bth.OpInfo) bool {
 	return true
 }
 
-// checkLen applies the IBTA 9.7.4.1.6? packet length rules: FIRST and MIDDLE
+// checkLen applies the IBTA 9.7.4.1 packet length rules: FIRST and MIDDLE
 // carry exactly one MTU, LAST 1..MTU, ONLY 0..MTU.
 func (q *QP) checkLen(info *bth.OpInfo, n int) bool {
 	m := int(q.mtu)
@@ -291,7 +291,7 @@ func (q *QP) recvSend(p *bth.Packet, psn bth.PSN) {
 		return
 	}
 	if !ok {
-		// IBTA 9.7.5.2.2? message longer than the receive buffer:
+		// IBTA 9.7.5.2: message longer than the receive buffer:
 		// invalid request NAK, local length error on the receive.
 		q.reqError(p, bth.NAKInvalidRequest, cq.StatusLocLenErr)
 		return
@@ -311,7 +311,7 @@ func (q *QP) recvSend(p *bth.Packet, psn bth.PSN) {
 	if p.IETH != nil {
 		key := p.IETH.RKey()
 		if err := q.cfg.MRs.InvalidateQP(q.cfg.PD, q.num, key); err != nil {
-			// IBTA 9.7.5.2.4? a key that cannot be invalidated is a
+			// IBTA 9.7.5.2: a key that cannot be invalidated is a
 			// remote operational error.
 			q.reqError(p, bth.NAKRemoteOpErr, cq.StatusRemOpErr)
 			return
@@ -336,7 +336,7 @@ func (q *QP) recvWrite(p *bth.Packet, psn bth.PSN) {
 			return
 		}
 		f := p.RETH.Fields()
-		if f.DMALen > 0 {
+		if f.DMALen > 0 { // R_Key, bounds and rights (IBTA 9.7.4.1.5, C9-88)
 			_, done, err := q.cfg.MRs.CheckQP(q.cfg.PD, q.num, f.RKey, f.VA, f.DMALen, mr.OpRemoteWrite)
 			if err != nil {
 				q.reqError(p, bth.NAKRemoteAccessErr, cq.StatusRemAccessErr)
@@ -566,7 +566,7 @@ func (q *QP) sendAtomicAck(psn bth.PSN, orig uint64) {
 	q.finish(buf, bth.OpRCAtomicAck, false, false, q.attr.DestQPN, psn, h, 0, &q.path)
 }
 
-// respondUC runs the UC responder (IBTA 9.8.3?): no ACKs, no NAKs. A PSN
+// respondUC runs the UC responder (IBTA 9.8): no ACKs, no NAKs. A PSN
 // gap drops the message in progress; the receiver then waits for the
 // next FIRST or ONLY, and the receive WQE is reused.
 func (q *QP) respondUC(p *bth.Packet) {
@@ -604,7 +604,7 @@ func (q *QP) respondUC(p *bth.Packet) {
 	}
 }
 
-// respondUD delivers a UD SEND (IBTA 9.8.4?): one packet, the 40-byte GRH
+// respondUD delivers a UD SEND (IBTA 9.8, datagram): one packet, the 40-byte GRH
 // at the head of the receive buffer (as ibverbs does: for IPv4 the IPv4
 // header fills its last 20 bytes), WC flag GRH, the source QP from DETH.
 // No receive WQE means a silent drop.
