@@ -483,7 +483,7 @@ func (q *QP) Destroy() {
 }
 
 // enterError moves the QP to ERR and flushes both work queues in order
-// with WR_FLUSH_ERR (IBTA 10.3.1 "Error", 10.8.3.x completion with flush).
+// with WR_FLUSH_ERR (IBTA 10.3.1 "Error"; completions with WR_FLUSH_ERR).
 // WQEs already completed with an error status keep it.
 func (q *QP) enterError() {
 	if q.state == StateErr {

@@ -80,8 +80,9 @@ func (q *QP) transportBase() bth.Opcode {
 }
 
 // runRequester transmits as much of the send queue as the window, the
-// fence and max_rd_atomic allow (IBTA 9.7.7.x flow, 10.8.3.3 fence,
-// 9.4.4/o9-? initiator depth). The caller flushes and arms the timer.
+// fence and max_rd_atomic allow (IBTA 9.7 unacknowledged-PSN window,
+// 10.8.3.3 fence, 9.4.4 initiator depth). The caller flushes and arms the
+// timer.
 func (q *QP) runRequester() {
 	for q.sqReq != q.sqTail {
 		if q.state != StateRTS && q.state != StateSQD {
@@ -117,7 +118,7 @@ func (q *QP) runRequester() {
 		w.sentAll = true
 		q.sqReq++
 		if q.typ != TypeRC {
-			// UC/UD: no responses; the WQE completes once sent (IBTA 9.8.x).
+			// UC/UD: no responses; the WQE completes once sent (IBTA 9.8).
 			w.done = true
 			w.status = cq.StatusSuccess
 			q.retire()

@@ -215,7 +215,7 @@ func (q *QP) checkLen(info *bth.OpInfo, n int) bool {
 // reqError handles a request that cannot be executed: on RC a NAK with
 // code (IBTA 9.7.5.2), the current receive WQE completes with st and the QP
 // enters ERR (IBTA 9.9.3.1 responder class B/C/D errors); on UC the message
-// is silently dropped (IBTA 9.8.3.x).
+// is silently dropped (IBTA 9.8).
 func (q *QP) reqError(p *bth.Packet, code uint8, st cq.Status) {
 	if q.typ == TypeUC {
 		q.resp.inMsg = msgNone
@@ -646,7 +646,7 @@ func (q *QP) respondUD(p *bth.Packet, src, dst netip.AddrPort) {
 
 // buildGRH fills q.resp.grh with the network header the packet arrived
 // with, reconstructed (a UDP socket does not see it): IPv4 -> 20 zero
-// bytes then an IPv4 header; IPv6 -> the IPv6 header (IBTA A17.4.5.x).
+// bytes then an IPv4 header; IPv6 -> the IPv6 header (IBTA A17.4).
 func (q *QP) buildGRH(src, dst netip.Addr, udpPayloadLen int) {
 	g := &q.resp.grh
 	*g = [40]byte{}
