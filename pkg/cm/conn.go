@@ -106,7 +106,13 @@ func (m *Manager) sendRetried(c *Conn, mad []byte, timeout time.Duration, retrie
 
 func (m *Manager) fire(c *Conn) {
 	m.mu.Lock()
-	if !c.armed || m.clock.Now().Before(c.deadline) {
+	if !c.armed {
+		m.mu.Unlock()
+		return
+	}
+	if now := m.clock.Now(); now.Before(c.deadline) {
+		// A stale expiry of a timer re-armed since: wait for the rest.
+		c.tmr.Reset(c.deadline.Sub(now))
 		m.mu.Unlock()
 		return
 	}
@@ -246,8 +252,14 @@ func (m *Manager) Connect(o ConnectOptions) (*Conn, error) {
 	if o.Transport != TransportRC && o.Transport != TransportUC {
 		return nil, ErrOptions
 	}
+	if !o.Peer.GID.IsValid() && !o.Path.DGID.IsValid() {
+		return nil, ErrOptions
+	}
 	m.mu.Lock()
 	defer m.unlock()
+	if m.closed {
+		return nil, ErrClosed
+	}
 	id, err := m.newLocalID()
 	if err != nil {
 		return nil, err
@@ -606,8 +618,14 @@ func (m *Manager) ResolveSIDR(o SIDROptions) (*Conn, error) {
 	if len(o.PrivateData) > SIDRReqPrivateDataSize {
 		return nil, ErrTooLong
 	}
+	if !o.Peer.GID.IsValid() {
+		return nil, ErrOptions
+	}
 	m.mu.Lock()
 	defer m.unlock()
+	if m.closed {
+		return nil, ErrClosed
+	}
 	id, err := m.newLocalID()
 	if err != nil {
 		return nil, err

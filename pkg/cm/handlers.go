@@ -10,6 +10,9 @@ func (m *Manager) HandleMAD(src Addr, mad []byte) error {
 	msg, err := Parse(mad)
 	m.mu.Lock()
 	defer m.unlock()
+	if m.closed {
+		return ErrClosed
+	}
 	if err != nil {
 		m.stats.Malformed++
 		return err

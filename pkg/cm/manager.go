@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"io"
+	mbits "math/bits"
 	"net/netip"
 	"sync"
 	"time"
@@ -32,6 +33,9 @@ type Options struct {
 	// TimeWait overrides the TIMEWAIT duration; 0 = the connection's local
 	// ACK timeout, CMTimeout(LocalACKTimeout), as the Linux CM waits.
 	TimeWait time.Duration
+	// TIDHigh is the high half of the transaction IDs this CM originates
+	// (the kernel's MAD agent hi_tid); 0 = 1.
+	TIDHigh uint32
 	// ManualDREP makes a received DREQ wait in DREQ_RCVD for Conn.Disconnect
 	// to send the DREP; by default the DREP is sent at once.
 	ManualDREP bool
@@ -55,11 +59,11 @@ type Manager struct {
 	sidr     map[sidrKey]*Conn
 	byQPN    map[uint32]*Conn
 	listen   map[uint64]*Listener
-	tidHi    uint32
 	stats    Stats
 
 	queue    []effect
 	draining bool
+	closed   bool
 }
 
 type remoteKey struct {
@@ -106,7 +110,7 @@ func NewManager(o Options) (*Manager, error) {
 	}
 	m := &Manager{o: o, clock: o.Clock, rand: o.Rand,
 		local: map[uint32]*Conn{}, remote: map[remoteKey]*Conn{}, remoteQP: map[remoteKey]*Conn{},
-		sidr: map[sidrKey]*Conn{}, byQPN: map[uint32]*Conn{}, listen: map[uint64]*Listener{}, tidHi: 1}
+		sidr: map[sidrKey]*Conn{}, byQPN: map[uint32]*Conn{}, listen: map[uint64]*Listener{}}
 	if m.clock == nil {
 		m.clock = qp.RealClock{}
 	}
@@ -123,11 +127,31 @@ func (m *Manager) Stats() Stats {
 	return m.stats
 }
 
+// Close stops every timer and forgets all connections and listeners without
+// sending anything (the port is going away); later calls fail with
+// ErrClosed and received MADs are ignored.
+func (m *Manager) Close() {
+	m.mu.Lock()
+	defer m.unlock()
+	m.closed = true
+	for _, c := range m.local {
+		m.cancel(c)
+	}
+	for _, c := range m.remote {
+		m.cancel(c)
+	}
+	m.local, m.remote, m.remoteQP = map[uint32]*Conn{}, map[remoteKey]*Conn{}, map[remoteKey]*Conn{}
+	m.sidr, m.byQPN, m.listen = map[sidrKey]*Conn{}, map[uint32]*Conn{}, map[uint64]*Listener{}
+}
+
 // Listen registers a listener for serviceID (e.g. ServiceID(PSTCP, port)).
 // REQs and SIDR_REQs for it produce CONNECT_REQUEST events.
 func (m *Manager) Listen(serviceID uint64) (*Listener, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.closed {
+		return nil, ErrClosed
+	}
 	if _, ok := m.listen[serviceID]; ok {
 		return nil, ErrInUse
 	}
@@ -224,11 +248,16 @@ func (m *Manager) newLocalID() (uint32, error) {
 
 func (m *Manager) newPSN() uint32 { return m.randUint32() & 0xFFFFFF }
 
-// newTID forms a transaction ID as the Linux CM does: a per-agent counter in
-// the high 32 bits, the local comm ID in the low 32.
+// newTID forms a connection's transaction ID as the Linux CM does
+// (cm_form_tid): the MAD agent's ID in the high 32 bits and the local comm ID
+// in the low 32, byte-swapped (the kernel stores the big-endian comm ID in a
+// little-endian u64). It is constant per connection: REQ and DREQ share it.
 func (m *Manager) newTID(localID uint32) uint64 {
-	m.tidHi++
-	return uint64(m.tidHi)<<32 | uint64(localID)
+	hi := m.o.TIDHigh
+	if hi == 0 {
+		hi = 1
+	}
+	return uint64(hi)<<32 | uint64(mbits.ReverseBytes32(localID))
 }
 
 // newMAD allocates a MAD with the CM header for attr and returns it and its

@@ -3,6 +3,7 @@ package cm
 import (
 	"bytes"
 	"errors"
+	mbits "math/bits"
 	"testing"
 	"time"
 )
@@ -33,7 +34,7 @@ func TestConnectEstablishDisconnect(t *testing.T) {
 		r.Primary().FlowLabel() != 0x6007c || r.Primary().LocalLID() != 0xFFFF || r.Primary().HopLimit() != 64 {
 		t.Fatalf("REQ fields %+v", r.Fields())
 	}
-	if msg.MAD.TID()&0xFFFFFFFF != uint64(ca.LocalID()) || msg.MAD.Method() != MethodSend {
+	if msg.MAD.TID() != 1<<32|uint64(mbits.ReverseBytes32(ca.LocalID())) || msg.MAD.Method() != MethodSend {
 		t.Fatalf("REQ header %+v", msg.MAD.Fields())
 	}
 	if reqs[0].dst != (Addr{GID: gidB, QPN: GSIQPN, PKey: 0xFFFF}) {

@@ -258,3 +258,34 @@ func TestMRAForREP(t *testing.T) {
 	wantState(t, cb, StateEstablished)
 	p.b.wantEvents(EventConnectRequest, EventEstablished)
 }
+
+func TestManagerClose(t *testing.T) {
+	p := newPair(t, Options{})
+	p.establish(t)
+	p.a.m.Connect(p.connectOpts())
+	if p.clk.Pending() == 0 {
+		t.Fatal("no timer armed")
+	}
+	p.a.m.Close()
+	p.b.m.Close()
+	if n := p.clk.Pending(); n != 0 {
+		t.Fatalf("%d timers after Close", n)
+	}
+	if _, err := p.a.m.Connect(p.connectOpts()); !errors.Is(err, ErrClosed) {
+		t.Fatal(err)
+	}
+	if _, err := p.a.m.Listen(1); !errors.Is(err, ErrClosed) {
+		t.Fatal(err)
+	}
+	if err := p.b.m.HandleMAD(p.a.addr, readCaptureMADs(t, "rping")[0].mad); !errors.Is(err, ErrClosed) {
+		t.Fatal(err)
+	}
+	o := p.connectOpts()
+	o.Path.DGID = netip.Addr{}
+	if _, err := newPair(t, Options{}).a.m.Connect(o); !errors.Is(err, ErrOptions) {
+		t.Fatalf("no destination: %v", err)
+	}
+	if _, err := newPair(t, Options{}).a.m.ResolveSIDR(SIDROptions{}); !errors.Is(err, ErrOptions) {
+		t.Fatalf("SIDR without peer: %v", err)
+	}
+}
