@@ -10,7 +10,7 @@
 //     Encode/Fields writing and reading every bit, reserved bits included, so
 //     re-encoding parsed fields reproduces a captured MAD exactly.
 //   - CMAHeader is the 36-byte rdma_cm private-data header (IBTA Annex A11,
-//     "RDMA IP CM Service"), and ServiceID/ServicePort build and split the
+//     "RDMA IP CM Service"), and ServiceID/SplitServiceID build and split the
 //     rdma_cm service IDs (0x0000000001PPPPPP: port space << 16 | port).
 //   - Manager is the CM state machine (IBTA 12.9): active and passive sides
 //     of RC/UC connection establishment, release and TIMEWAIT, SIDR for UD,

@@ -213,6 +213,7 @@ type ParseError struct {
 	Detail string // optional detail
 }
 
+// Error describes the refusal.
 func (e *ParseError) Error() string {
 	s := fmt.Sprintf("%v (attr %v, %d bytes)", e.Err, e.Attr, e.Len)
 	if e.Detail != "" {

@@ -235,11 +235,10 @@ type Event struct {
 
 // Errors of the Manager API.
 var (
-	ErrTimeout  = errors.New("cm: no response after the maximum CM retries")
-	ErrState    = errors.New("cm: operation not valid in the connection's state")
-	ErrInUse    = errors.New("cm: service ID already has a listener")
-	ErrOptions  = errors.New("cm: invalid options")
-	ErrClosed   = errors.New("cm: manager closed")
-	ErrNoIDs    = errors.New("cm: could not allocate a communication ID")
-	ErrQPFailed = errors.New("cm: QP transition failed")
+	ErrTimeout = errors.New("cm: no response after the maximum CM retries")
+	ErrState   = errors.New("cm: operation not valid in the connection's state")
+	ErrInUse   = errors.New("cm: service ID already has a listener")
+	ErrOptions = errors.New("cm: invalid options")
+	ErrClosed  = errors.New("cm: manager closed")
+	ErrNoIDs   = errors.New("cm: could not allocate a communication ID")
 )
