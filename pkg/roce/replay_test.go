@@ -1,0 +1,402 @@
+package roce
+
+import (
+	"bytes"
+	"encoding/binary"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/softroce/softroce/internal/testcap"
+	"github.com/softroce/softroce/pkg/bth"
+	"github.com/softroce/softroce/pkg/cq"
+	"github.com/softroce/softroce/pkg/mr"
+	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/pkg/roce/link"
+)
+
+// TestReplayRxePingpong plays the client side of a kernel rxe capture
+// (ibv_rc_pingpong -m 1024 -s 3000 -n 2, rxe1 198.19.0.1 -> rxe2
+// 198.19.0.2) into a softroce device standing in for the server (rxe2,
+// QPN 0x11): the client's packets carry rxe's non-zero IPv4 IDs (accepted
+// through the ICRC solver), their messages must land intact, and every
+// packet the device sends - its SENDs (same payloads as rxe2's) and its
+// ACKs - must equal rxe2's packet byte for byte except the ICRC (which
+// covers rxe's IPv4 ID), including the UDP source port.
+func TestReplayRxePingpong(t *testing.T) {
+	frames, err := testcap.ReadRoCE("../../testdata/captures/rc_pingpong.pcap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, client := netip.MustParseAddr("198.19.0.2"), netip.MustParseAddr("198.19.0.1")
+	type pkt struct {
+		f testcap.Frame
+		p bth.Packet
+	}
+	var fromClient, serverSends, serverAcks []pkt
+	var clientMsgs, serverMsgs [][]byte
+	for _, f := range frames {
+		p, err := bth.Parse(f.UDPPayload)
+		if err != nil {
+			t.Fatalf("frame %d: %v", f.Number, err)
+		}
+		switch {
+		case f.Src == client:
+			fromClient = append(fromClient, pkt{f, p})
+			if p.Info.Kind == bth.KindSend {
+				if p.Info.First {
+					clientMsgs = append(clientMsgs, nil)
+				}
+				clientMsgs[len(clientMsgs)-1] = append(clientMsgs[len(clientMsgs)-1], p.Payload...)
+			}
+		case p.Info.Kind == bth.KindSend:
+			serverSends = append(serverSends, pkt{f, p})
+			if p.Info.First {
+				serverMsgs = append(serverMsgs, nil)
+			}
+			serverMsgs[len(serverMsgs)-1] = append(serverMsgs[len(serverMsgs)-1], p.Payload...)
+		default:
+			serverAcks = append(serverAcks, pkt{f, p})
+		}
+	}
+	if len(clientMsgs) != 2 || len(serverMsgs) != 2 || len(serverAcks) != 2 || len(serverSends) != 6 {
+		t.Fatalf("capture shape: %d/%d messages, %d acks, %d sends", len(clientMsgs), len(serverMsgs), len(serverAcks), len(serverSends))
+	}
+	var clientPSN uint32 = uint32(0)
+	for _, c := range fromClient {
+		if c.p.Info.Kind == bth.KindSend {
+			clientPSN = uint32(c.p.BTH.PSN())
+			break
+		}
+	}
+	serverPSN := uint32(serverSends[0].p.BTH.PSN())
+
+	nw := link.NewMemNetwork(link.MemOptions{})
+	ls, err := nw.Attach(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := nw.Attach(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	d, err := Open(Options{Link: ls})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	e := newEnd(t, d, qp.TypeRC, 1<<20)
+	if e.qp.Num() != 0x11 {
+		t.Fatalf("QPN %#x, want 0x11 like rxe2", e.qp.Num())
+	}
+	steps := []struct {
+		a qp.Attr
+		m qp.AttrMask
+	}{
+		{qp.Attr{State: qp.StateInit, Port: 1, AccessFlags: mr.AccessLocalWrite}, qp.AttrState | qp.AttrPKeyIndex | qp.AttrPort | qp.AttrAccessFlags},
+		{qp.Attr{State: qp.StateRTR, AH: qp.AHAttr{DGID: client, SGIDIndex: uint8(d.GIDIndex(server)), Port: 1}, PathMTU: qp.MTU1024,
+			DestQPN: 0x11, RQPSN: clientPSN, MaxDestRDAtomic: 1, MinRNRTimer: 12},
+			qp.AttrState | qp.AttrAV | qp.AttrPathMTU | qp.AttrDestQPN | qp.AttrRQPSN | qp.AttrMaxDestRDAtomic | qp.AttrMinRNRTimer},
+		{qp.Attr{State: qp.StateRTS, SQPSN: serverPSN, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRDAtomic: 1},
+			qp.AttrState | qp.AttrSQPSN | qp.AttrTimeout | qp.AttrRetryCnt | qp.AttrRNRRetry | qp.AttrMaxQPRDAtomic},
+	}
+	for _, s := range steps {
+		if err := e.qp.Modify(&s.a, s.m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// what rxe2 had: receives for both messages, and its two sends
+	postRecv(t, e, qp.RecvWR{WRID: 1, SGL: []qp.SGE{e.sge(0, 4096)}}, qp.RecvWR{WRID: 2, SGL: []qp.SGE{e.sge(4096, 4096)}})
+	got := make(chan link.Datagram, 64)
+	go func() {
+		batch := make([]link.Datagram, 16)
+		for {
+			for i := range batch {
+				batch[i].Buf = make([]byte, link.MaxDatagram)
+			}
+			n, err := raw.Recv(batch)
+			if err != nil {
+				close(got)
+				return
+			}
+			for _, dg := range batch[:n] {
+				got <- dg
+			}
+		}
+	}()
+	for i, m := range serverMsgs {
+		off := 16384 + i*4096
+		copy(e.buf[off:], m)
+		post(t, e, qp.SendWR{WRID: uint64(10 + i), Opcode: qp.WRSend, SGL: []qp.SGE{e.sge(off, len(m))}, Flags: qp.SendSignaled})
+	}
+	// the client's packets, as captured (their ICRCs cover rxe's IPv4 IDs)
+	for _, c := range fromClient {
+		dg := link.Datagram{Buf: c.f.UDPPayload, Src: netip.AddrPortFrom(client, c.f.SrcPort), Dst: netip.AddrPortFrom(server, c.f.DstPort)}
+		if err := raw.Send([]link.Datagram{dg}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := waitWC(t, e.rcq, 2)
+	for i := range r {
+		checkWC(t, r[i], cq.WC{WRID: uint64(i + 1), Opcode: cq.OpRecv, ByteLen: uint32(len(clientMsgs[i]))})
+		same(t, "client message", e.buf[i*4096:i*4096+len(clientMsgs[i])], clientMsgs[i])
+	}
+	s := waitWC(t, e.scq, 2)
+	checkWC(t, s[0], cq.WC{WRID: 10, Opcode: cq.OpSend, ByteLen: 3000})
+	checkWC(t, s[1], cq.WC{WRID: 11, Opcode: cq.OpSend, ByteLen: 3000})
+	if st := d.Stats(); st.RcvdICRCSolved == 0 || st.RcvdDropped != 0 {
+		t.Fatalf("counters %+v", st)
+	}
+	// what the device sent, against what rxe2 sent
+	var mySends, myAcks []link.Datagram
+	timeout := time.After(10 * time.Second)
+	for len(mySends) < len(serverSends) || len(myAcks) < len(serverAcks) {
+		select {
+		case dg := <-got:
+			p, err := bth.Parse(dg.Buf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Info.Kind == bth.KindSend {
+				mySends = append(mySends, dg)
+			} else {
+				myAcks = append(myAcks, dg)
+			}
+		case <-timeout:
+			t.Fatalf("device sent %d sends and %d acks", len(mySends), len(myAcks))
+		}
+	}
+	cmp := func(what string, mine link.Datagram, theirs pkt) {
+		t.Helper()
+		a, b := mine.Buf, theirs.f.UDPPayload
+		if len(a) != len(b) || !bytes.Equal(a[:len(a)-4], b[:len(b)-4]) {
+			t.Fatalf("%s: ours % x\nrxe's % x", what, a[:min(len(a), 40)], b[:min(len(b), 40)])
+		}
+		if mine.Src.Port() != theirs.f.SrcPort {
+			t.Fatalf("%s: source port %#x, rxe's %#x", what, mine.Src.Port(), theirs.f.SrcPort)
+		}
+	}
+	for i := range serverSends {
+		cmp("SEND packet", mySends[i], serverSends[i])
+	}
+	for i := range serverAcks {
+		cmp("ACK", myAcks[i], serverAcks[i])
+	}
+}
+
+// TestReplayRxeClient stands in for the perftest client (rxe1,
+// 198.19.0.1) of kernel rxe captures: it posts the work requests the
+// client's packets describe (the server's VA and R_Key taken from them),
+// is fed the server's responses as captured, and must complete every WR
+// with the captured data, having sent requests byte-identical to rxe1's
+// except the ICRC (which covers rxe's IPv4 ID), source port included.
+func TestReplayRxeClient(t *testing.T) {
+	for _, name := range []string{"ib_write_bw", "ib_read_bw", "ib_read_lat", "ib_send_bw", "ib_atomic_bw_cas", "ib_atomic_bw_faa"} {
+		t.Run(name, func(t *testing.T) { replayClient(t, "../../testdata/captures/"+name+".pcap") })
+	}
+}
+
+func replayClient(t *testing.T, path string) {
+	frames, err := testcap.ReadRoCE(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, client := netip.MustParseAddr("198.19.0.2"), netip.MustParseAddr("198.19.0.1")
+	var reqs, resps []testcap.Frame
+	var clientQPN, serverQPN, firstPSN uint32
+	for _, f := range frames {
+		p, err := bth.Parse(f.UDPPayload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.Src == client {
+			if len(reqs) == 0 {
+				firstPSN, serverQPN = uint32(p.BTH.PSN()), p.BTH.DestQP()
+			}
+			reqs = append(reqs, f)
+		} else {
+			clientQPN = p.BTH.DestQP()
+			resps = append(resps, f)
+		}
+	}
+	// the work requests the client posted, rebuilt from its packets
+	type expect struct {
+		wc   cq.WC
+		data []byte // what lands in local memory (READ data, atomic original value)
+	}
+	var wrs []qp.SendWR
+	var reqPSN []bth.PSN
+	var want []expect
+	var payloads [][]byte
+	off := 0
+	for _, f := range reqs {
+		p, _ := bth.Parse(f.UDPPayload)
+		info := p.Info
+		if info.First {
+			reqPSN = append(reqPSN, p.BTH.PSN())
+			wr := qp.SendWR{WRID: uint64(len(wrs)), Flags: qp.SendSignaled}
+			switch info.Kind {
+			case bth.KindWrite:
+				r := p.RETH.Fields()
+				wr.Opcode, wr.RemoteAddr, wr.RKey = qp.WRRDMAWrite, r.VA, r.RKey
+			case bth.KindSend:
+				wr.Opcode = qp.WRSend
+			case bth.KindReadReq:
+				r := p.RETH.Fields()
+				wr.Opcode, wr.RemoteAddr, wr.RKey = qp.WRRDMARead, r.VA, r.RKey
+				payloads = append(payloads, make([]byte, r.DMALen))
+			case bth.KindCmpSwap, bth.KindFetchAdd:
+				a := p.AtomicETH.Fields()
+				wr.RemoteAddr, wr.RKey = a.VA, a.RKey
+				if info.Kind == bth.KindCmpSwap {
+					wr.Opcode, wr.Swap, wr.CompareAdd = qp.WRAtomicCmpAndSwp, a.SwapAdd, a.Compare
+				} else {
+					wr.Opcode, wr.CompareAdd = qp.WRAtomicFetchAndAdd, a.SwapAdd
+				}
+				payloads = append(payloads, make([]byte, 8))
+			default:
+				t.Fatalf("unexpected client opcode %v", p.BTH.Opcode())
+			}
+			if info.Kind == bth.KindSend || info.Kind == bth.KindWrite {
+				payloads = append(payloads, nil)
+			}
+			wrs = append(wrs, wr)
+		}
+		if info.Kind == bth.KindSend || info.Kind == bth.KindWrite {
+			payloads[len(payloads)-1] = append(payloads[len(payloads)-1], p.Payload...)
+		}
+	}
+	nw := link.NewMemNetwork(link.MemOptions{})
+	lc, err := nw.Attach(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := nw.Attach(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	d, err := Open(Options{Link: lc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	var e *end
+	for {
+		e = newEnd(t, d, qp.TypeRC, 1<<20)
+		if e.qp.Num() >= clientQPN {
+			break
+		}
+	}
+	if e.qp.Num() != clientQPN {
+		t.Fatalf("QPN %#x, want %#x", e.qp.Num(), clientQPN)
+	}
+	steps := []struct {
+		a qp.Attr
+		m qp.AttrMask
+	}{
+		{qp.Attr{State: qp.StateInit, Port: 1, AccessFlags: mr.AccessLocalWrite}, qp.AttrState | qp.AttrPKeyIndex | qp.AttrPort | qp.AttrAccessFlags},
+		{qp.Attr{State: qp.StateRTR, AH: qp.AHAttr{DGID: server, SGIDIndex: uint8(d.GIDIndex(client)), Port: 1}, PathMTU: qp.MTU1024,
+			DestQPN: serverQPN, RQPSN: 0, MaxDestRDAtomic: 16, MinRNRTimer: 12},
+			qp.AttrState | qp.AttrAV | qp.AttrPathMTU | qp.AttrDestQPN | qp.AttrRQPSN | qp.AttrMaxDestRDAtomic | qp.AttrMinRNRTimer},
+		{qp.Attr{State: qp.StateRTS, SQPSN: firstPSN, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRDAtomic: 16},
+			qp.AttrState | qp.AttrSQPSN | qp.AttrTimeout | qp.AttrRetryCnt | qp.AttrRNRRetry | qp.AttrMaxQPRDAtomic},
+	}
+	for _, s := range steps {
+		if err := e.qp.Modify(&s.a, s.m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := make(chan link.Datagram, 256)
+	go func() {
+		batch := make([]link.Datagram, 16)
+		for {
+			for i := range batch {
+				batch[i].Buf = make([]byte, link.MaxDatagram)
+			}
+			n, err := raw.Recv(batch)
+			if err != nil {
+				return
+			}
+			for _, dg := range batch[:n] {
+				got <- dg
+			}
+		}
+	}()
+	for i := range wrs {
+		n := len(payloads[i])
+		if wrs[i].Opcode == qp.WRSend || wrs[i].Opcode == qp.WRRDMAWrite {
+			copy(e.buf[off:], payloads[i])
+		}
+		wrs[i].SGL = []qp.SGE{e.sge(off, n)}
+		want = append(want, expect{wc: cq.WC{WRID: uint64(i), Opcode: wcOf(wrs[i].Opcode), ByteLen: uint32(n)}})
+		off += (n + 4095) &^ 4095
+		post(t, e, wrs[i])
+	}
+	// our requests against rxe1's, in order
+	for i, f := range reqs {
+		var dg link.Datagram
+		select {
+		case dg = <-got:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("request %d of %d not sent", i, len(reqs))
+		}
+		a, b := dg.Buf, f.UDPPayload
+		if len(a) != len(b) || !bytes.Equal(a[:len(a)-4], b[:len(b)-4]) || dg.Src.Port() != f.SrcPort {
+			t.Fatalf("request %d (frame %d): ours port %#x % x\nrxe1's port %#x % x", i, f.Number, dg.Src.Port(),
+				a[:min(len(a), 48)], f.SrcPort, b[:min(len(b), 48)])
+		}
+	}
+	// the server's responses, as captured
+	for _, f := range resps {
+		if err := raw.Send([]link.Datagram{{Buf: f.UDPPayload, Src: netip.AddrPortFrom(server, f.SrcPort), Dst: netip.AddrPortFrom(client, f.DstPort)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wcs := waitWC(t, e.scq, len(wrs))
+	off = 0
+	for i := range wcs {
+		checkWC(t, wcs[i], want[i].wc)
+		n := len(payloads[i])
+		if k := wrs[i].Opcode; k == qp.WRRDMARead || k == qp.WRAtomicCmpAndSwp || k == qp.WRAtomicFetchAndAdd {
+			// the data the server's responses to this request carried
+			var data []byte
+			for _, f := range resps {
+				p, _ := bth.Parse(f.UDPPayload)
+				d := p.BTH.PSN().Sub(reqPSN[i])
+				if d < 0 || d >= int32(max(1, (n+1023)/1024)) {
+					continue
+				}
+				switch p.Info.Kind {
+				case bth.KindReadResp:
+					data = append(data, p.Payload...)
+				case bth.KindAtomicAck:
+					data = binary.LittleEndian.AppendUint64(nil, p.AtomicAck.Fields().OrigData)
+				}
+			}
+			if len(data) != n {
+				t.Fatalf("WR %d: %d response bytes in the capture, want %d", i, len(data), n)
+			}
+			same(t, "response data", e.buf[off:off+n], data)
+		}
+		off += (n + 4095) &^ 4095
+	}
+	if st := d.Stats(); st.RcvdDropped != 0 || st.RcvdICRCSolved == 0 {
+		t.Fatalf("counters %+v", st)
+	}
+}
+
+func wcOf(op qp.WROpcode) cq.Opcode {
+	switch op {
+	case qp.WRRDMAWrite:
+		return cq.OpRDMAWrite
+	case qp.WRRDMARead:
+		return cq.OpRDMARead
+	case qp.WRAtomicCmpAndSwp:
+		return cq.OpCompSwap
+	case qp.WRAtomicFetchAndAdd:
+		return cq.OpFetchAdd
+	}
+	return cq.OpSend
+}
