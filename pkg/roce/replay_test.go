@@ -15,16 +15,25 @@ import (
 	"github.com/softroce/softroce/pkg/roce/link"
 )
 
-// TestReplayRxePingpong plays the client side of a kernel rxe capture
-// (ibv_rc_pingpong -m 1024 -s 3000 -n 2, rxe1 198.19.0.1 -> rxe2
-// 198.19.0.2) into a softroce device standing in for the server (rxe2,
-// QPN 0x11): the client's packets carry rxe's non-zero IPv4 IDs (accepted
-// through the ICRC solver), their messages must land intact, and every
-// packet the device sends - its SENDs (same payloads as rxe2's) and its
-// ACKs - must equal rxe2's packet byte for byte except the ICRC (which
-// covers rxe's IPv4 ID), including the UDP source port.
+// TestReplayRxePingpong plays the client side of kernel rxe captures of
+// ibv_{rc,uc,ud}_pingpong (rxe1 198.19.0.1 -> rxe2 198.19.0.2) into a
+// softroce device standing in for the server (rxe2, same QPN): the
+// client's packets carry rxe's non-zero IPv4 IDs (accepted through the
+// ICRC solver), their messages must land intact (UD: after the 40-byte
+// GRH), and every packet the device sends - its SENDs (same payloads as
+// rxe2's) and its ACKs - must equal rxe2's byte for byte except the ICRC
+// (which covers rxe's IPv4 ID), UDP source port included.
 func TestReplayRxePingpong(t *testing.T) {
-	frames, err := testcap.ReadRoCE("../../testdata/captures/rc_pingpong.pcap")
+	for _, c := range []struct {
+		name string
+		typ  qp.Type
+	}{{"rc_pingpong", qp.TypeRC}, {"rc_pingpong_small", qp.TypeRC}, {"uc_pingpong", qp.TypeUC}, {"ud_pingpong", qp.TypeUD}} {
+		t.Run(c.name, func(t *testing.T) { replayServer(t, "../../testdata/captures/"+c.name+".pcap", c.typ) })
+	}
+}
+
+func replayServer(t *testing.T, path string, typ qp.Type) {
+	frames, err := testcap.ReadRoCE(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,17 +68,12 @@ func TestReplayRxePingpong(t *testing.T) {
 			serverAcks = append(serverAcks, pkt{f, p})
 		}
 	}
-	if len(clientMsgs) != 2 || len(serverMsgs) != 2 || len(serverAcks) != 2 || len(serverSends) != 6 {
-		t.Fatalf("capture shape: %d/%d messages, %d acks, %d sends", len(clientMsgs), len(serverMsgs), len(serverAcks), len(serverSends))
+	if len(clientMsgs) != 2 || len(serverMsgs) != 2 {
+		t.Fatalf("capture shape: %d/%d messages", len(clientMsgs), len(serverMsgs))
 	}
-	var clientPSN uint32 = uint32(0)
-	for _, c := range fromClient {
-		if c.p.Info.Kind == bth.KindSend {
-			clientPSN = uint32(c.p.BTH.PSN())
-			break
-		}
-	}
-	serverPSN := uint32(serverSends[0].p.BTH.PSN())
+	first := fromClient[0].p
+	clientPSN, serverQPN := uint32(first.BTH.PSN()), first.BTH.DestQP()
+	serverPSN, clientQPN := uint32(serverSends[0].p.BTH.PSN()), serverSends[0].p.BTH.DestQP()
 
 	nw := link.NewMemNetwork(link.MemOptions{})
 	ls, err := nw.Attach(server)
@@ -86,27 +90,59 @@ func TestReplayRxePingpong(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	e := newEnd(t, d, qp.TypeRC, 1<<20)
-	if e.qp.Num() != 0x11 {
-		t.Fatalf("QPN %#x, want 0x11 like rxe2", e.qp.Num())
+	var e *end
+	for e == nil || e.qp.Num() < serverQPN {
+		e = newEnd(t, d, typ, 1<<20)
 	}
-	steps := []struct {
-		a qp.Attr
-		m qp.AttrMask
-	}{
-		{qp.Attr{State: qp.StateInit, Port: 1, AccessFlags: mr.AccessLocalWrite}, qp.AttrState | qp.AttrPKeyIndex | qp.AttrPort | qp.AttrAccessFlags},
-		{qp.Attr{State: qp.StateRTR, AH: qp.AHAttr{DGID: client, SGIDIndex: uint8(d.GIDIndex(server)), Port: 1}, PathMTU: qp.MTU1024,
-			DestQPN: 0x11, RQPSN: clientPSN, MaxDestRDAtomic: 1, MinRNRTimer: 12},
-			qp.AttrState | qp.AttrAV | qp.AttrPathMTU | qp.AttrDestQPN | qp.AttrRQPSN | qp.AttrMaxDestRDAtomic | qp.AttrMinRNRTimer},
-		{qp.Attr{State: qp.StateRTS, SQPSN: serverPSN, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRDAtomic: 1},
-			qp.AttrState | qp.AttrSQPSN | qp.AttrTimeout | qp.AttrRetryCnt | qp.AttrRNRRetry | qp.AttrMaxQPRDAtomic},
+	if e.qp.Num() != serverQPN {
+		t.Fatalf("QPN %#x, want %#x like rxe2", e.qp.Num(), serverQPN)
 	}
-	for _, s := range steps {
-		if err := e.qp.Modify(&s.a, s.m); err != nil {
+	var ah *qp.AH
+	var qkey uint32
+	if typ == qp.TypeUD {
+		qkey = first.DETH.Fields().QKey
+		steps := []struct {
+			a qp.Attr
+			m qp.AttrMask
+		}{
+			{qp.Attr{State: qp.StateInit, Port: 1, QKey: qkey}, qp.AttrState | qp.AttrPKeyIndex | qp.AttrPort | qp.AttrQKey},
+			{qp.Attr{State: qp.StateRTR}, qp.AttrState},
+			{qp.Attr{State: qp.StateRTS, SQPSN: serverPSN}, qp.AttrState | qp.AttrSQPSN},
+		}
+		for _, s := range steps {
+			if err := e.qp.Modify(&s.a, s.m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if ah, err = d.CreateAH(e.pd, qp.AHAttr{DGID: client, SGIDIndex: uint8(d.GIDIndex(server)), Port: 1}); err != nil {
 			t.Fatal(err)
 		}
+	} else {
+		m1 := qp.AttrState | qp.AttrAV | qp.AttrPathMTU | qp.AttrDestQPN | qp.AttrRQPSN
+		m2 := qp.AttrState | qp.AttrSQPSN
+		if typ == qp.TypeRC {
+			m1 |= qp.AttrMaxDestRDAtomic | qp.AttrMinRNRTimer
+			m2 |= qp.AttrTimeout | qp.AttrRetryCnt | qp.AttrRNRRetry | qp.AttrMaxQPRDAtomic
+		}
+		steps := []struct {
+			a qp.Attr
+			m qp.AttrMask
+		}{
+			{qp.Attr{State: qp.StateInit, Port: 1, AccessFlags: mr.AccessLocalWrite}, qp.AttrState | qp.AttrPKeyIndex | qp.AttrPort | qp.AttrAccessFlags},
+			{qp.Attr{State: qp.StateRTR, AH: qp.AHAttr{DGID: client, SGIDIndex: uint8(d.GIDIndex(server)), Port: 1}, PathMTU: qp.MTU1024,
+				DestQPN: clientQPN, RQPSN: clientPSN, MaxDestRDAtomic: 1, MinRNRTimer: 12}, m1},
+			{qp.Attr{State: qp.StateRTS, SQPSN: serverPSN, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRDAtomic: 1}, m2},
+		}
+		for _, s := range steps {
+			if err := e.qp.Modify(&s.a, s.m); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
-	// what rxe2 had: receives for both messages, and its two sends
+	grh := 0
+	if typ == qp.TypeUD {
+		grh = 40
+	}
 	postRecv(t, e, qp.RecvWR{WRID: 1, SGL: []qp.SGE{e.sge(0, 4096)}}, qp.RecvWR{WRID: 2, SGL: []qp.SGE{e.sge(4096, 4096)}})
 	got := make(chan link.Datagram, 64)
 	go func() {
@@ -117,7 +153,6 @@ func TestReplayRxePingpong(t *testing.T) {
 			}
 			n, err := raw.Recv(batch)
 			if err != nil {
-				close(got)
 				return
 			}
 			for _, dg := range batch[:n] {
@@ -128,7 +163,11 @@ func TestReplayRxePingpong(t *testing.T) {
 	for i, m := range serverMsgs {
 		off := 16384 + i*4096
 		copy(e.buf[off:], m)
-		post(t, e, qp.SendWR{WRID: uint64(10 + i), Opcode: qp.WRSend, SGL: []qp.SGE{e.sge(off, len(m))}, Flags: qp.SendSignaled})
+		wr := qp.SendWR{WRID: uint64(10 + i), Opcode: qp.WRSend, SGL: []qp.SGE{e.sge(off, len(m))}, Flags: qp.SendSignaled}
+		if typ == qp.TypeUD {
+			wr.AH, wr.RemoteQPN, wr.RemoteQKey = ah, clientQPN, serverSends[i].p.DETH.Fields().QKey
+		}
+		post(t, e, wr)
 	}
 	// the client's packets, as captured (their ICRCs cover rxe's IPv4 IDs)
 	for _, c := range fromClient {
@@ -139,12 +178,17 @@ func TestReplayRxePingpong(t *testing.T) {
 	}
 	r := waitWC(t, e.rcq, 2)
 	for i := range r {
-		checkWC(t, r[i], cq.WC{WRID: uint64(i + 1), Opcode: cq.OpRecv, ByteLen: uint32(len(clientMsgs[i]))})
-		same(t, "client message", e.buf[i*4096:i*4096+len(clientMsgs[i])], clientMsgs[i])
+		want := cq.WC{WRID: uint64(i + 1), Opcode: cq.OpRecv, ByteLen: uint32(grh + len(clientMsgs[i]))}
+		if typ == qp.TypeUD {
+			want.Flags, want.SrcQP = cq.FlagGRH, clientQPN
+		}
+		checkWC(t, r[i], want)
+		same(t, "client message", e.buf[i*4096+grh:i*4096+grh+len(clientMsgs[i])], clientMsgs[i])
 	}
 	s := waitWC(t, e.scq, 2)
-	checkWC(t, s[0], cq.WC{WRID: 10, Opcode: cq.OpSend, ByteLen: 3000})
-	checkWC(t, s[1], cq.WC{WRID: 11, Opcode: cq.OpSend, ByteLen: 3000})
+	for i := range s {
+		checkWC(t, s[i], cq.WC{WRID: uint64(10 + i), Opcode: cq.OpSend, ByteLen: uint32(len(serverMsgs[i]))})
+	}
 	if st := d.Stats(); st.RcvdICRCSolved == 0 || st.RcvdDropped != 0 {
 		t.Fatalf("counters %+v", st)
 	}
