@@ -30,6 +30,7 @@ package roce
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"sync"
@@ -85,6 +86,9 @@ type Options struct {
 	// addresses: index 0 the fe80:: link-local GID, then the IPv4
 	// addresses as ::ffff:a.b.c.d, then IPv6, as rxe lays it out).
 	GIDs *gid.Table
+	// KeyRand is the source of MR/MW key bytes (nil = crypto/rand); tests
+	// set it to get deterministic keys.
+	KeyRand io.Reader
 }
 
 // Device is an open softroce device. Its methods are safe for concurrent use.
@@ -163,7 +167,9 @@ func Open(o Options) (*Device, error) {
 	} else {
 		d.attr = qp.DefaultDeviceAttr()
 	}
-	d.tbl = mr.NewTable(d.attr.TableOptions())
+	to := d.attr.TableOptions()
+	to.Rand = o.KeyRand
+	d.tbl = mr.NewTable(to)
 	d.gids = o.GIDs
 	if d.gids == nil {
 		d.gids = gid.FromAddrs(gid.Options{Addrs: o.Link.LocalAddrs()})
