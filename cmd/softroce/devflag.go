@@ -1,0 +1,194 @@
+package main
+
+// The -d ADDR|IFNAME device flag shared by the tool-compatible subcommands (pingpong, perf).
+//
+// The rdma-core and perftest tools name an RDMA device with -d (ibv_get_device_name). A
+// softroce device is a set of UDP sockets on local IP addresses, so our -d names the local
+// address instead: an IP address, or a network interface whose first address (of the peer's
+// family, IPv4 first) is used. The chosen address is the device's only GID (index 0), the
+// RoCEv2 GID ::ffff:a.b.c.d (IBTA A17.8) the tools print and exchange.
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+
+	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/pkg/roce"
+)
+
+// errDevFlag is wrapped by every error about the -d flag and the local address it names.
+var errDevFlag = errors.New("device")
+
+// devFlag is the value of a -d ADDR|IFNAME flag (a flag.Value). The zero value means "not
+// given": openLocalDevice then picks the address the kernel would route to the peer from.
+type devFlag struct {
+	// Addr is the local address, when -d named one.
+	Addr netip.Addr
+	// Interface is the interface name, when -d named one.
+	Interface string
+}
+
+// String implements flag.Value.
+func (f *devFlag) String() string {
+	switch {
+	case f == nil:
+		return ""
+	case f.Addr.IsValid():
+		return f.Addr.String()
+	}
+	return f.Interface
+}
+
+// Set implements flag.Value: an IP address (IPv4, IPv6, IPv4-mapped IPv6 as a GID is
+// written) or an interface name.
+func (f *devFlag) Set(s string) error {
+	*f = devFlag{}
+	if a, err := netip.ParseAddr(s); err == nil {
+		if a.Zone() != "" || a.IsUnspecified() || a.IsMulticast() {
+			return fmt.Errorf("%w %q: a RoCEv2 GID needs a unicast address without a zone", errDevFlag, s)
+		}
+		f.Addr = a.Unmap()
+		return nil
+	}
+	if s == "" || strings.ContainsAny(s, " /:") || len(s) > 15 { // IFNAMSIZ-1
+		return fmt.Errorf("%w %q: neither an IP address nor an interface name", errDevFlag, s)
+	}
+	f.Interface = s
+	return nil
+}
+
+// IsSet reports whether -d was given.
+func (f *devFlag) IsSet() bool { return f.Addr.IsValid() || f.Interface != "" }
+
+// devOpenOptions configure openLocalDevice.
+type devOpenOptions struct {
+	// Port is the RoCE UDP port to listen on and send to (0 = 4791).
+	Port uint16
+	// Portable uses plain sockets instead of the batched link (roce.UDPOptions.Portable).
+	Portable bool
+	// MTU is the port's active MTU; 0 derives it from the interface MTU as rxe does.
+	MTU qp.MTU
+	// Name is the device name (default "softroce0").
+	Name string
+	// Peer, if valid, is the remote address: without -d the local address is the one the
+	// kernel routes to Peer from; with an interface, an address of Peer's family is preferred.
+	Peer netip.Addr
+}
+
+// localDev is an opened device and the local address it speaks from.
+type localDev struct {
+	Dev *roce.Device
+	// Addr is the local address (GID index GIDIndex).
+	Addr     netip.Addr
+	GIDIndex int
+	// MTU is the port's active MTU.
+	MTU qp.MTU
+}
+
+// GID returns the local address as a RoCEv2 GID (IPv4-mapped for IPv4, IBTA A17.8).
+func (l *localDev) GID() [16]byte { return l.Addr.As16() }
+
+// openLocalDevice resolves f (or, unset, the route to o.Peer) to one local address and opens a
+// softroce device on it.
+func openLocalDevice(f *devFlag, o devOpenOptions) (*localDev, error) {
+	addr, err := resolveLocalAddr(f, o.Peer)
+	if err != nil {
+		return nil, err
+	}
+	mtu := o.MTU
+	if mtu == 0 {
+		mtu = activeMTU(interfaceMTU(addr))
+	}
+	name := o.Name
+	if name == "" {
+		name = "softroce0"
+	}
+	d, err := roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{addr}, Port: o.Port, Portable: o.Portable, MTU: mtu, Name: name})
+	if err != nil {
+		return nil, fmt.Errorf("%w on %v: %w", errDevFlag, addr, err)
+	}
+	idx := d.GIDIndex(addr)
+	if idx < 0 {
+		d.Close()
+		return nil, fmt.Errorf("%w on %v: the address is not in the device's GID table", errDevFlag, addr)
+	}
+	return &localDev{Dev: d, Addr: addr, GIDIndex: idx, MTU: mtu}, nil
+}
+
+// resolveLocalAddr picks the local address for f (see devFlag).
+func resolveLocalAddr(f *devFlag, peer netip.Addr) (netip.Addr, error) {
+	peer = peer.Unmap()
+	switch {
+	case f != nil && f.Addr.IsValid():
+		return f.Addr, nil
+	case f != nil && f.Interface != "":
+		addrs, err := roce.InterfaceAddrs(f.Interface)
+		if err != nil {
+			return netip.Addr{}, fmt.Errorf("%w %q: %w", errDevFlag, f.Interface, err)
+		}
+		var first netip.Addr
+		for _, a := range addrs {
+			a = a.Unmap()
+			if peer.IsValid() && a.Is4() == peer.Is4() {
+				return a, nil
+			}
+			if !first.IsValid() || (a.Is4() && !first.Is4()) {
+				first = a
+			}
+		}
+		if !first.IsValid() || (peer.IsValid() && first.Is4() != peer.Is4()) {
+			return netip.Addr{}, fmt.Errorf("%w %q: no usable address", errDevFlag, f.Interface)
+		}
+		return first, nil
+	case peer.IsValid():
+		// connect(2) on a UDP socket only looks up the route: no packet is sent.
+		c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(peer, 4791)))
+		if err != nil {
+			return netip.Addr{}, fmt.Errorf("%w: no route to %v: %w", errDevFlag, peer, err)
+		}
+		defer c.Close()
+		return c.LocalAddr().(*net.UDPAddr).AddrPort().Addr().Unmap(), nil
+	}
+	return netip.Addr{}, fmt.Errorf("%w: no -d ADDR|IFNAME and no peer to route to", errDevFlag)
+}
+
+// interfaceMTU returns the MTU of the interface holding addr, or 0 if none is found.
+func interfaceMTU(addr netip.Addr) int {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return 0
+	}
+	for _, ifc := range ifs {
+		as, err := ifc.Addrs()
+		if err != nil {
+			continue
+		}
+		for _, a := range as {
+			if n, ok := a.(*net.IPNet); ok {
+				if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap() == addr {
+					return ifc.MTU
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// activeMTU is rxe's port MTU for a netdev MTU (rxe_net.c rxe_set_mtu / eth_mtu_int_to_enum:
+// the MTU less RXE_MAX_HDR_LENGTH 80 bytes of headers, rounded down to an IB MTU, IBTA 9.4;
+// 1500 -> 1024, loopback's 65536 -> 4096). An unknown MTU (0) gives 4096.
+func activeMTU(netdevMTU int) qp.MTU {
+	if netdevMTU <= 0 {
+		return qp.MTU4096
+	}
+	m := netdevMTU - 80
+	for _, c := range []qp.MTU{qp.MTU4096, qp.MTU2048, qp.MTU1024, qp.MTU512} {
+		if m >= c.Bytes() {
+			return c
+		}
+	}
+	return qp.MTU256
+}

@@ -1,0 +1,446 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/softroce/softroce/pkg/cq"
+	"github.com/softroce/softroce/pkg/oob"
+	"github.com/softroce/softroce/pkg/oob/pingpong"
+	"github.com/softroce/softroce/pkg/qp"
+)
+
+// freeUDPPort returns a UDP port free on both 127.0.0.1 and 127.0.0.2 (the RoCE port of
+// the two in-process devices; not 4791, which other tests on this machine may hold).
+func freeUDPPort(t *testing.T) uint16 {
+	t.Helper()
+	for i := 0; i < 20; i++ {
+		a, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := a.LocalAddr().(*net.UDPAddr).Port
+		b, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 2), Port: port})
+		a.Close()
+		if err == nil {
+			b.Close()
+			return uint16(port)
+		}
+	}
+	t.Fatal("no free UDP port on 127.0.0.1 and 127.0.0.2")
+	return 0
+}
+
+// ppSide is the result of one side of a run.
+type ppSide struct {
+	status         int
+	stdout, stderr string
+	recvs          int
+	recvErrs       []string
+}
+
+// ppPair runs a server (on 127.0.0.1) and a client (on 127.0.0.2) of one tool in this
+// process with the same extra flags; every received message is checked against the
+// client's send pattern (the echo of the client's buffer, the GRH included for UD).
+func ppPair(t *testing.T, tool string, extra ...string) (srv, cli ppSide) {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcpPort := ln.Addr().(*net.TCPAddr).Port
+	roce := strconv.Itoa(int(freeUDPPort(t)))
+	common := append([]string{tool, "-p", strconv.Itoa(tcpPort), "-roce-port", roce, "-timeout", "20s"}, extra...)
+
+	// The client fills its buffer with random bytes, keeping the -c pattern (a zero at each
+	// page start); every message either side receives must be exactly that.
+	pattern := make([]byte, 1<<20)
+	for i := range pattern {
+		pattern[i] = byte(rand.Uint32())
+	}
+	ppFillPages(pattern)
+	isUD := tool == "ud"
+	check := func(s *ppSide, peer netip.Addr) func(wc *cq.WC, data []byte) {
+		return func(wc *cq.WC, data []byte) {
+			s.recvs++
+			if len(s.recvErrs) > 5 {
+				return
+			}
+			payload := data
+			if isUD {
+				if err := checkGRH(data, peer); err != nil {
+					s.recvErrs = append(s.recvErrs, fmt.Sprintf("recv %d: %v", s.recvs, err))
+				}
+				if wc.Flags&cq.FlagGRH == 0 {
+					s.recvErrs = append(s.recvErrs, fmt.Sprintf("recv %d: no GRH flag", s.recvs))
+				}
+				if len(payload) < ppGRHSize {
+					s.recvErrs = append(s.recvErrs, fmt.Sprintf("recv %d: %d bytes", s.recvs, len(data)))
+					return
+				}
+				payload = data[ppGRHSize:]
+			}
+			if !bytes.Equal(payload, pattern[:len(payload)]) {
+				s.recvErrs = append(s.recvErrs, fmt.Sprintf("recv %d: %d bytes differ from the client's buffer", s.recvs, len(payload)))
+			}
+			if wc.Opcode != cq.OpRecv {
+				s.recvErrs = append(s.recvErrs, fmt.Sprintf("recv %d: opcode %v", s.recvs, wc.Opcode))
+			}
+		}
+	}
+	var sOut, sErr, cOut, cErr bytes.Buffer
+	lo1, lo2 := netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2")
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		env := &ppEnv{Stdout: &sOut, Stderr: &sErr, Listener: ln, OnRecv: check(&srv, lo2)}
+		srv.status = pingpongMain(append(append([]string{}, common...), "-d", "127.0.0.1"), env)
+	}()
+	env := &ppEnv{Stdout: &cOut, Stderr: &cErr, OnRecv: check(&cli, lo1),
+		Fill: func(b []byte) { copy(b, pattern) }}
+	cli.status = pingpongMain(append(append([]string{}, common...), "-d", "127.0.0.2", "127.0.0.1"), env)
+	wg.Wait()
+	srv.stdout, srv.stderr, cli.stdout, cli.stderr = sOut.String(), sErr.String(), cOut.String(), cErr.String()
+	return srv, cli
+}
+
+// checkGRH checks the 40 bytes a UD receive starts with: for IPv4 the first 20 are unused
+// and the last 20 are the IPv4 header of the packet (ibverbs/rxe layout, IBTA 11.4.1.2).
+func checkGRH(data []byte, src netip.Addr) error {
+	if len(data) < ppGRHSize {
+		return fmt.Errorf("%d bytes, no room for a GRH", len(data))
+	}
+	ip := data[20:40]
+	if ip[0] != 0x45 {
+		return fmt.Errorf("GRH: IPv4 version/IHL %#x, want 0x45", ip[0])
+	}
+	if got := netip.AddrFrom4([4]byte(ip[12:16])); got != src {
+		return fmt.Errorf("GRH: source %v, want %v", got, src)
+	}
+	if n := int(binary.BigEndian.Uint16(ip[2:4])); n != len(data)-20+8+12+8+4 {
+		// total length = IP 20 + UDP 8 + BTH 12 + DETH 8 + payload + ICRC 4
+		return fmt.Errorf("GRH: IPv4 total length %d for %d payload bytes", n, len(data)-ppGRHSize)
+	}
+	return nil
+}
+
+var (
+	localRe  = regexp.MustCompile(`(?m)^  local address:  LID 0x0000, QPN 0x([0-9a-f]{6}), PSN 0x([0-9a-f]{6})[,:] GID (\S+)$`)
+	remoteRe = regexp.MustCompile(`(?m)^  remote address: LID 0x0000, QPN 0x([0-9a-f]{6}), PSN 0x([0-9a-f]{6}), GID (\S+)$`)
+)
+
+// checkPPOutput checks one side's stdout: numQP local and remote lines (ud's local line has
+// the colon), the peer's local addresses as our remote ones, the two result lines, no
+// "invalid data" line.
+func checkPPOutput(t *testing.T, who string, s, peer ppSide, tool string, size, iters, numQP int, gid string) {
+	t.Helper()
+	if s.status != 0 {
+		t.Errorf("%s: exit %d\nstdout:\n%s\nstderr:\n%s", who, s.status, s.stdout, s.stderr)
+		return
+	}
+	locals := localRe.FindAllStringSubmatch(s.stdout, -1)
+	remotes := remoteRe.FindAllStringSubmatch(s.stdout, -1)
+	peerLocals := localRe.FindAllStringSubmatch(peer.stdout, -1)
+	if len(locals) != numQP || len(remotes) != numQP || len(peerLocals) != numQP {
+		t.Errorf("%s: %d local, %d remote lines (peer %d local), want %d:\n%s", who, len(locals), len(remotes), len(peerLocals), numQP, s.stdout)
+		return
+	}
+	for i := range locals {
+		if locals[i][3] != gid {
+			t.Errorf("%s: local GID %s, want %s", who, locals[i][3], gid)
+		}
+		if remotes[i][1] != peerLocals[i][1] || remotes[i][2] != peerLocals[i][2] || remotes[i][3] != peerLocals[i][3] {
+			t.Errorf("%s: remote line %d %v is not the peer's local line %v", who, i, remotes[i][1:], peerLocals[i][1:])
+		}
+	}
+	sep := ","
+	if tool == "ud" {
+		sep = ":"
+	}
+	if !strings.Contains(s.stdout, "PSN 0x"+locals[0][2]+sep+" GID") {
+		t.Errorf("%s: local line separator is not %q", who, sep)
+	}
+	bytesRe := regexp.MustCompile(fmt.Sprintf(`(?m)^%d bytes in [0-9.]+ seconds = [0-9.]+ Mbit/sec\n%d iters in [0-9.]+ seconds = [0-9.]+ usec/iter\n`, size*iters*2, iters))
+	if !bytesRe.MatchString(s.stdout) {
+		t.Errorf("%s: no result lines for size %d, %d iters:\n%s", who, size, iters, s.stdout)
+	}
+	if strings.Contains(s.stdout, "invalid data") {
+		t.Errorf("%s: -c found invalid data:\n%s", who, s.stdout)
+	}
+	if s.stderr != "" {
+		t.Errorf("%s: stderr %q", who, s.stderr)
+	}
+	for _, e := range s.recvErrs {
+		t.Errorf("%s: %s", who, e)
+	}
+}
+
+// TestPingpongPairs runs every tool between two in-process softroce devices over UDP on
+// 127.0.0.1 / 127.0.0.2, with -c, message sizes below and above the 1024-byte path MTU (ud:
+// below and at its limit, one packet), busy polling and -e.
+func TestPingpongPairs(t *testing.T) {
+	cases := []struct {
+		tool        string
+		size, iters int
+		numQP       int
+		flags       []string
+	}{
+		{"rc", 64, 50, 1, []string{"-e"}},
+		{"rc", 3000, 50, 1, nil},
+		{"rc", 4096, 20, 1, []string{"-e", "-m", "2048", "-r", "4"}}, // receives refilled
+		{"uc", 64, 50, 1, nil},
+		{"uc", 3000, 50, 1, []string{"-e"}},
+		{"ud", 64, 50, 1, []string{"-e"}},
+		{"ud", 4096, 50, 1, nil}, // loopback MTU 65536 -> port MTU 4096
+		{"srq", 64, 60, 16, []string{"-e"}},
+		{"srq", 3000, 60, 4, []string{"-q", "4", "-r", "8"}},
+	}
+	for _, c := range cases {
+		name := fmt.Sprintf("%s-%dx%d-%s", c.tool, c.size, c.iters, strings.Join(c.flags, ""))
+		t.Run(name, func(t *testing.T) {
+			flags := append([]string{"-c", "-s", strconv.Itoa(c.size), "-n", strconv.Itoa(c.iters)}, c.flags...)
+			srv, cli := ppPair(t, c.tool, flags...)
+			checkPPOutput(t, "server", srv, cli, c.tool, c.size, c.iters, c.numQP, "::ffff:127.0.0.1")
+			checkPPOutput(t, "client", cli, srv, c.tool, c.size, c.iters, c.numQP, "::ffff:127.0.0.2")
+			// each side receives at least iters messages (srq: the count is over all QPs)
+			if srv.recvs < c.iters || cli.recvs < c.iters {
+				t.Errorf("received %d (server) and %d (client) messages, want >= %d", srv.recvs, cli.recvs, c.iters)
+			}
+		})
+	}
+}
+
+// TestPingpongUDTooBig: ud_pingpong refuses a message larger than the port MTU.
+func TestPingpongUDTooBig(t *testing.T) {
+	srv, _ := ppPairServerOnly(t, "ud", "-s", "4097", "-d", "127.0.0.1")
+	if srv.status != 1 || !strings.Contains(srv.stderr, "Requested size larger than port MTU (4096)") {
+		t.Fatalf("exit %d, stderr %q", srv.status, srv.stderr)
+	}
+}
+
+// ppPairServerOnly runs one side alone with a short timeout.
+func ppPairServerOnly(t *testing.T, args ...string) (ppSide, net.Listener) {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	args = append(args, "-roce-port", strconv.Itoa(int(freeUDPPort(t))), "-timeout", "300ms",
+		"-p", strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+	st := pingpongMain(args, &ppEnv{Stdout: &out, Stderr: &errb, Listener: ln})
+	return ppSide{status: st, stdout: out.String(), stderr: errb.String()}, ln
+}
+
+// TestPingpongNoPeer: every wait is bounded: a server nobody connects to, a client whose
+// server does not listen, and a server whose client exchanges addresses and then goes
+// silent all exit 1 with a clear message instead of hanging.
+func TestPingpongNoPeer(t *testing.T) {
+	t.Run("server-alone", func(t *testing.T) {
+		s, _ := ppPairServerOnly(t, "rc", "-d", "127.0.0.1")
+		if s.status != 1 || !strings.Contains(s.stderr, "no client connected") {
+			t.Fatalf("exit %d, stderr %q", s.status, s.stderr)
+		}
+		if len(localRe.FindAllString(s.stdout, -1)) != 1 {
+			t.Errorf("with -d the local address is printed before waiting: %q", s.stdout)
+		}
+	})
+	t.Run("client-alone", func(t *testing.T) {
+		ln, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close() // nobody listens there now
+		var out, errb bytes.Buffer
+		st := pingpongMain([]string{"uc", "-d", "127.0.0.2", "-p", strconv.Itoa(port), "-timeout", "300ms",
+			"-roce-port", strconv.Itoa(int(freeUDPPort(t))), "127.0.0.1"}, &ppEnv{Stdout: &out, Stderr: &errb})
+		if st != 1 || !strings.Contains(errb.String(), "Couldn't connect to 127.0.0.1:"+strconv.Itoa(port)) {
+			t.Fatalf("exit %d, stderr %q", st, errb.String())
+		}
+	})
+	t.Run("silent-client", func(t *testing.T) {
+		ln, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out, errb bytes.Buffer
+		done := make(chan int)
+		go func() {
+			done <- pingpongMain([]string{"rc", "-d", "127.0.0.1", "-e", "-timeout", "300ms", "-roce-port",
+				strconv.Itoa(int(freeUDPPort(t))), "-p", "1"}, &ppEnv{Stdout: &out, Stderr: &errb, Listener: ln})
+		}()
+		// a client that exchanges a plausible record and never sends a packet
+		me := pingpong.Dest{QPN: 0x99, PSN: 0x1234}
+		me.SetAddr(netip.MustParseAddr("127.0.0.2"))
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		remote, err := pingpong.Dial(ctx, ln.Addr().String(), []pingpong.Dest{me}, pingpong.Options{Options: oob.Options{Timeout: 5 * time.Second}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := <-done
+		if st != 1 || !strings.Contains(errb.String(), "timed out: no completion") {
+			t.Fatalf("exit %d, stderr %q", st, errb.String())
+		}
+		if remote[0].QPN < 0x11 || remote[0].Addr().Unmap() != netip.MustParseAddr("127.0.0.1") {
+			t.Errorf("server record %+v", remote[0])
+		}
+		if !strings.Contains(out.String(), "remote address: LID 0x0000, QPN 0x000099, PSN 0x001234, GID ::ffff:127.0.0.2") {
+			t.Errorf("stdout %q", out.String())
+		}
+	})
+}
+
+// TestPingpongServerWithoutDev: without -d the server opens its device on the address the
+// client reached it on, and prints its local line after the client connected.
+func TestPingpongServerWithoutDev(t *testing.T) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	roce := strconv.Itoa(int(freeUDPPort(t)))
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	var sOut, sErr, cOut, cErr bytes.Buffer
+	done := make(chan int)
+	go func() {
+		done <- pingpongMain([]string{"rc", "-e", "-n", "5", "-s", "100", "-roce-port", roce, "-p", port},
+			&ppEnv{Stdout: &sOut, Stderr: &sErr, Listener: ln})
+	}()
+	// the client without -d routes to 127.0.0.1 from 127.0.0.1: use 127.0.0.2 explicitly
+	cst := pingpongMain([]string{"rc", "-d", "127.0.0.2", "-e", "-n", "5", "-s", "100", "-roce-port", roce, "-p", port, "127.0.0.1"},
+		&ppEnv{Stdout: &cOut, Stderr: &cErr})
+	sst := <-done
+	if sst != 0 || cst != 0 {
+		t.Fatalf("server %d %s%s; client %d %s%s", sst, sOut.String(), sErr.String(), cst, cOut.String(), cErr.String())
+	}
+	if !strings.Contains(sOut.String(), "GID ::ffff:127.0.0.1\n  remote address:") {
+		t.Errorf("server output %q", sOut.String())
+	}
+}
+
+// TestPingpongFlags checks the command line: defaults, getopt-like permutation, the options
+// each tool knows, and the refusals.
+func TestPingpongFlags(t *testing.T) {
+	var eb bytes.Buffer
+	c, err := parsePingpong([]string{"ud"}, &eb)
+	if err != nil || c.Size != 1024 || c.Tool != pingpong.ToolUD || c.Port != 18515 || c.RxDepth != 500 || c.Iters != 1000 || c.Server != "" {
+		t.Errorf("ud defaults %+v, %v", c, err)
+	}
+	c, err = parsePingpong([]string{"srq", "10.1.2.3", "-s", "0x40", "--num-qp", "3", "-e", "-c", "-g", "1"}, &eb)
+	if err != nil || c.Size != 64 || c.NumQP != 3 || !c.Events || !c.Validate || c.GIDIndex != 1 || c.Server != "10.1.2.3" || c.MTU != qp.MTU1024 {
+		t.Errorf("srq %+v, %v", c, err)
+	}
+	c, err = parsePingpong([]string{"-m", "4096", "-d", "lo", "h"}, &eb)
+	if err != nil || c.Tool != pingpong.ToolRC || c.MTU != qp.MTU4096 || c.Dev.Interface != "lo" || c.Server != "h" || c.NumQP != 1 || c.Size != 4096 {
+		t.Errorf("rc %+v, %v", c, err)
+	}
+	bad := map[string][]string{
+		"unsupported":  {"rc", "-o"},
+		"ts":           {"rc", "-t"},
+		"dm":           {"rc", "-j"},
+		"odp on srq":   {"srq", "--odp"},
+		"ud has no -m": {"ud", "-m", "1024"},
+		"uc has no -o": {"uc", "-o"},
+		"rc has no -q": {"rc", "-q", "2"},
+		"mtu":          {"rc", "-m", "1000"},
+		"port":         {"rc", "-p", "70000"},
+		"ib port":      {"rc", "-i", "2"},
+		"two servers":  {"rc", "a", "b"},
+		"qp > rx":      {"srq", "-q", "8", "-r", "4"},
+		"qp max":       {"srq", "-q", "256", "-r", "500"},
+		"size":         {"rc", "-s", "0"},
+		"bad dev":      {"rc", "-d", "a/b"},
+		"unknown":      {"rc", "--bogus"},
+	}
+	for name, args := range bad {
+		var out, errb bytes.Buffer
+		if st := pingpongMain(args, &ppEnv{Stdout: &out, Stderr: &errb}); st != 1 || errb.Len() == 0 {
+			t.Errorf("%s %q: exit %d, stderr %q", name, args, st, errb.String())
+		}
+	}
+	var out, errb bytes.Buffer
+	if st := pingpongMain([]string{"rc", "-t"}, &ppEnv{Stdout: &out, Stderr: &errb}); !strings.Contains(errb.String(), "not supported by softroce") {
+		t.Errorf("-t: exit %d %q", st, errb.String())
+	}
+}
+
+// TestPingpongPages is the -c pattern and check of rdma-core v44: a zero byte at each page
+// start of the client's buffer, one "invalid data in page N" line per page that differs.
+func TestPingpongPages(t *testing.T) {
+	b := bytes.Repeat([]byte{0x7b}, 3*ppPageSize+10)
+	ppFillPages(b)
+	for i := range b {
+		want := byte(0x7b)
+		if i%ppPageSize == 0 {
+			want = 0
+		}
+		if b[i] != want {
+			t.Fatalf("byte %d = %#x, want %#x", i, b[i], want)
+		}
+	}
+	var w bytes.Buffer
+	if n := ppCheckPages(&w, b); n != 0 || w.Len() != 0 {
+		t.Fatalf("clean buffer: %d bad, %q", n, w.String())
+	}
+	b[ppPageSize] = 1
+	b[3*ppPageSize] = 0x7b
+	b[5] = 9 // not a page start: not checked, as in the tools
+	if n := ppCheckPages(&w, b); n != 2 || w.String() != "invalid data in page 1\ninvalid data in page 3\n" {
+		t.Fatalf("%d bad, %q", n, w.String())
+	}
+}
+
+// TestDevFlag checks -d parsing, local address resolution and rxe's port MTU rule.
+func TestDevFlag(t *testing.T) {
+	var f devFlag
+	for in, want := range map[string]string{"127.0.0.2": "127.0.0.2", "::ffff:198.18.0.1": "198.18.0.1", "lo": "lo", "fd00::1": "fd00::1"} {
+		if err := f.Set(in); err != nil || f.String() != want || !f.IsSet() {
+			t.Errorf("Set(%q): %v, %q", in, err, f.String())
+		}
+	}
+	for _, in := range []string{"", "0.0.0.0", "224.0.0.1", "fe80::1%lo", "a/b", "averyveryverylongname"} {
+		if err := f.Set(in); err == nil {
+			t.Errorf("Set(%q) accepted", in)
+		}
+	}
+	var unset devFlag
+	if a, err := resolveLocalAddr(&unset, netip.MustParseAddr("127.0.0.1")); err != nil || !a.IsLoopback() {
+		t.Errorf("route to 127.0.0.1: %v %v", a, err)
+	}
+	if _, err := resolveLocalAddr(&unset, netip.Addr{}); err == nil {
+		t.Error("no -d and no peer accepted")
+	}
+	lo := devFlag{Interface: "lo"}
+	if a, err := resolveLocalAddr(&lo, netip.Addr{}); err != nil || a != netip.MustParseAddr("127.0.0.1") {
+		t.Errorf("lo: %v %v", a, err)
+	}
+	if interfaceMTU(netip.MustParseAddr("127.0.0.1")) < 1500 {
+		t.Errorf("lo MTU %d", interfaceMTU(netip.MustParseAddr("127.0.0.1")))
+	}
+	for mtu, want := range map[int]qp.MTU{1500: qp.MTU1024, 9000: qp.MTU4096, 65536: qp.MTU4096, 1104: qp.MTU1024, 1103: qp.MTU512, 2128: qp.MTU2048, 0: qp.MTU4096, 300: qp.MTU256} {
+		if got := activeMTU(mtu); got != want {
+			t.Errorf("activeMTU(%d) = %v, want %v", mtu, got, want)
+		}
+	}
+	d, err := openLocalDevice(&devFlag{Addr: netip.MustParseAddr("127.0.0.2")}, devOpenOptions{Port: freeUDPPort(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Dev.Close()
+	if g, err := d.Dev.GID(d.GIDIndex); err != nil || g.Unmap() != d.Addr || d.MTU != qp.MTU4096 || d.GID() != netip.MustParseAddr("::ffff:127.0.0.2").As16() {
+		t.Errorf("device %+v: GID(%d) = %v, %v", d, d.GIDIndex, g, err)
+	}
+}
