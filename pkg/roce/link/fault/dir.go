@@ -99,7 +99,6 @@ type dir struct {
 	rcount   int
 	notEmpty sync.Cond
 	notFull  sync.Cond
-	pumping  bool
 	pumpErr  error
 }
 
@@ -587,11 +586,6 @@ func (d *dir) recvBatch(batch []link.Datagram) (int, error) {
 	defer d.mu.Unlock()
 	if d.closed {
 		return 0, net.ErrClosed
-	}
-	if !d.pumping {
-		d.pumping = true
-		d.l.pumps.Add(1)
-		go d.pump()
 	}
 	for d.rcount == 0 && !d.closed && d.pumpErr == nil {
 		d.notEmpty.Wait()

@@ -16,7 +16,7 @@
 //	Send: validate batch -> per datagram: rules | random draws -> drop / corrupt (pooled copy)
 //	      -> hold (reorder, delay: pooled copy, released by the clock or by later datagrams)
 //	      or pass (the caller's buffer, no copy) -> duplicate -> inner.Send(out batch)
-//	Recv: a pump goroutine (started by the first Recv) calls inner.Recv, applies the same
+//	Recv: a pump goroutine (started by Wrap) calls inner.Recv, applies the same
 //	      faults and queues the survivors (pooled buffers); Recv copies from that queue.
 //	      Timers queue released datagrams and wake Recv.
 //
@@ -158,8 +158,9 @@ type Options struct {
 	// OnEvent, if set, is called for every fault and every release, synchronously, with the
 	// direction's lock held: it must not call the Link and should not block.
 	OnEvent func(Event)
-	// RecvQueue bounds the datagrams the receive pump queues ahead of Recv (datagrams
-	// released by the clock may exceed it); 0 means DefaultRecvQueue.
+	// RecvQueue bounds the datagrams the receive pump queues ahead of Recv: when it is full
+	// the pump stops reading and the inner link's own queue fills. Datagrams released by the
+	// clock may exceed it. 0 means DefaultRecvQueue.
 	RecvQueue int
 }
 
@@ -252,6 +253,10 @@ func Wrap(inner link.Link, opts Options) *Link {
 	}
 	l.send = newDir(l, DirSend, opts.Send)
 	l.recv = newDir(l, DirRecv, opts.Recv)
+	if l.recv.active {
+		l.pumps.Add(1)
+		go l.recv.pump()
+	}
 	return l
 }
 
