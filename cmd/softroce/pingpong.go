@@ -843,15 +843,18 @@ func pingpongRun(ctx context.Context, c *ppConfig, env *ppEnv) (err error) {
 			return err
 		}
 	} else {
-		if c.Dev.IsSet() {
-			if err := open(netip.Addr{}); err != nil {
-				return err
-			}
-		}
+		// Listen first, so that once the local address is printed a client can connect
+		// (the tools print it just before listening).
 		ln := env.Listener
 		if ln == nil {
 			if ln, err = net.Listen("tcp", ":"+strconv.Itoa(c.Port)); err != nil {
 				return fmt.Errorf("Couldn't listen to port %d: %w", c.Port, err)
+			}
+		}
+		defer ln.Close()
+		if c.Dev.IsSet() {
+			if err := open(netip.Addr{}); err != nil {
+				return err
 			}
 		}
 		actx, cancel := context.WithTimeout(ctx, c.Timeout)

@@ -1,0 +1,326 @@
+//go:build interop
+
+package interop
+
+// softroce pingpong (cmd/softroce pingpong.go, softroce's own QP engine behind the CLI)
+// against rdma-core's ibv_rc_pingpong, ibv_uc_pingpong, ibv_ud_pingpong and
+// ibv_srq_pingpong on kernel rxe, both directions:
+//
+//   - softroce->rxe: the guest tool serves (`ibv_X_pingpong -d rxe0 -g 1 [-m 1024] ...`),
+//     the softroce CLI, run in the lab netns with `ip netns exec rxelab`, is its client;
+//   - rxe->softroce: the softroce CLI serves on 198.18.0.1, the guest tool connects.
+//
+// Each pairing checks both exit statuses, both outputs (each side's remote lines are the
+// other's local lines, the result lines, no "invalid data" under -c) and captures the tap:
+// every RoCE packet's ICRC must verify over its real IP header (bth.ICRCFromIP, IBTA
+// A17.3.3), with the transport (RC/UC/UD opcodes, IBTA 9.2.1) and message count expected.
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/softroce/softroce/internal/rocetest"
+	"github.com/softroce/softroce/pkg/bth"
+	"github.com/softroce/softroce/test/rxelab"
+)
+
+// ppCase is one pingpong pairing configuration.
+type ppCase struct {
+	Tool  string // rc, uc, ud, srq
+	Size  int
+	Iters int
+}
+
+func (c ppCase) name() string { return fmt.Sprintf("pingpong-%s-%dx%d", c.Tool, c.Size, c.Iters) }
+
+func init() {
+	for _, c := range []ppCase{
+		{"rc", 64, 20}, {"rc", 3000, 20},
+		{"uc", 64, 20}, {"uc", 3000, 20},
+		{"ud", 512, 20},
+		{"srq", 64, 32}, {"srq", 3000, 32},
+	} {
+		c := c
+		pairings = append(pairings,
+			pairing{Name: c.name(), Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { ppInterop(t, lab, c, true) }},
+			pairing{Name: c.name(), Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { ppInterop(t, lab, c, false) }},
+		)
+	}
+}
+
+var (
+	softroceBin     string
+	softroceBinErr  error
+	softroceBinOnce sync.Once
+)
+
+// buildSoftroce builds the CLI once per test binary.
+func buildSoftroce(t *testing.T) string {
+	t.Helper()
+	softroceBinOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "softroce-interop-")
+		if err != nil {
+			softroceBinErr = err
+			return
+		}
+		softroceBin = filepath.Join(dir, "softroce")
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, "go", "build", "-o", softroceBin, "github.com/softroce/softroce/cmd/softroce").CombinedOutput()
+		if err != nil {
+			softroceBinErr = fmt.Errorf("go build cmd/softroce: %v\n%s", err, out)
+		}
+	})
+	if softroceBinErr != nil {
+		t.Fatal(softroceBinErr)
+	}
+	return softroceBin
+}
+
+// lineWatch is an io.Writer collecting a process's output and signalling the first line
+// containing a marker.
+type lineWatch struct {
+	mu     sync.Mutex
+	buf    bytes.Buffer
+	marker string
+	seen   chan struct{}
+	once   sync.Once
+}
+
+func newLineWatch(marker string) *lineWatch {
+	return &lineWatch{marker: marker, seen: make(chan struct{})}
+}
+
+func (w *lineWatch) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(b)
+	if strings.Contains(w.buf.String(), w.marker) {
+		w.once.Do(func() { close(w.seen) })
+	}
+	return len(b), nil
+}
+
+func (w *lineWatch) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
+}
+
+// ppInterop runs one pairing; client tells whether softroce is the client.
+func ppInterop(t *testing.T, lab *rxelab.Lab, c ppCase, client bool) {
+	bin := buildSoftroce(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	stopCapture := startCapture(t, lab)
+
+	common := fmt.Sprintf("-s %d -n %d -c", c.Size, c.Iters)
+	if c.Tool != "ud" { // ud_pingpong has no -m: its messages are one packet
+		common += fmt.Sprintf(" -m %d", pathMTU)
+	}
+	guestCmd := fmt.Sprintf("ibv_%s_pingpong -d %s -g %d %s", c.Tool, rxelab.GuestDev, rxelab.GuestGIDIndex, common)
+	ourArgs := append([]string{"pingpong", c.Tool, "-d", rxelab.HostIP, "-timeout", "30s"}, strings.Fields(common)...)
+	if client {
+		ourArgs = append(ourArgs, rxelab.GuestIP)
+	} else {
+		guestCmd += " " + rxelab.HostIP
+	}
+
+	ours := newLineWatch("local address:")
+	var ourErr bytes.Buffer
+	cmd := lab.NSCommand(ctx, bin, ourArgs...)
+	cmd.Stdout, cmd.Stderr = ours, &ourErr
+	var job *rxelab.Job
+	var err error
+	if client {
+		// the guest server first; our client retries its connection until it listens
+		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+guestCmd, rxelab.ExecOptions{Timeout: 60 * time.Second}); err != nil {
+			t.Fatalf("guest: %v", err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		// our server first; it listens before it prints its local address
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-ours.seen:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatalf("softroce server never printed its address:\n%s%s", ours.String(), ourErr.String())
+		}
+		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+guestCmd, rxelab.ExecOptions{Timeout: 60 * time.Second}); err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatalf("guest: %v", err)
+		}
+	}
+	waited := false
+	defer func() {
+		if !waited {
+			_ = job.Kill()
+			out, st, _ := job.Wait(context.Background())
+			t.Logf("guest %s (killed) status %d:\n%s", guestCmd, st, out)
+		}
+	}()
+	ourStatus := 0
+	if err := cmd.Wait(); err != nil {
+		ourStatus = -1
+		if ee, ok := err.(*exec.ExitError); ok {
+			ourStatus = ee.ExitCode()
+		}
+	}
+	t.Logf("softroce %s (exit %d):\n%s%s", strings.Join(ourArgs, " "), ourStatus, ours.String(), ourErr.String())
+	guestOut, guestStatus, err := job.Wait(ctx)
+	waited = true
+	if err != nil {
+		t.Fatalf("guest job: %v", err)
+	}
+	t.Logf("guest %s (exit %d):\n%s", guestCmd, guestStatus, guestOut)
+	if ourStatus != 0 {
+		t.Errorf("softroce pingpong exit status %d, want 0", ourStatus)
+	}
+	if guestStatus != 0 {
+		t.Errorf("guest ibv_%s_pingpong exit status %d, want 0", c.Tool, guestStatus)
+	}
+	if ourErr.Len() != 0 {
+		t.Errorf("softroce stderr: %q", ourErr.String())
+	}
+	numQP := 1
+	if c.Tool == "srq" {
+		numQP = 16 // srq_pingpong's default -q, on both sides
+	}
+	ppCheckOutputs(t, c, numQP, ours.String(), string(guestOut))
+	ppCheckWire(t, c, stopCapture())
+}
+
+var (
+	ppLocalRe  = regexp.MustCompile(`(?m)^  local address:  LID 0x([0-9a-f]{4}), QPN 0x([0-9a-f]{6}), PSN 0x([0-9a-f]{6})[,:] GID (\S+)$`)
+	ppRemoteRe = regexp.MustCompile(`(?m)^  remote address: LID 0x([0-9a-f]{4}), QPN 0x([0-9a-f]{6}), PSN 0x([0-9a-f]{6}), GID (\S+)$`)
+)
+
+// ppCheckOutputs: each side prints numQP local and remote lines, its remote lines are the
+// other side's local lines, the GIDs are ::ffff:198.18.0.1 (us) and ::ffff:198.18.0.2 (rxe,
+// GID index 1), both print the result lines and neither reports invalid data (-c).
+func ppCheckOutputs(t *testing.T, c ppCase, numQP int, ours, guest string) {
+	t.Helper()
+	side := func(who, out, gid string) (locals, remotes [][]string) {
+		locals = ppLocalRe.FindAllStringSubmatch(out, -1)
+		remotes = ppRemoteRe.FindAllStringSubmatch(out, -1)
+		if len(locals) != numQP || len(remotes) != numQP {
+			t.Errorf("%s: %d local and %d remote address lines, want %d each", who, len(locals), len(remotes), numQP)
+		}
+		for _, l := range locals {
+			if l[4] != gid {
+				t.Errorf("%s: local GID %s, want %s", who, l[4], gid)
+			}
+		}
+		sep := ","
+		if c.Tool == "ud" {
+			sep = ":" // ud_pingpong.c prints "PSN 0x%06x: GID"
+		}
+		if len(locals) > 0 && !strings.Contains(out, "PSN 0x"+locals[0][3]+sep+" GID") {
+			t.Errorf("%s: local address line does not use %q", who, sep)
+		}
+		re := regexp.MustCompile(fmt.Sprintf(`(?m)^%d bytes in [0-9.]+ seconds = [0-9.]+ Mbit/sec\n%d iters in [0-9.]+ seconds = [0-9.]+ usec/iter$`,
+			c.Size*c.Iters*2, c.Iters))
+		if !re.MatchString(out) {
+			t.Errorf("%s: no result lines for %d x %d", who, c.Size, c.Iters)
+		}
+		if strings.Contains(out, "invalid data") {
+			t.Errorf("%s: -c reported invalid data", who)
+		}
+		return locals, remotes
+	}
+	oL, oR := side("softroce", ours, "::ffff:"+rxelab.HostIP)
+	gL, gR := side("rxe", guest, "::ffff:"+rxelab.GuestIP)
+	cross := func(who string, remotes, peerLocals [][]string) {
+		for i := 0; i < len(remotes) && i < len(peerLocals); i++ {
+			if strings.Join(remotes[i][1:], " ") != strings.Join(peerLocals[i][1:], " ") {
+				t.Errorf("%s remote address %d %v is not the peer's local address %v", who, i, remotes[i][1:], peerLocals[i][1:])
+			}
+		}
+	}
+	cross("softroce", oR, gL)
+	cross("rxe", gR, oL)
+}
+
+// ppCheckWire checks the tap capture: every RoCE packet's ICRC verifies over its real IP
+// header, ours carry DF (IPv4 ID 0 is what our ICRC assumed, IBTA A17.3.3), the opcodes are
+// those of the tool's transport, and each side sent at least iters messages (count of
+// SEND Last/Only packets; srq and uc/ud may carry a few more in flight at the end).
+func ppCheckWire(t *testing.T, c ppCase, wire []rocetest.IPv4UDP) {
+	t.Helper()
+	msgs := map[netip.Addr]int{}
+	acks := map[netip.Addr]int{}
+	bad := 0
+	for _, d := range wire {
+		want, err := bth.ICRCFromIP(d.IP)
+		if err != nil {
+			t.Errorf("ICRCFromIP: %v", err)
+			continue
+		}
+		if got := bth.GetICRC(d.Payload); got != want {
+			if bad++; bad <= 5 {
+				t.Errorf("captured %v -> %v id %d: ICRC %#08x, computed over the real header %#08x", d.Src, d.Dst, d.ID, got, want)
+			}
+		}
+		if d.Src == hostIP {
+			if !d.DF || d.ID != 0 {
+				t.Errorf("our packet id %d DF %v: want ID 0 with DF", d.ID, d.DF)
+			}
+		}
+		p, err := bth.Parse(d.Payload)
+		if err != nil {
+			t.Errorf("captured %v -> %v: %v", d.Src, d.Dst, err)
+			continue
+		}
+		info := p.Info
+		switch c.Tool {
+		case "rc", "srq":
+			if info.Transport != bth.TransportRC {
+				t.Errorf("%v on an %s pairing", p.BTH.Opcode(), c.Tool)
+			}
+		case "uc":
+			if info.Transport != bth.TransportUC {
+				t.Errorf("%v on a uc pairing", p.BTH.Opcode())
+			}
+		case "ud":
+			if p.BTH.Opcode() != bth.OpUDSendOnly {
+				t.Errorf("%v on a ud pairing", p.BTH.Opcode())
+			} else if q := p.DETH.Fields().QKey; q != 0x11111111 {
+				t.Errorf("UD Q_Key %#x, want ud_pingpong's 0x11111111", q)
+			} else if len(p.Payload) != c.Size {
+				t.Errorf("UD payload %d bytes, want %d", len(p.Payload), c.Size)
+			}
+		}
+		switch {
+		case info.Kind == bth.KindSend && info.Last:
+			msgs[d.Src]++
+		case info.Kind == bth.KindAck:
+			acks[d.Src]++
+		}
+	}
+	for _, a := range []netip.Addr{hostIP, guestIP} {
+		if msgs[a] < c.Iters {
+			t.Errorf("%v sent %d SEND messages on the wire, want >= %d", a, msgs[a], c.Iters)
+		}
+		if (c.Tool == "rc" || c.Tool == "srq") && acks[a] == 0 {
+			t.Errorf("%v sent no ACK", a)
+		}
+	}
+	t.Logf("wire: %d RoCE packets, messages %v, ACKs %v, %d bad ICRCs", len(wire), msgs, acks, bad)
+}
