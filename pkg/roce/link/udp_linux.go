@@ -899,6 +899,25 @@ func (l *UDPLink) GSOEnabled(local netip.Addr) bool {
 	return s != nil && s.gso.Load()
 }
 
+// BufferSizes returns SO_RCVBUF and SO_SNDBUF of the socket bound to local as the kernel reports
+// them (twice the requested size: the kernel doubles it for bookkeeping).
+func (l *UDPLink) BufferSizes(local netip.Addr) (recv, send int, err error) {
+	s := l.sock(local)
+	if s == nil {
+		return 0, 0, fmt.Errorf("buffer sizes of %v: %w", local, ErrNoLocalAddr)
+	}
+	cerr := s.rc.Control(func(fd uintptr) {
+		recv, err = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF)
+		if err == nil {
+			send, err = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF)
+		}
+	})
+	if cerr != nil {
+		return 0, 0, cerr
+	}
+	return recv, send, err
+}
+
 // GROEnabled reports whether the socket bound to local receives with UDP_GRO.
 func (l *UDPLink) GROEnabled(local netip.Addr) bool {
 	s := l.sock(local)

@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -33,6 +36,44 @@ func TestUDPDefaults(t *testing.T) {
 	}
 	if got := l.LocalAddrs(); len(got) != 1 || got[0] != ap.Addr() {
 		t.Fatalf("LocalAddrs %v", got)
+	}
+}
+
+func TestUDPBufferSizes(t *testing.T) {
+	a := netip.MustParseAddr("127.0.0.1")
+	readMax := func(name string) int {
+		b, err := os.ReadFile("/proc/sys/net/core/" + name)
+		if err != nil {
+			t.Skip(err)
+		}
+		v, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	rmax, wmax := readMax("rmem_max"), readMax("wmem_max")
+	plain := listenTB(t, UDPOptions{Addrs: []netip.Addr{a}, AnyPort: true, NoForce: true})
+	r, w, err := plain.BufferSizes(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r != 2*min(DefaultRecvBuf, rmax) || w != 2*min(DefaultSendBuf, wmax) {
+		t.Fatalf("NoForce: rcvbuf %d sndbuf %d, want 2*min(default, max) = %d, %d", r, w,
+			2*min(DefaultRecvBuf, rmax), 2*min(DefaultSendBuf, wmax))
+	}
+	if os.Geteuid() == 0 {
+		forced := listenTB(t, UDPOptions{Addrs: []netip.Addr{a}, AnyPort: true})
+		r, w, err := forced.BufferSizes(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r != 2*DefaultRecvBuf || w != 2*DefaultSendBuf {
+			t.Fatalf("FORCE as root: rcvbuf %d sndbuf %d, want %d, %d", r, w, 2*DefaultRecvBuf, 2*DefaultSendBuf)
+		}
+	}
+	if _, _, err := plain.BufferSizes(netip.MustParseAddr("127.0.0.9")); !errors.Is(err, ErrNoLocalAddr) {
+		t.Fatalf("foreign address: %v", err)
 	}
 }
 
