@@ -408,8 +408,9 @@ func (d *dir) hold(h held) {
 	d.rearm()
 }
 
-// tick counts one datagram passing the held ones and releases the reordered ones whose count
-// reaches zero (in held order), right after it.
+// tick counts one datagram going out (a fresh one, or a delayed one the clock releases) past the
+// held ones, and releases the reordered ones whose count reaches zero (in held order), right
+// after it.
 func (d *dir) tick() {
 	released := false
 	j := 0
@@ -473,15 +474,16 @@ func (d *dir) fire() {
 	}
 	d.armed = false
 	now := d.clock.Now()
-	n := 0
-	for n < len(d.held) && !d.held[n].deadline.After(now) {
-		d.release(&d.held[n])
-		n++
-	}
-	if n > 0 {
-		m := copy(d.held, d.held[n:])
-		clear(d.held[m:])
+	for len(d.held) > 0 && !d.held[0].deadline.After(now) {
+		h := d.held[0]
+		m := copy(d.held, d.held[1:])
+		d.held[m] = held{}
 		d.held = d.held[:m]
+		d.release(&h)
+		if h.count == 0 {
+			// a delayed datagram going out passes the reordered ones, like a fresh one
+			d.tick()
+		}
 	}
 	d.rearm()
 	if d.which == DirSend {

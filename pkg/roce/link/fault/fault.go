@@ -87,8 +87,10 @@ type DirOptions struct {
 	// DuplicateDelay bounds the copy's delay: 0 delivers it right after the original; > 0 holds
 	// it for a uniform random time in (0, DuplicateDelay].
 	DuplicateDelay time.Duration
-	// Reorder is the probability a datagram is held back and released after 1..ReorderDepth
-	// (uniform) later datagrams have passed it, or after ReorderDelay, whichever comes first.
+	// Reorder is the probability a datagram is held back and released right after
+	// 1..ReorderDepth (uniform) later datagrams have gone out past it (fresh ones, or delayed
+	// ones the clock releases; not other reordered ones), or after ReorderDelay, whichever
+	// comes first.
 	Reorder float64
 	// ReorderDepth is the K above; 0 means 1.
 	ReorderDepth int

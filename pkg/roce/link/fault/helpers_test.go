@@ -2,7 +2,6 @@ package fault
 
 import (
 	"net/netip"
-	"sort"
 	"sync"
 	"testing"
 	"time"
@@ -60,24 +59,17 @@ func (c *manualClock) Advance(d time.Duration) {
 	c.mu.Unlock()
 	for {
 		c.mu.Lock()
-		var due []*manualTimer
-		for t := range c.timers {
-			if !t.when.After(end) {
-				due = append(due, t)
+		var t *manualTimer // the earliest due timer (ties: armed first); no allocation
+		for x := range c.timers {
+			if !x.when.After(end) && (t == nil || x.when.Before(t.when) || (x.when.Equal(t.when) && x.seq < t.seq)) {
+				t = x
 			}
 		}
-		if len(due) == 0 {
+		if t == nil {
 			c.now = end
 			c.mu.Unlock()
 			return
 		}
-		sort.Slice(due, func(i, j int) bool {
-			if due[i].when.Equal(due[j].when) {
-				return due[i].seq < due[j].seq
-			}
-			return due[i].when.Before(due[j].when)
-		})
-		t := due[0]
 		delete(c.timers, t)
 		if t.when.After(c.now) {
 			c.now = t.when
