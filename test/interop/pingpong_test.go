@@ -64,9 +64,13 @@ var (
 	softroceBinOnce sync.Once
 )
 
-// buildSoftroce builds the CLI once per test binary.
+// buildSoftroce builds the CLI once per test binary ($INTEROP_SOFTROCE_BIN names a
+// prebuilt one instead).
 func buildSoftroce(t *testing.T) string {
 	t.Helper()
+	if bin := os.Getenv("INTEROP_SOFTROCE_BIN"); bin != "" {
+		return bin
+	}
 	softroceBinOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "softroce-interop-")
 		if err != nil {
@@ -122,7 +126,7 @@ func ppInterop(t *testing.T, lab *rxelab.Lab, c ppCase, client bool) {
 	bin := buildSoftroce(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	stopCapture := startCapture(t, lab)
+	stopCapture := ppStartCapture(t, lab)
 
 	common := fmt.Sprintf("-s %d -n %d -c", c.Size, c.Iters)
 	if c.Tool != "ud" { // ud_pingpong has no -m: its messages are one packet
@@ -204,7 +208,8 @@ func ppInterop(t *testing.T, lab *rxelab.Lab, c ppCase, client bool) {
 		numQP = 16 // srq_pingpong's default -q, on both sides
 	}
 	ppCheckOutputs(t, c, numQP, ours.String(), string(guestOut))
-	ppCheckWire(t, c, stopCapture())
+	wire, lost := stopCapture()
+	ppCheckWire(t, c, wire, lost)
 }
 
 var (
@@ -262,10 +267,18 @@ func ppCheckOutputs(t *testing.T, c ppCase, numQP int, ours, guest string) {
 // header, ours carry DF (IPv4 ID 0 is what our ICRC assumed, IBTA A17.3.3), the opcodes are
 // those of the tool's transport, and each side sent at least iters messages (count of
 // SEND Last/Only packets; srq and uc/ud may carry a few more in flight at the end).
-func ppCheckWire(t *testing.T, c ppCase, wire []rocetest.IPv4UDP) {
+func ppCheckWire(t *testing.T, c ppCase, wire []rocetest.IPv4UDP, lost bool) {
 	t.Helper()
+	if lost {
+		t.Errorf("tcpdump dropped packets: the capture is incomplete")
+	}
 	msgs := map[netip.Addr]int{}
 	acks := map[netip.Addr]int{}
+	type flow struct {
+		src netip.Addr
+		qp  uint32
+	}
+	nextPSN := map[flow]bth.PSN{} // requests per (sender, destination QP): no gaps, no repeats
 	bad := 0
 	for _, d := range wire {
 		want, err := bth.ICRCFromIP(d.IP)
@@ -307,6 +320,13 @@ func ppCheckWire(t *testing.T, c ppCase, wire []rocetest.IPv4UDP) {
 				t.Errorf("UD payload %d bytes, want %d", len(p.Payload), c.Size)
 			}
 		}
+		if info.Request && c.Tool != "ud" { // UD PSNs are not checked by the receiver
+			f := flow{d.Src, p.BTH.DestQP()}
+			if want, ok := nextPSN[f]; ok && p.BTH.PSN() != want {
+				t.Errorf("%v -> QP %#x: %v PSN %#x, expected %#x (loss or retransmission)", d.Src, f.qp, p.BTH.Opcode(), uint32(p.BTH.PSN()), uint32(want))
+			}
+			nextPSN[f] = p.BTH.PSN().Add(1)
+		}
 		switch {
 		case info.Kind == bth.KindSend && info.Last:
 			msgs[d.Src]++
@@ -315,12 +335,78 @@ func ppCheckWire(t *testing.T, c ppCase, wire []rocetest.IPv4UDP) {
 		}
 	}
 	for _, a := range []netip.Addr{hostIP, guestIP} {
-		if msgs[a] < c.Iters {
-			t.Errorf("%v sent %d SEND messages on the wire, want >= %d", a, msgs[a], c.Iters)
+		// rc/uc/ud alternate strictly: iters messages each way. srq counts over all QPs
+		// and may have a few more in flight when a side reaches iters.
+		if msgs[a] < c.Iters || (c.Tool != "srq" && msgs[a] != c.Iters) {
+			t.Errorf("%v sent %d SEND messages on the wire, want %d", a, msgs[a], c.Iters)
 		}
 		if (c.Tool == "rc" || c.Tool == "srq") && acks[a] == 0 {
 			t.Errorf("%v sent no ACK", a)
 		}
+		// rxe and softroce set AckReq on the last packet of a message and ACK exactly those
+		// (IBTA 9.7.5.1 coalescing): one ACK per message of the peer
+		peer := guestIP
+		if a == guestIP {
+			peer = hostIP
+		}
+		if c.Tool == "rc" && acks[a] != msgs[peer] {
+			t.Errorf("%v sent %d ACKs for %d messages", a, acks[a], msgs[peer])
+		}
 	}
 	t.Logf("wire: %d RoCE packets, messages %v, ACKs %v, %d bad ICRCs", len(wire), msgs, acks, bad)
 }
+
+// ppStartCapture is startCapture (rc_send_test.go) that also reports what tcpdump says at
+// exit ("N packets dropped by kernel"): the returned func gives the datagrams and whether
+// tcpdump lost any.
+func ppStartCapture(t *testing.T, lab *rxelab.Lab) func() ([]rocetest.IPv4UDP, bool) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "tap.pcap")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// tcpdump in immediate mode uses a TPACKET_V2 ring whose slots are snaplen-sized: with
+	// the default 256 KiB snaplen and 2 MiB buffer it holds 8 packets, and srq_pingpong's
+	// bursts (16 QPs x 3 packets) overflow it. A 9000-byte snaplen and a 32 MiB buffer
+	// (glibc getopt lets these options follow -w) hold thousands.
+	c, err := lab.Tcpdump(ctx, path, "-s", "9000", "-B", "32768", "udp", "port", "4791")
+	if err != nil {
+		t.Fatalf("tcpdump: %v", err)
+	}
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			_ = c.Stop()
+		}
+	})
+	return func() ([]rocetest.IPv4UDP, bool) {
+		stopped = true
+		if err := c.Stop(); err != nil {
+			t.Errorf("tcpdump: %v", err)
+		}
+		msg := c.Stderr()
+		t.Logf("tcpdump: %s", strings.TrimSpace(msg))
+		lost := ppDropRe.FindStringSubmatch(msg)
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatalf("capture: %v", err)
+		}
+		defer f.Close()
+		frames, err := rocetest.ReadPcap(f)
+		if err != nil {
+			t.Fatalf("capture: %v", err)
+		}
+		var out []rocetest.IPv4UDP
+		for i := range frames {
+			if d, ok := rocetest.DecodeIPv4UDP(&frames[i]); ok {
+				out = append(out, d)
+			}
+		}
+		if keep := os.Getenv("INTEROP_KEEP_PCAP"); keep != "" {
+			b, _ := os.ReadFile(path)
+			_ = os.WriteFile(filepath.Join(keep, strings.NewReplacer("/", "_", ">", "").Replace(t.Name())+".pcap"), b, 0o644)
+		}
+		return out, lost != nil && lost[1] != "0"
+	}
+}
+
+var ppDropRe = regexp.MustCompile(`(\d+) packets? dropped by kernel`)
