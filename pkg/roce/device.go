@@ -89,6 +89,9 @@ type Options struct {
 	// KeyRand is the source of MR/MW key bytes (nil = crypto/rand); tests
 	// set it to get deterministic keys.
 	KeyRand io.Reader
+	// CM configures QP1 (the GSI QP) and the Communication Manager on it
+	// (gsi.go); the zero value enables both.
+	CM CMOptions
 }
 
 // Device is an open softroce device. Its methods are safe for concurrent use.
@@ -112,6 +115,7 @@ type Device struct {
 	qps     []atomic.Pointer[QP] // indexed by QPN & qpMask
 	qpMask  uint32
 	gsi     atomic.Pointer[QP]
+	g       *gsi // QP1 and the CM (nil with CMOptions.Disable)
 	cqs     map[*cq.CQ]struct{}
 	srqs    map[*qp.SRQ]struct{}
 
@@ -180,6 +184,9 @@ func Open(o Options) (*Device, error) {
 	}
 	d.qps = make([]atomic.Pointer[QP], size)
 	d.qpMask = size - 1
+	if err := d.openGSI(o.CM); err != nil {
+		return nil, err
+	}
 	d.wg.Add(1)
 	go d.recvLoop()
 	return d, nil
@@ -247,6 +254,9 @@ func (d *Device) Stats() qp.Stats { return d.cnt.Snapshot() }
 func (d *Device) Events() <-chan event.Event { return d.events }
 
 func (d *Device) sink(e event.Event) {
+	if e.Type == event.CommEst && d.g != nil {
+		d.g.commEst(e)
+	}
 	if d.userSink != nil {
 		d.userSink(e)
 		return
@@ -471,6 +481,9 @@ func (d *Device) Close() error {
 	if d.closed.Swap(true) {
 		return nil
 	}
+	if d.g != nil {
+		d.g.mgr.Close()
+	}
 	err := d.link.Close()
 	d.wg.Wait()
 	d.mu.Lock()
@@ -574,4 +587,7 @@ func (d *Device) handle(dg *link.Datagram) {
 	}
 	d.cnt.RcvdPkts.Add(1)
 	q.Receive(d.clock.Now(), p, src, dst)
+	if d.g != nil {
+		d.g.afterReceive(qpn)
+	}
 }
