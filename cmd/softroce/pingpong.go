@@ -573,39 +573,16 @@ type ppLoop struct {
 // run is the tools' main loop, from the first SEND to the last completion.
 func (p *ppCtx) run(client bool) (time.Duration, error) {
 	c := p.c
-	l := &ppLoop{p: p, routs: c.RxDepth, refillAt: 1, wcs: make([]cq.WC, 2), qpIndex: map[uint32]int{}}
-	if c.Tool == pingpong.ToolSRQ {
-		l.refillAt, l.wcs = c.NumQP, make([]cq.WC, c.NumQP+c.RxDepth)
-	}
-	for i, q := range p.qps {
-		l.qpIndex[q.Num()] = i
-	}
-	p.pending = make([]int, c.NumQP)
-	for i := range p.pending {
-		p.pending[i] = ppRecvWRID
-	}
-	if client {
-		for i := range p.qps {
-			if c.Validate { // for (i = 0; i < size; i += page_size) buf[i] = i / page_size % sizeof(char)
-				ppFillPages(p.sendBufOf(i))
-			}
-			if p.env.Fill != nil {
-				p.env.Fill(p.sendBufOf(i))
-			}
-		}
-		for i := range p.qps {
-			if err := p.postSend(i); err != nil {
-				return 0, fmt.Errorf("%w: Couldn't post send: %w", errPPVerbs, err)
-			}
-			p.pending[i] |= ppSendWRID
-		}
-	}
+	l := p.newLoop()
 	if c.Events {
 		l.timer = time.NewTimer(c.Timeout)
 		defer l.timer.Stop()
 	}
 	start := time.Now()
 	l.deadline = start.Add(c.Timeout)
+	if err := l.start(client); err != nil {
+		return 0, err
+	}
 	for l.rcnt < c.Iters || l.scnt < c.Iters {
 		ne, err := l.wait()
 		if err != nil {
@@ -618,6 +595,47 @@ func (p *ppCtx) run(client bool) (time.Duration, error) {
 		}
 	}
 	return time.Since(start), nil
+}
+
+// newLoop prepares the loop state: every QP waits for a RECV.
+func (p *ppCtx) newLoop() *ppLoop {
+	c := p.c
+	l := &ppLoop{p: p, routs: c.RxDepth, refillAt: 1, wcs: make([]cq.WC, 2), qpIndex: map[uint32]int{}}
+	if c.Tool == pingpong.ToolSRQ {
+		l.refillAt, l.wcs = c.NumQP, make([]cq.WC, c.NumQP+c.RxDepth)
+	}
+	for i, q := range p.qps {
+		l.qpIndex[q.Num()] = i
+	}
+	p.pending = make([]int, c.NumQP)
+	for i := range p.pending {
+		p.pending[i] = ppRecvWRID
+	}
+	return l
+}
+
+// start is what the client does before the loop: fill its buffer (-c) and post the first
+// SEND on every QP.
+func (l *ppLoop) start(client bool) error {
+	p, c := l.p, l.p.c
+	if !client {
+		return nil
+	}
+	for i := range p.qps {
+		if c.Validate { // for (i = 0; i < size; i += page_size) buf[i] = i / page_size % sizeof(char)
+			ppFillPages(p.sendBufOf(i))
+		}
+		if p.env.Fill != nil {
+			p.env.Fill(p.sendBufOf(i))
+		}
+	}
+	for i := range p.qps {
+		if err := p.postSend(i); err != nil {
+			return fmt.Errorf("%w: Couldn't post send: %w", errPPVerbs, err)
+		}
+		p.pending[i] |= ppSendWRID
+	}
+	return nil
 }
 
 // wait returns the next completions: busy polling, or (-e) blocking on the CQ's completion
