@@ -165,6 +165,11 @@ func (s *Stream) classify(ctx context.Context, err error) error {
 	}
 	switch {
 	case errors.Is(err, os.ErrDeadlineExceeded):
+		// The connection deadline may be the context's own deadline, which
+		// can pass an instant before the context notices it.
+		if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+			return context.DeadlineExceeded
+		}
 		return ErrTimeout
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
 		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
