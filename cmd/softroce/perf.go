@@ -1,180 +1,348 @@
 package main
 
+// softroce perf: perftest's ib_{send,write,read,atomic}_{bw,lat} (perftest 6.06 as Debian 12
+// ships it in perftest 4.5+0.17), wire-compatible with them: the TCP 18515 exchange of
+// pkg/oob/perftest, the same QP attributes, the same message flows (perftest_resources.c
+// run_iter_bw, run_iter_bw_server, run_iter_lat_write, run_iter_lat_send, run_iter_lat) and
+// the same result tables.
+//
+//	softroce perf send|write|read|atomic [--lat] [flags]           server
+//	softroce perf send|write|read|atomic [--lat] [flags] SERVER    client
+//
+// --loopback keeps the former in-process tool (two devices in this process, no exchange;
+// perf_loopback.go). Softroce differences: -d names a local address or interface (see
+// devflag.go), every exchange step and every wait for a completion is bounded (--timeout,
+// --run-timeout) where perftest waits forever, and a process waits for completions on the CQ's
+// channel instead of spinning a core (--busy-poll spins first, as perftest does).
+
 import (
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net/netip"
-	"sort"
+	"strings"
 	"time"
 
 	"github.com/softroce/softroce/pkg/cq"
+	"github.com/softroce/softroce/pkg/oob"
+	"github.com/softroce/softroce/pkg/oob/perftest"
 	"github.com/softroce/softroce/pkg/qp"
-	"github.com/softroce/softroce/pkg/roce"
-	"github.com/softroce/softroce/pkg/roce/link"
 )
 
 func init() {
 	register(&command{
 		name:    "perf",
-		summary: "in-process bandwidth and latency: RC WRITE, READ or SEND between two devices",
+		summary: "perftest-compatible ib_{send,write,read,atomic}_{bw,lat} (TCP 18515 exchange; --loopback: in-process)",
 		run:     runPerf,
 	})
 }
 
-// runPerf measures one operation between two devices in this process (an
-// ib_write_bw / ib_write_lat analogue without the out-of-band exchange).
-func runPerf(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("perf", flag.ContinueOnError)
+// perftest's limits and defaults (perftest_parameters.h).
+const (
+	perfDefSizeBW     = 65536   // DEF_SIZE_BW
+	perfDefSizeLat    = 2       // DEF_SIZE_LAT
+	perfSizeAtomic    = 8       // DEF_SIZE_ATOMIC
+	perfDefItersBW    = 5000    // DEF_ITERS_WB
+	perfDefItersLat   = 1000    // DEF_ITERS
+	perfMinIters      = 5       // MIN_ITER
+	perfDefTxBW       = 128     // DEF_TX_BW
+	perfDefTxLat      = 1       // DEF_TX_LAT
+	perfDefRxSend     = 512     // DEF_RX_SEND
+	perfDefRxRDMA     = 1       // DEF_RX_RDMA
+	perfDefCQMod      = 100     // DEF_CQ_MOD
+	perfMaxSize       = 8388608 // MAX_SIZE (also the largest -a size, 2^23)
+	perfCQModLimit    = 8192    // MSG_SIZE_CQ_MOD_LIMIT: larger messages signal every WR
+	perfNoPeakIters   = 20000   // more iterations than this disable the peak (as perftest)
+	perfMaxQPs        = 64      // softroce's bound on -q
+	perfDefOutReads   = 128     // rxe's max_qp_rd_atom, what perftest's out_reads becomes on rxe
+	perfAtomicAddVal  = 1       // ATOMIC_ADD_VALUE
+	perfAtomicSwapVal = 0       // ATOMIC_SWAP_VALUE
+)
+
+// Errors of the perf command (wrapped with details).
+var (
+	// errPerfUsage: bad command line.
+	errPerfUsage = errors.New("usage")
+	// errPerfUnsupported: a perftest option softroce does not implement.
+	errPerfUnsupported = errors.New("not supported by softroce perf")
+	// errPerfTimeout: a wait (connection, completion, the peer's data) exceeded its bound.
+	errPerfTimeout = errors.New("timed out")
+	// errPerfVerbs: a verbs call failed.
+	errPerfVerbs = errors.New("verbs")
+	// errPerfPeer: the peer's records cannot be used.
+	errPerfPeer = errors.New("bad remote address")
+)
+
+// perfWCError is a completion with an error status (NOTIFY_COMP_ERROR_SEND/RECV).
+type perfWCError struct {
+	Recv bool
+	WC   cq.WC
+}
+
+func (e *perfWCError) Error() string {
+	kind := "Send"
+	if e.Recv {
+		kind = "Receive"
+	}
+	return fmt.Sprintf("Completion with error at %s side: status %s (%d), wr_id %d", kind, e.WC.Status, int(e.WC.Status), e.WC.WRID)
+}
+
+// perfConfig is a parsed perf command line.
+type perfConfig struct {
+	// Verb is send, write, read or atomic; Lat selects the latency test.
+	Verb string
+	Lat  bool
+	Test perftest.Test
+	// Server is the host to connect to; empty means server mode.
+	Server string
+	Port   int // -p: TCP port of the exchange
+	Dev    devFlag
+	Size   int    // -s (the largest size with -a)
+	All    bool   // -a: sizes 2, 4, ... 2^23
+	Iters  int    // -n
+	MTU    qp.MTU // -m (0 = the port's active MTU)
+	// GIDIndex is -x (accepted; the GID is the -d address). -1 = not given.
+	GIDIndex   int
+	QPs        int    // -q
+	Atomic     string // -A: CMP_AND_SWAP or FETCH_AND_ADD
+	TxDepth    int    // -t
+	RxDepth    int    // -r
+	CQMod      int    // -Q
+	NoPeak     bool   // -N
+	OutReads   int    // -o
+	Inline     int    // -I (banner only: softroce copies inline data like any other)
+	Gbits      bool   // --report_gbits
+	Events     bool   // -e: sleep on CQ events (softroce's default anyway)
+	BusyPoll   bool   // --busy-poll: spin before sleeping (perftest's polling)
+	Timeout    time.Duration
+	RunTimeout time.Duration
+	RocePort   uint16
+	Portable   bool
+	// Loopback runs both ends in this process (the former tool); Mem uses the in-memory link.
+	Loopback, Mem bool
+}
+
+// parsePerf parses "send|write|read|atomic [flags] [SERVER]" (flags and SERVER in any
+// order, as getopt permutes them).
+func parsePerf(args []string, stderr io.Writer) (*perfConfig, error) {
+	c := &perfConfig{Port: oob.DefaultPort, GIDIndex: -1, QPs: 1, Atomic: "FETCH_AND_ADD", Timeout: 30 * time.Second,
+		RunTimeout: 10 * time.Minute, RocePort: 4791}
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		return nil, fmt.Errorf("%w: name the test: send, write, read or atomic", errPerfUsage)
+	}
+	c.Verb, args = args[0], args[1:]
+	switch c.Verb {
+	case "send", "write", "read", "atomic":
+	default:
+		return nil, fmt.Errorf("%w: unknown test %q (send, write, read or atomic)", errPerfUsage, c.Verb)
+	}
+	fs := flag.NewFlagSet("perf "+c.Verb, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	mem := fs.Bool("mem", false, "in-memory link instead of UDP on 127.0.0.1/127.0.0.2")
-	portable := fs.Bool("portable", false, "UDP with plain sockets instead of sendmmsg/recvmmsg")
-	port := fs.Uint("port", 4791, "UDP port")
-	op := fs.String("op", "write", "operation: write, read or send")
-	size := fs.Int("size", 65536, "message size in bytes")
-	iters := fs.Int("iters", 2000, "messages (>= 5)")
-	depth := fs.Int("depth", 16, "messages in flight (bandwidth); 1 for latency")
-	mtuFlag := fs.Int("mtu", 4096, "path MTU")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	mtu := qp.MTUFromBytes(*mtuFlag)
-	if !mtu.Valid() || mtu.Bytes() != *mtuFlag || *size < 1 || *size > 8<<20 || *iters < 5 || *depth < 1 || *depth > 128 ||
-		*port == 0 || *port > 65535 || (*op != "write" && *op != "read" && *op != "send") {
-		fmt.Fprintln(stderr, "perf: bad flags")
-		return 2
-	}
-	a4, b4 := netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2")
-	var da, db *roce.Device
-	var err error
-	if *mem {
-		nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 8192})
-		la, e1 := nw.Attach(a4)
-		lb, e2 := nw.Attach(b4)
-		if err = errors.Join(e1, e2); err == nil {
-			if da, err = roce.Open(roce.Options{Link: la}); err == nil {
-				db, err = roce.Open(roce.Options{Link: lb})
-			}
+	var (
+		size, iters, mtu, tx, rx, cqMod, outReads, inline, ibPort, dur int
+		rocePort                                                       uint
+		cpuFreq, bidir, rdmaCM                                         bool
+		conn                                                           string
+	)
+	both := func(short, long string, bind func(string)) { bind(short); bind(long) }
+	both("p", "port", func(n string) { fs.IntVar(&c.Port, n, c.Port, "listen on/connect to TCP `port`") })
+	both("d", "ib-dev", func(n string) { fs.Var(&c.Dev, n, "local `ADDR|IFNAME` (softroce: the RoCE address)") })
+	both("i", "ib-port", func(n string) { fs.IntVar(&ibPort, n, 1, "device `port` (softroce devices have port 1 only)") })
+	both("s", "size", func(n string) {
+		fs.IntVar(&size, n, 0, "message `size` (default 65536 for BW, 2 for latency, 8 for atomics)")
+	})
+	both("n", "iters", func(n string) { fs.IntVar(&iters, n, 0, "`iterations` (>= 5; default 5000 for BW, 1000 for latency)") })
+	both("m", "mtu", func(n string) { fs.IntVar(&mtu, n, 0, "path MTU `bytes` (default: the port's active MTU)") })
+	both("x", "gid-index", func(n string) { fs.IntVar(&c.GIDIndex, n, -1, "GID `index` (accepted; the GID is the -d address)") })
+	both("F", "CPU-freq", func(n string) { fs.BoolVar(&cpuFreq, n, false, "ignore CPU frequency warnings (accepted)") })
+	both("q", "qp", func(n string) { fs.IntVar(&c.QPs, n, 1, "number of `QPs` (BW tests)") })
+	both("a", "all", func(n string) { fs.BoolVar(&c.All, n, false, "run sizes 2 to 2^23") })
+	both("A", "atomic_type", func(n string) {
+		fs.StringVar(&c.Atomic, n, c.Atomic, "`type` of atomic: CMP_AND_SWAP or FETCH_AND_ADD")
+	})
+	both("t", "tx-depth", func(n string) { fs.IntVar(&tx, n, 0, "send queue `depth` (default 128 for BW, 1 for latency)") })
+	both("r", "rx-depth", func(n string) { fs.IntVar(&rx, n, 0, "receive queue `depth` (SEND tests; default 512)") })
+	both("Q", "cq-mod", func(n string) {
+		fs.IntVar(&cqMod, n, 0, "generate a completion every `N` sends (default 100; 1 above 8 KiB)")
+	})
+	both("N", "noPeak", func(n string) { fs.BoolVar(&c.NoPeak, n, false, "do not compute the peak bandwidth") })
+	both("o", "outs", func(n string) {
+		fs.IntVar(&outReads, n, 0, "outstanding READ/atomic `requests` (default: the device's 128)")
+	})
+	both("I", "inline_size", func(n string) { fs.IntVar(&inline, n, 0, "max inline `size` (banner only)") })
+	both("e", "events", func(n string) { fs.BoolVar(&c.Events, n, false, "sleep on CQ events instead of polling") })
+	both("D", "duration", func(n string) { fs.IntVar(&dur, n, 0, "run for `seconds` (not supported)") })
+	both("b", "bidirectional", func(n string) { fs.BoolVar(&bidir, n, false, "bidirectional (not supported)") })
+	both("R", "rdma_cm", func(n string) { fs.BoolVar(&rdmaCM, n, false, "rdma_cm exchange (not supported)") })
+	both("c", "connection", func(n string) { fs.StringVar(&conn, n, "RC", "connection `type` (RC only)") })
+	fs.BoolVar(&c.BusyPoll, "busy-poll", false, "softroce: poll completions in a loop (yielding) before sleeping on the CQ, as perftest does")
+	fs.BoolVar(&c.Lat, "lat", false, "softroce: run the latency test (ib_*_lat) instead of bandwidth (ib_*_bw)")
+	fs.BoolVar(&c.Gbits, "report_gbits", false, "report bandwidth in Gb/sec")
+	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "softroce: bound of the connection and of every exchange step")
+	fs.DurationVar(&c.RunTimeout, "run-timeout", c.RunTimeout, "softroce: bound of the measurement (each wait for the peer or a completion, and a server's wait for the client's run)")
+	fs.UintVar(&rocePort, "roce-port", 4791, "softroce: RoCE UDP port")
+	fs.BoolVar(&c.Portable, "portable", false, "softroce: plain UDP sockets instead of sendmmsg/recvmmsg")
+	fs.BoolVar(&c.Loopback, "loopback", false, "softroce: both ends in this process (127.0.0.1 <-> 127.0.0.2), no exchange")
+	fs.BoolVar(&c.Mem, "mem", false, "softroce: with --loopback, the in-memory link instead of UDP")
+
+	var positional []string
+	for rest := args; ; {
+		if err := fs.Parse(rest); err != nil {
+			return nil, err
 		}
-	} else if da, err = roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{a4}, Port: uint16(*port), Portable: *portable}); err == nil {
-		db, err = roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{b4}, Port: uint16(*port), Portable: *portable})
-	}
-	if da != nil {
-		defer da.Close()
-	}
-	if db != nil {
-		defer db.Close()
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "perf: %v\n", err)
-		return 1
-	}
-	span := *size * *depth
-	a, err := newDemoEnd(da, span)
-	var b *demoEnd
-	if err == nil {
-		if b, err = newDemoEnd(db, span); err == nil {
-			err = demoConnect(a, b, mtu)
+		if fs.NArg() == 0 {
+			break
 		}
+		positional = append(positional, fs.Arg(0))
+		rest = fs.Args()[1:]
 	}
-	if err != nil {
-		fmt.Fprintf(stderr, "perf: setup: %v\n", err)
-		return 1
-	}
-	lat := make([]time.Duration, 0, *iters)
-	sent := make([]time.Time, *depth)
-	wrFor := func(i int) qp.SendWR {
-		slot := i % *depth
-		off := slot * *size
-		wr := qp.SendWR{WRID: uint64(i), SGL: []qp.SGE{a.sge(off, *size)}, Flags: qp.SendSignaled,
-			RemoteAddr: b.va(off), RKey: b.mr.RKey()}
-		switch *op {
-		case "write":
-			wr.Opcode = qp.WRRDMAWrite
-		case "read":
-			wr.Opcode = qp.WRRDMARead
-		default:
-			wr.Opcode = qp.WRSend
-		}
-		return wr
-	}
-	if *op == "send" { // one receive per message, reposted as they complete
-		for i := 0; i < min(*depth, *iters); i++ {
-			if _, err := b.qp.PostRecv([]qp.RecvWR{{WRID: uint64(i), SGL: []qp.SGE{b.sge((i%*depth)**size, *size)}}}); err != nil {
-				fmt.Fprintf(stderr, "perf: %v\n", err)
-				return 1
-			}
-		}
-	}
-	wcs := make([]cq.WC, 32)
-	rwcs := make([]cq.WC, 32)
-	posted, done, recvPosted := 0, 0, min(*depth, *iters)
-	start := time.Now()
-	deadline := start.Add(60 * time.Second)
-	for done < *iters {
-		for posted < *iters && posted-done < *depth {
-			sent[posted%*depth] = time.Now()
-			if _, err := a.qp.PostSend([]qp.SendWR{wrFor(posted)}); err != nil {
-				fmt.Fprintf(stderr, "perf: post: %v\n", err)
-				return 1
-			}
-			posted++
-		}
-		k := a.scq.Poll(wcs)
-		now := time.Now()
-		for i := 0; i < k; i++ {
-			if wcs[i].Status != cq.StatusSuccess {
-				fmt.Fprintf(stderr, "perf: completion %d: %v\n", wcs[i].WRID, wcs[i].Status)
-				return 1
-			}
-			lat = append(lat, now.Sub(sent[int(wcs[i].WRID)%*depth]))
-		}
-		done += k
-		if *op == "send" {
-			r := b.rcq.Poll(rwcs)
-			for i := 0; i < r && recvPosted < *iters; i++ {
-				if _, err := b.qp.PostRecv([]qp.RecvWR{{WRID: uint64(recvPosted), SGL: []qp.SGE{b.sge((recvPosted%*depth)**size, *size)}}}); err != nil {
-					fmt.Fprintf(stderr, "perf: %v\n", err)
-					return 1
-				}
-				recvPosted++
-			}
-		}
-		if k == 0 {
-			if now.After(deadline) {
-				fmt.Fprintf(stderr, "perf: timed out after %d of %d messages\n", done, *iters)
-				return 1
-			}
-			// sleep until a completion instead of spinning (2 cores)
-			_ = a.scq.ReqNotify(false)
-			_ = b.rcq.ReqNotify(false)
-			if a.scq.Len() == 0 && (*op != "send" || b.rcq.Len() == 0) {
-				select {
-				case <-a.scq.Channel():
-				case <-b.rcq.Channel():
-				case <-time.After(100 * time.Millisecond):
-				}
-			}
-		}
-	}
-	el := time.Since(start)
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	pct := func(p float64) time.Duration { return lat[int(p*float64(len(lat)-1))] }
-	kind := "UDP"
 	switch {
-	case *mem:
-		kind = "in-memory"
-	case *portable:
-		kind = "UDP (portable sockets)"
+	case len(positional) > 1:
+		return nil, fmt.Errorf("%w: more than one SERVER argument: %q", errPerfUsage, positional)
+	case dur != 0:
+		return nil, fmt.Errorf("-D (duration mode) is %w: use -n", errPerfUnsupported)
+	case bidir:
+		return nil, fmt.Errorf("-b (bidirectional) is %w", errPerfUnsupported)
+	case rdmaCM:
+		return nil, fmt.Errorf("-R (rdma_cm exchange) is %w", errPerfUnsupported)
+	case conn != "RC":
+		return nil, fmt.Errorf("-c %s is %w: RC only", conn, errPerfUnsupported)
+	case c.Port < 0 || c.Port > 65535:
+		return nil, fmt.Errorf("%w: -p %d: not a TCP port", errPerfUsage, c.Port)
+	case ibPort != 1:
+		return nil, fmt.Errorf("%w: -i %d: softroce devices have one port, 1", errPerfUsage, ibPort)
+	case rocePort == 0 || rocePort > 65535:
+		return nil, fmt.Errorf("%w: --roce-port %d", errPerfUsage, rocePort)
+	case c.Timeout <= 0 || c.RunTimeout <= 0:
+		return nil, fmt.Errorf("%w: --timeout and --run-timeout must be positive", errPerfUsage)
+	case c.QPs < 1 || c.QPs > perfMaxQPs:
+		return nil, fmt.Errorf("%w: -q %d: 1..%d QPs", errPerfUsage, c.QPs, perfMaxQPs)
+	case c.Lat && c.QPs != 1:
+		return nil, fmt.Errorf("%w: latency tests use one QP", errPerfUsage)
+	case c.Atomic != "CMP_AND_SWAP" && c.Atomic != "FETCH_AND_ADD":
+		return nil, fmt.Errorf("%w: -A %s: CMP_AND_SWAP or FETCH_AND_ADD", errPerfUsage, c.Atomic)
+	case tx < 0 || rx < 0 || cqMod < 0 || outReads < 0 || inline < 0 || size < 0 || iters < 0:
+		return nil, fmt.Errorf("%w: negative value", errPerfUsage)
 	}
-	bytes := float64(*size) * float64(*iters)
-	fmt.Fprintf(stdout, "softroce perf: RC %s, %s link, size %d, MTU %d, depth %d, %d messages\n", *op, kind, *size, mtu.Bytes(), *depth, *iters)
-	fmt.Fprintf(stdout, "  bandwidth  %.2f Gbit/s  %.0f msg/s\n", bytes*8/el.Seconds()/1e9, float64(*iters)/el.Seconds())
-	fmt.Fprintf(stdout, "  completion latency  p50 %v  p99 %v  max %v\n", pct(0.5).Round(time.Microsecond/10),
-		pct(0.99).Round(time.Microsecond/10), lat[len(lat)-1].Round(time.Microsecond/10))
-	s := da.Stats()
-	fmt.Fprintf(stdout, "  counters: sent_pkts %d rcvd_pkts %d completer_retry_err %d rcvd_seq_err %d\n",
-		s.SentPkts, s.RcvdPkts, s.CompleterRetryErr, s.RcvdSeqErr)
+	if len(positional) == 1 {
+		c.Server = positional[0]
+	}
+	c.RocePort, c.Inline = uint16(rocePort), inline
+	c.Test = perfTest(c.Verb, c.Lat)
+
+	// perftest's defaults and force_dependecies (perftest_parameters.c).
+	bw := !c.Lat
+	switch {
+	case c.Verb == "atomic":
+		if size != 0 && size != perfSizeAtomic {
+			return nil, fmt.Errorf("%w: -s %d: message size cannot be changed for atomic tests", errPerfUsage, size)
+		}
+		if c.All {
+			return nil, fmt.Errorf("%w: -a: atomic messages are 8 bytes", errPerfUsage)
+		}
+		c.Size = perfSizeAtomic
+	case c.All:
+		c.Size = perfMaxSize
+	case size != 0:
+		c.Size = size
+	case bw:
+		c.Size = perfDefSizeBW
+	default:
+		c.Size = perfDefSizeLat
+	}
+	if c.Size < 1 || c.Size > perfMaxSize {
+		return nil, fmt.Errorf("%w: -s %d: size must be 1..%d", errPerfUsage, c.Size, perfMaxSize)
+	}
+	c.Iters = iters
+	if c.Iters == 0 {
+		c.Iters = perfDefItersLat
+		if bw {
+			c.Iters = perfDefItersBW
+		}
+	}
+	if c.Iters < perfMinIters {
+		return nil, fmt.Errorf("%w: -n %d: at least %d iterations", errPerfUsage, c.Iters, perfMinIters)
+	}
+	c.TxDepth = tx
+	if c.TxDepth == 0 {
+		c.TxDepth = perfDefTxLat
+		if bw {
+			c.TxDepth = perfDefTxBW
+		}
+	}
+	c.TxDepth = min(c.TxDepth, c.Iters)
+	c.RxDepth = rx
+	if c.RxDepth == 0 {
+		c.RxDepth = perfDefRxRDMA
+		if c.Verb == "send" {
+			c.RxDepth = perfDefRxSend
+		}
+	}
+	if c.Verb == "send" {
+		c.RxDepth = min(c.RxDepth, c.Iters)
+	}
+	c.CQMod = cqMod
+	if c.CQMod == 0 {
+		c.CQMod = perfDefCQMod
+		if c.Size > perfCQModLimit && !c.All && !c.Events {
+			c.CQMod = 1
+		}
+	}
+	c.CQMod = min(c.CQMod, c.TxDepth)
+	if bw && c.Iters > perfNoPeakIters {
+		c.NoPeak = true
+	}
+	c.OutReads = outReads
+	if c.OutReads == 0 || c.OutReads > perfDefOutReads {
+		c.OutReads = perfDefOutReads
+	}
+	if mtu != 0 {
+		m := qp.MTUFromBytes(mtu)
+		if !m.Valid() || m.Bytes() != mtu {
+			return nil, fmt.Errorf("%w: -m %d: MTU must be 256, 512, 1024, 2048 or 4096", errPerfUsage, mtu)
+		}
+		c.MTU = m
+	}
+	if c.Loopback && c.Server != "" {
+		return nil, fmt.Errorf("%w: --loopback takes no SERVER", errPerfUsage)
+	}
+	return c, nil
+}
+
+// perfTest maps the verb and --lat to the perftest tool.
+func perfTest(verb string, lat bool) perftest.Test {
+	t := map[string]perftest.Test{"write": perftest.WriteBW, "read": perftest.ReadBW, "send": perftest.SendBW, "atomic": perftest.AtomicBW}[verb]
+	if lat {
+		t = map[string]perftest.Test{"write": perftest.WriteLat, "read": perftest.ReadLat, "send": perftest.SendLat, "atomic": perftest.AtomicLat}[verb]
+	}
+	return t
+}
+
+// runPerf is the command.
+func runPerf(args []string, stdout, stderr io.Writer) int {
+	return perfMain(args, &perfEnv{Stdout: stdout, Stderr: stderr})
+}
+
+// perfMain parses args and runs; the exit status is 0 on success, 1 on any error (as
+// perftest, which returns FAILURE for bad options too), 0 for -h.
+func perfMain(args []string, env *perfEnv) int {
+	c, err := parsePerf(args, env.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(env.Stderr, "perf: %v\n", err)
+		if errors.Is(err, errPerfUsage) {
+			fmt.Fprintln(env.Stderr, "usage: softroce perf send|write|read|atomic [--lat] [flags] [SERVER]   (server when no SERVER; -h for flags)")
+		}
+		return 1
+	}
+	if c.Loopback {
+		return perfLoopback(c, env.Stdout, env.Stderr)
+	}
+	if err := perfRun(c, env); err != nil {
+		fmt.Fprintf(env.Stderr, "perf: %v\n", err)
+		return 1
+	}
 	return 0
 }
