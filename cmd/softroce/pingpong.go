@@ -39,6 +39,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -144,6 +145,11 @@ type ppFlagSpec struct {
 
 var ppToolLetter = map[pingpong.Tool]byte{pingpong.ToolRC: 'r', pingpong.ToolUC: 'u', pingpong.ToolUD: 'd', pingpong.ToolSRQ: 's'}
 
+// ppToolName is the subcommand word of a tool.
+func ppToolName(t pingpong.Tool) string {
+	return [...]string{"rc", "uc", "ud", "srq"}[t&3]
+}
+
 func ppKnows(spec string, t pingpong.Tool) bool {
 	for i := 0; i < len(spec); i++ {
 		if spec[i] == ppToolLetter[t] {
@@ -185,7 +191,7 @@ func parsePingpong(args []string, stderr io.Writer) (*ppConfig, error) {
 		ppFlagSpec
 		bind func(name string)
 	}{
-		{ppFlagSpec{"p", "port", "ruds"}, func(n string) { fs.IntVar(&port, n, port, "listen on/connect to TCP port `port`") }},
+		{ppFlagSpec{"p", "port", "ruds"}, func(n string) { fs.IntVar(&port, n, port, "listen on/connect to TCP `port`") }},
 		{ppFlagSpec{"d", "ib-dev", "ruds"}, func(n string) { fs.Var(&c.Dev, n, "local `ADDR|IFNAME` (softroce: the RoCE address)") }},
 		{ppFlagSpec{"i", "ib-port", "ruds"}, func(n string) { fs.IntVar(&ibPort, n, 1, "device `port` (softroce devices have port 1 only)") }},
 		{ppFlagSpec{"s", "size", "ruds"}, func(n string) { fs.IntVar(&size, n, size, "`size` of message to exchange") }},
@@ -215,6 +221,26 @@ func parsePingpong(args []string, stderr io.Writer) (*ppConfig, error) {
 	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "softroce: bound of every step (accept, connect, each exchange step, each wait for a completion)")
 	fs.UintVar(&rocePort, "roce-port", rocePort, "softroce: RoCE UDP port")
 	fs.BoolVar(&c.Portable, "portable", false, "softroce: plain UDP sockets instead of sendmmsg/recvmmsg")
+	fs.Usage = func() { // the tools' usage(): one line per option this tool knows
+		w := fs.Output()
+		fmt.Fprintf(w, "Usage (%s):\n  softroce pingpong %s [options]          start a server and wait for connection\n", c.Tool, ppToolName(c.Tool))
+		fmt.Fprintf(w, "  softroce pingpong %s [options] <host>   connect to server at <host>\n\nOptions:\n", ppToolName(c.Tool))
+		for _, sp := range specs {
+			if !ppKnows(sp.tools, c.Tool) {
+				continue
+			}
+			f := fs.Lookup(sp.short)
+			def := ""
+			if f.DefValue != "false" && f.DefValue != "" && f.DefValue != "-1" && f.DefValue != "0" {
+				def = " (default " + f.DefValue + ")"
+			}
+			fmt.Fprintf(w, "  -%s, --%-10s %s%s\n", sp.short, sp.long, strings.ReplaceAll(f.Usage, "`", ""), def)
+		}
+		for _, n := range []string{"timeout", "roce-port", "portable"} {
+			f := fs.Lookup(n)
+			fmt.Fprintf(w, "  --%-14s %s (default %s)\n", n, f.Usage, f.DefValue)
+		}
+	}
 
 	var positional []string
 	for rest := args; ; {
