@@ -40,6 +40,24 @@ type Spec struct {
 
 	// CorruptICRC flips bits of the computed ICRC (negative tests: the receiver must drop).
 	CorruptICRC bool
+
+	// Negative-test knobs (conformance bench). Zero values build a well-formed packet.
+
+	// TVer is the BTH transport header version (IBTA 9.2: must be 0).
+	TVer uint8
+	// PadCnt, when set, overrides the pad count written in the BTH (IBTA 9.2.5); the
+	// pad bytes actually appended stay those the payload length needs.
+	PadCnt *uint8
+	// FECN, BECN and MigReq set those BTH bits (IBTA 9.2; FECN/BECN are masked out of the ICRC).
+	FECN, BECN, MigReq bool
+	// Mutate, if set, edits the packet (BTH .. ICRC placeholder) before the ICRC is computed
+	// and returns it, possibly shorter or longer (truncated or padded packets whose ICRC is
+	// still right, so only the rule under test is broken). The ICRC goes into the last 4
+	// bytes of what Mutate returns (nothing is written if it returns fewer than 4 bytes).
+	Mutate func(pkt []byte) []byte
+	// ICRCIPID, if nonzero, computes the ICRC as if the IPv4 Identification were this
+	// value instead of ep.IPID (negative tests: the wire carries ep.IPID).
+	ICRCIPID uint16
 }
 
 // ErrSpec reports a Spec that cannot be built (unknown opcode, unsupported header).
@@ -66,9 +84,13 @@ func (s *Spec) Append(dst []byte, ep *bth.Endpoints) ([]byte, error) {
 	if pkey == 0 {
 		pkey = DefaultPKey
 	}
+	padCnt := uint8(pad)
+	if s.PadCnt != nil {
+		padCnt = *s.PadCnt
+	}
 	bth.BTH(pkt).Encode(&bth.BTHFields{
-		Opcode: s.Opcode, SE: s.SE, PadCnt: uint8(pad), PKey: pkey,
-		DestQP: s.DestQP, AckReq: s.AckReq, PSN: s.PSN,
+		Opcode: s.Opcode, SE: s.SE, MigReq: s.MigReq, PadCnt: padCnt, TVer: s.TVer, PKey: pkey,
+		FECN: s.FECN, BECN: s.BECN, DestQP: s.DestQP, AckReq: s.AckReq, PSN: s.PSN,
 	})
 	off := bth.BTHSize
 	// Extension headers in wire order (IBTA 9.2.1 table 36; DETH first for UD, FLUSH's
@@ -119,6 +141,19 @@ func (s *Spec) Append(dst []byte, ep *bth.Endpoints) ([]byte, error) {
 		return dst[:start], fmt.Errorf("%w: %v has headers rocetest cannot build (%d of %d bytes)", ErrSpec, s.Opcode, off, info.HdrLen)
 	}
 	copy(pkt[off:], s.Payload)
+	if s.Mutate != nil {
+		m := s.Mutate(append([]byte(nil), pkt...))
+		dst = append(dst[:start], m...)
+		pkt = dst[start:]
+		if len(pkt) < bth.ICRCSize {
+			return dst, nil
+		}
+	}
+	if s.ICRCIPID != 0 {
+		e := *ep
+		e.IPID = s.ICRCIPID
+		ep = &e
+	}
 	v := bth.ICRC(ep, pkt)
 	if s.CorruptICRC {
 		v ^= 0x5A5A5A5A

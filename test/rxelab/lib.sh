@@ -38,7 +38,8 @@ APT_CACHE=${RXE_LAB_APT_CACHE:-$CACHE/apt}
 # tshark/tcpdump for captures, strace for the guest.
 LAB_PACKAGES=(qemu-system-x86 linux-image-amd64 kmod rdma-core ibverbs-providers
   libibverbs1 ibverbs-utils perftest rdmacm-utils busybox-static tcpdump tshark
-  iproute2 iputils-ping ethtool cpio python3 binutils util-linux procps strace)
+  iproute2 iputils-ping ethtool cpio python3 binutils util-linux procps strace
+  gcc libc6-dev libibverbs-dev)   # the last three build the conformance agent (test/conform/agent)
 
 log()  { printf '[rxe-lab] %s\n' "$*" >&2; }
 die()  { printf '[rxe-lab] ERROR: %s\n' "$*" >&2; exit "${DIE_RC:-1}"; }
