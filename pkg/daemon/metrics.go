@@ -1,0 +1,78 @@
+package daemon
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+)
+
+// WriteMetrics writes the Prometheus text exposition (format 0.0.4): the
+// device counters under rxe's hw_counters names (softroce_<name>, e.g.
+// softroce_sent_pkts, labelled by device), daemon resource gauges, and
+// per-QP gauges labelled by device, qpn and client pid.
+func (s *Server) WriteMetrics(w io.Writer) error {
+	bw := bufio.NewWriter(w)
+	dev := s.dev.Name()
+	m := s.dev.Stats().Map()
+	names := make([]string, 0, len(m))
+	for k := range m {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		fmt.Fprintf(bw, "# HELP softroce_%s rxe hw counter %s\n# TYPE softroce_%s counter\n", k, k, k)
+		fmt.Fprintf(bw, "softroce_%s{device=%q} %d\n", k, dev, m[k])
+	}
+	d := s.Debug()
+	gauges := []struct {
+		name, help string
+		v          int64
+	}{
+		{"clients", "connected clients", int64(d.Clients)},
+		{"pds", "live protection domains of clients", int64(d.PDs)},
+		{"mrs", "live memory regions of clients", int64(d.MRs)},
+		{"cqs", "live completion queues of clients", int64(d.CQs)},
+		{"srqs", "live shared receive queues of clients", int64(d.SRQs)},
+		{"qps", "live queue pairs of clients", int64(d.QPs)},
+		{"mapped_bytes", "client memory mapped by the daemon (MRs and completion rings)", d.MappedBytes},
+		{"open_fds", "open file descriptors of the daemon", int64(d.FDs)},
+	}
+	for _, g := range gauges {
+		fmt.Fprintf(bw, "# HELP softroce_daemon_%s %s\n# TYPE softroce_daemon_%s gauge\n", g.name, g.help, g.name)
+		fmt.Fprintf(bw, "softroce_daemon_%s{device=%q} %d\n", g.name, dev, g.v)
+	}
+	type qpRow struct {
+		qpn, pid int64
+		typ      string
+		state    int
+	}
+	var rows []qpRow
+	s.mu.Lock()
+	ss := make([]*session, 0, len(s.sessions))
+	for x := range s.sessions {
+		ss = append(ss, x)
+	}
+	s.mu.Unlock()
+	for _, x := range ss {
+		qps, _, _, _, _ := x.snapshot()
+		for _, o := range qps {
+			rows = append(rows, qpRow{qpn: int64(o.q.Num()), pid: int64(x.pid), typ: o.q.Type().String(), state: int(o.q.State())})
+		}
+	}
+	sort.Slice(rows, func(i, j int) bool { return rows[i].qpn < rows[j].qpn })
+	fmt.Fprintf(bw, "# HELP softroce_qp_state QP state (ibv_qp_state: 0 RESET, 1 INIT, 2 RTR, 3 RTS, 4 SQD, 5 SQE, 6 ERR)\n# TYPE softroce_qp_state gauge\n")
+	for _, r := range rows {
+		fmt.Fprintf(bw, "softroce_qp_state{device=%q,qpn=\"%d\",type=%q,pid=\"%d\"} %d\n", dev, r.qpn, r.typ, r.pid, r.state)
+	}
+	return bw.Flush()
+}
+
+// MetricsHandler serves WriteMetrics over HTTP.
+func (s *Server) MetricsHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		s.WriteMetrics(w)
+	})
+}

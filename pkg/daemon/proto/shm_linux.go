@@ -1,0 +1,153 @@
+package proto
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// PageSize is the mapping granularity.
+var PageSize = os.Getpagesize()
+
+// Seals every shared memory object carries before the other side maps it:
+// its size can no longer change, so neither side can make the other's
+// mapping fault (SIGBUS) by truncating the file.
+const Seals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
+
+// ErrNotShareable: a file descriptor is not a sealed memfd of the needed size.
+var ErrNotShareable = errors.New("softroce daemon: memory is not a sealed memfd of the needed size")
+
+// NewMemfd creates a memfd of size bytes (rounded up to pages), seals its
+// size and maps it shared read-write. The caller owns fd and mem.
+func NewMemfd(name string, size int) (fd int, mem []byte, err error) {
+	if size <= 0 {
+		return -1, nil, fmt.Errorf("%w: size %d", ErrNotShareable, size)
+	}
+	size = RoundPage(size)
+	fd, err = unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return -1, nil, fmt.Errorf("memfd_create: %w", err)
+	}
+	if err = unix.Ftruncate(fd, int64(size)); err != nil {
+		unix.Close(fd)
+		return -1, nil, fmt.Errorf("ftruncate: %w", err)
+	}
+	if _, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, Seals); err != nil {
+		unix.Close(fd)
+		return -1, nil, fmt.Errorf("F_ADD_SEALS: %w", err)
+	}
+	mem, err = unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return -1, nil, fmt.Errorf("mmap: %w", err)
+	}
+	return fd, mem, nil
+}
+
+// RoundPage rounds n up to a multiple of the page size.
+func RoundPage(n int) int { return (n + PageSize - 1) &^ (PageSize - 1) }
+
+// MapShared maps [off, off+length) of a peer's memfd read-write. It refuses
+// (ErrNotShareable) anything but a memfd sealed against shrinking whose size
+// covers the range, so a later truncation cannot fault the mapper. It
+// returns the page-aligned mapping (for Unmap) and the requested view.
+func MapShared(fd int, off uint64, length int) (mapping, view []byte, err error) {
+	if length <= 0 || off > 1<<48 || length > 1<<40 {
+		return nil, nil, fmt.Errorf("%w: range %d+%d", ErrNotShareable, off, length)
+	}
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil || seals&unix.F_SEAL_SHRINK == 0 {
+		return nil, nil, fmt.Errorf("%w: no shrink seal", ErrNotShareable)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, nil, fmt.Errorf("%w: fstat: %v", ErrNotShareable, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || uint64(st.Size) < off+uint64(length) {
+		return nil, nil, fmt.Errorf("%w: size %d < %d", ErrNotShareable, st.Size, off+uint64(length))
+	}
+	start := off &^ uint64(PageSize-1)
+	end := uint64(RoundPage(int(off + uint64(length))))
+	if end > uint64(st.Size) {
+		end = uint64(st.Size) // the tail page is only partly inside the file: map what exists
+		if end < off+uint64(length) {
+			return nil, nil, ErrNotShareable
+		}
+	}
+	mapping, err = unix.Mmap(fd, int64(start), int(end-start), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: mmap: %v", ErrNotShareable, err)
+	}
+	v := off - start
+	return mapping, mapping[v : v+uint64(length) : v+uint64(length)], nil
+}
+
+// Unmap releases a mapping from NewMemfd or MapShared.
+func Unmap(b []byte) error {
+	if b == nil {
+		return nil
+	}
+	return unix.Munmap(b)
+}
+
+// NewEventFD returns a non-blocking, close-on-exec eventfd.
+func NewEventFD() (int, error) {
+	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return -1, fmt.Errorf("eventfd: %w", err)
+	}
+	return fd, nil
+}
+
+var one = [8]byte{1}
+
+// Signal adds 1 to an eventfd (never blocks: the counter saturates only at 2^64-2).
+func Signal(fd int) {
+	_, _ = unix.Write(fd, one[:])
+}
+
+// EventFile wraps an eventfd in an *os.File whose Read waits in the Go
+// poller (no thread blocked); Close ends a pending Read. It takes fd.
+func EventFile(fd int, name string) *os.File {
+	return os.NewFile(uintptr(fd), name)
+}
+
+// Rights builds an SCM_RIGHTS control message carrying fds.
+func Rights(fds ...int) []byte {
+	if len(fds) == 0 {
+		return nil
+	}
+	return unix.UnixRights(fds...)
+}
+
+// ParseRights returns the file descriptors in a control message. Every
+// returned fd belongs to the caller (close what you do not keep).
+func ParseRights(oob []byte) []int {
+	if len(oob) == 0 {
+		return nil
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil
+	}
+	var fds []int
+	for i := range msgs {
+		f, err := unix.ParseUnixRights(&msgs[i])
+		if err == nil {
+			fds = append(fds, f...)
+		}
+	}
+	return fds
+}
+
+// CloseFDs closes every fd in fds.
+func CloseFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+// CloseFD closes one fd.
+func CloseFD(fd int) error { return unix.Close(fd) }

@@ -1,0 +1,233 @@
+// Package daemon is the server side of the softroce daemon: one RoCE device
+// (pkg/roce) shared by many local programs over a unix socket. Clients
+// (pkg/roce/client) create objects through control messages; their memory
+// is shared (sealed memfds mapped by both sides, so RDMA lands directly in
+// the client's buffer) and completions reach them through shared-memory
+// rings with eventfd notification. Each client sees only its own objects;
+// when its connection ends, for any reason, every object it created is
+// destroyed and its memory unmapped. See docs/daemon.md.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/softroce/softroce/pkg/daemon/proto"
+	"github.com/softroce/softroce/pkg/event"
+	"github.com/softroce/softroce/pkg/roce"
+)
+
+// Options configure New.
+type Options struct {
+	// Device is the engine the clients share (required). The server does
+	// not close it.
+	Device *roce.Device
+	// Logger receives structured logs (nil = slog.Default()).
+	Logger *slog.Logger
+}
+
+// Server serves clients of one device.
+type Server struct {
+	dev  *roce.Device
+	verb roce.Verbs
+	log  *slog.Logger
+
+	mu       sync.Mutex
+	sessions map[*session]struct{}
+	lns      []net.Listener
+	nextID   uint64
+	closing  bool
+	wg       sync.WaitGroup
+	changed  chan struct{} // closed and replaced when a client leaves
+
+	// live object counts over all sessions (Debug, metrics)
+	nPD, nMR, nCQ, nSRQ, nQP atomic.Int64
+	mapped                   atomic.Int64
+}
+
+// New creates a server for o.Device.
+func New(o Options) (*Server, error) {
+	if o.Device == nil {
+		return nil, roce.ErrInvalidArg
+	}
+	l := o.Logger
+	if l == nil {
+		l = slog.Default()
+	}
+	return &Server{dev: o.Device, verb: o.Device.Verbs(), log: l, sessions: map[*session]struct{}{},
+		changed: make(chan struct{})}, nil
+}
+
+// ErrServerClosed is returned by Serve after Shutdown.
+var ErrServerClosed = errors.New("softroce daemon: server closed")
+
+// Listen creates the unix SOCK_SEQPACKET socket at path (a stale socket
+// file is removed), with the given permission bits and, if gid >= 0, group.
+func Listen(path string, mode os.FileMode, gid int) (*net.UnixListener, error) {
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		// A live daemon answers; a stale file does not.
+		if c, err := net.Dial("unixpacket", path); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("softroce daemon: %s: another daemon is listening", path)
+		}
+		os.Remove(path)
+	}
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return nil, err
+	}
+	ln.SetUnlinkOnClose(true)
+	if err := os.Chmod(path, mode); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	if gid >= 0 {
+		if err := os.Chown(path, -1, gid); err != nil {
+			ln.Close()
+			return nil, err
+		}
+	}
+	return ln, nil
+}
+
+// Serve accepts clients on ln until Shutdown (then it returns ErrServerClosed).
+func (s *Server) Serve(ln *net.UnixListener) error {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		ln.Close()
+		return ErrServerClosed
+	}
+	s.lns = append(s.lns, ln)
+	s.mu.Unlock()
+	for {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			s.mu.Lock()
+			closing := s.closing
+			s.mu.Unlock()
+			if closing {
+				return ErrServerClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return err
+		}
+		s.mu.Lock()
+		if s.closing {
+			s.mu.Unlock()
+			c.Close()
+			return ErrServerClosed
+		}
+		s.nextID++
+		ss := newSession(s, c, s.nextID)
+		s.sessions[ss] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go func() {
+			defer s.wg.Done()
+			ss.run()
+		}()
+	}
+}
+
+// Shutdown stops accepting clients, moves every client QP to the error
+// state (outstanding work requests complete with WR_FLUSH_ERR into the
+// clients' completion rings), waits until those completions are delivered
+// (or ctx ends), then disconnects every client and releases its objects.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closing = true
+	for _, ln := range s.lns {
+		ln.Close()
+	}
+	ss := make([]*session, 0, len(s.sessions))
+	for x := range s.sessions {
+		ss = append(ss, x)
+	}
+	s.mu.Unlock()
+	for _, x := range ss {
+		x.flush()
+	}
+	for _, x := range ss {
+		x.waitDrained(ctx)
+	}
+	for _, x := range ss {
+		x.conn.Close() // the session goroutine cleans up
+	}
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Event logs an asynchronous device event (pass it as roce Options.Events).
+func (s *Server) Event(e event.Event) {
+	s.log.Info("async event", "type", e.Type.String(), "qpn", e.QPN)
+}
+
+// Debug returns resource counts (also served to clients as OpDebug).
+func (s *Server) Debug() proto.Debug {
+	var d proto.Debug
+	s.mu.Lock()
+	d.Clients = len(s.sessions)
+	s.mu.Unlock()
+	d.PDs, d.MRs, d.CQs = int(s.nPD.Load()), int(s.nMR.Load()), int(s.nCQ.Load())
+	d.SRQs, d.QPs = int(s.nSRQ.Load()), int(s.nQP.Load())
+	d.MappedBytes = s.mapped.Load()
+	d.FDs = countFDs()
+	d.Goroutines = runtime.NumGoroutine()
+	return d
+}
+
+func countFDs() int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return -1
+	}
+	return len(ents) - 1 // the directory's own fd
+}
+
+func (s *Server) remove(ss *session) {
+	s.mu.Lock()
+	delete(s.sessions, ss)
+	close(s.changed)
+	s.changed = make(chan struct{})
+	s.mu.Unlock()
+}
+
+// WaitClients waits until at most n clients are connected; a client counts
+// until every object it created has been released.
+func (s *Server) WaitClients(ctx context.Context, n int) error {
+	for {
+		s.mu.Lock()
+		k, ch := len(s.sessions), s.changed
+		s.mu.Unlock()
+		if k <= n {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// drainTimeout bounds how long cleanup waits for completions to reach a
+// ring during Shutdown when the caller's context has no deadline.
+const drainTimeout = 2 * time.Second

@@ -1,0 +1,498 @@
+// Package client connects a program to the softroce daemon (pkg/daemon):
+// Dial returns a roce.Verbs, the same device API an embedded device offers
+// through (*roce.Device).Verbs, so a program switches with one line:
+//
+//	v := dev.Verbs()                        // embedded: the engine runs in this process
+//	v, err := client.Dial(client.DefaultSocket) // daemon: the engine runs in softroce daemon
+//
+// Control operations (PD, MR, CQ, QP, SRQ, AH, modify, query, destroy) are
+// requests on the daemon's unix socket. Data does not cross it: memory from
+// AllocBuffer is a sealed memfd the daemon maps too, so RDMA lands directly
+// in the buffer, and completions arrive in a shared-memory ring (Poll reads
+// memory; no system call) with an eventfd for blocking waits. Posting a
+// work request is one request/response on the socket (see docs/daemon.md).
+package client
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softroce/softroce/pkg/daemon/proto"
+	"github.com/softroce/softroce/pkg/mr"
+	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/pkg/roce"
+)
+
+// DefaultSocket is the daemon's default socket path.
+const DefaultSocket = "/run/softroce/softroce.sock"
+
+// Conn is a connection to the daemon; it implements roce.Verbs. Its methods
+// are safe for concurrent use (requests are serialized on the socket).
+type Conn struct {
+	mu     sync.Mutex // one request at a time
+	sock   *net.UnixConn
+	wbuf   []byte
+	rbuf   []byte
+	oob    []byte
+	closed bool
+
+	hello proto.Hello
+
+	bmu  sync.Mutex
+	bufs map[uintptr]*buffer // by base address
+	cqs  map[*cqc]struct{}   // live CQs (released by Close)
+}
+
+var _ roce.Verbs = (*Conn)(nil)
+
+// buffer is one AllocBuffer allocation: a sealed memfd mapped here.
+type buffer struct {
+	fd  int
+	mem []byte
+}
+
+// Dial connects to the daemon listening on path.
+func Dial(path string) (*Conn, error) {
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return nil, err
+	}
+	cn := &Conn{sock: c, rbuf: make([]byte, proto.MaxMsg), oob: make([]byte, unix.CmsgSpace(4*8)),
+		bufs: map[uintptr]*buffer{}, cqs: map[*cqc]struct{}{}}
+	if _, err := cn.call(proto.OpHello, nil, &cn.hello); err != nil {
+		c.Close()
+		return nil, err
+	}
+	if cn.hello.Version != proto.Version {
+		c.Close()
+		return nil, fmt.Errorf("%w: daemon protocol %d, client %d", proto.ErrProtocol, cn.hello.Version, proto.Version)
+	}
+	return cn, nil
+}
+
+// call sends a JSON request (with fds) and decodes the response into out;
+// it returns the fds that came with the response (the caller owns them).
+func (c *Conn) call(op proto.Op, req any, out any, fds ...int) ([]int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, roce.ErrClosed
+	}
+	c.wbuf = append(c.wbuf[:0], byte(op))
+	if req != nil {
+		j, err := json.Marshal(req)
+		if err != nil {
+			return nil, err
+		}
+		c.wbuf = append(c.wbuf, j...)
+	}
+	if _, _, err := c.sock.WriteMsgUnix(c.wbuf, proto.Rights(fds...), nil); err != nil {
+		return nil, fmt.Errorf("%w: %v", proto.ErrDisconnected, err)
+	}
+	n, oobn, _, _, err := c.sock.ReadMsgUnix(c.rbuf, c.oob)
+	if err != nil || n == 0 {
+		return nil, fmt.Errorf("%w: %v", proto.ErrDisconnected, err)
+	}
+	var got []int
+	if oobn > 0 {
+		got = proto.ParseRights(c.oob[:oobn])
+	}
+	if err := decodeResp(c.rbuf[:n], out); err != nil {
+		proto.CloseFDs(got)
+		return nil, err
+	}
+	return got, nil
+}
+
+func decodeResp(b []byte, out any) error {
+	if b[0] != proto.StatusOK {
+		var e proto.ErrorBody
+		if err := json.Unmarshal(b[1:], &e); err != nil {
+			return fmt.Errorf("%w: bad error response", proto.ErrProtocol)
+		}
+		return proto.FromBody(e)
+	}
+	if out != nil && len(b) > 1 {
+		if err := json.Unmarshal(b[1:], out); err != nil {
+			return fmt.Errorf("%w: %v", proto.ErrProtocol, err)
+		}
+	}
+	return nil
+}
+
+// post sends a binary post request already encoded in c.wbuf (c.mu held).
+func (c *Conn) post() (int, error) {
+	if _, err := c.sock.Write(c.wbuf); err != nil {
+		return 0, fmt.Errorf("%w: %v", proto.ErrDisconnected, err)
+	}
+	n, err := c.sock.Read(c.rbuf)
+	if err != nil || n == 0 {
+		return 0, fmt.Errorf("%w: %v", proto.ErrDisconnected, err)
+	}
+	b := c.rbuf[:n]
+	if b[0] != proto.StatusOK {
+		var e proto.ErrorBody
+		if err := json.Unmarshal(b[1:], &e); err != nil {
+			return 0, fmt.Errorf("%w: bad error response", proto.ErrProtocol)
+		}
+		return e.Posted, proto.FromBody(e)
+	}
+	return proto.Posted(b[1:])
+}
+
+// Name is the daemon device's name.
+func (c *Conn) Name() string { return c.hello.Name }
+
+// Attr is the daemon device's attributes (as of Dial).
+func (c *Conn) Attr() qp.DeviceAttr { return c.hello.Attr }
+
+// PortAttr is the daemon device's port 1 attributes (as of Dial).
+func (c *Conn) PortAttr() qp.PortAttr { return c.hello.PortAttr }
+
+// GIDs is the daemon device's GID table (as of Dial).
+func (c *Conn) GIDs() []netip.Addr { return append([]netip.Addr(nil), c.hello.GIDs...) }
+
+// GIDIndex returns the GID index of addr, or -1.
+func (c *Conn) GIDIndex(addr netip.Addr) int {
+	addr = addr.Unmap()
+	for i, g := range c.hello.GIDs {
+		if g.Unmap() == addr {
+			return i
+		}
+	}
+	return -1
+}
+
+// Stats fetches the device counters (zero on error).
+func (c *Conn) Stats() qp.Stats {
+	var s qp.Stats
+	c.call(proto.OpStats, nil, &s)
+	return s
+}
+
+// Debug fetches the daemon's resource counts (introspection for tests and
+// operators).
+func (c *Conn) Debug() (proto.Debug, error) {
+	var d proto.Debug
+	_, err := c.call(proto.OpDebug, nil, &d)
+	return d, err
+}
+
+// Close disconnects; the daemon destroys every object of this client.
+// Buffers from AllocBuffer stay mapped here until FreeBuffer.
+func (c *Conn) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	err := c.sock.Close()
+	c.mu.Unlock()
+	c.bmu.Lock()
+	cqs := c.cqs
+	c.cqs = map[*cqc]struct{}{}
+	c.bmu.Unlock()
+	for q := range cqs {
+		q.release()
+	}
+	return err
+}
+
+// AllocBuffer allocates n bytes of daemon-shareable memory: a memfd (size
+// sealed, so neither side can truncate it under the other) mapped shared.
+// Register it (or any sub-slice) with RegMR; the daemon maps the same
+// pages, so RDMA reads and writes it directly. Release it with FreeBuffer.
+func (c *Conn) AllocBuffer(n int) ([]byte, error) {
+	if n <= 0 {
+		return nil, roce.ErrInvalidArg
+	}
+	fd, mem, err := proto.NewMemfd("softroce-buf", n)
+	if err != nil {
+		return nil, err
+	}
+	c.bmu.Lock()
+	c.bufs[uintptr(unsafe.Pointer(&mem[0]))] = &buffer{fd: fd, mem: mem}
+	c.bmu.Unlock()
+	return mem[:n:n], nil
+}
+
+// FreeBuffer unmaps a buffer from AllocBuffer. MRs on it should be
+// deregistered first (the daemon's mapping otherwise keeps the memory
+// alive until they are).
+func (c *Conn) FreeBuffer(b []byte) error {
+	if len(b) == 0 {
+		return roce.ErrInvalidArg
+	}
+	c.bmu.Lock()
+	base := uintptr(unsafe.Pointer(&b[0]))
+	bf, ok := c.bufs[base]
+	if ok {
+		delete(c.bufs, base)
+	}
+	c.bmu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: not the start of a buffer from AllocBuffer", proto.ErrNotShareable)
+	}
+	proto.CloseFD(bf.fd)
+	return proto.Unmap(bf.mem)
+}
+
+// find returns the allocation holding b and b's offset in it.
+func (c *Conn) find(b []byte) (*buffer, uint64, bool) {
+	if len(b) == 0 {
+		return nil, 0, false
+	}
+	p := uintptr(unsafe.Pointer(&b[0]))
+	c.bmu.Lock()
+	defer c.bmu.Unlock()
+	for base, bf := range c.bufs {
+		if p >= base && p+uintptr(len(b)) <= base+uintptr(len(bf.mem)) {
+			return bf, uint64(p - base), true
+		}
+	}
+	return nil, 0, false
+}
+
+// pd is a client PD.
+type pd struct {
+	c *Conn
+	h proto.Handle
+}
+
+// AllocPD is ibv_alloc_pd.
+func (c *Conn) AllocPD() (roce.ProtectionDomain, error) {
+	var r proto.HandleResp
+	if _, err := c.call(proto.OpAllocPD, nil, &r); err != nil {
+		return nil, err
+	}
+	return &pd{c: c, h: r.H}, nil
+}
+
+// Dealloc is ibv_dealloc_pd.
+func (p *pd) Dealloc() error {
+	_, err := p.c.call(proto.OpDeallocPD, proto.HandleReq{H: p.h}, nil)
+	return err
+}
+
+func (c *Conn) handleOf(x any) (proto.Handle, error) {
+	switch o := x.(type) {
+	case *pd:
+		if o != nil && o.c == c {
+			return o.h, nil
+		}
+	case *cqc:
+		if o != nil && o.c == c {
+			return o.h, nil
+		}
+	case *srq:
+		if o != nil && o.c == c {
+			return o.h, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: object of another connection or device", roce.ErrInvalidArg)
+}
+
+// mrc is a client MR.
+type mrc struct {
+	c          *Conn
+	h          proto.Handle
+	lkey, rkey uint32
+	iova       uint64
+	n          int
+}
+
+func (m *mrc) LKey() uint32 { return m.lkey }
+func (m *mrc) RKey() uint32 { return m.rkey }
+func (m *mrc) IOVA() uint64 { return m.iova }
+func (m *mrc) Len() int     { return m.n }
+
+// Dereg is ibv_dereg_mr.
+func (m *mrc) Dereg() error {
+	_, err := m.c.call(proto.OpDeregMR, proto.HandleReq{H: m.h}, nil)
+	return err
+}
+
+// RegMR is ibv_reg_mr. buf must lie inside a buffer from AllocBuffer
+// (proto.ErrNotShareable otherwise).
+func (c *Conn) RegMR(p roce.ProtectionDomain, buf []byte, iova uint64, acc mr.Access) (roce.MemoryRegion, error) {
+	h, err := c.handleOf(p)
+	if err != nil {
+		return nil, err
+	}
+	bf, off, ok := c.find(buf)
+	if !ok {
+		return nil, fmt.Errorf("%w: RegMR needs memory from AllocBuffer", proto.ErrNotShareable)
+	}
+	var r proto.RegMRResp
+	fds, err := c.call(proto.OpRegMR, proto.RegMRReq{PD: h, Off: off, Len: len(buf), IOVA: iova, Access: uint32(acc)}, &r, bf.fd)
+	proto.CloseFDs(fds)
+	if err != nil {
+		return nil, err
+	}
+	return &mrc{c: c, h: r.H, lkey: r.LKey, rkey: r.RKey, iova: iova, n: len(buf)}, nil
+}
+
+// CreateAH is ibv_create_ah (resolved by the daemon against its GID table).
+func (c *Conn) CreateAH(p roce.ProtectionDomain, a qp.AHAttr) (*qp.AH, error) {
+	h, err := c.handleOf(p)
+	if err != nil {
+		return nil, err
+	}
+	var ah qp.AH
+	if _, err := c.call(proto.OpCreateAH, proto.CreateAHReq{PD: h, Attr: a}, &ah); err != nil {
+		return nil, err
+	}
+	return &ah, nil
+}
+
+// srq is a client SRQ.
+type srq struct {
+	c *Conn
+	h proto.Handle
+}
+
+// CreateSRQ is ibv_create_srq (o.Events and o.Device are not used).
+func (c *Conn) CreateSRQ(o qp.SRQOptions) (roce.SharedReceiveQueue, error) {
+	var r proto.HandleResp
+	if _, err := c.call(proto.OpCreateSRQ, proto.CreateSRQReq{MaxWR: o.MaxWR, MaxSGE: o.MaxSGE, Limit: o.Limit}, &r); err != nil {
+		return nil, err
+	}
+	return &srq{c: c, h: r.H}, nil
+}
+
+// DestroySRQ is ibv_destroy_srq.
+func (c *Conn) DestroySRQ(s roce.SharedReceiveQueue) error {
+	h, err := c.handleOf(s)
+	if err != nil {
+		return err
+	}
+	_, err = c.call(proto.OpDestroySRQ, proto.HandleReq{H: h}, nil)
+	return err
+}
+
+// Post is ibv_post_srq_recv.
+func (s *srq) Post(wrs []qp.RecvWR) (int, error) {
+	return s.c.postRecv(proto.OpPostSRQRecv, s.h, wrs)
+}
+
+// Modify is ibv_modify_srq.
+func (s *srq) Modify(a qp.SRQAttr, mask qp.SRQAttrMask) error {
+	_, err := s.c.call(proto.OpModifySRQ, proto.ModifySRQReq{H: s.h, Attr: a, Mask: mask}, nil)
+	return err
+}
+
+// Query is ibv_query_srq (zero on error).
+func (s *srq) Query() qp.SRQAttr {
+	var a qp.SRQAttr
+	s.c.call(proto.OpQuerySRQ, proto.HandleReq{H: s.h}, &a)
+	return a
+}
+
+func (c *Conn) postRecv(op proto.Op, h proto.Handle, wrs []qp.RecvWR) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, roce.ErrClosed
+	}
+	var err error
+	if c.wbuf, err = proto.AppendPostRecv(c.wbuf, op, h, wrs); err != nil {
+		return 0, err
+	}
+	return c.post()
+}
+
+// qpc is a client QP.
+type qpc struct {
+	c   *Conn
+	h   proto.Handle
+	num uint32
+	typ qp.Type
+}
+
+// CreateQP is ibv_create_qp.
+func (c *Conn) CreateQP(in roce.VerbsQPInit) (roce.QueuePair, error) {
+	var req proto.CreateQPReq
+	var err error
+	if req.PD, err = c.handleOf(in.PD); err != nil {
+		return nil, err
+	}
+	if req.SendCQ, err = c.handleOf(in.SendCQ); err != nil {
+		return nil, err
+	}
+	if req.RecvCQ, err = c.handleOf(in.RecvCQ); err != nil {
+		return nil, err
+	}
+	if in.SRQ != nil {
+		if req.SRQ, err = c.handleOf(in.SRQ); err != nil {
+			return nil, err
+		}
+	}
+	req.Type, req.Cap, req.SigAll = in.Type, in.Cap, in.SigAll
+	var r proto.CreateQPResp
+	if _, err := c.call(proto.OpCreateQP, req, &r); err != nil {
+		return nil, err
+	}
+	return &qpc{c: c, h: r.H, num: r.QPN, typ: in.Type}, nil
+}
+
+func (q *qpc) Num() uint32   { return q.num }
+func (q *qpc) Type() qp.Type { return q.typ }
+
+// State is the QP state (one request; ErrState reads as StateErr).
+func (q *qpc) State() qp.State {
+	var r proto.QueryQPResp
+	if _, err := q.c.call(proto.OpQueryQP, proto.HandleReq{H: q.h}, &r); err != nil {
+		return qp.StateErr
+	}
+	return r.State
+}
+
+// Query is ibv_query_qp.
+func (q *qpc) Query() qp.Attr {
+	var r proto.QueryQPResp
+	q.c.call(proto.OpQueryQP, proto.HandleReq{H: q.h}, &r)
+	return r.Attr
+}
+
+// Modify is ibv_modify_qp.
+func (q *qpc) Modify(a *qp.Attr, mask qp.AttrMask) error {
+	if a == nil {
+		return roce.ErrInvalidArg
+	}
+	_, err := q.c.call(proto.OpModifyQP, proto.ModifyQPReq{H: q.h, Attr: *a, Mask: mask}, nil)
+	return err
+}
+
+// Destroy is ibv_destroy_qp.
+func (q *qpc) Destroy() error {
+	_, err := q.c.call(proto.OpDestroyQP, proto.HandleReq{H: q.h}, nil)
+	return err
+}
+
+// PostSend is ibv_post_send: one request/response on the socket per call
+// (post batches to amortize it). It does not allocate.
+func (q *qpc) PostSend(wrs []qp.SendWR) (int, error) {
+	c := q.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, roce.ErrClosed
+	}
+	var err error
+	if c.wbuf, err = proto.AppendPostSend(c.wbuf, q.h, wrs); err != nil {
+		return 0, err
+	}
+	return c.post()
+}
+
+// PostRecv is ibv_post_recv.
+func (q *qpc) PostRecv(wrs []qp.RecvWR) (int, error) {
+	return q.c.postRecv(proto.OpPostRecv, q.h, wrs)
+}

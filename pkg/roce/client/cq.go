@@ -1,0 +1,163 @@
+package client
+
+import (
+	"fmt"
+	"os"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softroce/softroce/pkg/cq"
+	"github.com/softroce/softroce/pkg/daemon/proto"
+	"github.com/softroce/softroce/pkg/roce"
+)
+
+// cqc is a client CQ: a view of the daemon's completion ring. Poll and
+// ReqNotify touch only shared memory; Channel is fed by a goroutine
+// waiting on the notify eventfd in the Go poller.
+type cqc struct {
+	c    *Conn
+	h    proto.Handle
+	ring *proto.Ring
+	mem  []byte
+
+	mu   sync.Mutex // consumer side
+	head uint64
+
+	spaceFD    int
+	notifyFile *os.File
+	ch         chan struct{}
+	chOnce     sync.Once
+	done       chan struct{}
+	destroyed  bool
+}
+
+// CreateCQ is ibv_create_cq: the daemon creates the CQ and its ring and
+// passes the ring memfd and both eventfds.
+func (c *Conn) CreateCQ(cqe int) (roce.CompletionQueue, error) {
+	var r proto.CreateCQResp
+	fds, err := c.call(proto.OpCreateCQ, proto.CreateCQReq{CQE: cqe}, &r)
+	if err != nil {
+		return nil, err
+	}
+	if len(fds) != 3 {
+		proto.CloseFDs(fds)
+		return nil, fmt.Errorf("%w: CreateCQ: %d fds", proto.ErrProtocol, len(fds))
+	}
+	mem, err := unix.Mmap(fds[0], 0, r.Bytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	proto.CloseFD(fds[0])
+	if err != nil {
+		proto.CloseFDs(fds[1:])
+		return nil, fmt.Errorf("mmap completion ring: %w", err)
+	}
+	ring, ok := proto.NewRing(mem, r.Capacity)
+	if !ok {
+		proto.Unmap(mem)
+		proto.CloseFDs(fds[1:])
+		return nil, fmt.Errorf("%w: ring of %d entries in %d bytes", proto.ErrProtocol, r.Capacity, r.Bytes)
+	}
+	q := &cqc{c: c, h: r.H, ring: ring, mem: mem, spaceFD: fds[2],
+		notifyFile: proto.EventFile(fds[1], "softroce-cq-notify"),
+		ch:         make(chan struct{}, 1), done: make(chan struct{})}
+	q.head = ring.Head()
+	c.bmu.Lock()
+	c.cqs[q] = struct{}{}
+	c.bmu.Unlock()
+	return q, nil
+}
+
+// Poll moves up to len(dst) completions from the ring into dst. No system
+// call unless the daemon waits for ring space (then one eventfd write).
+func (q *cqc) Poll(dst []cq.WC) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.destroyed {
+		return 0
+	}
+	tail := q.ring.Tail()
+	n := 0
+	for q.head != tail && n < len(dst) {
+		q.ring.Get(q.head, &dst[n])
+		q.head++
+		n++
+	}
+	if n > 0 {
+		q.ring.Consume(q.head)
+		if q.ring.TakeWaiting() {
+			proto.Signal(q.spaceFD)
+		}
+	}
+	return n
+}
+
+// ReqNotify arms the CQ: the next completion (solicitedOnly: the next
+// receive or error completion) sends one event on Channel. Poll after
+// arming to close the race, as with ibverbs. No system call.
+func (q *cqc) ReqNotify(solicitedOnly bool) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.destroyed {
+		return cq.ErrClosed
+	}
+	q.startNotify()
+	if solicitedOnly {
+		q.ring.Arm(proto.ArmSolicited)
+	} else {
+		q.ring.Arm(proto.ArmNext)
+	}
+	return nil
+}
+
+// Channel returns the completion event channel (one buffered event).
+func (q *cqc) Channel() <-chan struct{} {
+	q.startNotify()
+	return q.ch
+}
+
+func (q *cqc) startNotify() {
+	q.chOnce.Do(func() {
+		go func() {
+			defer close(q.done)
+			var b [8]byte
+			for {
+				if _, err := q.notifyFile.Read(b[:]); err != nil {
+					return
+				}
+				select {
+				case q.ch <- struct{}{}:
+				default:
+				}
+			}
+		}()
+	})
+}
+
+// DestroyCQ is ibv_destroy_cq; the ring is unmapped and the eventfds closed.
+func (c *Conn) DestroyCQ(x roce.CompletionQueue) error {
+	q, ok := x.(*cqc)
+	if !ok || q == nil || q.c != c {
+		return roce.ErrInvalidArg
+	}
+	if _, err := c.call(proto.OpDestroyCQ, proto.HandleReq{H: q.h}, nil); err != nil {
+		return err
+	}
+	c.bmu.Lock()
+	delete(c.cqs, q)
+	c.bmu.Unlock()
+	return q.release()
+}
+
+// release unmaps the ring and closes the eventfds (ending the notify goroutine).
+func (q *cqc) release() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.destroyed {
+		return nil
+	}
+	q.destroyed = true
+	q.notifyFile.Close()
+	q.chOnce.Do(func() { close(q.done) }) // no reader was started
+	<-q.done
+	proto.CloseFD(q.spaceFD)
+	return proto.Unmap(q.mem)
+}

@@ -1,0 +1,233 @@
+package roce
+
+import (
+	"net/netip"
+
+	"github.com/softroce/softroce/pkg/cq"
+	"github.com/softroce/softroce/pkg/mr"
+	"github.com/softroce/softroce/pkg/qp"
+)
+
+// Verbs is the device API shared by the embedded device (Device.Verbs) and
+// a client of the softroce daemon (pkg/roce/client.Dial): a program written
+// against Verbs switches between the two with one line. Objects are
+// interfaces; an object must be used only with the Verbs that created it.
+//
+// Memory: register only buffers from AllocBuffer. The embedded device
+// accepts any []byte, but the daemon can only reach memory it can map (a
+// sealed memfd, see docs/daemon.md), so portable programs allocate with
+// AllocBuffer.
+type Verbs interface {
+	// Name is the device name (ibv_get_device_name).
+	Name() string
+	// Attr is ibv_query_device.
+	Attr() qp.DeviceAttr
+	// PortAttr is ibv_query_port for port 1.
+	PortAttr() qp.PortAttr
+	// GIDs lists the GID table as addresses, in index order (ibv_query_gid).
+	GIDs() []netip.Addr
+	// GIDIndex returns the GID index of addr, or -1.
+	GIDIndex(addr netip.Addr) int
+	// Stats returns the device counters (rxe names via Stats.Map).
+	Stats() qp.Stats
+
+	// AllocBuffer returns n bytes of zeroed memory that RegMR accepts.
+	AllocBuffer(n int) ([]byte, error)
+	// FreeBuffer releases a buffer from AllocBuffer (after its MRs are
+	// deregistered); the buffer must not be used afterwards.
+	FreeBuffer(b []byte) error
+
+	// AllocPD is ibv_alloc_pd.
+	AllocPD() (ProtectionDomain, error)
+	// RegMR is ibv_reg_mr: buf (from AllocBuffer) at iova with the access flags.
+	RegMR(pd ProtectionDomain, buf []byte, iova uint64, acc mr.Access) (MemoryRegion, error)
+	// CreateCQ is ibv_create_cq.
+	CreateCQ(cqe int) (CompletionQueue, error)
+	// DestroyCQ is ibv_destroy_cq.
+	DestroyCQ(c CompletionQueue) error
+	// CreateSRQ is ibv_create_srq (SRQOptions.Events and .Device are
+	// ignored by the daemon client).
+	CreateSRQ(o qp.SRQOptions) (SharedReceiveQueue, error)
+	// DestroySRQ is ibv_destroy_srq.
+	DestroySRQ(s SharedReceiveQueue) error
+	// CreateQP is ibv_create_qp.
+	CreateQP(in VerbsQPInit) (QueuePair, error)
+	// CreateAH is ibv_create_ah; the source GID is resolved now.
+	CreateAH(pd ProtectionDomain, a qp.AHAttr) (*qp.AH, error)
+	// Close releases the device (embedded: Device.Close; client: every
+	// object of this client is destroyed by the daemon).
+	Close() error
+}
+
+// ProtectionDomain is an ibv_pd (*mr.PD in embedded mode).
+type ProtectionDomain interface {
+	// Dealloc is ibv_dealloc_pd; it fails while objects remain.
+	Dealloc() error
+}
+
+// MemoryRegion is an ibv_mr (*mr.MR in embedded mode).
+type MemoryRegion interface {
+	LKey() uint32
+	RKey() uint32
+	IOVA() uint64
+	Len() int
+	// Dereg is ibv_dereg_mr.
+	Dereg() error
+}
+
+// CompletionQueue is an ibv_cq (*cq.CQ in embedded mode): Poll never
+// blocks; ReqNotify arms Channel for the next completion.
+type CompletionQueue interface {
+	Poll(dst []cq.WC) int
+	ReqNotify(solicitedOnly bool) error
+	Channel() <-chan struct{}
+}
+
+// SharedReceiveQueue is an ibv_srq (*qp.SRQ in embedded mode).
+type SharedReceiveQueue interface {
+	Post(wrs []qp.RecvWR) (int, error)
+	Modify(a qp.SRQAttr, mask qp.SRQAttrMask) error
+	Query() qp.SRQAttr
+}
+
+// QueuePair is an ibv_qp (*roce.QP in embedded mode).
+type QueuePair interface {
+	Num() uint32
+	Type() qp.Type
+	State() qp.State
+	Query() qp.Attr
+	Modify(a *qp.Attr, mask qp.AttrMask) error
+	PostSend(wrs []qp.SendWR) (int, error)
+	PostRecv(wrs []qp.RecvWR) (int, error)
+	Destroy() error
+}
+
+// VerbsQPInit is ibv_qp_init_attr for Verbs.CreateQP (QPInit with the
+// objects as interfaces).
+type VerbsQPInit struct {
+	Type   qp.Type
+	PD     ProtectionDomain
+	SendCQ CompletionQueue
+	RecvCQ CompletionQueue
+	SRQ    SharedReceiveQueue // nil = none
+	Cap    qp.Cap
+	// SigAll: every send WR generates a completion (sq_sig_all).
+	SigAll bool
+}
+
+// Verbs returns the device as a Verbs (embedded mode). Its objects are the
+// engine's own (*mr.PD, *mr.MR, *cq.CQ, *qp.SRQ, *roce.QP).
+func (d *Device) Verbs() Verbs { return embedded{d} }
+
+// embedded adapts a Device to Verbs.
+type embedded struct{ d *Device }
+
+var (
+	_ ProtectionDomain   = (*mr.PD)(nil)
+	_ MemoryRegion       = (*mr.MR)(nil)
+	_ CompletionQueue    = (*cq.CQ)(nil)
+	_ SharedReceiveQueue = (*qp.SRQ)(nil)
+	_ QueuePair          = (*QP)(nil)
+)
+
+func (e embedded) Name() string                 { return e.d.Name() }
+func (e embedded) Attr() qp.DeviceAttr          { return e.d.Attr() }
+func (e embedded) PortAttr() qp.PortAttr        { return e.d.PortAttr() }
+func (e embedded) GIDs() []netip.Addr           { return e.d.GIDs() }
+func (e embedded) GIDIndex(addr netip.Addr) int { return e.d.GIDIndex(addr) }
+func (e embedded) Stats() qp.Stats              { return e.d.Stats() }
+func (e embedded) Close() error                 { return e.d.Close() }
+func (e embedded) FreeBuffer(b []byte) error    { return nil }
+func (e embedded) AllocPD() (ProtectionDomain, error) {
+	pd, err := e.d.AllocPD()
+	if err != nil {
+		return nil, err
+	}
+	return pd, nil
+}
+
+func (e embedded) AllocBuffer(n int) ([]byte, error) {
+	if n <= 0 {
+		return nil, ErrInvalidArg
+	}
+	return make([]byte, n), nil
+}
+
+func (e embedded) RegMR(pd ProtectionDomain, buf []byte, iova uint64, acc mr.Access) (MemoryRegion, error) {
+	p, ok := pd.(*mr.PD)
+	if !ok || p == nil {
+		return nil, ErrInvalidArg
+	}
+	m, err := e.d.RegMR(p, buf, iova, acc)
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (e embedded) CreateCQ(cqe int) (CompletionQueue, error) {
+	c, err := e.d.CreateCQ(cqe)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (e embedded) DestroyCQ(c CompletionQueue) error {
+	x, ok := c.(*cq.CQ)
+	if !ok || x == nil {
+		return ErrInvalidArg
+	}
+	e.d.DestroyCQ(x)
+	return nil
+}
+
+func (e embedded) CreateSRQ(o qp.SRQOptions) (SharedReceiveQueue, error) {
+	s, err := e.d.CreateSRQ(o)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (e embedded) DestroySRQ(s SharedReceiveQueue) error {
+	x, ok := s.(*qp.SRQ)
+	if !ok || x == nil {
+		return ErrInvalidArg
+	}
+	e.d.mu.Lock()
+	delete(e.d.srqs, x)
+	e.d.mu.Unlock()
+	x.Destroy()
+	return nil
+}
+
+func (e embedded) CreateQP(in VerbsQPInit) (QueuePair, error) {
+	pd, ok1 := in.PD.(*mr.PD)
+	scq, ok2 := in.SendCQ.(*cq.CQ)
+	rcq, ok3 := in.RecvCQ.(*cq.CQ)
+	if !ok1 || !ok2 || !ok3 {
+		return nil, ErrInvalidArg
+	}
+	var srq *qp.SRQ
+	if in.SRQ != nil {
+		s, ok := in.SRQ.(*qp.SRQ)
+		if !ok {
+			return nil, ErrInvalidArg
+		}
+		srq = s
+	}
+	q, err := e.d.CreateQP(QPInit{Type: in.Type, PD: pd, SendCQ: scq, RecvCQ: rcq, SRQ: srq, Cap: in.Cap, SigAll: in.SigAll})
+	if err != nil {
+		return nil, err
+	}
+	return q, nil
+}
+
+func (e embedded) CreateAH(pd ProtectionDomain, a qp.AHAttr) (*qp.AH, error) {
+	p, ok := pd.(*mr.PD)
+	if !ok || p == nil {
+		return nil, ErrInvalidArg
+	}
+	return e.d.CreateAH(p, a)
+}
