@@ -116,8 +116,10 @@ type udpSock struct {
 	local netip.AddrPort
 	v6    bool
 	gso   atomic.Bool
-	f     *os.File
-	rc    syscall.RawConn
+	// runGSO: SendRuns may send engine-marked runs as GSO messages (gsorun_linux.go)
+	runGSO atomic.Bool
+	f      *os.File
+	rc     syscall.RawConn
 
 	smu    sync.Mutex
 	smsgs  []mmsghdr
@@ -269,6 +271,7 @@ func openSock(l *UDPLink, a netip.Addr, o *UDPOptions) (*udpSock, error) {
 		s.local = netip.AddrPortFrom(a, uint16(b.Port))
 	}
 	s.gso.Store(o.GSO == GSOOn || (o.GSO == GSOAuto && s.v6))
+	s.runGSO.Store(o.GSO != GSOOff && l.batch >= maxGSOSegments)
 	if o.GRO {
 		if unix.SetsockoptInt(fd, unix.SOL_UDP, unix.UDP_GRO, 1) == nil {
 			s.gro = true
@@ -430,6 +433,7 @@ func (s *udpSock) send(run []Datagram) error {
 			// met again, and counted, by the plain resend.
 			if s.sgsoEr == unix.EIO || s.sgsoEr == unix.EINVAL {
 				s.gso.Store(false)
+				s.runGSO.Store(false)
 				s.l.fallbacks.Add(1)
 			}
 			plain = true

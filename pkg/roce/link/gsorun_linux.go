@@ -1,0 +1,191 @@
+package link
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softroce/softroce/pkg/bth"
+)
+
+var _ RunSender = (*UDPLink)(nil)
+
+// RunGSO reports whether SendRuns from local sends runs as GSO messages: GSOAuto and GSOOn
+// sockets (IPv4 and IPv6) until the kernel refused UDP_SEGMENT; never with GSOOff, nor with a
+// BatchSize below MaxRunSegments (a run must fit one sendmmsg call).
+func (l *UDPLink) RunGSO(local netip.Addr) bool {
+	s := l.sock(local)
+	return s != nil && s.runGSO.Load()
+}
+
+// SendRuns implements RunSender: each run of two or more datagrams is one sendmmsg message with a
+// UDP_SEGMENT cmsg (segment k = datagram k, IPv4 ID k on the wire); runs of one, and every run
+// once GSO is off, go one datagram per message with the ICRC of datagrams k > 0 rewritten for
+// IPv4 ID 0. Errors and drops as Send.
+func (l *UDPLink) SendRuns(batch []Datagram, runs []uint8) error {
+	if l.closed.Load() {
+		return net.ErrClosed
+	}
+	if err := l.validate(batch); err != nil {
+		return err
+	}
+	if !validRuns(batch, runs) {
+		return ErrInvalidRun
+	}
+	i, r := 0, 0
+	for i < len(batch) {
+		s := l.sock(batch[i].Src.Addr())
+		j, rj := i, r
+		for rj < len(runs) && l.sock(batch[j].Src.Addr()) == s {
+			j += int(runs[rj])
+			rj++
+		}
+		if err := s.sendRuns(batch[i:j], runs[r:rj]); err != nil {
+			return err
+		}
+		i, r = j, rj
+	}
+	return nil
+}
+
+// validate applies Send's checks to a whole batch.
+func (l *UDPLink) validate(batch []Datagram) error {
+	for i := range batch {
+		d := &batch[i]
+		if !d.Src.IsValid() || d.Src.Port() == 0 || !d.Dst.IsValid() || d.Dst.Port() == 0 {
+			return fmt.Errorf("send %v -> %v: %w", d.Src, d.Dst, ErrInvalidAddr)
+		}
+		s := l.sock(d.Src.Addr())
+		if s == nil {
+			return fmt.Errorf("send from %v: %w", d.Src.Addr(), ErrNoLocalAddr)
+		}
+		if dst := d.Dst.Addr().Unmap(); dst.Is6() != s.v6 {
+			return fmt.Errorf("send %v -> %v: address families differ: %w", d.Src, d.Dst, ErrInvalidAddr)
+		}
+		if len(d.Buf) > MaxDatagram {
+			return fmt.Errorf("send %d bytes: %w", len(d.Buf), ErrTooLarge)
+		}
+	}
+	return nil
+}
+
+// sendRuns transmits runs that all leave from s.
+func (s *udpSock) sendRuns(batch []Datagram, runs []uint8) error {
+	s.smu.Lock()
+	defer s.smu.Unlock()
+	plainRuns := 0 // the first plainRuns runs go one datagram per message (a refused GSO message)
+	for len(runs) > 0 {
+		used, usedRuns := s.fillRuns(batch, runs, plainRuns)
+		plainRuns = 0
+		s.sidx, s.sfail, s.sgsoEr = 0, 0, 0
+		err := s.rc.Write(s.sendFn)
+		s.clear()
+		if err != nil {
+			if s.l.closed.Load() {
+				return net.ErrClosed
+			}
+			return fmt.Errorf("sendmmsg from %v: %w", s.local, err)
+		}
+		done := s.sentDatagrams()
+		if s.sgsoEr != 0 {
+			// As send: EIO/EINVAL turn GSO off for good; the refused run is resent plain
+			// (fillRuns rewrites its ICRCs for ID 0).
+			if s.sgsoEr == unix.EIO || s.sgsoEr == unix.EINVAL {
+				s.gso.Store(false)
+				s.runGSO.Store(false)
+				s.l.fallbacks.Add(1)
+			}
+			plainRuns = 1
+			used, usedRuns = done, 0
+			for c := 0; c < done; usedRuns++ {
+				c += int(runs[usedRuns])
+			}
+		}
+		if s.sfail > 0 {
+			s.l.drops.Add(uint64(s.sfail))
+		}
+		s.l.sent.Add(uint64(done - s.sfail))
+		s.l.sendBatches.Add(1)
+		batch, runs = batch[used:], runs[usedRuns:]
+	}
+	return nil
+}
+
+// fillRuns builds messages from whole runs at the head of batch and returns the datagrams and
+// runs they hold. A run goes as one GSO message when GSO is on and it is not among the first
+// plain runs; otherwise one message per datagram, with ICRCs rewritten for ID 0.
+func (s *udpSock) fillRuns(batch []Datagram, runs []uint8, plain int) (int, int) {
+	m, d, r := 0, 0, 0
+	gso := s.runGSO.Load()
+	for r < len(runs) {
+		c := int(runs[r])
+		asGSO := c > 1 && gso && r >= plain
+		need := c
+		if asGSO {
+			need = 1
+		}
+		if m+need > len(s.smsgs) || d+c > len(s.siov) {
+			break
+		}
+		for k := d; k < d+c; k++ {
+			iov := &s.siov[k]
+			if b := batch[k].Buf; len(b) > 0 {
+				iov.Base = &b[0]
+			} else {
+				iov.Base = nil
+			}
+			iov.SetLen(len(batch[k].Buf))
+		}
+		if asGSO {
+			s.msg(m, &batch[d], d, c, len(batch[d].Buf))
+			m++
+		} else {
+			for k := 0; k < c; k++ {
+				if k > 0 && !s.v6 {
+					fixICRC(&batch[d+k], s.local.Port())
+				}
+				s.msg(m, &batch[d+k], d+k, 1, 0)
+				m++
+			}
+		}
+		d += c
+		r++
+	}
+	s.scount = m
+	return d, r
+}
+
+// msg fills message m: iovecs [iov, iov+n) to dg.Dst, with a UDP_SEGMENT cmsg of seg if n > 1.
+func (s *udpSock) msg(m int, dg *Datagram, iov, n, seg int) {
+	h := &s.smsgs[m].hdr
+	h.Name = (*byte)(unsafe.Pointer(&s.ssa[m]))
+	h.Namelen = putSockaddr(&s.ssa[m], dg.Dst, s.v6)
+	h.Iov = &s.siov[iov]
+	h.SetIovlen(n)
+	h.Control, h.Controllen, h.Flags = nil, 0, 0
+	if n > 1 {
+		space := unix.CmsgSpace(2)
+		c := s.scmsg[m*space : (m+1)*space]
+		ch := (*unix.Cmsghdr)(unsafe.Pointer(&c[0]))
+		ch.Level = unix.SOL_UDP
+		ch.Type = unix.UDP_SEGMENT
+		ch.SetLen(unix.CmsgLen(2))
+		*(*uint16)(unsafe.Pointer(&c[unix.CmsgLen(0)])) = uint16(seg)
+		h.Control = &c[0]
+		h.SetControllen(space)
+	}
+	s.smsgs[m].len = 0
+}
+
+// fixICRC rewrites the ICRC of a RoCEv2 datagram for IPv4 ID 0 (IBTA A17.3.3), the ID a plain
+// send from a DF socket carries. sport is the port the socket writes.
+func fixICRC(d *Datagram, sport uint16) {
+	if len(d.Buf) < bth.BTHSize+bth.ICRCSize {
+		return
+	}
+	ep := bth.Endpoints{Src: d.Src.Addr().Unmap(), Dst: d.Dst.Addr().Unmap(), SrcPort: sport, DstPort: d.Dst.Port()}
+	bth.SetICRC(d.Buf, bth.ICRC(&ep, d.Buf))
+}
