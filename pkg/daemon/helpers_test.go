@@ -32,13 +32,15 @@ type end struct {
 	q    roce.QueuePair
 	wc   []cq.WC
 	iova uint64
+	// timeout is the ACK timeout code connect uses (0 = infinite).
+	timeout uint8
 }
 
 const rcAccess = mr.AccessLocalWrite | mr.AccessRemoteWrite | mr.AccessRemoteRead | mr.AccessRemoteAtomic
 
 func newEnd(t testing.TB, v roce.Verbs, size int, depth uint32, acc mr.Access) *end {
 	t.Helper()
-	e := &end{v: v, iova: 0x10000, wc: make([]cq.WC, 64)}
+	e := &end{v: v, iova: 0x10000, wc: make([]cq.WC, 64), timeout: 12}
 	var err error
 	if e.pd, err = v.AllocPD(); err != nil {
 		t.Fatal("AllocPD:", err)
@@ -72,7 +74,7 @@ func (e *end) connect(t testing.TB, peer netip.Addr, peerQPN uint32, sgid uint8)
 		qp.AttrState|qp.AttrAV|qp.AttrPathMTU|qp.AttrDestQPN|qp.AttrRQPSN|qp.AttrMaxDestRDAtomic|qp.AttrMinRNRTimer); err != nil {
 		t.Fatal("RTR:", err)
 	}
-	if err := e.q.Modify(&qp.Attr{State: qp.StateRTS, SQPSN: 0, Timeout: 12, RetryCnt: 3, RNRRetry: 7, MaxRDAtomic: 4},
+	if err := e.q.Modify(&qp.Attr{State: qp.StateRTS, SQPSN: 0, Timeout: e.timeout, RetryCnt: 3, RNRRetry: 7, MaxRDAtomic: 4},
 		qp.AttrState|qp.AttrSQPSN|qp.AttrTimeout|qp.AttrRetryCnt|qp.AttrRNRRetry|qp.AttrMaxQPRDAtomic); err != nil {
 		t.Fatal("RTS:", err)
 	}
@@ -190,3 +192,5 @@ func (d *testDaemon) waitIdle(t testing.TB, n int) {
 		t.Fatal(fmt.Errorf("waiting for %d clients: %w (have %+v)", n, err, d.srv.Debug()))
 	}
 }
+
+func dialNoCleanup(sock string) (*client.Conn, error) { return client.Dial(sock) }
