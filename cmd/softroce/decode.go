@@ -20,6 +20,7 @@ import (
 
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/bth/layer"
+	"github.com/softroce/softroce/pkg/cm"
 )
 
 func init() {
@@ -235,6 +236,7 @@ type decodedPacket struct {
 	Imm        *uint32        `json:"imm,omitempty"`
 	IETH       *uint32        `json:"ieth,omitempty"`
 	DETH       *dethJSON      `json:"deth,omitempty"`
+	CM         *cmJSON        `json:"-"` // text form only: the --json schema is unchanged
 	PayloadLen int            `json:"payload_len"`
 	ICRC       uint32         `json:"icrc"`
 	ICRCOK     bool           `json:"icrc_ok"`
@@ -265,6 +267,90 @@ type atomicAckJSON struct {
 type dethJSON struct {
 	QKey  uint32 `json:"qkey"`
 	SrcQP uint32 `json:"srcqp"`
+}
+
+// cmJSON (text form only) names a CM message (IBTA 12.6, 12.11) carried by a UD SEND ONLY to QP1 and its
+// key fields; present only for such packets whose payload parses as a CM MAD (pkg/cm).
+type cmJSON struct {
+	Msg          string  `json:"msg"` // REQ, MRA, REJ, REP, RTU, DREQ, DREP, SIDR_REQ, SIDR_REP
+	TID          uint64  `json:"tid"`
+	LocalCommID  uint32  `json:"local_comm_id"`            // SIDR: the request ID
+	RemoteCommID *uint32 `json:"remote_comm_id,omitempty"` // not in REQ and SIDR
+	ServiceID    *uint64 `json:"service_id,omitempty"`     // REQ, SIDR_REQ, SIDR_REP
+	QPN          *uint32 `json:"qpn,omitempty"`            // REQ, REP: the sender's; DREQ: the receiver's; SIDR_REP
+	StartingPSN  *uint32 `json:"starting_psn,omitempty"`   // REQ, REP
+	Reason       *uint16 `json:"reason,omitempty"`         // REJ
+	Status       *uint8  `json:"status,omitempty"`         // SIDR_REP
+	QKey         *uint32 `json:"qkey,omitempty"`           // SIDR_REP
+}
+
+// decodeCM returns the CM message of a QP1 UD SEND, or nil.
+func decodeCM(p *bth.Packet) *cmJSON {
+	if p.BTH.DestQP() != cm.GSIQPN || p.BTH.Opcode() != bth.OpUDSendOnly || p.DETH == nil {
+		return nil
+	}
+	m, err := cm.Parse(p.Payload)
+	if err != nil {
+		return nil
+	}
+	u32 := func(v uint32) *uint32 { return &v }
+	u64 := func(v uint64) *uint64 { return &v }
+	c := &cmJSON{Msg: m.Attr.String(), TID: m.MAD.TID()}
+	switch {
+	case m.REQ != nil:
+		c.LocalCommID, c.ServiceID = m.REQ.LocalCommID(), u64(m.REQ.ServiceID())
+		c.QPN, c.StartingPSN = u32(m.REQ.LocalQPN()), u32(m.REQ.StartingPSN())
+	case m.MRA != nil:
+		c.LocalCommID, c.RemoteCommID = m.MRA.LocalCommID(), u32(m.MRA.RemoteCommID())
+	case m.REJ != nil:
+		r := uint16(m.REJ.Reason())
+		c.LocalCommID, c.RemoteCommID, c.Reason = m.REJ.LocalCommID(), u32(m.REJ.RemoteCommID()), &r
+	case m.REP != nil:
+		c.LocalCommID, c.RemoteCommID = m.REP.LocalCommID(), u32(m.REP.RemoteCommID())
+		c.QPN, c.StartingPSN = u32(m.REP.LocalQPN()), u32(m.REP.StartingPSN())
+	case m.RTU != nil:
+		c.LocalCommID, c.RemoteCommID = m.RTU.LocalCommID(), u32(m.RTU.RemoteCommID())
+	case m.DREQ != nil:
+		c.LocalCommID, c.RemoteCommID, c.QPN = m.DREQ.LocalCommID(), u32(m.DREQ.RemoteCommID()), u32(m.DREQ.RemoteQPN())
+	case m.DREP != nil:
+		c.LocalCommID, c.RemoteCommID = m.DREP.LocalCommID(), u32(m.DREP.RemoteCommID())
+	case m.SIDRReq != nil:
+		c.LocalCommID, c.ServiceID = m.SIDRReq.RequestID(), u64(m.SIDRReq.ServiceID())
+	case m.SIDRRep != nil:
+		st := uint8(m.SIDRRep.Status())
+		c.LocalCommID, c.ServiceID, c.Status = m.SIDRRep.RequestID(), u64(m.SIDRRep.ServiceID()), &st
+		c.QPN, c.QKey = u32(m.SIDRRep.QPN()), u32(m.SIDRRep.QKey())
+	}
+	return c
+}
+
+// text is the cm[...] part of the text form.
+func (c *cmJSON) text() string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, " cm[%s tid=0x%x lcid=0x%08x", c.Msg, c.TID, c.LocalCommID)
+	if c.RemoteCommID != nil {
+		fmt.Fprintf(&sb, " rcid=0x%08x", *c.RemoteCommID)
+	}
+	if c.ServiceID != nil {
+		fmt.Fprintf(&sb, " sid=0x%016x", *c.ServiceID)
+	}
+	if c.QPN != nil {
+		fmt.Fprintf(&sb, " qpn=0x%06x", *c.QPN)
+	}
+	if c.StartingPSN != nil {
+		fmt.Fprintf(&sb, " psn=%d", *c.StartingPSN)
+	}
+	if c.Reason != nil {
+		fmt.Fprintf(&sb, " reason=%d(%s)", *c.Reason, cm.RejectReason(*c.Reason))
+	}
+	if c.Status != nil {
+		fmt.Fprintf(&sb, " status=%d", *c.Status)
+	}
+	if c.QKey != nil {
+		fmt.Fprintf(&sb, " qkey=0x%08x", *c.QKey)
+	}
+	sb.WriteString("]")
+	return sb.String()
 }
 
 func b01(b bool) uint8 {
@@ -342,6 +428,7 @@ func decodeFrame(pkt gopacket.Packet, frame int) (*decodedPacket, error) {
 	if p.DETH != nil {
 		x := p.DETH.Fields()
 		d.DETH = &dethJSON{QKey: x.QKey, SrcQP: x.SrcQP}
+		d.CM = decodeCM(p)
 	}
 	d.PayloadLen = len(p.Payload)
 	if len(p.ICRC) == bth.ICRCSize {
@@ -410,6 +497,9 @@ func writeText(w io.Writer, d *decodedPacket) {
 	}
 	if d.IETH != nil {
 		fmt.Fprintf(&sb, " ieth=0x%08x", *d.IETH)
+	}
+	if d.CM != nil {
+		sb.WriteString(d.CM.text())
 	}
 	icrc := "ok"
 	if !d.ICRCOK {
