@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -51,7 +52,7 @@ func runConform(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.dut, "dut", "", "device under test: rxe, softroce or HOST:PORT of an agent")
 	fs.StringVar(&f.run, "run", "", "run only scenarios whose name matches this regular expression")
 	fs.BoolVar(&f.json, "json", false, "one JSON object per scenario per line")
-	fs.BoolVar(&f.list, "list", false, "list the scenarios (name, IBTA section, summary) and exit")
+	fs.BoolVar(&f.list, "list", false, "list the scenarios (name, IBTA section, summary; with --json also the documented deviations) and exit")
 	fs.BoolVar(&f.verbose, "v", false, "print each failing scenario's packet trace")
 	fs.StringVar(&f.roce, "roce", "", "DUT RoCE address for --dut HOST:PORT (default HOST:4791)")
 	fs.StringVar(&f.bench, "bench", "", "bench socket address for --dut HOST:PORT (default: the local address toward HOST, port 4791)")
@@ -66,6 +67,11 @@ func runConform(args []string, stdout, stderr io.Writer) int {
 	scs := conform.Scenarios()
 	if f.list {
 		for _, s := range scs {
+			if f.json {
+				_ = json.NewEncoder(stdout).Encode(map[string]string{"name": s.Name, "section": s.Section, "summary": s.Summary,
+					"rxe_deviation": s.RxeDeviation, "softroce": s.Softroce, "softroce_deviation": s.SoftroceDeviation})
+				continue
+			}
 			fmt.Fprintf(stdout, "%-36s %-22s %s\n", s.Name, s.Section, s.Summary)
 		}
 		return 0
