@@ -5,7 +5,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // knownFailures lists scenarios softroce fails today because of engine bugs (see
 // docs/conformance.md): the test requires them to FAIL, so a fix flips the test and the

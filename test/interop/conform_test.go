@@ -28,6 +28,13 @@ func conformRxe(t *testing.T, lab *rxelab.Lab) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	closed := false
+	t.Cleanup(func() { // on an early exit: end the guest agent
+		if !closed {
+			out, err := r.Close()
+			t.Logf("agent (closed on cleanup): %v\n%s", err, out)
+		}
+	})
 	scs := conform.Scenarios()
 	var results []conform.Result
 	for i := range scs {
@@ -40,6 +47,7 @@ func conformRxe(t *testing.T, lab *rxelab.Lab) {
 		})
 	}
 	out, err := r.Close()
+	closed = true
 	if err != nil {
 		t.Errorf("agent: %v\n%s", err, out)
 	}
