@@ -271,37 +271,45 @@ func TestPingpongNoPeer(t *testing.T) {
 			t.Fatalf("exit %d, stderr %q", st, errb.String())
 		}
 	})
-	t.Run("silent-client", func(t *testing.T) {
-		ln, err := net.Listen("tcp4", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out, errb bytes.Buffer
-		done := make(chan int)
-		go func() {
-			done <- pingpongMain([]string{"rc", "-d", "127.0.0.1", "-e", "-timeout", "300ms", "-roce-port",
-				strconv.Itoa(int(freeUDPPort(t))), "-p", "1"}, &ppEnv{Stdout: &out, Stderr: &errb, Listener: ln})
-		}()
-		// a client that exchanges a plausible record and never sends a packet
-		me := pingpong.Dest{QPN: 0x99, PSN: 0x1234}
-		me.SetAddr(netip.MustParseAddr("127.0.0.2"))
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		remote, err := pingpong.Dial(ctx, ln.Addr().String(), []pingpong.Dest{me}, pingpong.Options{Options: oob.Options{Timeout: 5 * time.Second}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		st := <-done
-		if st != 1 || !strings.Contains(errb.String(), "timed out: no completion") {
-			t.Fatalf("exit %d, stderr %q", st, errb.String())
-		}
-		if remote[0].QPN < 0x11 || remote[0].Addr().Unmap() != netip.MustParseAddr("127.0.0.1") {
-			t.Errorf("server record %+v", remote[0])
-		}
-		if !strings.Contains(out.String(), "remote address: LID 0x0000, QPN 0x000099, PSN 0x001234, GID ::ffff:127.0.0.2") {
-			t.Errorf("stdout %q", out.String())
-		}
-	})
+	for _, zeroGID := range []bool{false, true} {
+		// zeroGID: the client sends a zero GID (a tool run without -g); the server then uses
+		// the TCP peer address, connects its QP and waits for a SEND that never comes.
+		t.Run(fmt.Sprintf("silent-client-zero-gid=%v", zeroGID), func(t *testing.T) {
+			ln, err := net.Listen("tcp4", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out, errb bytes.Buffer
+			done := make(chan int)
+			go func() {
+				done <- pingpongMain([]string{"rc", "-d", "127.0.0.1", "-e", "-timeout", "300ms", "-roce-port",
+					strconv.Itoa(int(freeUDPPort(t))), "-p", "1"}, &ppEnv{Stdout: &out, Stderr: &errb, Listener: ln})
+			}()
+			// a client that exchanges a plausible record and never sends a packet
+			me := pingpong.Dest{QPN: 0x99, PSN: 0x1234}
+			wantGID := "::"
+			if !zeroGID {
+				me.SetAddr(netip.MustParseAddr("127.0.0.2"))
+				wantGID = "::ffff:127.0.0.2"
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			remote, err := pingpong.Dial(ctx, ln.Addr().String(), []pingpong.Dest{me}, pingpong.Options{Options: oob.Options{Timeout: 5 * time.Second}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := <-done
+			if st != 1 || !strings.Contains(errb.String(), "timed out: no completion") {
+				t.Fatalf("exit %d, stderr %q", st, errb.String())
+			}
+			if remote[0].QPN < 0x11 || remote[0].Addr().Unmap() != netip.MustParseAddr("127.0.0.1") {
+				t.Errorf("server record %+v", remote[0])
+			}
+			if !strings.Contains(out.String(), "remote address: LID 0x0000, QPN 0x000099, PSN 0x001234, GID "+wantGID+"\n") {
+				t.Errorf("stdout %q", out.String())
+			}
+		})
+	}
 }
 
 // TestPingpongServerWithoutDev: without -d the server opens its device on the address the
