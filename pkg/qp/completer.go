@@ -80,6 +80,12 @@ func (q *QP) onAck(now time.Time, p *bth.Packet, psn bth.PSN) {
 			return
 		}
 		q.cnt.RcvdRNRErr.Add(1)
+		if q.tmr.rnrWait && psn == q.comp.psn {
+			// A copy of the RNR NAK we are already waiting on (the
+			// network duplicated it): not another retry, and the wait
+			// does not start again (IBTA 9.7.5.2.8 counts retries).
+			return
+		}
 		if q.ackUpTo(psn.Add(bth.PSNMask)) { // psn-1
 			q.goBack(now)
 			return
@@ -145,7 +151,10 @@ func (q *QP) ackUpTo(psn bth.PSN) (lost bool) {
 			break
 		}
 		if w.rdAtomic {
-			return true
+			// Covered entirely: its response was lost. A PSN inside a
+			// READ's range (a NAK for a resumed READ) says nothing
+			// about the responses before it.
+			return !psn.LessThan(w.lastPSN)
 		}
 		if psn.LessThan(w.lastPSN) {
 			if q.comp.psn.LessThan(psn.Add(1)) {
@@ -183,11 +192,15 @@ func (q *QP) oldest() *sendWQE {
 
 func (q *QP) onReadResp(now time.Time, p *bth.Packet, psn bth.PSN) {
 	// A READ response implicitly ACKs the SEND/WRITEs before it (IBTA 9.7.5.1.2).
-	if q.ackUpTo(psn.Add(bth.PSNMask)) {
-		// fall through: the oldest is the READ (or an atomic) itself
-	}
+	q.ackUpTo(psn.Add(bth.PSNMask))
 	w := q.oldest()
-	if w == nil || kindOf(w.wr.Opcode) != kindRead {
+	if w == nil {
+		return
+	}
+	if kindOf(w.wr.Opcode) != kindRead {
+		// The oldest is an atomic: a response to a later request means
+		// its atomic ACK was lost (IBTA 9.7.6.1.3): resend now.
+		q.respGap(now, w, psn)
 		return
 	}
 	expect := w.firstPSN.Add(w.readDone / q.mtu)
@@ -230,6 +243,9 @@ func (q *QP) onAtomicAck(now time.Time, p *bth.Packet, psn bth.PSN) {
 	}
 	k := kindOf(w.wr.Opcode)
 	if k != kindCmpSwap && k != kindFetchAdd {
+		// The oldest is a READ whose last responses were lost: resend
+		// it from the first missing byte now.
+		q.respGap(now, w, psn)
 		return
 	}
 	if psn != w.firstPSN {
@@ -250,6 +266,22 @@ func (q *QP) onAtomicAck(now time.Time, p *bth.Packet, psn bth.PSN) {
 	w.done = true
 	w.status = cq.StatusSuccess
 	q.comp.psn = psn.Add(1)
+}
+
+// respGap handles a response with PSN psn for a request after w, the
+// oldest outstanding READ or atomic: w's response (or its tail) was lost,
+// so resend from the first PSN of w not yet answered (go-back-N, IBTA
+// 9.7.6.1.3; once per gap). Responses at or before w's range are
+// duplicates and ignored.
+func (q *QP) respGap(now time.Time, w *sendWQE, psn bth.PSN) {
+	if !w.lastPSN.LessThan(psn) || (!w.rdAtomic && kindOf(w.wr.Opcode) != kindRead) {
+		return
+	}
+	q.comp.psn = w.firstPSN
+	if kindOf(w.wr.Opcode) == kindRead {
+		q.comp.psn = w.firstPSN.Add(w.readDone / q.mtu)
+	}
+	q.gapRetry(now)
 }
 
 // failAt completes the WQE holding psn with st, then ERR (IBTA 9.9.2:

@@ -70,6 +70,9 @@ type sideOpts struct {
 	bufSize  int
 	sharedTb *mr.Table
 	sharedPD *mr.PD
+	// out, if set, makes the QP's Output from the side's channel double
+	// (recovery_test.go puts the fault injector in front of it).
+	out func(*chanOut) Output
 }
 
 func (n *net) newSide(addr string, o sideOpts) *side {
@@ -111,9 +114,13 @@ func (n *net) newSide(addr string, o sideOpts) *side {
 		o.typ = TypeRC
 	}
 	local := s.addr
+	var out Output = s.out
+	if o.out != nil {
+		out = o.out(s.out)
+	}
 	s.qp, err = New(Config{
 		Type: o.typ, QPN: o.qpn, PD: s.pd, MRs: s.tbl, SendCQ: s.scq, RecvCQ: s.rcq, SRQ: o.srq,
-		Cap: o.cap, Out: s.out, Clock: n.clk, Counters: &s.cnt, MTU: o.mtu,
+		Cap: o.cap, Out: out, Clock: n.clk, Counters: &s.cnt, MTU: o.mtu,
 		Resolve: func(ah *AHAttr) (Path, error) { return Path{Src: local, Dst: ah.DGID}, nil },
 	})
 	if err != nil {
@@ -132,6 +139,8 @@ type connOpts struct {
 	rdAtomic           uint8
 	accessA, accessB   mr.Access
 	noAccessA, noAcces bool
+	// noTimer sets timeout 0 (no ACK timer); timeout 0 above means 14.
+	noTimer bool
 }
 
 func (n *net) connect(a, b *side, o connOpts) {
@@ -140,6 +149,9 @@ func (n *net) connect(a, b *side, o connOpts) {
 	}
 	if o.timeout == 0 {
 		o.timeout = 14
+	}
+	if o.noTimer {
+		o.timeout = 0
 	}
 	if o.rdAtomic == 0 {
 		o.rdAtomic = 16

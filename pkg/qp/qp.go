@@ -125,8 +125,10 @@ const (
 	MaxUnackedPSNs = 128
 	// PktsPerAck: the requester sets AckReq at least every this many packets.
 	PktsPerAck = 64
-	// txBuffers is the number of pooled send buffers per QP (one batch).
-	txBuffers = 16
+	// txBuffers is the number of send buffers of one burst (a txSet taken
+	// from a pool while the QP sends, fastpath.go): one sendmmsg call, up
+	// to 4 GSO messages of 4 KiB packets or one of 1 KiB packets.
+	txBuffers = 64
 	// txBufSize fits the largest packet: headers, 4096 payload, pad, ICRC.
 	txBufSize = 4096 + 128
 )
@@ -191,10 +193,11 @@ type QP struct {
 	comp completer
 	tmr  timers
 
-	// output
-	tx    [txBuffers][]byte
-	batch []link.Datagram
-	icrc  icrcCache
+	// output: the current burst (nil when idle; fastpath.go) and the
+	// Output's GSO run interface (nil if it has none)
+	out  *txSet
+	runs link.RunSender
+	icrc icrcCache
 }
 
 // icrcCache holds the pseudo-header CRC state of the last (endpoints,
@@ -254,10 +257,7 @@ func New(c Config) (*QP, error) {
 			q.rq[i].sge = make([]SGE, c.Cap.MaxRecvSGE)
 		}
 	}
-	for i := range q.tx {
-		q.tx[i] = make([]byte, txBufSize)
-	}
-	q.batch = make([]link.Datagram, 0, txBuffers)
+	q.runs, _ = c.Out.(link.RunSender)
 	q.resetLocked()
 	q.tmr.t = c.Clock.AfterFunc(time.Hour, q.onTimerFire)
 	q.tmr.t.Stop()
@@ -334,6 +334,7 @@ func (q *QP) Modify(a *Attr, mask AttrMask) error {
 			q.req.psn = bth.PSN(q.attr.SQPSN & bth.PSNMask)
 			q.comp.psn = q.req.psn
 			q.req.next = q.req.psn
+			q.req.sentEnd = q.req.psn
 			q.tmr.retryLeft = q.attr.RetryCnt
 			q.tmr.rnrLeft = q.attr.RNRRetry
 		}
@@ -452,7 +453,7 @@ func (q *QP) resetLocked() {
 		q.tmr.t.Stop()
 	}
 	q.tmr = timers{t: q.tmr.t}
-	q.batch = q.batch[:0]
+	q.releaseTx()
 	q.mtu = uint32(q.attr.PathMTU.Bytes())
 	if q.mtu == 0 || q.typ.Datagram() {
 		q.mtu = uint32(q.cfg.MTU.Bytes())
@@ -738,6 +739,10 @@ type Counters struct {
 	RetryRNRExceededErr, CompleterRetryErr  atomic.Uint64
 	SendErr, RDMASends, RDMARecvs           atomic.Uint64
 	LinkDowned, RcvdICRCSolved, RcvdDropped atomic.Uint64
+	// RetransPkts counts request packets sent again (go-back-N after a
+	// timeout, a NAK or a response gap; READ resumes): softroce's own
+	// counter, "retransmitted_pkts".
+	RetransPkts atomic.Uint64
 }
 
 // Stats is a snapshot of Counters.
@@ -749,6 +754,7 @@ type Stats struct {
 	RetryRNRExceededErr, CompleterRetryErr  uint64
 	SendErr, RDMASends, RDMARecvs           uint64
 	LinkDowned, RcvdICRCSolved, RcvdDropped uint64
+	RetransPkts                             uint64
 }
 
 // Snapshot reads every counter.
@@ -761,11 +767,12 @@ func (c *Counters) Snapshot() Stats {
 		RetryRNRExceededErr: c.RetryRNRExceededErr.Load(), CompleterRetryErr: c.CompleterRetryErr.Load(),
 		SendErr: c.SendErr.Load(), RDMASends: c.RDMASends.Load(), RDMARecvs: c.RDMARecvs.Load(),
 		LinkDowned: c.LinkDowned.Load(), RcvdICRCSolved: c.RcvdICRCSolved.Load(), RcvdDropped: c.RcvdDropped.Load(),
+		RetransPkts: c.RetransPkts.Load(),
 	}
 }
 
 // Map returns the snapshot keyed by rxe's counter names (plus
-// softroce's own: rcvd_icrc_solved, rcvd_dropped).
+// softroce's own: rcvd_icrc_solved, rcvd_dropped, retransmitted_pkts).
 func (s Stats) Map() map[string]uint64 {
 	return map[string]uint64{
 		"sent_pkts": s.SentPkts, "rcvd_pkts": s.RcvdPkts,
@@ -775,5 +782,6 @@ func (s Stats) Map() map[string]uint64 {
 		"retry_rnr_exceeded_err": s.RetryRNRExceededErr, "completer_retry_err": s.CompleterRetryErr,
 		"send_err": s.SendErr, "rdma_sends": s.RDMASends, "rdma_recvs": s.RDMARecvs,
 		"link_downed": s.LinkDowned, "rcvd_icrc_solved": s.RcvdICRCSolved, "rcvd_dropped": s.RcvdDropped,
+		"retransmitted_pkts": s.RetransPkts,
 	}
 }

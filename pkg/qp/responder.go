@@ -48,6 +48,8 @@ type responder struct {
 	res     []resource // READ/atomic responder resources (max_dest_rd_atomic)
 	resNext int
 
+	writes writeCount // RDMA WRITE messages executed (QP.RemoteWrites)
+
 	grh [40]byte
 }
 
@@ -377,6 +379,7 @@ func (q *QP) recvWrite(p *bth.Packet, psn bth.PSN) {
 	}
 	r.inMsg = msgNone
 	r.msn = (r.msn + 1) & bth.PSNMask
+	r.writes.n.Add(1) // after the last byte is placed: see RemoteWrites
 	q.advance(p, psn)
 	if imm {
 		wc := cq.WC{
@@ -457,7 +460,14 @@ func (q *QP) readResponses(psn bth.PSN, va uint64, rkey, length uint32) {
 		if sz > 0 {
 			b, done, err := q.cfg.MRs.CheckQP(q.cfg.PD, q.num, rkey, va+uint64(off), sz, mr.OpRemoteRead)
 			if err != nil {
+				// The key no longer allows the READ (the MR was
+				// deregistered or invalidated, e.g. before a duplicate
+				// READ is replayed): remote access NAK at the first
+				// response not sent, and the QP enters ERR as for any
+				// responder class C error (IBTA 9.7.5.2.4, 9.9.3.1;
+				// rxe RESPST_ERR_RKEY_VIOLATION).
 				q.sendAck(bth.SyndromeNAK(bth.NAKRemoteAccessErr), psn.Add(i))
+				q.enterError()
 				return
 			}
 			copy(buf[h:], b)
