@@ -20,6 +20,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/netip"
 	"os/exec"
 	"strings"
 	"testing"
@@ -248,5 +249,168 @@ func rpingCheckWire(t *testing.T, wire []rocetest.IPv4UDP, lost, softroceClient 
 	}
 	if reads != 3 || writes != 3 {
 		t.Errorf("%d RDMA READ requests and %d WRITE packets, want 3 each", reads, writes)
+	}
+}
+
+func init() {
+	for _, tool := range []string{"ucmatose", "udaddy"} {
+		tool := tool
+		pairings = append(pairings,
+			pairing{Name: tool + "-100x10", Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { cmtInterop(t, lab, tool, true) }},
+			pairing{Name: tool + "-100x10", Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { cmtInterop(t, lab, tool, false) }},
+		)
+	}
+}
+
+// cmtInterop runs softroce ucmatose/udaddy against the guest's tool (default 10 messages of
+// 100 bytes): both must print "return status 0" after "data transfers complete", and the
+// capture's ICRCs verify; ucmatose's CM exchange is REQ, REP, RTU, DREQ (server), DREP;
+// udaddy's is SIDR_REQ, SIDR_REP, with 10 UD SEND-with-immediate packets each way.
+func cmtInterop(t *testing.T, lab *rxelab.Lab, tool string, client bool) {
+	bin := buildSoftroce(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	stopCapture := ppStartCapture(t, lab)
+	var guestCmd string
+	var ourArgs []string
+	if client {
+		guestCmd = tool + " -b " + rxelab.GuestIP
+		ourArgs = []string{tool, "-s", rxelab.GuestIP, "-b", rxelab.HostIP, "--timeout", "30s"}
+	} else {
+		guestCmd = tool + " -s " + rxelab.HostIP + " -b " + rxelab.GuestIP
+		ourArgs = []string{tool, "-b", rxelab.HostIP, "--timeout", "30s"}
+	}
+	ours := newLineWatch("starting server")
+	var ourErr bytes.Buffer
+	cmd := lab.NSCommand(ctx, bin, ourArgs...)
+	cmd.Stdout, cmd.Stderr = ours, &ourErr
+	var job *rxelab.Job
+	var err error
+	if client {
+		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+guestCmd, rxelab.ExecOptions{Timeout: 60 * time.Second}); err != nil {
+			t.Fatalf("guest: %v", err)
+		}
+		// "starting server" is printed just before rdma_bind_addr/rdma_listen; the job log
+		// is polled through 9p, far slower than that
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			out, _ := job.Log()
+			if bytes.Contains(out, []byte("starting server")) {
+				break
+			}
+			if time.Now().After(deadline) {
+				_ = job.Kill()
+				t.Fatalf("guest %s never started:\n%s", tool, out)
+			}
+			select {
+			case <-time.After(200 * time.Millisecond):
+			case <-ctx.Done():
+				t.Fatal(ctx.Err())
+			}
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-ours.seen:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatalf("softroce %s server never started:\n%s%s", tool, ours.String(), ourErr.String())
+		}
+		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+guestCmd, rxelab.ExecOptions{Timeout: 60 * time.Second}); err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatalf("guest: %v", err)
+		}
+	}
+	waited := false
+	defer func() {
+		if !waited {
+			_ = job.Kill()
+			out, st, _ := job.Wait(context.Background())
+			t.Logf("guest %s (killed) status %d:\n%s", guestCmd, st, out)
+		}
+	}()
+	ourStatus := 0
+	if err := cmd.Wait(); err != nil {
+		ourStatus = -1
+		if ee, ok := err.(*exec.ExitError); ok {
+			ourStatus = ee.ExitCode()
+		}
+	}
+	t.Logf("softroce %s (exit %d):\n%s%s", strings.Join(ourArgs, " "), ourStatus, ours.String(), ourErr.String())
+	guestOut, guestStatus, err := job.Wait(ctx)
+	waited = true
+	if err != nil {
+		t.Fatalf("guest job: %v", err)
+	}
+	t.Logf("guest %s (exit %d):\n%s", guestCmd, guestStatus, guestOut)
+	for who, st := range map[string]int{"softroce": ourStatus, "guest": guestStatus} {
+		if st != 0 {
+			t.Errorf("%s %s exit status %d, want 0", who, tool, st)
+		}
+	}
+	for who, out := range map[string]string{"softroce": ours.String(), "guest": string(guestOut)} {
+		if !strings.Contains(out, "data transfers complete\n") || !strings.Contains(out, "return status 0\n") {
+			t.Errorf("%s %s did not complete", who, tool)
+		}
+	}
+	wire, lost := stopCapture()
+	if lost {
+		t.Errorf("tcpdump dropped packets: the capture is incomplete")
+	}
+	var msgs []string
+	data := map[netip.Addr]int{}
+	for _, d := range wire {
+		want, err := bth.ICRCFromIP(d.IP)
+		if err != nil || bth.GetICRC(d.Payload) != want {
+			t.Errorf("captured %v -> %v: ICRC %#08x, computed %#08x (%v)", d.Src, d.Dst, bth.GetICRC(d.Payload), want, err)
+			continue
+		}
+		p, err := bth.Parse(d.Payload)
+		if err != nil {
+			t.Errorf("captured %v -> %v: %v", d.Src, d.Dst, err)
+			continue
+		}
+		if p.BTH.DestQP() == cm.GSIQPN {
+			if m, err := cm.Parse(p.Payload); err == nil {
+				who := "g"
+				if d.Src == hostIP {
+					who = "s"
+				}
+				msgs = append(msgs, who+":"+m.Attr.String())
+			}
+			continue
+		}
+		if p.Info.Kind == bth.KindSend && p.Info.Last && len(p.Payload) > 0 {
+			data[d.Src]++
+			if tool == "udaddy" && (p.BTH.Opcode() != bth.OpUDSendOnlyImm || p.DETH.Fields().QKey != cm.RDMAUDPQKey) {
+				t.Errorf("udaddy data %v Q_Key %#x", p.BTH.Opcode(), p.DETH.Fields().QKey)
+			}
+		}
+	}
+	t.Logf("CM messages (s = softroce, g = guest): %v; messages per sender %v", msgs, data)
+	seq := strings.Join(msgs, " ")
+	cli, srv := "s", "g"
+	if !client {
+		cli, srv = "g", "s"
+	}
+	want := cli + ":REQ " + srv + ":REP " + cli + ":RTU"
+	if tool == "udaddy" {
+		want = cli + ":SIDR_REQ " + srv + ":SIDR_REP"
+	}
+	if !strings.HasPrefix(seq, want) {
+		t.Errorf("CM exchange %q, want %q first", seq, want)
+	}
+	if tool == "ucmatose" && (!strings.Contains(seq, srv+":DREQ") || !strings.Contains(seq, cli+":DREP")) {
+		t.Errorf("CM release %q: want the server's DREQ answered by a DREP", seq)
+	}
+	if data[hostIP] != 10 || data[guestIP] != 10 {
+		t.Errorf("data messages %v, want 10 each way", data)
 	}
 }
