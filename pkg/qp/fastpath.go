@@ -1,0 +1,146 @@
+package qp
+
+import (
+	"net/netip"
+	"sync"
+
+	"github.com/softroce/softroce/pkg/bth"
+	"github.com/softroce/softroce/pkg/roce/link"
+)
+
+// The fast path of the requester and responder output (docs/performance.md, "fast path"):
+//
+//   - Send buffers are not owned by the QP: a txSet (64 packet buffers, the batch and its GSO
+//     runs, ~270 KiB) is taken from a process-wide free list when the first packet of a burst is built and
+//     returned once the burst was handed to the Output (Output.Send never keeps the buffers), so
+//     an idle QP holds no send memory and 10,000 QPs fit in a few tens of MiB.
+//   - When the Output is a link.RunSender that currently uses GSO for the source address, the
+//     packets of a burst are grouped into GSO runs by link.RunRule as they are built, and the
+//     ICRC of the k-th packet of a run is computed with IPv4 ID k (IBTA A17.3.3: the ICRC covers
+//     the Identification field; the kernel numbers the segments of one GSO send 0, 1, 2, ...).
+//     The link sends each run as exactly one UDP_SEGMENT message and rewrites the ICRC for ID 0
+//     if it has to send a datagram plainly after all.
+
+// txSet is one burst's send buffers.
+type txSet struct {
+	bufs  [txBuffers][]byte
+	batch []link.Datagram
+	runs  []uint8
+	rule  link.RunRule
+	// pseudo-header CRC states by run index for one (endpoints, length): run packets k > 0
+	// need the pseudo-header with IPv4 ID k (index 0 uses the QP's icrcCache).
+	runEP    bth.Endpoints
+	runN     int
+	runState [txBuffers]uint32
+	runOK    [txBuffers]bool
+}
+
+// txPool is a free list of bursts shared by every QP of the process (a mutex-guarded stack:
+// sync.Pool would do, but drops items at random under the race detector and at every other GC,
+// which the zero-allocation tests would see). At most txPoolMax idle sets are kept.
+var txPool struct {
+	mu   sync.Mutex
+	free []*txSet
+}
+
+const txPoolMax = 64
+
+func getTxSet() *txSet {
+	txPool.mu.Lock()
+	if n := len(txPool.free); n > 0 {
+		t := txPool.free[n-1]
+		txPool.free[n-1] = nil
+		txPool.free = txPool.free[:n-1]
+		txPool.mu.Unlock()
+		return t
+	}
+	txPool.mu.Unlock()
+	t := &txSet{batch: make([]link.Datagram, 0, txBuffers), runs: make([]uint8, 0, txBuffers)}
+	for i := range t.bufs {
+		t.bufs[i] = make([]byte, txBufSize)
+	}
+	return t
+}
+
+func putTxSet(t *txSet) {
+	txPool.mu.Lock()
+	if len(txPool.free) < txPoolMax {
+		txPool.free = append(txPool.free, t)
+	}
+	txPool.mu.Unlock()
+}
+
+// txSetFor returns the QP's current burst, taking one from the pool if it has none.
+func (q *QP) txSetFor() *txSet {
+	if q.out == nil {
+		q.out = getTxSet()
+	}
+	return q.out
+}
+
+// releaseTx returns an empty burst to the pool.
+func (q *QP) releaseTx() {
+	t := q.out
+	if t == nil {
+		return
+	}
+	for i := range t.batch {
+		t.batch[i] = link.Datagram{}
+	}
+	t.batch = t.batch[:0]
+	t.runs = t.runs[:0]
+	t.rule.Reset()
+	q.out = nil
+	putTxSet(t)
+}
+
+// runIndex places the next packet (n bytes, src -> dst) in the burst's GSO runs and returns its
+// index in its run: the IPv4 ID it will carry on the wire (0 without GSO runs).
+func (q *QP) runIndex(t *txSet, n int, src, dst netip.AddrPort) uint16 {
+	if q.runs == nil || !src.Addr().Is4() || !q.runs.RunGSO(src.Addr()) {
+		// plain datagram: a run of one
+		t.rule.Join(0, src, dst) // closes any open run
+		t.runs = append(t.runs, 1)
+		return 0
+	}
+	k := t.rule.Join(n, src, dst)
+	if k == 0 {
+		t.runs = append(t.runs, 1)
+	} else {
+		t.runs[len(t.runs)-1]++
+	}
+	return uint16(k)
+}
+
+// runICRCState returns the pseudo-header CRC state for ep with IPv4 ID k (k > 0), cached per
+// (endpoints, length) in the burst.
+func (t *txSet) runICRCState(ep *bth.Endpoints, n int, k uint16) uint32 {
+	if t.runN != n || t.runEP != *ep {
+		t.runEP, t.runN = *ep, n
+		t.runOK = [txBuffers]bool{}
+	}
+	if int(k) < len(t.runState) {
+		if !t.runOK[k] {
+			e := *ep
+			e.IPID = k
+			t.runState[k] = bth.PseudoHeaderCRC(&e, n)
+			t.runOK[k] = true
+		}
+		return t.runState[k]
+	}
+	e := *ep
+	e.IPID = k
+	return bth.PseudoHeaderCRC(&e, n)
+}
+
+// sendBurst hands the burst to the Output: as GSO runs when any run has more than one packet.
+func (q *QP) sendBurst(t *txSet) error {
+	if q.runs != nil {
+		for _, r := range t.runs {
+			if r > 1 {
+				return q.runs.SendRuns(t.batch, t.runs)
+			}
+		}
+	}
+	return q.cfg.Out.Send(t.batch)
+}
