@@ -274,8 +274,8 @@ func parsePingpong(args []string, stderr io.Writer) (*ppConfig, error) {
 		return nil, fmt.Errorf("%w: -i %d: softroce devices have one port, 1", errPPUsage, ibPort)
 	case size < 1 || size > ppMaxSize:
 		return nil, fmt.Errorf("%w: -s %d: size must be 1..%d", errPPUsage, size, ppMaxSize)
-	case rx < 1 || iters < 1:
-		return nil, fmt.Errorf("%w: -r and -n must be at least 1", errPPUsage)
+	case rx < 1 || rx > 1<<20 || iters < 1:
+		return nil, fmt.Errorf("%w: -r must be 1..%d and -n at least 1", errPPUsage, 1<<20)
 	case sl < 0 || sl > 15:
 		return nil, fmt.Errorf("%w: -l %d: service levels are 0..15", errPPUsage, sl)
 	case rocePort == 0 || rocePort > 65535:

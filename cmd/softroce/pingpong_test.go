@@ -370,6 +370,8 @@ func TestPingpongFlags(t *testing.T) {
 		"qp > rx":      {"srq", "-q", "8", "-r", "4"},
 		"qp max":       {"srq", "-q", "256", "-r", "500"},
 		"size":         {"rc", "-s", "0"},
+		"rx depth":     {"srq", "-r", "10000000000"},
+		"iters":        {"uc", "-n", "0"},
 		"bad dev":      {"rc", "-d", "a/b"},
 		"unknown":      {"rc", "--bogus"},
 	}
