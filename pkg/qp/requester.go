@@ -382,12 +382,10 @@ func (q *QP) failWQE(w *sendWQE, st cq.Status) {
 
 // txBuf returns the next pooled send buffer, flushing a full batch.
 func (q *QP) txBuf() []byte {
-	t := q.txSetFor()
-	if len(t.batch) == cap(t.batch) {
+	if len(q.batch) == cap(q.batch) {
 		q.flush()
-		t = q.txSetFor()
 	}
-	return t.bufs[len(t.batch)]
+	return q.tx[len(q.batch)]
 }
 
 // finish writes the BTH, the pad and the ICRC of the packet in buf whose
@@ -418,31 +416,29 @@ func (q *QP) finish(buf []byte, op bth.Opcode, se, ackReq bool, dqpn uint32, psn
 		q.icrc.ep, q.icrc.n, q.icrc.ok = ep, end, true
 		q.icrc.state = bth.PseudoHeaderCRC(&q.icrc.ep, end)
 	}
-	t := q.txSetFor()
-	src, dst := netip.AddrPortFrom(path.Src, sport), netip.AddrPortFrom(path.Dst, q.cfg.DstPort)
-	state := q.icrc.state
-	if k := q.runIndex(t, end, src, dst); k > 0 {
-		// segment k of a GSO run carries IPv4 ID k (fastpath.go)
-		state = t.runICRCState(&q.icrc.ep, end, k)
-	}
-	bth.SetICRC(pkt, bth.ICRCContinue(state, pkt))
-	t.batch = append(t.batch, link.Datagram{Buf: pkt, Src: src, Dst: dst})
+	bth.SetICRC(pkt, bth.ICRCContinue(q.icrc.state, pkt))
+	q.batch = append(q.batch, link.Datagram{
+		Buf: pkt,
+		Src: netip.AddrPortFrom(path.Src, sport),
+		Dst: netip.AddrPortFrom(path.Dst, q.cfg.DstPort),
+	})
 }
 
 // flush hands the pending batch to the Output.
 func (q *QP) flush() {
-	t := q.out
-	if t == nil {
+	if len(q.batch) == 0 {
 		return
 	}
-	if n := len(t.batch); n > 0 {
-		if err := q.sendBurst(t); err != nil {
-			q.cnt.SendErr.Add(1)
-		} else {
-			q.cnt.SentPkts.Add(uint64(n))
-		}
+	n := len(q.batch)
+	if err := q.cfg.Out.Send(q.batch); err != nil {
+		q.cnt.SendErr.Add(1)
+	} else {
+		q.cnt.SentPkts.Add(uint64(n))
 	}
-	q.releaseTx()
+	for i := range q.batch {
+		q.batch[i] = link.Datagram{}
+	}
+	q.batch = q.batch[:0]
 }
 
 // localOp executes LOCAL_INV or BIND_MW through pkg/mr (IBTA 10.6.7.2

@@ -48,8 +48,6 @@ type responder struct {
 	res     []resource // READ/atomic responder resources (max_dest_rd_atomic)
 	resNext int
 
-	writes writeCount // RDMA WRITE messages executed (QP.RemoteWrites)
-
 	grh [40]byte
 }
 
@@ -379,7 +377,6 @@ func (q *QP) recvWrite(p *bth.Packet, psn bth.PSN) {
 	}
 	r.inMsg = msgNone
 	r.msn = (r.msn + 1) & bth.PSNMask
-	r.writes.n.Add(1) // after the last byte is placed: see RemoteWrites
 	q.advance(p, psn)
 	if imm {
 		wc := cq.WC{
