@@ -178,6 +178,7 @@ type ID struct {
 	remote    netip.AddrPort
 	route     Route
 	qp        *roce.QP
+	pd        *mr.PD // the QP's PD (UD address handles are made in it)
 	conn      *cm.Conn
 	listener  *cm.Listener
 	backlog   int
@@ -501,7 +502,7 @@ func (id *ID) CreateQP(pd *mr.PD, in roce.QPInit) (*roce.QP, error) {
 			return nil, err
 		}
 	}
-	id.qp = q
+	id.qp, id.pd = q, pd
 	return q, nil
 }
 
@@ -835,7 +836,12 @@ func (ds *devState) handle(e cm.Event) {
 	case cm.EventEstablished:
 		id.state = stConnected
 		if id.ps == cm.PSUDP {
-			ah, err := ds.d.CreateAH(pdForAH, qp.AHAttr{DGID: id.remote.Addr(), SGIDIndex: uint8(id.route.SGIDIndex), HopLimit: 64})
+			pd := id.pd
+			if pd == nil {
+				ev.Type, ev.Status = cm.EventUnreachable, ErrNoQP
+				break
+			}
+			ah, err := ds.d.CreateAH(pd, qp.AHAttr{DGID: id.remote.Addr(), SGIDIndex: uint8(id.route.SGIDIndex), HopLimit: 64})
 			if err != nil {
 				ev.Type, ev.Status = cm.EventUnreachable, err
 				break
@@ -869,10 +875,6 @@ func (ds *devState) handle(e cm.Event) {
 	id.mu.Unlock()
 	id.ch.push(ev)
 }
-
-// pdForAH: CreateAH only checks that a PD is given; the AH is not tied to
-// a PD's objects in softroce.
-var pdForAH = &mr.PD{}
 
 // localView converts the peer's announced parameters to the local side's
 // point of view (cm_format_req_event / cm_format_rep_event).

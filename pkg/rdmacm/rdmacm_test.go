@@ -30,14 +30,18 @@ var (
 // (CM and transport timers fire only when the test advances it); the
 // fault rules apply to what a and b send.
 func pair(t *testing.T, sendA, sendB []fault.Rule) (*roce.Device, *roce.Device, *qp.ManualClock) {
+	return pairOn(t, addrA, addrB, sendA, sendB)
+}
+
+func pairOn(t *testing.T, aa, ab netip.Addr, sendA, sendB []fault.Rule) (*roce.Device, *roce.Device, *qp.ManualClock) {
 	t.Helper()
 	clk := qp.NewManualClock(time.Unix(1000, 0))
 	nw := link.NewMemNetwork(link.MemOptions{})
-	la, err := nw.Attach(addrA)
+	la, err := nw.Attach(aa)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lb, err := nw.Attach(addrB)
+	lb, err := nw.Attach(ab)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -465,5 +469,77 @@ func TestDestroyPending(t *testing.T) {
 	next(t, cli.ch, EventRejected)
 	if err := req.ID.Accept(nil); !errors.Is(err, ErrState) {
 		t.Fatalf("accept after destroy: %v", err)
+	}
+}
+
+// TestIPv6: the CMA header carries IPv6 addresses (IP version 6), the GIDs are the IPv6
+// addresses themselves, and the connection carries data.
+func TestIPv6(t *testing.T) {
+	a6, b6 := netip.MustParseAddr("fd00::1"), netip.MustParseAddr("fd00::2")
+	a, b, _ := pairOn(t, a6, b6, nil, nil)
+	srv, cli := newSide(t, b, cm.PSTCP), newSide(t, a, cm.PSTCP)
+	listen(t, srv, 7174)
+	if err := cli.id.ResolveAddr(netip.Addr{}, netip.AddrPortFrom(b6, 7174), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	next(t, cli.ch, EventAddrResolved)
+	if cli.id.LocalAddr().Addr() != a6 {
+		t.Fatalf("source %v", cli.id.LocalAddr())
+	}
+	if err := cli.id.ResolveRoute(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	next(t, cli.ch, EventRouteResolved)
+	qa := cli.createQP(t, cli.id)
+	if err := cli.id.Connect(ConnParam{RetryCount: 7, RNRRetryCount: 7}); err != nil {
+		t.Fatal(err)
+	}
+	req := next(t, srv.ch, EventConnectRequest)
+	if req.ID.RemoteAddr() != cli.id.LocalAddr() || req.ID.LocalAddr().Addr() != b6 {
+		t.Fatalf("child %v <- %v", req.ID.LocalAddr(), req.ID.RemoteAddr())
+	}
+	qb := srv.createQP(t, req.ID)
+	if _, err := qb.PostRecv([]qp.RecvWR{{WRID: 1, SGL: []qp.SGE{{Addr: 0x10000, Length: 64, LKey: srv.mr.LKey()}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := req.ID.Accept(nil); err != nil {
+		t.Fatal(err)
+	}
+	next(t, cli.ch, EventEstablished)
+	next(t, srv.ch, EventEstablished)
+	copy(cli.buf, "six")
+	if _, err := qa.PostSend([]qp.SendWR{{WRID: 2, Opcode: qp.WRSend, SGL: []qp.SGE{{Addr: 0x10000, Length: 3, LKey: cli.mr.LKey()}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := srv.wc(t); wc.Status != cq.StatusSuccess || string(srv.buf[:3]) != "six" {
+		t.Fatalf("recv %+v %q", wc, srv.buf[:3])
+	}
+}
+
+// TestDestroyConnected: destroying a connected ID disconnects (DREQ): the peer sees
+// DISCONNECTED; the destroyed ID reports nothing more. A closed channel fails Get.
+func TestDestroyConnected(t *testing.T) {
+	a, b, _ := pair(t, nil, nil)
+	srv, cli := newSide(t, b, cm.PSTCP), newSide(t, a, cm.PSTCP)
+	listen(t, srv, 11)
+	connectTo(t, cli, 11, ConnParam{})
+	req := next(t, srv.ch, EventConnectRequest)
+	srv.createQP(t, req.ID)
+	if err := req.ID.Accept(nil); err != nil {
+		t.Fatal(err)
+	}
+	next(t, cli.ch, EventEstablished)
+	next(t, srv.ch, EventEstablished)
+	if err := cli.id.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	next(t, srv.ch, EventDisconnected)
+	none(t, cli.ch)
+	if err := cli.id.Destroy(); !errors.Is(err, ErrDestroyed) {
+		t.Fatalf("second destroy: %v", err)
+	}
+	cli.ch.Close()
+	if _, err := cli.ch.Get(context.Background()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("closed channel: %v", err)
 	}
 }
