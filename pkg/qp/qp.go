@@ -125,8 +125,10 @@ const (
 	MaxUnackedPSNs = 128
 	// PktsPerAck: the requester sets AckReq at least every this many packets.
 	PktsPerAck = 64
-	// txBuffers is the number of pooled send buffers per QP (one batch).
-	txBuffers = 16
+	// txBuffers is the number of send buffers of one burst (a txSet taken
+	// from a pool while the QP sends, fastpath.go): one sendmmsg call, up
+	// to 4 GSO messages of 4 KiB packets or one of 1 KiB packets.
+	txBuffers = 64
 	// txBufSize fits the largest packet: headers, 4096 payload, pad, ICRC.
 	txBufSize = 4096 + 128
 )
@@ -191,10 +193,11 @@ type QP struct {
 	comp completer
 	tmr  timers
 
-	// output
-	tx    [txBuffers][]byte
-	batch []link.Datagram
-	icrc  icrcCache
+	// output: the current burst (nil when idle; fastpath.go) and the
+	// Output's GSO run interface (nil if it has none)
+	out  *txSet
+	runs link.RunSender
+	icrc icrcCache
 }
 
 // icrcCache holds the pseudo-header CRC state of the last (endpoints,
@@ -254,10 +257,7 @@ func New(c Config) (*QP, error) {
 			q.rq[i].sge = make([]SGE, c.Cap.MaxRecvSGE)
 		}
 	}
-	for i := range q.tx {
-		q.tx[i] = make([]byte, txBufSize)
-	}
-	q.batch = make([]link.Datagram, 0, txBuffers)
+	q.runs, _ = c.Out.(link.RunSender)
 	q.resetLocked()
 	q.tmr.t = c.Clock.AfterFunc(time.Hour, q.onTimerFire)
 	q.tmr.t.Stop()
@@ -453,7 +453,7 @@ func (q *QP) resetLocked() {
 		q.tmr.t.Stop()
 	}
 	q.tmr = timers{t: q.tmr.t}
-	q.batch = q.batch[:0]
+	q.releaseTx()
 	q.mtu = uint32(q.attr.PathMTU.Bytes())
 	if q.mtu == 0 || q.typ.Datagram() {
 		q.mtu = uint32(q.cfg.MTU.Bytes())

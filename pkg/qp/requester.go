@@ -382,10 +382,12 @@ func (q *QP) failWQE(w *sendWQE, st cq.Status) {
 
 // txBuf returns the next pooled send buffer, flushing a full batch.
 func (q *QP) txBuf() []byte {
-	if len(q.batch) == cap(q.batch) {
+	t := q.txSetFor()
+	if len(t.batch) == cap(t.batch) {
 		q.flush()
+		t = q.txSetFor()
 	}
-	return q.tx[len(q.batch)]
+	return t.bufs[len(t.batch)]
 }
 
 // finish writes the BTH, the pad and the ICRC of the packet in buf whose
@@ -416,29 +418,31 @@ func (q *QP) finish(buf []byte, op bth.Opcode, se, ackReq bool, dqpn uint32, psn
 		q.icrc.ep, q.icrc.n, q.icrc.ok = ep, end, true
 		q.icrc.state = bth.PseudoHeaderCRC(&q.icrc.ep, end)
 	}
-	bth.SetICRC(pkt, bth.ICRCContinue(q.icrc.state, pkt))
-	q.batch = append(q.batch, link.Datagram{
-		Buf: pkt,
-		Src: netip.AddrPortFrom(path.Src, sport),
-		Dst: netip.AddrPortFrom(path.Dst, q.cfg.DstPort),
-	})
+	t := q.txSetFor()
+	src, dst := netip.AddrPortFrom(path.Src, sport), netip.AddrPortFrom(path.Dst, q.cfg.DstPort)
+	state := q.icrc.state
+	if k := q.runIndex(t, end, src, dst); k > 0 {
+		// segment k of a GSO run carries IPv4 ID k (fastpath.go)
+		state = t.runICRCState(&q.icrc.ep, end, k)
+	}
+	bth.SetICRC(pkt, bth.ICRCContinue(state, pkt))
+	t.batch = append(t.batch, link.Datagram{Buf: pkt, Src: src, Dst: dst})
 }
 
 // flush hands the pending batch to the Output.
 func (q *QP) flush() {
-	if len(q.batch) == 0 {
+	t := q.out
+	if t == nil {
 		return
 	}
-	n := len(q.batch)
-	if err := q.cfg.Out.Send(q.batch); err != nil {
-		q.cnt.SendErr.Add(1)
-	} else {
-		q.cnt.SentPkts.Add(uint64(n))
+	if n := len(t.batch); n > 0 {
+		if err := q.sendBurst(t); err != nil {
+			q.cnt.SendErr.Add(1)
+		} else {
+			q.cnt.SentPkts.Add(uint64(n))
+		}
 	}
-	for i := range q.batch {
-		q.batch[i] = link.Datagram{}
-	}
-	q.batch = q.batch[:0]
+	q.releaseTx()
 }
 
 // localOp executes LOCAL_INV or BIND_MW through pkg/mr (IBTA 10.6.7.2

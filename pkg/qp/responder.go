@@ -48,6 +48,8 @@ type responder struct {
 	res     []resource // READ/atomic responder resources (max_dest_rd_atomic)
 	resNext int
 
+	writes writeCount // RDMA WRITE messages executed (QP.RemoteWrites)
+
 	grh [40]byte
 }
 
@@ -377,6 +379,7 @@ func (q *QP) recvWrite(p *bth.Packet, psn bth.PSN) {
 	}
 	r.inMsg = msgNone
 	r.msn = (r.msn + 1) & bth.PSNMask
+	r.writes.n.Add(1) // after the last byte is placed: see RemoteWrites
 	q.advance(p, psn)
 	if imm {
 		wc := cq.WC{
