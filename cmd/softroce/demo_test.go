@@ -26,20 +26,3 @@ func TestDemoBadFlags(t *testing.T) {
 		t.Fatalf("exit %d", rc)
 	}
 }
-
-// TestPerfMem runs each perf operation briefly on the in-memory link.
-func TestPerfMem(t *testing.T) {
-	for _, op := range []string{"write", "read", "send"} {
-		var out, errb bytes.Buffer
-		if rc := runPerf([]string{"--mem", "-op", op, "-size", "10000", "-iters", "50", "-depth", "4", "-mtu", "1024"}, &out, &errb); rc != 0 {
-			t.Fatalf("%s: exit %d\n%s%s", op, rc, out.String(), errb.String())
-		}
-		if !strings.Contains(out.String(), "bandwidth") {
-			t.Fatalf("%s: output %s", op, out.String())
-		}
-	}
-	var out, errb bytes.Buffer
-	if rc := runPerf([]string{"-op", "flush"}, &out, &errb); rc != 2 {
-		t.Fatalf("bad op: exit %d", rc)
-	}
-}

@@ -114,6 +114,8 @@ type perfRes struct {
 	tposted    []time.Duration
 	tcompleted []time.Duration
 	timer      *time.Timer
+	// writesSeen is QP 0's RemoteWrites count when waitByte last looked at the buffer.
+	writesSeen uint64
 }
 
 // newPerfRes creates the PD, the buffer and its MR, the CQs and c.QPs RC QPs in INIT, and the
@@ -521,20 +523,24 @@ func (r *perfRes) latWrite(size int) error {
 	return nil
 }
 
-// waitByte waits until buf[off] == v. The responder places a WRITE's payload while holding
-// the QP's lock (IBTA 9.7.5.1.3 ordering: the last byte lands with or after the others), so
-// taking that lock (q.State) before each look orders the read after the placement.
+// waitByte waits until buf[off] == v. RDMA WRITE makes no completion at the target, so
+// like perftest we poll the byte; we look at it only when the QP's count of executed WRITE
+// messages moved (qp.RemoteWrites: its atomic load orders our read after the placement, and
+// the peer's next WRITE only follows our own next one, so nothing writes the byte while we
+// read it).
 func (r *perfRes) waitByte(q *roce.QP, off int, v byte) error {
 	start := time.Now()
 	for i := 0; ; i++ {
-		st := q.State()
-		if r.buf[off] == v {
-			return nil
-		}
-		if st == qp.StateErr {
-			return fmt.Errorf("%w: QP %#x entered the error state while waiting for the peer's WRITE", errPerfVerbs, q.Num())
+		if w := q.RemoteWrites(); w != r.writesSeen {
+			r.writesSeen = w
+			if r.buf[off] == v {
+				return nil
+			}
 		}
 		if i%64 == 63 {
+			if q.State() == qp.StateErr {
+				return fmt.Errorf("%w: QP %#x entered the error state while waiting for the peer's WRITE", errPerfVerbs, q.Num())
+			}
 			el := time.Since(start)
 			if el > r.c.RunTimeout {
 				return fmt.Errorf("%w: no WRITE from the peer within %v", errPerfTimeout, r.c.RunTimeout)
