@@ -144,13 +144,19 @@ func openDUT(f *conformFlags, stderr io.Writer) (*conform.Bench, func() error, e
 		return b, b.Close, nil
 	case "rxe":
 		ctx := context.Background()
+		unlock, err := conformlab.LockLab(30*time.Minute, func() { fmt.Fprintln(stderr, "softroce conform: waiting for another lab user (scripts/interop)") })
+		if err != nil {
+			return nil, nil, err
+		}
 		lab, err := rxelab.Start(ctx, rxelab.Options{Attach: true, MaxLife: 30 * time.Minute, Log: stderr})
 		if err != nil {
+			unlock()
 			return nil, nil, err
 		}
 		r, err := conformlab.OpenRxe(ctx, lab)
 		if err != nil {
 			_ = lab.Stop()
+			unlock()
 			return nil, nil, err
 		}
 		return r.Bench, func() error {
@@ -161,6 +167,7 @@ func openDUT(f *conformFlags, stderr io.Writer) (*conform.Bench, func() error, e
 			if serr := lab.Stop(); serr != nil && err == nil {
 				err = serr
 			}
+			unlock()
 			return err
 		}, nil
 	}

@@ -17,6 +17,8 @@ import (
 	"strconv"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/softroce/softroce/internal/rocetest"
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/conform"
@@ -132,4 +134,39 @@ func (r *Rxe) Close() (string, error) {
 		werr = fmt.Errorf("conformlab: agent exit status %d", st)
 	}
 	return string(out), errors.Join(err, werr)
+}
+
+// LockLab takes the lab lock scripts/interop takes ($RXE_LAB_CACHE/interop.lock, flock),
+// waiting up to wait, so a run does not kill a VM another user is running (the script
+// starts with `vm stop`). The returned func releases it. The descriptor is close-on-exec,
+// so the VM and its watchdog do not inherit the lock.
+func LockLab(wait time.Duration, waiting func()) (func(), error) {
+	dir := os.Getenv("RXE_LAB_CACHE")
+	if dir == "" {
+		dir = "/var/cache/rxe-lab"
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "interop.lock"), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(wait)
+	told := false
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return func() { _ = unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
+			f.Close()
+			return nil, fmt.Errorf("conformlab: lab lock %s: %w", f.Name(), err)
+		}
+		if !told && waiting != nil {
+			waiting()
+			told = true
+		}
+		time.Sleep(500 * time.Millisecond) // polling another process's lock; not a test
+	}
 }
