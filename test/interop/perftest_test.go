@@ -1,0 +1,339 @@
+//go:build interop
+
+package interop
+
+// softroce perf (cmd/softroce perf.go, perf_run.go: softroce's QP engine behind a
+// perftest-compatible CLI) against perftest 6.06's ib_{send,write,read,atomic}_{bw,lat} on
+// kernel rxe, both directions:
+//
+//   - softroce->rxe: the guest tool serves (`ib_X -d rxe0 -x 1 -m 1024 -F ...`); the softroce
+//     CLI, run in the lab netns, is its client;
+//   - rxe->softroce: the softroce CLI serves on 198.18.0.1, the guest tool connects.
+//
+// Each pairing checks both exit statuses, both outputs (each side's remote address lines
+// are the other's local lines; the result table has the size and iteration count asked, and
+// for WRITE/READ/atomic BW the server prints exactly the client's report, which crossed the
+// TCP exchange), and captures the tap: every RoCE packet's ICRC must verify over its real IP
+// header (bth.ICRCFromIP, IBTA A17.3.3), every packet carries DF, and the requests are those
+// of the test (IBTA 9.2.1 opcodes) in the number asked.
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/softroce/softroce/internal/rocetest"
+	"github.com/softroce/softroce/pkg/bth"
+	"github.com/softroce/softroce/test/rxelab"
+)
+
+// pfCase is one perftest pairing configuration.
+type pfCase struct {
+	Verb   string // send, write, read, atomic
+	Lat    bool
+	Size   int // 0 for atomics (always 8)
+	Iters  int
+	Atomic string // atomics: CMP_AND_SWAP or FETCH_AND_ADD
+}
+
+func (c pfCase) tool() string {
+	kind := "bw"
+	if c.Lat {
+		kind = "lat"
+	}
+	return "ib_" + c.Verb + "_" + kind
+}
+
+func (c pfCase) size() int {
+	if c.Verb == "atomic" {
+		return 8
+	}
+	return c.Size
+}
+
+func (c pfCase) name() string {
+	n := "perftest-" + strings.TrimPrefix(c.tool(), "ib_")
+	if c.Verb == "atomic" {
+		return n + "-" + map[string]string{"CMP_AND_SWAP": "cas", "FETCH_AND_ADD": "faa"}[c.Atomic]
+	}
+	return fmt.Sprintf("%s-%d", n, c.Size)
+}
+
+// flags are the perftest flags both sides get (the lab captures' commands, plus -n).
+func (c pfCase) flags() string {
+	f := fmt.Sprintf("-x %d -m %d -F -n %d", rxelab.GuestGIDIndex, pathMTU, c.Iters)
+	if c.Verb == "atomic" {
+		return f + " -A " + c.Atomic
+	}
+	return f + fmt.Sprintf(" -s %d", c.Size)
+}
+
+func init() {
+	var cases []pfCase
+	for _, size := range []int{64, 3000} {
+		for _, v := range []string{"write", "read", "send"} {
+			cases = append(cases, pfCase{Verb: v, Size: size, Iters: 200})
+		}
+		for _, v := range []string{"write", "send", "read"} {
+			cases = append(cases, pfCase{Verb: v, Lat: true, Size: size, Iters: 100})
+		}
+	}
+	cases = append(cases,
+		pfCase{Verb: "atomic", Iters: 200, Atomic: "FETCH_AND_ADD"},
+		pfCase{Verb: "atomic", Iters: 200, Atomic: "CMP_AND_SWAP"},
+		pfCase{Verb: "atomic", Lat: true, Iters: 100, Atomic: "FETCH_AND_ADD"})
+	for _, c := range cases {
+		c := c
+		pairings = append(pairings,
+			pairing{Name: c.name(), Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { pfInterop(t, lab, c, true) }},
+			pairing{Name: c.name(), Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { pfInterop(t, lab, c, false) }},
+		)
+	}
+}
+
+// pfInterop runs one pairing; client tells whether softroce is the client.
+func pfInterop(t *testing.T, lab *rxelab.Lab, c pfCase, client bool) {
+	bin := buildSoftroce(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	stopCapture := startCapture(t, lab)
+
+	guestCmd := fmt.Sprintf("%s -d %s %s", c.tool(), rxelab.GuestDev, c.flags())
+	ourArgs := []string{"perf", c.Verb}
+	if c.Lat {
+		ourArgs = append(ourArgs, "--lat")
+	}
+	ourArgs = append(ourArgs, "-d", rxelab.HostIP, "--timeout", "30s", "--run-timeout", "60s")
+	ourArgs = append(ourArgs, strings.Fields(c.flags())...)
+	if client {
+		ourArgs = append(ourArgs, rxelab.GuestIP)
+	} else {
+		guestCmd += " " + rxelab.HostIP
+	}
+
+	ours := newLineWatch("Waiting for client to connect")
+	var ourErr bytes.Buffer
+	cmd := lab.NSCommand(ctx, bin, ourArgs...)
+	cmd.Stdout, cmd.Stderr = ours, &ourErr
+	var job *rxelab.Job
+	var err error
+	if client {
+		// the guest server first; our client retries its connection until it listens
+		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+guestCmd, rxelab.ExecOptions{Timeout: 90 * time.Second}); err != nil {
+			t.Fatalf("guest: %v", err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		// our server first; it listens before it prints the waiting banner
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-ours.seen:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatalf("softroce server never listened:\n%s%s", ours.String(), ourErr.String())
+		}
+		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+guestCmd, rxelab.ExecOptions{Timeout: 90 * time.Second}); err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatalf("guest: %v", err)
+		}
+	}
+	waited := false
+	defer func() {
+		if !waited {
+			_ = job.Kill()
+			out, st, _ := job.Wait(context.Background())
+			t.Logf("guest %s (killed) status %d:\n%s", guestCmd, st, out)
+		}
+	}()
+	ourStatus := 0
+	if err := cmd.Wait(); err != nil {
+		ourStatus = -1
+		if ee, ok := err.(*exec.ExitError); ok {
+			ourStatus = ee.ExitCode()
+		}
+	}
+	t.Logf("softroce %s (exit %d):\n%s%s", strings.Join(ourArgs, " "), ourStatus, ours.String(), ourErr.String())
+	guestOut, guestStatus, err := job.Wait(ctx)
+	waited = true
+	if err != nil {
+		t.Fatalf("guest job: %v", err)
+	}
+	t.Logf("guest %s (exit %d):\n%s", guestCmd, guestStatus, guestOut)
+	if ourStatus != 0 {
+		t.Errorf("softroce perf exit status %d, want 0", ourStatus)
+	}
+	if guestStatus != 0 {
+		t.Errorf("guest %s exit status %d, want 0", c.tool(), guestStatus)
+	}
+	if ourErr.Len() != 0 {
+		t.Errorf("softroce stderr: %q", ourErr.String())
+	}
+	pfCheckOutputs(t, c, client, ours.String(), string(guestOut))
+	pfCheckWire(t, c, client, stopCapture())
+}
+
+var (
+	pfLocalRe  = regexp.MustCompile(`(?m)^ local address: LID 0000 (QPN 0x[0-9a-f]+ PSN 0x[0-9a-f]+.*)\n GID: ([0-9:]+)$`)
+	pfRemoteRe = regexp.MustCompile(`(?m)^ remote address: LID 0000 (QPN 0x[0-9a-f]+ PSN 0x[0-9a-f]+.*)\n GID: ([0-9:]+)$`)
+	pfGIDHost  = "00:00:00:00:00:00:00:00:00:00:255:255:198:18:00:01"
+	pfGIDGuest = "00:00:00:00:00:00:00:00:00:00:255:255:198:18:00:02"
+)
+
+// pfRows returns the whitespace-separated fields of the result lines after the table header
+// (BW: 5 columns, latency: 9; the guest's cycle counter may print inf and -nan).
+func pfRows(out string, lat bool) [][]string {
+	header := "BW average["
+	cols := 5
+	if lat {
+		header, cols = "t_typical[usec]", 9
+	}
+	i := strings.Index(out, header)
+	if i < 0 {
+		return nil
+	}
+	var rows [][]string
+	for _, line := range strings.Split(out[i:], "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) != cols {
+			break
+		}
+		rows = append(rows, f)
+	}
+	return rows
+}
+
+// pfCheckOutputs: both sides print one local and one remote address line, each side's
+// remote line is the other's local line, the GIDs are the lab addresses, and the tables
+// hold the asked size and iterations (one-sided BW: the server's line is the client's).
+func pfCheckOutputs(t *testing.T, c pfCase, client bool, ours, guest string) {
+	t.Helper()
+	oL, oR := pfLocalRe.FindAllStringSubmatch(ours, -1), pfRemoteRe.FindAllStringSubmatch(ours, -1)
+	gL, gR := pfLocalRe.FindAllStringSubmatch(guest, -1), pfRemoteRe.FindAllStringSubmatch(guest, -1)
+	if len(oL) != 1 || len(oR) != 1 || len(gL) != 1 || len(gR) != 1 {
+		t.Fatalf("address lines: softroce %d local %d remote, rxe %d local %d remote; want 1 each", len(oL), len(oR), len(gL), len(gR))
+	}
+	if oL[0][2] != pfGIDHost || gL[0][2] != pfGIDGuest {
+		t.Errorf("local GIDs: softroce %s, rxe %s", oL[0][2], gL[0][2])
+	}
+	if oR[0][1] != gL[0][1] || oR[0][2] != gL[0][2] {
+		t.Errorf("softroce's remote %q is not rxe's local %q", oR[0][1:], gL[0][1:])
+	}
+	if gR[0][1] != oL[0][1] || gR[0][2] != oL[0][2] {
+		t.Errorf("rxe's remote %q is not softroce's local %q", gR[0][1:], oL[0][1:])
+	}
+	want := []string{strconv.Itoa(c.size()), strconv.Itoa(c.Iters)}
+	oRows, gRows := pfRows(ours, c.Lat), pfRows(guest, c.Lat)
+	ourServer := !client
+	check := func(who string, rows [][]string, expect bool) {
+		if !expect {
+			if len(rows) != 0 {
+				t.Errorf("%s printed results %v; a read/atomic latency server prints none", who, rows)
+			}
+			return
+		}
+		if len(rows) != 1 {
+			t.Errorf("%s: %d result rows, want 1", who, len(rows))
+			return
+		}
+		if rows[0][0] != want[0] || rows[0][1] != want[1] {
+			t.Errorf("%s: result row %v, want %s bytes x %s iterations", who, rows[0], want[0], want[1])
+		}
+	}
+	noServerTable := c.Lat && (c.Verb == "read" || c.Verb == "atomic")
+	check("softroce", oRows, !(ourServer && noServerTable))
+	check("rxe", gRows, !(!ourServer && noServerTable))
+	if !c.Lat && c.Verb != "send" && len(oRows) == 1 && len(gRows) == 1 {
+		// write/read/atomic BW: the server prints the client's report as exchanged
+		if strings.Join(oRows[0], " ") != strings.Join(gRows[0], " ") {
+			t.Errorf("server and client BW lines differ: softroce %v, rxe %v", oRows[0], gRows[0])
+		}
+	}
+	if len(oRows) == 1 {
+		for _, f := range oRows[0][2:] {
+			if v, err := strconv.ParseFloat(f, 64); err != nil || v < 0 || v != v {
+				t.Errorf("softroce result column %q", f)
+			}
+		}
+	}
+}
+
+// pfCheckWire checks the tap capture: ICRCs over the real headers, DF everywhere, the
+// test's requests from the requester (the client; both sides for write/send latency) and
+// their responses, at least iters messages.
+func pfCheckWire(t *testing.T, c pfCase, client bool, wire []rocetest.IPv4UDP) {
+	t.Helper()
+	reqs := map[netip.Addr]int{}
+	bad := 0
+	kinds := map[string]int{}
+	for _, d := range wire {
+		want, err := bth.ICRCFromIP(d.IP)
+		if err != nil {
+			t.Errorf("ICRCFromIP: %v", err)
+			continue
+		}
+		if got := bth.GetICRC(d.Payload); got != want {
+			if bad++; bad <= 5 {
+				t.Errorf("captured %v -> %v id %d: ICRC %#08x, computed over the real header %#08x", d.Src, d.Dst, d.ID, got, want)
+			}
+		}
+		if !d.DF {
+			t.Errorf("%v -> %v id %d without DF", d.Src, d.Dst, d.ID)
+		}
+		p, err := bth.Parse(d.Payload)
+		if err != nil {
+			t.Errorf("captured %v -> %v: %v", d.Src, d.Dst, err)
+			continue
+		}
+		info := p.Info
+		if info.Transport != bth.TransportRC {
+			t.Errorf("%v on an RC test", p.BTH.Opcode())
+		}
+		kinds[p.BTH.Opcode().String()]++
+		want2 := map[string]bth.OpKind{"write": bth.KindWrite, "read": bth.KindReadReq, "send": bth.KindSend}[c.Verb]
+		switch {
+		case c.Verb == "atomic" && (info.Kind == bth.KindCmpSwap || info.Kind == bth.KindFetchAdd):
+			wantKind := bth.KindFetchAdd
+			if c.Atomic == "CMP_AND_SWAP" {
+				wantKind = bth.KindCmpSwap
+			}
+			if info.Kind != wantKind {
+				t.Errorf("%v on a %s test", p.BTH.Opcode(), c.Atomic)
+			}
+			reqs[d.Src]++
+		case c.Verb != "atomic" && info.Kind == want2 && (info.Last || info.Kind == bth.KindReadReq):
+			reqs[d.Src]++
+		case info.Request:
+			t.Errorf("%v -> %v: unexpected request %v on a %s test", d.Src, d.Dst, p.BTH.Opcode(), c.tool())
+		}
+	}
+	requester := hostIP
+	if !client {
+		requester = guestIP
+	}
+	if reqs[requester] < c.Iters {
+		t.Errorf("the client (%v) sent %d %s requests, want >= %d", requester, reqs[requester], c.Verb, c.Iters)
+	}
+	if c.Lat && (c.Verb == "write" || c.Verb == "send") {
+		other := guestIP
+		if requester == guestIP {
+			other = hostIP
+		}
+		if reqs[other] < c.Iters {
+			t.Errorf("the server (%v) sent %d %s messages in the ping-pong, want >= %d", other, reqs[other], c.Verb, c.Iters)
+		}
+	}
+	t.Logf("wire: %d RoCE packets %v; requests %v; %d bad ICRCs", len(wire), kinds, reqs, bad)
+}
