@@ -892,7 +892,13 @@ func localView(r *cm.ConnParam, pd []byte) ConnParam {
 }
 
 func (ds *devState) connectRequest(e cm.Event) {
-	lid, _ := e.Listener.Context.(*ID)
+	if e.Conn == nil {
+		return
+	}
+	var lid *ID
+	if e.Listener != nil {
+		lid, _ = e.Listener.Context.(*ID)
+	}
 	if lid == nil {
 		rejectRaw(e)
 		return

@@ -2,6 +2,8 @@ package roce
 
 import (
 	"errors"
+	"math/rand/v2"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -176,4 +178,77 @@ func TestGSICommEst(t *testing.T) {
 	postRecv(t, eb, qp.RecvWR{WRID: 1, SGL: []qp.SGE{eb.sge(0, 64)}})
 	post(t, ea, qp.SendWR{WRID: 1, Opcode: qp.WRSend, SGL: []qp.SGE{ea.sge(0, 8)}})
 	waitCM(t, evB, cm.EventEstablished)
+}
+
+// TestGSIRemoteGarbage: QP1 takes UD SENDs from anyone: garbage MADs (random bytes, wrong
+// class, short, long) are refused by the CM parser and counted, a wrong Q_Key never reaches
+// the CM, nothing panics, and the receive ring keeps working (a real REQ afterwards still
+// gets its REJ).
+func TestGSIRemoteGarbage(t *testing.T) {
+	nw := link.NewMemNetwork(link.MemOptions{})
+	lb, err := nw.Attach(addrB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := nw.Attach(netip.MustParseAddr("127.0.0.3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	b, err := Open(Options{Link: lb, CM: CMOptions{RecvDepth: 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	src := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.3"), 0xC001)
+	dst := netip.AddrPortFrom(addrB, bth.UDPPort)
+	send := func(qkey uint32, payload []byte) {
+		t.Helper()
+		if err := raw.Send([]link.Datagram{{Buf: udPacket(src, dst, 1, qkey, payload, 0), Src: src, Dst: dst}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	n := 0
+	for i := 0; i < 40; i++ { // 10x the ring: buffers must be reposted
+		mad := make([]byte, cm.MADSize)
+		for j := range mad {
+			mad[j] = byte(rng.Uint32())
+		}
+		if i%2 == 1 { // a CM header with a garbage attribute / method
+			cm.MAD(mad).Encode(&cm.MADFields{BaseVersion: 1, MgmtClass: cm.MgmtClassCM, ClassVersion: 2,
+				Method: cm.Method(rng.Uint32()), AttrID: cm.AttrID(rng.Uint32())})
+		}
+		send(cm.GSIQKey, mad)
+		n++
+	}
+	send(cm.GSIQKey, make([]byte, 100)) // short: not a MAD
+	send(0x1234, make([]byte, cm.MADSize))
+	// a well-formed REQ for a service nobody listens on: the CM answers REJ to the source QP
+	// (udPacket sends from QP 0x77)
+	var req [cm.MADSize]byte
+	cm.MAD(req[:]).Encode(&cm.MADFields{BaseVersion: 1, MgmtClass: cm.MgmtClassCM, ClassVersion: 2,
+		Method: cm.MethodSend, TID: 7, AttrID: cm.AttrREQ})
+	cm.REQ(cm.MAD(req[:]).Data()).Encode(&cm.REQFields{LocalCommID: 0x1234, ServiceID: cm.ServiceID(cm.PSTCP, 1),
+		LocalQPN: 0x99, PathMTU: 3, MaxCMRetries: 1, RemoteCMResponseTimeout: 10, LocalCMResponseTimeout: 10,
+		Primary: cm.PathFields{LocalGID: cm.AddrGID(src.Addr()), RemoteGID: cm.AddrGID(addrB), LocalACKTimeout: 10}})
+	send(cm.GSIQKey, req[:])
+	got := make([]link.Datagram, 1)
+	got[0].Buf = make([]byte, link.MaxDatagram)
+	k, err := raw.Recv(got)
+	if err != nil || k != 1 {
+		t.Fatalf("recv %d %v", k, err)
+	}
+	p, err := bth.Parse(got[0].Buf)
+	if err != nil || p.BTH.DestQP() != 0x77 || p.DETH.Fields().SrcQP != 1 || p.DETH.Fields().QKey != cm.GSIQKey {
+		t.Fatalf("answer %v %+v", err, p.BTH.Fields())
+	}
+	m, err := cm.Parse(p.Payload)
+	if err != nil || m.REJ == nil || m.REJ.Reason() != cm.RejInvalidServiceID || m.REJ.RemoteCommID() != 0x1234 || m.MAD.TID() != 7 {
+		t.Fatalf("answer %v %+v", err, m)
+	}
+	s := b.CM().Stats()
+	if s.Malformed != uint64(n) || s.Received != 1 {
+		t.Fatalf("CM stats %+v, want %d malformed and 1 received", s, n)
+	}
 }
