@@ -1,0 +1,312 @@
+//go:build interop
+
+package interop
+
+// Lossy-wire pairings (docs/reliability.md, "Against kernel rxe over a lossy wire"): the
+// softroce CLI (pingpong, perf: softroce's RC engine) against rdma-core's ibv_rc_pingpong -c
+// and perftest's ib_write_bw / ib_read_bw on kernel rxe, both directions, with netem on the
+// guest's eth0 (`tc qdisc add dev eth0 root netem loss 5% duplicate 2% reorder 5% delay 1ms`,
+// docs/lab.md) and, when the guest kernel has ifb, the same on eth0's ingress through ifb0
+// (the host kernel has no sch_netem, so the softroce->rxe direction is made lossy in the
+// guest). Both tools must finish successfully (pingpong -c checks every byte); the test logs
+// rxe's counters (hw_counters, as `rdma statistic show link rxe0/1`) before/after, and the
+// retransmissions of each side counted on the host tap capture (request PSNs sent again), and
+// every captured packet's ICRC must verify over its real IP header (IBTA A17.3.3).
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/softroce/softroce/internal/rocetest"
+	"github.com/softroce/softroce/pkg/bth"
+	"github.com/softroce/softroce/test/rxelab"
+)
+
+// netemSpec is the issue's lossy wire.
+const netemSpec = "loss 5% duplicate 2% reorder 5% delay 1ms"
+
+// nmCase is one lossy pairing.
+type nmCase struct {
+	Name string
+	// Guest is the guest tool and its flags (without the server address); Ours the softroce
+	// CLI arguments (without it).
+	Guest string
+	Ours  []string
+	// Marker is the line our server prints once it listens.
+	Marker string
+	// Result must appear in both outputs.
+	Result string
+}
+
+func init() {
+	mtu := strconv.Itoa(pathMTU)
+	gid := strconv.Itoa(rxelab.GuestGIDIndex)
+	cases := []nmCase{
+		{Name: "netem-pingpong-rc-3000x300",
+			Guest:  "ibv_rc_pingpong -d " + rxelab.GuestDev + " -g " + gid + " -m " + mtu + " -s 3000 -n 300 -c",
+			Ours:   []string{"pingpong", "rc", "-d", rxelab.HostIP, "-timeout", "60s", "-m", mtu, "-s", "3000", "-n", "300", "-c"},
+			Marker: "local address:", Result: "iters in"},
+	}
+	for _, verb := range []string{"write", "read"} {
+		f := []string{"-x", gid, "-m", mtu, "-F", "-n", "300", "-s", "16384"}
+		cases = append(cases, nmCase{Name: "netem-perftest-" + verb + "_bw-16384",
+			Guest:  "ib_" + verb + "_bw -d " + rxelab.GuestDev + " " + strings.Join(f, " "),
+			Ours:   append([]string{"perf", verb, "-d", rxelab.HostIP, "--timeout", "60s", "--run-timeout", "150s"}, f...),
+			Marker: "Waiting for client to connect", Result: "BW average["})
+	}
+	for _, c := range cases {
+		c := c
+		pairings = append(pairings,
+			pairing{Name: c.Name, Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { nmInterop(t, lab, c, true) }},
+			pairing{Name: c.Name, Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { nmInterop(t, lab, c, false) }},
+		)
+	}
+}
+
+// netemOn makes the guest's eth0 lossy (egress always; ingress through ifb0 if the guest
+// kernel can) until the test ends. It reports whether ingress is lossy too.
+func netemOn(t *testing.T, lab *rxelab.Lab) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, st, err := lab.Exec(ctx, "modprobe sch_netem 2>/dev/null; tc qdisc replace dev eth0 root netem "+netemSpec+" && tc qdisc show dev eth0",
+		rxelab.ExecOptions{Timeout: 30 * time.Second})
+	if err != nil || st != 0 {
+		t.Fatalf("netem on eth0: status %d %v\n%s", st, err, out)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		out, st, err := lab.Exec(ctx, "tc qdisc del dev eth0 root; tc qdisc del dev eth0 ingress 2>/dev/null; ip link del ifb0 2>/dev/null; tc qdisc show dev eth0",
+			rxelab.ExecOptions{Timeout: 30 * time.Second})
+		if err != nil {
+			t.Errorf("netem off: status %d %v\n%s", st, err, out)
+		}
+	})
+	in := "modprobe ifb numifbs=0 2>/dev/null; modprobe act_mirred 2>/dev/null; modprobe cls_matchall 2>/dev/null; " +
+		"ip link add ifb0 type ifb && ip link set ifb0 up && tc qdisc replace dev eth0 ingress && " +
+		"tc filter replace dev eth0 parent ffff: matchall action mirred egress redirect dev ifb0 && " +
+		"tc qdisc replace dev ifb0 root netem " + netemSpec + " && tc qdisc show dev ifb0"
+	out2, st2, err2 := lab.Exec(ctx, in, rxelab.ExecOptions{Timeout: 30 * time.Second})
+	ingress := err2 == nil && st2 == 0
+	t.Logf("netem egress: %s; ingress via ifb0: %v (%s)", strings.TrimSpace(string(out)), ingress, strings.TrimSpace(string(out2)))
+	return ingress
+}
+
+// rxeCounters reads rxe0's hw_counters (the values `rdma statistic show link rxe0/1` shows).
+func rxeCounters(t *testing.T, lab *rxelab.Lab) map[string]uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, st, err := lab.Exec(ctx, "cd /sys/class/infiniband/"+rxelab.GuestDev+"/ports/1/hw_counters && grep -H . *",
+		rxelab.ExecOptions{Timeout: 30 * time.Second})
+	if err != nil || st != 0 {
+		t.Fatalf("rxe counters: status %d %v\n%s", st, err, out)
+	}
+	m := map[string]uint64{}
+	for _, l := range strings.Split(string(out), "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(l), ":")
+		if !ok {
+			continue
+		}
+		if n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64); err == nil {
+			m[k] = n
+		}
+	}
+	return m
+}
+
+// counterDelta formats after-before for the nonzero counters, sorted.
+func counterDelta(before, after map[string]uint64) string {
+	var names []string
+	for k := range after {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	for _, k := range names {
+		if d := after[k] - before[k]; d != 0 {
+			fmt.Fprintf(&b, " %s=%d", k, d)
+		}
+	}
+	return b.String()
+}
+
+// wireSide is what one address sent, from the tap capture.
+type wireSide struct {
+	requests, retrans, responses, acks, seqNAKs, rnrNAKs, otherNAKs int
+}
+
+// nmWire counts each side's packets; a request whose PSN is not above every PSN seen before
+// on its flow (source, destination QP) was sent again (a retransmission, or for rxe's
+// packets also a netem duplicate: both pass the tap after the guest's qdisc).
+func nmWire(t *testing.T, wire []rocetest.IPv4UDP) map[netip.Addr]*wireSide {
+	t.Helper()
+	type flow struct {
+		src netip.Addr
+		qp  uint32
+	}
+	next := map[flow]bth.PSN{}
+	out := map[netip.Addr]*wireSide{hostIP: {}, guestIP: {}}
+	bad := 0
+	for _, d := range wire {
+		s := out[d.Src]
+		if s == nil {
+			continue
+		}
+		p, err := bth.Parse(d.Payload)
+		if err != nil {
+			t.Errorf("captured %v -> %v: %v", d.Src, d.Dst, err)
+			continue
+		}
+		if want, err := bth.ICRCFromIP(d.IP); err != nil || bth.GetICRC(d.Payload) != want {
+			if bad++; bad <= 5 {
+				t.Errorf("captured %v -> %v id %d: ICRC does not verify over the real header (%v)", d.Src, d.Dst, d.ID, err)
+			}
+		}
+		if !p.Info.Request {
+			s.responses++
+			if p.Info.Kind == bth.KindAck {
+				s.acks++
+				syn := p.AETH.Fields().Syndrome
+				switch bth.SyndromeType(syn) {
+				case bth.AckTypeRNR:
+					s.rnrNAKs++
+				case bth.AckTypeNAK:
+					if bth.SyndromeValue(syn) == bth.NAKPSNSeqErr {
+						s.seqNAKs++
+					} else {
+						s.otherNAKs++
+					}
+				}
+			}
+			continue
+		}
+		s.requests++
+		f := flow{d.Src, p.BTH.DestQP()}
+		psn := p.BTH.PSN()
+		last := psn
+		if p.Info.Kind == bth.KindReadReq {
+			// a READ request covers one PSN per response packet
+			n := (p.RETH.Fields().DMALen + uint32(pathMTU) - 1) / uint32(pathMTU)
+			if n > 1 {
+				last = psn.Add(n - 1)
+			}
+		}
+		if nx, ok := next[f]; ok && psn.LessThan(nx) {
+			s.retrans++
+		}
+		if nx, ok := next[f]; !ok || nx.LessThan(last.Add(1)) {
+			next[f] = last.Add(1)
+		}
+	}
+	return out
+}
+
+// nmInterop runs one lossy pairing; client tells whether softroce is the client.
+func nmInterop(t *testing.T, lab *rxelab.Lab, c nmCase, client bool) {
+	bin := buildSoftroce(t)
+	ingress := netemOn(t, lab)
+	before := rxeCounters(t, lab)
+	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
+	defer cancel()
+	stopCapture := ppStartCapture(t, lab)
+
+	guestCmd := c.Guest
+	ourArgs := append([]string(nil), c.Ours...)
+	if client {
+		ourArgs = append(ourArgs, rxelab.GuestIP)
+	} else {
+		guestCmd += " " + rxelab.HostIP
+	}
+	ours := newLineWatch(c.Marker)
+	var ourErr bytes.Buffer
+	cmd := lab.NSCommand(ctx, bin, ourArgs...)
+	cmd.Stdout, cmd.Stderr = ours, &ourErr
+	gopts := rxelab.ExecOptions{Timeout: 200 * time.Second}
+	var job *rxelab.Job
+	var err error
+	start := time.Now()
+	if client {
+		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+guestCmd, gopts); err != nil {
+			t.Fatalf("guest: %v", err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-ours.seen:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatalf("softroce server never listened:\n%s%s", ours.String(), ourErr.String())
+		}
+		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+guestCmd, gopts); err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatalf("guest: %v", err)
+		}
+	}
+	waited := false
+	defer func() {
+		if !waited {
+			_ = job.Kill()
+			out, st, _ := job.Wait(context.Background())
+			t.Logf("guest %s (killed) status %d:\n%s", guestCmd, st, out)
+		}
+	}()
+	ourStatus := 0
+	if err := cmd.Wait(); err != nil {
+		ourStatus = -1
+		if ee, ok := err.(*exec.ExitError); ok {
+			ourStatus = ee.ExitCode()
+		}
+	}
+	t.Logf("softroce %s (exit %d):\n%s%s", strings.Join(ourArgs, " "), ourStatus, ours.String(), ourErr.String())
+	guestOut, guestStatus, err := job.Wait(ctx)
+	waited = true
+	wall := time.Since(start)
+	if err != nil {
+		t.Fatalf("guest job: %v", err)
+	}
+	t.Logf("guest %s (exit %d):\n%s", guestCmd, guestStatus, guestOut)
+	after := rxeCounters(t, lab)
+	wire, lost := stopCapture()
+	if ourStatus != 0 {
+		t.Errorf("softroce exit status %d, want 0", ourStatus)
+	}
+	if guestStatus != 0 {
+		t.Errorf("guest exit status %d, want 0", guestStatus)
+	}
+	for who, out := range map[string]string{"softroce": ours.String(), "guest": string(guestOut)} {
+		if !strings.Contains(out, c.Result) {
+			t.Errorf("%s output has no %q result", who, c.Result)
+		}
+		if strings.Contains(out, "invalid data") || strings.Contains(out, "Failed status") {
+			t.Errorf("%s reports bad data or a failed completion", who)
+		}
+	}
+	w := nmWire(t, wire)
+	if lost {
+		t.Logf("tcpdump dropped packets: the wire counts below are lower bounds")
+	}
+	f := func(s *wireSide) string {
+		return fmt.Sprintf("requests %d (sent again %d), responses %d (ACKs %d, seq NAKs %d, RNR NAKs %d, other NAKs %d)",
+			s.requests, s.retrans, s.responses, s.acks, s.seqNAKs, s.rnrNAKs, s.otherNAKs)
+	}
+	t.Logf("NETEM %s %s: wall %v, ingress loss %v\n  rxe counters:%s\n  wire softroce (198.18.0.1): %s\n  wire rxe (198.18.0.2): %s",
+		c.Name, map[bool]string{true: SoftroceToRxe, false: RxeToSoftroce}[client], wall.Round(time.Millisecond), ingress,
+		counterDelta(before, after), f(w[hostIP]), f(w[guestIP]))
+}
