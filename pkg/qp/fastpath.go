@@ -144,3 +144,43 @@ func (q *QP) sendBurst(t *txSet) error {
 	}
 	return q.cfg.Out.Send(t.batch)
 }
+
+// ensureSQ allocates the send ring at the first PostSend (Cap.MaxSendWR slots).
+func (q *QP) ensureSQ() {
+	if q.sq != nil {
+		return
+	}
+	c := &q.cfg.Cap
+	q.sq = make([]sendWQE, c.MaxSendWR)
+	sges := make([]SGE, int(c.MaxSendWR)*int(c.MaxSendSGE))
+	var inl []byte
+	if c.MaxInlineData > 0 {
+		inl = make([]byte, int(c.MaxSendWR)*int(c.MaxInlineData))
+	}
+	for i := range q.sq {
+		n := int(c.MaxSendSGE)
+		q.sq[i].sge = sges[i*n : i*n : (i+1)*n]
+		if inl != nil {
+			m := int(c.MaxInlineData)
+			q.sq[i].inline = inl[i*m : i*m : (i+1)*m]
+		}
+	}
+}
+
+// ensureRQ allocates the receive ring at the first PostRecv (Cap.MaxRecvWR slots).
+func (q *QP) ensureRQ() {
+	if q.rq != nil || q.cfg.SRQ != nil {
+		return
+	}
+	c := &q.cfg.Cap
+	n := int(c.MaxRecvWR)
+	if n == 0 {
+		n = 1
+	}
+	q.rq = make([]recvWQE, n)
+	sges := make([]SGE, n*int(c.MaxRecvSGE))
+	for i := range q.rq {
+		k := int(c.MaxRecvSGE)
+		q.rq[i].sge = sges[i*k : (i+1)*k : (i+1)*k]
+	}
+}

@@ -198,6 +198,9 @@ type QP struct {
 	out  *txSet
 	runs link.RunSender
 	icrc icrcCache
+	// resN is the number of responder resources (max_dest_rd_atomic) to
+	// allocate at the first READ/atomic
+	resN int
 }
 
 // icrcCache holds the pseudo-header CRC state of the last (endpoints,
@@ -240,23 +243,8 @@ func New(c Config) (*QP, error) {
 		c.Cap.MaxRecvSGE = 1
 	}
 	q := &QP{cfg: c, num: c.QPN & bth.PSNMask, typ: c.Type, cnt: c.Counters, atomicMu: c.AtomicMu, dev: c.Device}
-	q.sq = make([]sendWQE, c.Cap.MaxSendWR)
-	for i := range q.sq {
-		q.sq[i].sge = make([]SGE, 0, c.Cap.MaxSendSGE)
-		if c.Cap.MaxInlineData > 0 {
-			q.sq[i].inline = make([]byte, 0, c.Cap.MaxInlineData)
-		}
-	}
-	if c.SRQ == nil {
-		n := c.Cap.MaxRecvWR
-		if n == 0 {
-			n = 1
-		}
-		q.rq = make([]recvWQE, n)
-		for i := range q.rq {
-			q.rq[i].sge = make([]SGE, c.Cap.MaxRecvSGE)
-		}
-	}
+	// the send and receive rings are allocated when first posted to
+	// (ensureSQ, ensureRQ in fastpath.go): an idle QP stays small
 	q.runs, _ = c.Out.(link.RunSender)
 	q.resetLocked()
 	q.tmr.t = c.Clock.AfterFunc(time.Hour, q.onTimerFire)
@@ -417,8 +405,10 @@ func (q *QP) applyAttr(a *Attr, m AttrMask) {
 		if n < 1 {
 			n = 1
 		}
-		if len(q.resp.res) != n {
-			q.resp.res = make([]resource, n)
+		if q.resN != n {
+			// allocated at the first READ/atomic (newResource)
+			q.resN = n
+			q.resp.res = nil
 			q.resp.resNext = 0
 		}
 	}
@@ -441,13 +431,9 @@ func (q *QP) resetLocked() {
 	for i := range res {
 		res[i] = resource{}
 	}
-	if sge == nil {
-		sge = make([]SGE, 0, DefaultMaxSGE)
-	}
+	// res and the receive WQE's SGL are allocated when first needed
+	// (newResource, popRecv)
 	q.resp = responder{res: res, wqe: recvWQE{sge: sge[:0]}}
-	if q.resp.res == nil {
-		q.resp.res = make([]resource, 1)
-	}
 	q.comp = completer{}
 	if q.tmr.t != nil {
 		q.tmr.t.Stop()
@@ -575,6 +561,7 @@ func (q *QP) afterPost() {
 }
 
 func (q *QP) enqueueSend(wr *SendWR) error {
+	q.ensureSQ()
 	if q.sqTail-q.sqHead >= uint32(len(q.sq)) {
 		return ErrQueueFull
 	}
@@ -673,6 +660,7 @@ func (q *QP) PostRecv(wrs []RecvWR) (int, error) {
 	if q.state == StateReset {
 		return 0, ErrInvalidState
 	}
+	q.ensureRQ()
 	for i := range wrs {
 		wr := &wrs[i]
 		if q.rqTail-q.rqHead >= uint32(len(q.rq)) {

@@ -226,6 +226,7 @@ func (q *QP) reqError(p *bth.Packet, code uint8, st cq.Status) {
 		return
 	}
 	q.sendAck(bth.SyndromeNAK(code), p.BTH.PSN())
+	q.raise(nakEvent(code))
 	if q.resp.haveWQE {
 		wc := cq.WC{WRID: q.resp.wqe.wrid, Status: st, Opcode: cq.OpRecv, QPNum: q.num}
 		q.cfg.RecvCQ.Push(&wc, false)
@@ -325,7 +326,9 @@ func (q *QP) recvSend(p *bth.Packet, psn bth.PSN) {
 	r.msn = (r.msn + 1) & bth.PSNMask
 	q.cnt.RDMARecvs.Add(1)
 	q.advance(p, psn)
-	q.cfg.RecvCQ.Push(&wc, p.BTH.SE())
+	if !q.cfg.RecvCQ.Push(&wc, p.BTH.SE()) {
+		q.cqOverrun()
+	}
 }
 
 // recvWrite executes one RDMA WRITE packet (IBTA 9.4.3).
@@ -388,7 +391,9 @@ func (q *QP) recvWrite(p *bth.Packet, psn bth.PSN) {
 		}
 		r.haveWQE = false
 		q.cnt.RDMARecvs.Add(1)
-		q.cfg.RecvCQ.Push(&wc, p.BTH.SE())
+		if !q.cfg.RecvCQ.Push(&wc, p.BTH.SE()) {
+			q.cqOverrun()
+		}
 	}
 }
 
@@ -420,6 +425,10 @@ func (q *QP) recvRead(p *bth.Packet, psn bth.PSN) {
 }
 
 func (q *QP) newResource() *resource {
+	if len(q.resp.res) == 0 {
+		q.resp.res = make([]resource, max(q.resN, 1))
+		q.resp.resNext = 0
+	}
 	r := &q.resp.res[q.resp.resNext]
 	q.resp.resNext = (q.resp.resNext + 1) % len(q.resp.res)
 	return r
@@ -467,6 +476,7 @@ func (q *QP) readResponses(psn bth.PSN, va uint64, rkey, length uint32) {
 				// responder class C error (IBTA 9.7.5.2.4, 9.9.3.1;
 				// rxe RESPST_ERR_RKEY_VIOLATION).
 				q.sendAck(bth.SyndromeNAK(bth.NAKRemoteAccessErr), psn.Add(i))
+				q.raise(event.QPAccessErr)
 				q.enterError()
 				return
 			}

@@ -28,6 +28,9 @@ type UDPOptions struct {
 	// Portable uses plain net.UDPConn sockets (one datagram per system
 	// call) instead of link.ListenUDP's batched sockets.
 	Portable bool
+	// FastPath selects GSO runs and GRO (fastpath.go); the zero value
+	// enables both.
+	FastPath FastPathOptions
 	// Clock, MTU, Attr, Events and Name as in Options.
 	Clock  qp.Clock
 	MTU    qp.MTU
@@ -63,6 +66,7 @@ func OpenUDP(o UDPOptions) (*Device, error) {
 		l, err = listenStdUDP(addrs, port)
 	} else {
 		lo := o.Link
+		o.FastPath.apply(&lo)
 		lo.Addrs = addrs
 		lo.Port = o.Port
 		l, err = link.ListenUDP(lo)

@@ -1,0 +1,226 @@
+package roce
+
+import (
+	"math/rand"
+	"net/netip"
+	"runtime"
+	"testing"
+
+	"github.com/softroce/softroce/pkg/cq"
+	"github.com/softroce/softroce/pkg/mr"
+	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/pkg/roce/link"
+)
+
+// connectPairs creates n RC QPs on each of a and b (caps as perftest's ib_write_bw: 128 send
+// and 512 receive WRs, one SGE) and connects them pairwise to RTS. It returns the QPs.
+func connectPairs(tb testing.TB, a, b *Device, n int) (qa, qb []*QP) {
+	tb.Helper()
+	acc := mr.AccessLocalWrite | mr.AccessRemoteWrite | mr.AccessRemoteRead
+	mk := func(d *Device) (*mr.PD, *cq.CQ) {
+		pd, err := d.AllocPD()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		c, err := d.CreateCQ(4096)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return pd, c
+	}
+	pa, ca := mk(a)
+	pb, cb := mk(b)
+	qa, qb = make([]*QP, n), make([]*QP, n)
+	caps := qp.Cap{MaxSendWR: 128, MaxRecvWR: 512, MaxSendSGE: 1, MaxRecvSGE: 1}
+	for i := 0; i < n; i++ {
+		var err error
+		if qa[i], err = a.CreateQP(QPInit{Type: qp.TypeRC, PD: pa, SendCQ: ca, RecvCQ: ca, Cap: caps}); err != nil {
+			tb.Fatal(err)
+		}
+		if qb[i], err = b.CreateQP(QPInit{Type: qp.TypeRC, PD: pb, SendCQ: cb, RecvCQ: cb, Cap: caps}); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	up := func(q *QP, d *Device, peer *QP, peerAddr netip.Addr) {
+		steps := []struct {
+			a qp.Attr
+			m qp.AttrMask
+		}{
+			{qp.Attr{State: qp.StateInit, Port: 1, AccessFlags: acc}, qp.AttrState | qp.AttrPKeyIndex | qp.AttrPort | qp.AttrAccessFlags},
+			{qp.Attr{State: qp.StateRTR, AH: qp.AHAttr{DGID: peerAddr, SGIDIndex: 1, Port: 1, HopLimit: 64}, PathMTU: qp.MTU4096,
+				DestQPN: peer.Num(), RQPSN: 1, MaxDestRDAtomic: 16, MinRNRTimer: 12},
+				qp.AttrState | qp.AttrAV | qp.AttrPathMTU | qp.AttrDestQPN | qp.AttrRQPSN | qp.AttrMaxDestRDAtomic | qp.AttrMinRNRTimer},
+			{qp.Attr{State: qp.StateRTS, SQPSN: 1, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRDAtomic: 16},
+				qp.AttrState | qp.AttrSQPSN | qp.AttrTimeout | qp.AttrRetryCnt | qp.AttrRNRRetry | qp.AttrMaxQPRDAtomic},
+		}
+		for _, s := range steps {
+			if err := q.Modify(&s.a, s.m); err != nil {
+				tb.Fatal(err)
+			}
+		}
+	}
+	for i := 0; i < n; i++ {
+		up(qa[i], a, qb[i], b.Addrs()[0])
+		up(qb[i], b, qa[i], a.Addrs()[0])
+	}
+	return qa, qb
+}
+
+func heapInUse() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// TestIdleQPMemory: 10,000 connected RC QPs per device (20,000 in the process) fit, and an idle
+// connected QP costs at most 4 KiB of heap: send and receive rings, responder resources and send
+// buffers are allocated when first used.
+func TestIdleQPMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("creates 20,000 QPs")
+	}
+	n := 10000
+	nw := link.NewMemNetwork(link.MemOptions{})
+	la, err := nw.Attach(netip.MustParseAddr("198.18.0.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, err := nw.Attach(netip.MustParseAddr("198.18.0.2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := Open(Options{Link: la})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := Open(Options{Link: lb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	before := heapInUse()
+	qa, qb := connectPairs(t, a, b, n)
+	after := heapInUse()
+	per := float64(after-before) / float64(2*n)
+	t.Logf("%d connected RC QPs: %.0f bytes of heap per idle QP", 2*n, per)
+	for _, q := range append(qa, qb...) {
+		if q.State() != qp.StateRTS {
+			t.Fatalf("QP %#x in %v", q.Num(), q.State())
+		}
+	}
+	if per > 4096 {
+		t.Fatalf("%.0f bytes per idle connected QP, want <= 4096", per)
+	}
+	runtime.KeepAlive(qa)
+	runtime.KeepAlive(qb)
+}
+
+// hbRunLink is hbLink for a link.RunSender (hbLink would hide SendRuns).
+type hbRunLink struct{ *link.UDPLink }
+
+func (l hbRunLink) Send(b []link.Datagram) error {
+	wire.Add(1)
+	return l.UDPLink.Send(b)
+}
+
+func (l hbRunLink) SendRuns(b []link.Datagram, runs []uint8) error {
+	wire.Add(1)
+	return l.UDPLink.SendRuns(b, runs)
+}
+
+func (l hbRunLink) Recv(b []link.Datagram) (int, error) {
+	n, err := l.UDPLink.Recv(b)
+	wire.Load()
+	return n, err
+}
+
+// fastPair opens two UDP devices on 127.0.0.1 / 127.0.0.2 (a free port both can bind) with
+// the link options OpenUDP derives from f.
+func fastPair(t *testing.T, f FastPathOptions) (a, b *Device, la, lb *link.UDPLink) {
+	t.Helper()
+	var o link.UDPOptions
+	f.apply(&o)
+	var port uint16
+	for try := 0; ; try++ {
+		port = uint16(20000 + rand.Intn(40000))
+		oa, ob := o, o
+		oa.Addrs, oa.Port = []netip.Addr{addrA}, port
+		ob.Addrs, ob.Port = []netip.Addr{addrB}, port
+		l1, err := link.ListenUDP(oa)
+		if err == nil {
+			l2, err2 := link.ListenUDP(ob)
+			if err2 == nil {
+				la, lb = l1.(*link.UDPLink), l2.(*link.UDPLink)
+				break
+			}
+			l1.Close()
+			err = err2
+		}
+		if try == 20 {
+			t.Fatalf("no free UDP port: %v", err)
+		}
+	}
+	var err error
+	if a, err = Open(Options{Link: hbRunLink{la}, Port: port, Name: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	if b, err = Open(Options{Link: hbRunLink{lb}, Port: port, Name: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		a.Close()
+		b.Close()
+	})
+	return a, b, la, lb
+}
+
+// TestFastPathUDP: with the fast path (the OpenUDP default) a 1 MiB WRITE and a 1 MiB READ over
+// loopback leave as GSO runs (packet k of a run with an ICRC for IPv4 ID k), arrive through GRO,
+// are accepted by the receiving device's ICRC check (IDs solved) and land intact; with
+// FastPath.Disable nothing uses GSO or GRO and every ICRC is for ID 0.
+func TestFastPathUDP(t *testing.T) {
+	for _, f := range []FastPathOptions{{}, {Disable: true}} {
+		da, db, la, lb := fastPair(t, f)
+		if la.RunGSO(addrA) == f.Disable || la.GROEnabled(addrA) == f.Disable {
+			t.Fatalf("%+v: RunGSO %v GRO %v", f, la.RunGSO(addrA), la.GROEnabled(addrA))
+		}
+		const size = 1 << 20
+		a, b := newEnd(t, da, qp.TypeRC, 2*size), newEnd(t, db, qp.TypeRC, 2*size)
+		connect(t, a, b, qp.MTU4096, 100, 200)
+		a.fill(0, size, 3)
+		b.fill(size, size, 9)
+		post(t, a, qp.SendWR{WRID: 1, Opcode: qp.WRRDMAWrite, SGL: []qp.SGE{a.sge(0, size)}, Flags: qp.SendSignaled,
+			RemoteAddr: b.va(0), RKey: b.mr.RKey()},
+			qp.SendWR{WRID: 2, Opcode: qp.WRRDMARead, SGL: []qp.SGE{a.sge(size, size)}, Flags: qp.SendSignaled,
+				RemoteAddr: b.va(size), RKey: b.mr.RKey()})
+		for _, wc := range waitWC(t, a.scq, 2) {
+			if wc.Status != cq.StatusSuccess {
+				t.Fatalf("%+v: completion %+v", f, wc)
+			}
+		}
+		same(t, "written", b.buf[:size], a.buf[:size])
+		same(t, "read", a.buf[size:], b.buf[size:])
+		sa, sb := la.Stats(), lb.Stats()
+		st := db.Stats()
+		t.Logf("%+v: a %+v; b %+v; b solved %d ICRCs", f, sa, sb, st.RcvdICRCSolved)
+		if st.RcvdDropped != 0 || da.Stats().RcvdDropped != 0 {
+			t.Fatalf("%+v: drops a %d b %d", f, da.Stats().RcvdDropped, st.RcvdDropped)
+		}
+		if f.Disable {
+			if sa.GSOSends+sb.GSOSends+sa.GROReceives+sb.GROReceives != 0 || st.RcvdICRCSolved+da.Stats().RcvdICRCSolved != 0 {
+				t.Fatalf("disabled fast path used GSO/GRO or non-zero IDs")
+			}
+			continue
+		}
+		// the WRITE's data (b receives) and the READ responses (a receives)
+		if sa.GSOSends == 0 || sb.GSOSends == 0 || sb.GROReceives == 0 || sa.GROReceives == 0 {
+			t.Fatalf("fast path: GSO sends a %d b %d, GRO receives a %d b %d", sa.GSOSends, sb.GSOSends, sa.GROReceives, sb.GROReceives)
+		}
+		if st.RcvdICRCSolved == 0 || da.Stats().RcvdICRCSolved == 0 {
+			t.Fatal("no packet carried a non-zero IPv4 ID ICRC")
+		}
+	}
+}
