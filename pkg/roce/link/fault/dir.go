@@ -353,16 +353,16 @@ func (d *dir) process(dg *link.Datagram) {
 		}
 		deadline, count = d.clockNow().Add(dec.holdDelay), dec.hold
 		d.stats.Reordered++
-		d.event(Reorder, seq, dec.rule, buf, 0, dec.holdDelay, dec.hold)
 		d.hold(held{pb: pb, src: dg.Src, dst: dg.Dst, seq: seq, rule: dec.rule, deadline: deadline, count: count})
+		d.event(Reorder, seq, dec.rule, buf, 0, dec.holdDelay, dec.hold)
 	case dec.delay > 0:
 		if pb == nil {
 			pb = d.get(buf)
 		}
 		deadline = d.clockNow().Add(dec.delay)
 		d.stats.Delayed++
-		d.event(Delay, seq, dec.rule, buf, 0, dec.delay, 0)
 		d.hold(held{pb: pb, src: dg.Src, dst: dg.Dst, seq: seq, rule: dec.rule, deadline: deadline})
+		d.event(Delay, seq, dec.rule, buf, 0, dec.delay, 0)
 	default:
 		d.emit(buf, pb, dg.Src, dg.Dst)
 		passed = true
@@ -371,14 +371,14 @@ func (d *dir) process(dg *link.Datagram) {
 		d.stats.Duplicated++
 		switch {
 		case dec.dupDelay > 0:
-			d.event(Duplicate, seq, dec.rule, buf, 0, dec.dupDelay, 0)
 			d.hold(held{pb: d.get(buf), src: dg.Src, dst: dg.Dst, seq: seq, rule: dec.rule,
 				deadline: d.clockNow().Add(dec.dupDelay)})
+			d.event(Duplicate, seq, dec.rule, buf, 0, dec.dupDelay, 0)
 		case !passed:
 			// the original is held: the copy waits right behind it
-			d.event(Duplicate, seq, dec.rule, buf, 0, 0, 0)
 			d.hold(held{pb: d.get(buf), src: dg.Src, dst: dg.Dst, seq: seq, rule: dec.rule,
 				deadline: deadline, count: count})
+			d.event(Duplicate, seq, dec.rule, buf, 0, 0, 0)
 		default:
 			d.event(Duplicate, seq, dec.rule, buf, 0, 0, 0)
 			d.emit(buf, nil, dg.Src, dg.Dst)

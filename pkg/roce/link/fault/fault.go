@@ -158,7 +158,10 @@ type Options struct {
 	// pkg/qp clock.
 	Clock Clock
 	// OnEvent, if set, is called for every fault and every release, synchronously, with the
-	// direction's lock held: it must not call the Link and should not block.
+	// direction's lock held: it must not call the Link and should not block. The two
+	// directions may call it concurrently. A hold's event (Delay, Reorder, delayed Duplicate)
+	// comes after its timer is armed, so a test may wait for the event, then advance a fake
+	// clock.
 	OnEvent func(Event)
 	// RecvQueue bounds the datagrams the receive pump queues ahead of Recv: when it is full
 	// the pump stops reading and the inner link's own queue fills. Datagrams released by the
@@ -311,13 +314,16 @@ func (l *Link) validate(batch []link.Datagram) error {
 
 // Send applies the send faults to the batch and passes the survivors to the inner link, in
 // order. It does not modify or retain the caller's buffers (corrupted and held datagrams are
-// copies). Returns net.ErrClosed after Close.
+// copies). Returns net.ErrClosed after Close. Held datagrams are sent later from the clock's
+// timer callback (on a lossless in-memory network that blocks when full, that callback waits
+// for the receiver like any sender).
 func (l *Link) Send(batch []link.Datagram) error {
 	return l.send.sendBatch(batch)
 }
 
 // Recv returns received datagrams after the receive faults. With no receive fault configured
-// it is the inner link's Recv. Returns net.ErrClosed after Close.
+// it is the inner link's Recv. Returns net.ErrClosed after Close. If the inner Recv fails
+// otherwise, the datagrams already queued are returned first, then that error, from then on.
 func (l *Link) Recv(batch []link.Datagram) (int, error) {
 	return l.recv.recvBatch(batch)
 }
