@@ -91,6 +91,12 @@ func (q *QP) onAck(now time.Time, p *bth.Packet, psn bth.PSN) {
 			return
 		}
 		q.comp.psn = psn
+		// The responder is alive: a run of transport retries (ACK
+		// timeouts and sequence NAKs without a response, retry_cnt)
+		// ends here; RNR retries are counted by rnr_retry. Without
+		// this, a receiver short of WQEs for a while fails the QP with
+		// RETRY_EXC_ERR as soon as retry_cnt+1 resends were lost.
+		q.tmr.retryLeft = q.attr.RetryCnt
 		if q.attr.RNRRetry != 7 { // 7 = retry forever (IBTA 9.7.6.1.5)
 			if q.tmr.rnrLeft == 0 {
 				q.cnt.RetryRNRExceededErr.Add(1)
@@ -301,6 +307,7 @@ func (q *QP) failOldest(st cq.Status) { q.failAt(q.comp.psn, st) }
 // retire pops done WQEs from the head of the send queue in order, posting
 // completions: signaled ones on success, every one on error (IBTA 10.8.3).
 func (q *QP) retire() {
+	overrun := false
 	for q.sqHead != q.sqTail {
 		w := q.slot(q.sqHead)
 		if !w.done {
@@ -314,7 +321,9 @@ func (q *QP) retire() {
 			if w.status != cq.StatusSuccess {
 				wc.ByteLen = 0
 			}
-			q.cfg.SendCQ.Push(&wc, false)
+			if !q.cfg.SendCQ.Push(&wc, false) {
+				overrun = true
+			}
 		}
 		if w.status == cq.StatusSuccess && kindOf(w.wr.Opcode) == kindSend {
 			q.cnt.RDMASends.Add(1)
@@ -327,6 +336,9 @@ func (q *QP) retire() {
 		if int32(q.sqReq-q.sqHead) < 0 {
 			q.sqReq = q.sqHead
 		}
+	}
+	if overrun {
+		q.cqOverrun()
 	}
 	q.maybeDrained()
 }

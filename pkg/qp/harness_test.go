@@ -8,6 +8,7 @@ import (
 
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/cq"
+	"github.com/softroce/softroce/pkg/event"
 	"github.com/softroce/softroce/pkg/mr"
 	"github.com/softroce/softroce/pkg/roce/link"
 )
@@ -73,6 +74,8 @@ type sideOpts struct {
 	// out, if set, makes the QP's Output from the side's channel double
 	// (recovery_test.go puts the fault injector in front of it).
 	out func(*chanOut) Output
+	// events receives the QP's affiliated events.
+	events event.Sink
 }
 
 func (n *net) newSide(addr string, o sideOpts) *side {
@@ -120,7 +123,7 @@ func (n *net) newSide(addr string, o sideOpts) *side {
 	}
 	s.qp, err = New(Config{
 		Type: o.typ, QPN: o.qpn, PD: s.pd, MRs: s.tbl, SendCQ: s.scq, RecvCQ: s.rcq, SRQ: o.srq,
-		Cap: o.cap, Out: out, Clock: n.clk, Counters: &s.cnt, MTU: o.mtu,
+		Cap: o.cap, Out: out, Clock: n.clk, Events: o.events, Counters: &s.cnt, MTU: o.mtu,
 		Resolve: func(ah *AHAttr) (Path, error) { return Path{Src: local, Dst: ah.DGID}, nil },
 	})
 	if err != nil {

@@ -650,3 +650,30 @@ func TestRetryExhaustedFlushOrder(t *testing.T) {
 		}
 	})
 }
+
+// TestRNRResetsRetryCount: an RNR NAK is a response from a live
+// responder, so it ends a run of transport retries (IBTA 9.7.6.1.3 counts
+// retries without a response; RNR NAKs have their own rnr_retry count,
+// 9.7.5.2.8). With retry_cnt 1, two lost resends separated by RNR NAKs
+// must not fail the SEND: while the receiver has no WQE the requester
+// alternates RNR waits and (lossy) resends, possibly for a long time.
+func TestRNRResetsRetryCount(t *testing.T) {
+	const code = 1 // 0.01 ms
+	w := faultPair(t, connOpts{minRNR: code, rnrRetry: 7, retry: 1, timeout: 8},
+		"drop:op=SEND_ONLY:nth=2,drop:op=SEND_ONLY:nth=4", "")
+	a, b := w.a, w.b
+	a.postSend(t, SendWR{WRID: 1, Opcode: WRSend, SGL: []SGE{a.sge(0, 10)}, Flags: SendSignaled})
+	w.pump() // RNR NAK 1
+	for _, d := range []time.Duration{bth.RNRTimer(code), AckTimeout(8), bth.RNRTimer(code), AckTimeout(8), bth.RNRTimer(code)} {
+		w.clk.Advance(d) // resend (dropped) / timeout resend -> RNR NAK / ...
+		w.pump()
+		expectWC(t, pollAll(a.scq))
+	}
+	b.postRecv(t, RecvWR{WRID: 9, SGL: []SGE{b.sge(0, 10)}})
+	w.clk.Advance(bth.RNRTimer(code))
+	w.pump()
+	expectWC(t, pollAll(a.scq), cq.WC{WRID: 1, Opcode: cq.OpSend, ByteLen: 10})
+	if s := a.cnt.Snapshot(); s.CompleterRetryErr != 2 || s.RcvdRNRErr < 3 {
+		t.Fatalf("completer_retry_err %d rcvd_rnr_err %d, want 2 and >= 3", s.CompleterRetryErr, s.RcvdRNRErr)
+	}
+}
