@@ -82,6 +82,9 @@ type UDPOptions struct {
 	// caller's buffers). If the kernel refuses the option, plain receives are used
 	// (Stats.Fallbacks counts it).
 	GRO bool
+
+	// reusePort sets SO_REUSEPORT before binding (ListenUDPShards, shard_linux.go).
+	reusePort bool
 }
 
 // UDPLink is the Link over UDP sockets returned by ListenUDP.
@@ -256,6 +259,11 @@ func openSock(l *UDPLink, a netip.Addr, o *UDPOptions) (*udpSock, error) {
 		sa = sa6
 	} else {
 		sa = &unix.SockaddrInet4{Port: port, Addr: a.As4()}
+	}
+	if o.reusePort {
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
+			return fail("setsockopt SO_REUSEPORT", err)
+		}
 	}
 	if err := unix.Bind(fd, sa); err != nil {
 		return fail("bind", err)
