@@ -120,7 +120,7 @@ func runDaemon(args []string, stdout, stderr io.Writer) int {
 	}
 	uo.Port, uo.Name = uint16(*port), *name
 	if *mtu != 0 {
-		if uo.MTU = qp.MTUFromBytes(*mtu); !uo.MTU.Valid() {
+		if uo.MTU = qp.MTUFromBytes(*mtu); !uo.MTU.Valid() || uo.MTU.Bytes() != *mtu {
 			log.Error("bad --mtu", "mtu", *mtu)
 			return 2
 		}
