@@ -8,7 +8,8 @@ package interop
 // guest's eth0 (`tc qdisc add dev eth0 root netem loss 5% duplicate 2% reorder 5% delay 1ms`,
 // docs/lab.md) and, when the guest kernel has ifb, the same on eth0's ingress through ifb0
 // (the host kernel has no sch_netem, so the softroce->rxe direction is made lossy in the
-// guest). Both tools must finish successfully (pingpong -c checks every byte); the test logs
+// guest; when the host has nft, 5% of softroce's datagrams are dropped in the lab netns
+// instead: loss only). Both tools must finish successfully (pingpong -c checks every byte); the test logs
 // rxe's counters (hw_counters, as `rdma statistic show link rxe0/1`) before/after, and the
 // retransmissions of each side counted on the host tap capture (request PSNs sent again), and
 // every captured packet's ICRC must verify over its real IP header (IBTA A17.3.3).
@@ -19,6 +20,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os/exec"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -100,6 +102,51 @@ func netemOn(t *testing.T, lab *rxelab.Lab) bool {
 	t.Logf("netem egress: %s; ingress via ifb0: %v (%s)", strings.TrimSpace(string(out)), ingress, strings.TrimSpace(string(out2)))
 	return ingress
 }
+
+// hostLossOn drops 5% of the datagrams softroce sends (198.18.0.1 -> UDP 4791) in the lab
+// netns with nftables (numgen random), when the host has nft: the host kernel has no
+// sch_netem and the guest kernel no ifb, so this is the only loss on that direction. It
+// returns a func reading how many datagrams the rule dropped (nil without nft).
+func hostLossOn(t *testing.T, lab *rxelab.Lab) func() string {
+	t.Helper()
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Logf("no nft on the host: softroce->rxe datagrams are not dropped")
+		return nil
+	}
+	nft := func(script string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		cmd := lab.NSCommand(ctx, "nft", "-f", "-")
+		cmd.Stdin = strings.NewReader(script)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	rule := "table inet softroce_netem {\n chain out {\n  type filter hook output priority 0; policy accept;\n" +
+		"  ip saddr " + rxelab.HostIP + " udp dport 4791 numgen random mod 100 < 5 counter drop\n }\n}\n"
+	if out, err := nft(rule); err != nil {
+		t.Logf("nft in the lab netns: %v %s: softroce->rxe datagrams are not dropped", err, out)
+		return nil
+	}
+	t.Cleanup(func() {
+		if out, err := nft("delete table inet softroce_netem\n"); err != nil {
+			t.Errorf("nft cleanup: %v %s", err, out)
+		}
+	})
+	return func() string {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		out, err := lab.NSCommand(ctx, "nft", "list", "table", "inet", "softroce_netem").CombinedOutput()
+		if err != nil {
+			return err.Error()
+		}
+		if m := nftCounterRe.FindStringSubmatch(string(out)); m != nil {
+			return m[1] + " dropped"
+		}
+		return strings.TrimSpace(string(out))
+	}
+}
+
+var nftCounterRe = regexp.MustCompile(`counter packets (\d+)`)
 
 // rxeCounters reads rxe0's hw_counters (the values `rdma statistic show link rxe0/1` shows).
 func rxeCounters(t *testing.T, lab *rxelab.Lab) map[string]uint64 {
@@ -215,6 +262,7 @@ func nmWire(t *testing.T, wire []rocetest.IPv4UDP) map[netip.Addr]*wireSide {
 func nmInterop(t *testing.T, lab *rxelab.Lab, c nmCase, client bool) {
 	bin := buildSoftroce(t)
 	ingress := netemOn(t, lab)
+	hostDrops := hostLossOn(t, lab)
 	before := rxeCounters(t, lab)
 	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
 	defer cancel()
@@ -306,7 +354,11 @@ func nmInterop(t *testing.T, lab *rxelab.Lab, c nmCase, client bool) {
 		return fmt.Sprintf("requests %d (sent again %d), responses %d (ACKs %d, seq NAKs %d, RNR NAKs %d, other NAKs %d)",
 			s.requests, s.retrans, s.responses, s.acks, s.seqNAKs, s.rnrNAKs, s.otherNAKs)
 	}
-	t.Logf("NETEM %s %s: wall %v, ingress loss %v\n  rxe counters:%s\n  wire softroce (198.18.0.1): %s\n  wire rxe (198.18.0.2): %s",
-		c.Name, map[bool]string{true: SoftroceToRxe, false: RxeToSoftroce}[client], wall.Round(time.Millisecond), ingress,
+	host := "off"
+	if hostDrops != nil {
+		host = "5% (" + hostDrops() + ")"
+	}
+	t.Logf("NETEM %s %s: wall %v, guest ingress netem %v, softroce->rxe loss %s\n  rxe counters:%s\n  wire softroce (198.18.0.1): %s\n  wire rxe (198.18.0.2): %s",
+		c.Name, map[bool]string{true: SoftroceToRxe, false: RxeToSoftroce}[client], wall.Round(time.Millisecond), ingress, host,
 		counterDelta(before, after), f(w[hostIP]), f(w[guestIP]))
 }
