@@ -33,21 +33,25 @@ import (
 )
 
 func init() {
-	pairings = append(pairings,
-		pairing{Name: "rping-64x3", Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, true) }},
-		pairing{Name: "rping-64x3", Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, false) }},
-	)
+	for _, c := range []struct{ size, count int }{{64, 3}, {4000, 5}} {
+		c := c
+		name := fmt.Sprintf("rping-%dx%d", c.size, c.count)
+		pairings = append(pairings,
+			pairing{Name: name, Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, true, c.size, c.count) }},
+			pairing{Name: name, Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, false, c.size, c.count) }},
+		)
+	}
 }
 
-// rpingExpect is rping's -v output for size 64: the "rdma-ping-%d: " prefix, then the
-// rotating A..z pattern starting one letter later each ping, 63 characters.
-func rpingExpect(prefix string, n int) string {
+// rpingExpect is rping's -v output for a size: the "rdma-ping-%d: " prefix, then the
+// rotating A..z pattern starting one letter later each ping, size-1 characters.
+func rpingExpect(prefix string, n, size int) string {
 	var b strings.Builder
 	start := byte('A')
 	for i := 0; i < n; i++ {
 		msg := []byte(fmt.Sprintf("rdma-ping-%d: ", i))
 		c := start
-		for len(msg) < 63 {
+		for len(msg) < size-1 {
 			msg = append(msg, c)
 			if c++; c > 'z' {
 				c = 'A'
@@ -72,7 +76,7 @@ func rpingLines(out, prefix string) string {
 	return b.String()
 }
 
-func rpingInterop(t *testing.T, lab *rxelab.Lab, client bool) {
+func rpingInterop(t *testing.T, lab *rxelab.Lab, client bool, size, count int) {
 	bin := buildSoftroce(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -81,11 +85,11 @@ func rpingInterop(t *testing.T, lab *rxelab.Lab, client bool) {
 	var guestCmd string
 	var ourArgs []string
 	if client {
-		guestCmd = "rping -s -a " + rxelab.GuestIP + " -v -d"
-		ourArgs = []string{"rping", "-c", "-a", rxelab.GuestIP, "-C", "3", "-v", "-V", "--timeout", "30s"}
+		guestCmd = fmt.Sprintf("rping -s -a %s -v -d -S %d", rxelab.GuestIP, size)
+		ourArgs = []string{"rping", "-c", "-a", rxelab.GuestIP, "-C", fmt.Sprint(count), "-S", fmt.Sprint(size), "-v", "-V", "--timeout", "30s"}
 	} else {
-		guestCmd = "rping -c -a " + rxelab.HostIP + " -v -V -C 3"
-		ourArgs = []string{"rping", "-s", "-a", rxelab.HostIP, "-v", "-d", "--timeout", "30s"}
+		guestCmd = fmt.Sprintf("rping -c -a %s -v -V -C %d -S %d", rxelab.HostIP, count, size)
+		ourArgs = []string{"rping", "-s", "-a", rxelab.HostIP, "-v", "-d", "-S", fmt.Sprint(size), "--timeout", "30s"}
 	}
 	ours := newLineWatch("rdma_listen")
 	var ourErr bytes.Buffer
@@ -169,23 +173,24 @@ func rpingInterop(t *testing.T, lab *rxelab.Lab, client bool) {
 	if !client {
 		cliOut, srvOut = srvOut, cliOut
 	}
-	if got, want := rpingLines(cliOut, ""), rpingExpect("", 3); got != want {
+	if got, want := rpingLines(cliOut, ""), rpingExpect("", count, size); got != want {
 		t.Errorf("client ping lines:\n%s\nwant:\n%s", got, want)
 	}
-	if got, want := rpingLines(srvOut, "server "), rpingExpect("server ", 3); got != want {
+	if got, want := rpingLines(srvOut, "server "), rpingExpect("server ", count, size); got != want {
 		t.Errorf("server ping lines:\n%s\nwant:\n%s", got, want)
 	}
 	if strings.Contains(ourErr.String(), "data mismatch") || strings.Contains(string(guestOut), "data mismatch") {
 		t.Errorf("-V reported a data mismatch")
 	}
 	wire, lost := stopCapture()
-	rpingCheckWire(t, wire, lost, client)
+	rpingCheckWire(t, wire, lost, client, count, (size+pathMTU-1)/pathMTU)
 }
 
 // rpingCheckWire: every ICRC verifies; the CM messages, in order, are REQ from the client,
 // REP from the server, RTU from the client, then a DREQ from the client answered by a DREP
-// (the server may also send its own DREQ crossing ours); READ and WRITE traffic ran.
-func rpingCheckWire(t *testing.T, wire []rocetest.IPv4UDP, lost, softroceClient bool) {
+// (the server may also send its own DREQ crossing ours); one READ request per ping and
+// pkts WRITE packets per ping ran.
+func rpingCheckWire(t *testing.T, wire []rocetest.IPv4UDP, lost, softroceClient bool, count, pkts int) {
 	t.Helper()
 	if lost {
 		t.Errorf("tcpdump dropped packets: the capture is incomplete")
@@ -247,8 +252,8 @@ func rpingCheckWire(t *testing.T, wire []rocetest.IPv4UDP, lost, softroceClient 
 	if strings.Contains(seq, "REJ") {
 		t.Errorf("CM exchange has a REJ: %q", seq)
 	}
-	if reads != 3 || writes != 3 {
-		t.Errorf("%d RDMA READ requests and %d WRITE packets, want 3 each", reads, writes)
+	if reads != count || writes != count*pkts {
+		t.Errorf("%d RDMA READ requests and %d WRITE packets, want %d and %d", reads, writes, count, count*pkts)
 	}
 }
 
@@ -256,8 +261,20 @@ func init() {
 	for _, tool := range []string{"ucmatose", "udaddy"} {
 		tool := tool
 		pairings = append(pairings,
-			pairing{Name: tool + "-100x10", Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { cmtInterop(t, lab, tool, true) }},
-			pairing{Name: tool + "-100x10", Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { cmtInterop(t, lab, tool, false) }},
+			pairing{Name: tool + "-100x10", Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { cmtInterop(t, lab, tool, true, 1, 10, 100) }},
+			pairing{Name: tool + "-100x10", Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { cmtInterop(t, lab, tool, false, 1, 10, 100) }},
+		)
+	}
+	// several connections; ucmatose with multi-packet SENDs (path MTU 1024)
+	for _, c := range []struct {
+		tool               string
+		conns, count, size int
+	}{{"ucmatose", 3, 20, 3000}, {"udaddy", 2, 20, 1000}} {
+		c := c
+		name := fmt.Sprintf("%s-c%d-%dx%d", c.tool, c.conns, c.size, c.count)
+		pairings = append(pairings,
+			pairing{Name: name, Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { cmtInterop(t, lab, c.tool, true, c.conns, c.count, c.size) }},
+			pairing{Name: name, Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { cmtInterop(t, lab, c.tool, false, c.conns, c.count, c.size) }},
 		)
 	}
 }
@@ -266,19 +283,20 @@ func init() {
 // 100 bytes): both must print "return status 0" after "data transfers complete", and the
 // capture's ICRCs verify; ucmatose's CM exchange is REQ, REP, RTU, DREQ (server), DREP;
 // udaddy's is SIDR_REQ, SIDR_REP, with 10 UD SEND-with-immediate packets each way.
-func cmtInterop(t *testing.T, lab *rxelab.Lab, tool string, client bool) {
+func cmtInterop(t *testing.T, lab *rxelab.Lab, tool string, client bool, conns, count, size int) {
 	bin := buildSoftroce(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	stopCapture := ppStartCapture(t, lab)
 	var guestCmd string
 	var ourArgs []string
+	opts := fmt.Sprintf(" -c %d -C %d -S %d", conns, count, size)
 	if client {
-		guestCmd = tool + " -b " + rxelab.GuestIP
-		ourArgs = []string{tool, "-s", rxelab.GuestIP, "-b", rxelab.HostIP, "--timeout", "30s"}
+		guestCmd = tool + " -b " + rxelab.GuestIP + opts
+		ourArgs = append([]string{tool, "-s", rxelab.GuestIP, "-b", rxelab.HostIP, "--timeout", "30s"}, strings.Fields(opts)...)
 	} else {
-		guestCmd = tool + " -s " + rxelab.HostIP + " -b " + rxelab.GuestIP
-		ourArgs = []string{tool, "-b", rxelab.HostIP, "--timeout", "30s"}
+		guestCmd = tool + " -s " + rxelab.HostIP + " -b " + rxelab.GuestIP + opts
+		ourArgs = append([]string{tool, "-b", rxelab.HostIP, "--timeout", "30s"}, strings.Fields(opts)...)
 	}
 	ours := newLineWatch("starting server")
 	var ourErr bytes.Buffer
@@ -400,17 +418,28 @@ func cmtInterop(t *testing.T, lab *rxelab.Lab, tool string, client bool) {
 	if !client {
 		cli, srv = "g", "s"
 	}
-	want := cli + ":REQ " + srv + ":REP " + cli + ":RTU"
+	count1 := func(m string) int {
+		n := 0
+		for _, x := range msgs {
+			if x == m {
+				n++
+			}
+		}
+		return n
+	}
+	want := map[string]int{cli + ":REQ": conns, srv + ":REP": conns, cli + ":RTU": conns, srv + ":DREQ": conns, cli + ":DREP": conns}
 	if tool == "udaddy" {
-		want = cli + ":SIDR_REQ " + srv + ":SIDR_REP"
+		want = map[string]int{cli + ":SIDR_REQ": conns, srv + ":SIDR_REP": conns}
 	}
-	if !strings.HasPrefix(seq, want) {
-		t.Errorf("CM exchange %q, want %q first", seq, want)
+	for m, n := range want {
+		if count1(m) != n {
+			t.Errorf("CM exchange %q: %d x %s, want %d", seq, count1(m), m, n)
+		}
 	}
-	if tool == "ucmatose" && (!strings.Contains(seq, srv+":DREQ") || !strings.Contains(seq, cli+":DREP")) {
-		t.Errorf("CM release %q: want the server's DREQ answered by a DREP", seq)
+	if strings.Contains(seq, "REJ") {
+		t.Errorf("CM exchange has a REJ: %q", seq)
 	}
-	if data[hostIP] != 10 || data[guestIP] != 10 {
-		t.Errorf("data messages %v, want 10 each way", data)
+	if data[hostIP] != conns*count || data[guestIP] != conns*count {
+		t.Errorf("data messages %v, want %d each way", data, conns*count)
 	}
 }
