@@ -546,3 +546,49 @@ func TestPingpongLoopAllocs(t *testing.T) {
 		})
 	}
 }
+
+// TestPingpongPeerExits: a server that stops after 5 exchanges while the client wants more.
+// The client's 6th SEND reaches the server before it closes (RC: and is acknowledged), so the
+// client waits for an echo that never comes and times out; if the server closed first, an RC
+// client's SEND is never acknowledged and the engine gives up after retry_cnt 7 (IBTA
+// 9.7.6.1.3), which the tool reports as the failed completion. Either way: exit 1, no hang.
+func TestPingpongPeerExits(t *testing.T) {
+	for _, tc := range []struct {
+		tool string
+		want []string
+	}{
+		{"rc", []string{"timed out: no completion for 1s (6 of 1000 SENDs and 5 of 1000 RECVs completed)",
+			"Failed status transport retry counter exceeded (12) for wr_id 2"}},
+		{"uc", []string{"timed out: no completion for 1s (6 of 1000 SENDs and 5 of 1000 RECVs completed)"}},
+	} {
+		t.Run(tc.tool, func(t *testing.T) {
+			ln, err := net.Listen("tcp4", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			roce := strconv.Itoa(int(freeUDPPort(t)))
+			port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+			var sOut, sErr, cOut, cErr bytes.Buffer
+			done := make(chan int)
+			go func() {
+				done <- pingpongMain([]string{tc.tool, "-d", "127.0.0.1", "-e", "-n", "5", "-s", "100", "-roce-port", roce, "-p", port},
+					&ppEnv{Stdout: &sOut, Stderr: &sErr, Listener: ln})
+			}()
+			cst := pingpongMain([]string{tc.tool, "-d", "127.0.0.2", "-e", "-n", "1000", "-s", "100", "-timeout", "1s", "-roce-port", roce, "-p", port, "127.0.0.1"},
+				&ppEnv{Stdout: &cOut, Stderr: &cErr})
+			if sst := <-done; sst != 0 {
+				t.Errorf("server exit %d: %s", sst, sErr.String())
+			}
+			found := false
+			for _, w := range tc.want {
+				found = found || strings.Contains(cErr.String(), w)
+			}
+			if cst != 1 || !found {
+				t.Errorf("client exit %d, stderr %q, want %q", cst, cErr.String(), tc.want)
+			}
+			if strings.Contains(cOut.String(), "iters in") {
+				t.Errorf("client printed results: %q", cOut.String())
+			}
+		})
+	}
+}
