@@ -317,8 +317,10 @@ func pfCheckWire(t *testing.T, c pfCase, client bool, wire []rocetest.IPv4UDP) {
 				t.Errorf("%v on a %s test", p.BTH.Opcode(), c.Atomic)
 			}
 			reqs[d.Src]++
-		case c.Verb != "atomic" && info.Kind == want2 && (info.Last || info.Kind == bth.KindReadReq):
-			reqs[d.Src]++
+		case c.Verb != "atomic" && info.Kind == want2:
+			if info.Last || info.Kind == bth.KindReadReq { // one per message
+				reqs[d.Src]++
+			}
 		case info.Kind == bth.KindAck || info.Kind == bth.KindAtomicAck || (info.Kind == bth.KindReadResp && info.Last):
 			resps[d.Src]++
 		case info.Request:
