@@ -92,6 +92,14 @@ type Options struct {
 	// CM configures QP1 (the GSI QP) and the Communication Manager on it
 	// (gsi.go); the zero value enables both.
 	CM CMOptions
+	// Shards are more links on the same addresses and port, one per extra
+	// receive worker (link.ListenUDPShards steers datagrams to link
+	// DestQP mod (1+len(Shards)), Link being shard 0); QP n sends through
+	// the same link. The device owns them (fastpath.go).
+	Shards []link.Link
+	// Pin locks each receive worker to its own OS thread, pinned to CPU
+	// (worker index mod the CPUs this process may use).
+	Pin bool
 }
 
 // Device is an open softroce device. Its methods are safe for concurrent use.
@@ -119,14 +127,9 @@ type Device struct {
 	cqs     map[*cq.CQ]struct{}
 	srqs    map[*qp.SRQ]struct{}
 
-	// receive goroutine only
-	rxPkt  bth.Packet
-	rxICRC struct {
-		ep    bth.Endpoints
-		n     int
-		state uint32
-		ok    bool
-	}
+	// links[0] is link; the rest are Options.Shards (one receive worker each)
+	links []link.Link
+	pin   bool
 
 	events   chan event.Event
 	userSink event.Sink
@@ -147,8 +150,9 @@ func Open(o Options) (*Device, error) {
 	}
 	d := &Device{
 		name: o.Name, link: o.Link, clock: o.Clock, port: o.Port, mtu: o.MTU,
-		nextQPN: FirstQPN, userSink: o.Events,
-		cqs: map[*cq.CQ]struct{}{}, srqs: map[*qp.SRQ]struct{}{},
+		nextQPN: FirstQPN, userSink: o.Events, pin: o.Pin,
+		links: append([]link.Link{o.Link}, o.Shards...),
+		cqs:   map[*cq.CQ]struct{}{}, srqs: map[*qp.SRQ]struct{}{},
 		events: make(chan event.Event, 256),
 	}
 	if d.name == "" {
@@ -187,8 +191,10 @@ func Open(o Options) (*Device, error) {
 	if err := d.openGSI(o.CM); err != nil {
 		return nil, err
 	}
-	d.wg.Add(1)
-	go d.recvLoop()
+	for i, l := range d.links {
+		d.wg.Add(1)
+		go d.recvLoop(i, l)
+	}
 	return d, nil
 }
 
@@ -392,7 +398,7 @@ func (d *Device) CreateQP(in QPInit) (*QP, error) {
 	}
 	eq, err := qp.New(qp.Config{
 		Type: in.Type, QPN: qpn, PD: in.PD, MRs: d.tbl, SendCQ: in.SendCQ, RecvCQ: in.RecvCQ,
-		SRQ: in.SRQ, Cap: in.Cap, SigAll: in.SigAll, Out: d.link, Clock: d.clock,
+		SRQ: in.SRQ, Cap: in.Cap, SigAll: in.SigAll, Out: d.links[qpn%uint32(len(d.links))], Clock: d.clock,
 		Resolve: d.resolve, DstPort: d.port, Device: &d.attr, Counters: &d.cnt,
 		AtomicMu: &d.atomicMu, Events: d.sink, MTU: d.mtu,
 	})
@@ -485,6 +491,9 @@ func (d *Device) Close() error {
 		d.g.mgr.Close()
 	}
 	err := d.link.Close()
+	for _, l := range d.links[1:] {
+		l.Close()
+	}
 	d.wg.Wait()
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -505,10 +514,16 @@ func (d *Device) Close() error {
 	return err
 }
 
-// recvLoop is the receive goroutine.
-func (d *Device) recvLoop() {
+// recvLoop is receive worker i, reading l: right after each read it
+// parses, checks the ICRC and places every packet (QP.Receive) on this
+// goroutine, while the data is hot.
+func (d *Device) recvLoop(i int, l link.Link) {
 	defer d.wg.Done()
-	bs := d.link.BatchSize()
+	if d.pin {
+		pinWorker(i)
+	}
+	rx := new(rxState)
+	bs := l.BatchSize()
 	if bs < 1 {
 		bs = 1
 	}
@@ -521,7 +536,7 @@ func (d *Device) recvLoop() {
 		for i := range batch {
 			batch[i].Buf = bufs[i]
 		}
-		n, err := d.link.Recv(batch)
+		n, err := l.Recv(batch)
 		if err != nil {
 			if d.closed.Load() || errors.Is(err, net.ErrClosed) {
 				return
@@ -529,8 +544,8 @@ func (d *Device) recvLoop() {
 			d.cnt.LinkDowned.Add(1)
 			continue
 		}
-		for i := 0; i < n; i++ {
-			d.handle(&batch[i])
+		for k := 0; k < n; k++ {
+			d.handle(rx, &batch[k])
 		}
 	}
 }
@@ -538,8 +553,8 @@ func (d *Device) recvLoop() {
 // handle runs the device-level receive checks of rxe_recv.c in order and
 // dispatches the packet to its QP. Failures are silent drops, counted in
 // rcvd_dropped.
-func (d *Device) handle(dg *link.Datagram) {
-	p := &d.rxPkt
+func (d *Device) handle(rx *rxState, dg *link.Datagram) {
+	p := &rx.pkt
 	if err := bth.ParseInto(p, dg.Buf); err != nil { // IBTA 9.2/9.3, TVer 0
 
 		d.cnt.RcvdDropped.Add(1)
@@ -559,12 +574,12 @@ func (d *Device) handle(dg *link.Datagram) {
 	// ICRC (IBTA A17.3.3). IPv4: the ID the sender's kernel chose is not
 	// visible to a UDP socket; ID 0 (DF senders like us) first, then the
 	// solver (kernel rxe's counting IDs). The pseudo-header state of the
-	// last (endpoints, length) is reused (receive goroutine only).
-	if !d.rxICRC.ok || d.rxICRC.n != len(dg.Buf) || d.rxICRC.ep != ep {
-		d.rxICRC.ep, d.rxICRC.n, d.rxICRC.ok = ep, len(dg.Buf), true
-		d.rxICRC.state = bth.PseudoHeaderCRC(&d.rxICRC.ep, len(dg.Buf))
+	// last (endpoints, length) is reused (per receive worker).
+	if !rx.icrc.ok || rx.icrc.n != len(dg.Buf) || rx.icrc.ep != ep {
+		rx.icrc.ep, rx.icrc.n, rx.icrc.ok = ep, len(dg.Buf), true
+		rx.icrc.state = bth.PseudoHeaderCRC(&rx.icrc.ep, len(dg.Buf))
 	}
-	if bth.ICRCContinue(d.rxICRC.state, dg.Buf) != bth.GetICRC(dg.Buf) {
+	if bth.ICRCContinue(rx.icrc.state, dg.Buf) != bth.GetICRC(dg.Buf) {
 		if !src.Addr().Is4() {
 			d.cnt.RcvdDropped.Add(1)
 			return

@@ -1,6 +1,13 @@
 package roce
 
-import "github.com/softroce/softroce/pkg/roce/link"
+import (
+	"runtime"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softroce/softroce/pkg/bth"
+	"github.com/softroce/softroce/pkg/roce/link"
+)
 
 // FastPathOptions select the data-path accelerations of a UDP device (docs/performance.md,
 // "fast path"). The zero value enables them all.
@@ -17,6 +24,13 @@ type FastPathOptions struct {
 	Disable bool
 	// NoGSO keeps GSO off (link.GSOOff); NoGRO keeps GRO off.
 	NoGSO, NoGRO bool
+	// Workers is the number of receive workers (0 or 1: one). With n > 1 the device opens n
+	// SO_REUSEPORT sockets per address (link.ListenUDPShards): the kernel steers each datagram
+	// to worker DestQP mod n, which parses, checks and places it, and QP q sends through
+	// socket q mod n, so n busy QPs use up to n cores.
+	Workers int
+	// Pin pins each receive worker to its own OS thread and CPU (Options.Pin).
+	Pin bool
 }
 
 // apply sets the link options the fast path needs. An explicit Link.GSO other than GSOAuto is
@@ -27,5 +41,40 @@ func (f FastPathOptions) apply(o *link.UDPOptions) {
 	}
 	if !f.Disable && !f.NoGRO {
 		o.GRO = true
+	}
+}
+
+// rxState is one receive worker's scratch: the packet being handled and the pseudo-header CRC
+// state of the last (endpoints, length) seen.
+type rxState struct {
+	pkt  bth.Packet
+	icrc struct {
+		ep    bth.Endpoints
+		n     int
+		state uint32
+		ok    bool
+	}
+}
+
+// pinWorker locks the calling goroutine to its OS thread (for good: the worker runs until the
+// device closes) and pins the thread to CPU i mod the CPUs the process may use
+// (sched_setaffinity). Failures leave the thread unpinned.
+func pinWorker(i int) {
+	runtime.LockOSThread()
+	var allowed unix.CPUSet
+	if unix.SchedGetaffinity(0, &allowed) != nil || allowed.Count() == 0 {
+		return
+	}
+	k := i % allowed.Count()
+	for cpu := 0; cpu < 1024; cpu++ {
+		if allowed.IsSet(cpu) {
+			if k == 0 {
+				var one unix.CPUSet
+				one.Set(cpu)
+				_ = unix.SchedSetaffinity(0, &one)
+				return
+			}
+			k--
+		}
 	}
 }

@@ -57,6 +57,7 @@ func OpenUDP(o UDPOptions) (*Device, error) {
 		}
 	}
 	var l link.Link
+	var shards []link.Link
 	var err error
 	if o.Portable {
 		port := o.Port
@@ -69,14 +70,28 @@ func OpenUDP(o UDPOptions) (*Device, error) {
 		o.FastPath.apply(&lo)
 		lo.Addrs = addrs
 		lo.Port = o.Port
-		l, err = link.ListenUDP(lo)
+		if o.FastPath.Workers > 1 {
+			var ls []*link.UDPLink
+			if ls, err = link.ListenUDPShards(lo, o.FastPath.Workers); err == nil {
+				l = ls[0]
+				for _, s := range ls[1:] {
+					shards = append(shards, s)
+				}
+			}
+		} else {
+			l, err = link.ListenUDP(lo)
+		}
 	}
 	if err != nil {
 		return nil, err
 	}
-	d, err := Open(Options{Link: l, Clock: o.Clock, Port: o.Port, MTU: o.MTU, Attr: o.Attr, Events: o.Events, Name: o.Name, GIDs: table})
+	d, err := Open(Options{Link: l, Shards: shards, Pin: o.FastPath.Pin, Clock: o.Clock, Port: o.Port, MTU: o.MTU,
+		Attr: o.Attr, Events: o.Events, Name: o.Name, GIDs: table})
 	if err != nil {
 		l.Close()
+		for _, s := range shards {
+			s.Close()
+		}
 		return nil, err
 	}
 	return d, nil
