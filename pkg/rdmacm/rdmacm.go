@@ -121,6 +121,7 @@ type RejectError struct {
 	Reason cm.RejectReason
 }
 
+// Error names the reject reason (IBTA 12.6.7.2, Table 109).
 func (e *RejectError) Error() string {
 	return fmt.Sprintf("rdmacm: rejected: %v (%d)", e.Reason, uint16(e.Reason))
 }
