@@ -25,7 +25,10 @@ package main
 // Softroce differences: -d names a local address or interface (the device is UDP sockets on
 // that address), the local GID is always that address (the tools send a zero GID without
 // -g), a peer's zero GID falls back to its TCP address, and every step is bounded by
-// -timeout (the tools wait forever), so a missing peer is an error, not a hang.
+// -timeout (the tools wait forever), so a missing peer is an error, not a hang. Without -e
+// the loop polls, then sleeps on the CQ after 200 us without a completion (the device shares
+// the CPUs). srq gives each receive and each QP its own buffer slot instead of one shared
+// buffer (a data race in Go; the bytes on the wire are the same). docs/interop.md has more.
 
 import (
 	"context"
