@@ -416,7 +416,7 @@ func pickSource(d *roce.Device, src, dst netip.Addr) (netip.Addr, error) {
 
 // ResolveRoute resolves the path to the destination (rdma_resolve_route):
 // the source GID index, the port's active MTU, hop limit 64 (rdma_cm on
-// RoCE; IBTA A17.4.5.1 maps the GRH hop limit to the IP TTL). It reports
+// RoCE; IBTA A17.4 maps the GRH hop limit to the IP TTL). It reports
 // ROUTE_RESOLVED.
 func (id *ID) ResolveRoute(timeout time.Duration) error {
 	_ = timeout

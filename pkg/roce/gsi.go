@@ -3,7 +3,7 @@ package roce
 // The GSI QP (QP1) and the Communication Manager on it.
 //
 // Every Device opens QP1 at Open (IBTA 13.4.3: the General Services
-// Interface; on RoCEv2 it carries only the CM class, IBTA 12.6 and A17.9.1):
+// Interface; softroce serves only the CM class on it, IBTA 12.6):
 // an engine QP of type qp.TypeGSI, Q_Key 0x80010000 (IBTA 13.5.2), with its
 // own memory table, CQs and receive ring so it takes nothing from the
 // application's limits or key space. Sends go out as UD SEND ONLY to the
@@ -182,7 +182,7 @@ func (g *gsi) event(e cm.Event) {
 }
 
 // SendMAD implements cm.Transport: the 256-byte MAD goes out as a UD SEND
-// ONLY from QP1 to dst's GSI QP (IBTA 13.5.1), DETH Q_Key 0x80010000.
+// ONLY from QP1 to dst's GSI QP (IBTA 13.5), DETH Q_Key 0x80010000.
 func (g *gsi) SendMAD(dst cm.Addr, mad []byte) error {
 	if len(mad) > cm.MADSize {
 		return ErrInvalidArg
@@ -252,7 +252,7 @@ func (g *gsi) poll() {
 }
 
 // grhSource reads the source address from the 40 bytes a UD receive
-// starts with (IBTA A17.4.5.2: for IPv4 the header sits in the last 20).
+// starts with (IBTA A17.4: for IPv4 the header sits in the last 20).
 func grhSource(grh []byte) netip.Addr {
 	if grh[0]>>4 == 6 {
 		return netip.AddrFrom16([16]byte(grh[8:24])).Unmap()
