@@ -221,8 +221,13 @@ func (q *QP) onReadResp(now time.Time, p *bth.Packet, psn bth.PSN) {
 	info := p.Info
 	n := uint32(len(p.Payload))
 	last := info.Last
-	if (!last && n != q.mtu) || n > q.mtu || w.readDone+n > w.length {
-		q.failWQE(w, cq.StatusBadRespErr) // IBTA 9.7.6.1.3 malformed response
+	// IBTA 9.7.6.1.3 malformed response: a FIRST/MIDDLE, or a LAST
+	// ending a chunk (readChunk) rather than the message, carries one
+	// MTU; a LAST ends the message or a chunk.
+	end := w.readDone + n
+	if (!last && n != q.mtu) || n > q.mtu || end > w.length ||
+		(last && end != w.length && (n != q.mtu || (end/q.mtu)%readChunk != 0)) {
+		q.failWQE(w, cq.StatusBadRespErr)
 		return
 	}
 	if ok, err := q.scatter(w.sge, w.readDone, p.Payload); err != nil || !ok {
@@ -231,14 +236,12 @@ func (q *QP) onReadResp(now time.Time, p *bth.Packet, psn bth.PSN) {
 	}
 	w.readDone += n
 	q.comp.psn = psn.Add(1)
-	if last {
-		if w.readDone != w.length {
-			q.failWQE(w, cq.StatusBadRespErr)
-			return
-		}
+	if last && w.readDone == w.length {
 		w.done = true
 		w.status = cq.StatusSuccess
 	}
+	// a chunk's LAST: complete() runs the requester, which asks for
+	// the next chunk
 }
 
 func (q *QP) onAtomicAck(now time.Time, p *bth.Packet, psn bth.PSN) {

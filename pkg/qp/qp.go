@@ -152,6 +152,7 @@ type sendWQE struct {
 	npsn     uint32
 	nextPkt  uint32 // index of the next packet to build (SEND/WRITE)
 	readDone uint32 // READ bytes received
+	readReq  uint32 // READ response packets requested so far (readChunk)
 	isInline bool
 	rdAtomic bool // counts against max_rd_atomic while outstanding
 	bind     BindInfo

@@ -677,3 +677,59 @@ func TestRNRResetsRetryCount(t *testing.T) {
 		t.Fatalf("completer_retry_err %d rcvd_rnr_err %d, want 2 and >= 3", s.CompleterRetryErr, s.RcvdRNRErr)
 	}
 }
+
+// TestReadChunks: a READ longer than readChunk (128) packets is requested
+// chunk by chunk at fixed boundaries, each chunk once the previous one has
+// arrived (so the responder never has more than 128 responses of it in
+// flight); a loss inside a chunk resumes from the first missing byte to
+// that chunk's end, which the responder replays (IBTA 9.4.4, 9.7.6.1.3).
+func TestReadChunks(t *testing.T) {
+	const pkts = 3*readChunk + 40
+	const size = pkts*256 - 100
+	w := faultPair(t, connOpts{mtu: MTU256, psnA: 0xFFFF00, retry: 7}, "", fmt.Sprintf("drop:psn=%d:nth=1", (0xFFFF00+readChunk+5)&0xFFFFFF))
+	a, b := w.a, w.b
+	b.fill(dstOff, size, 12)
+	inFlight, maxInFlight := 0, 0
+	inner := w.filter
+	w.filter = func(from *side, d *link.Datagram, p *bth.Packet) bool {
+		switch {
+		case from == a && p.BTH.Opcode() == bth.OpRCReadRequest:
+			inFlight = int(p.RETH.Fields().DMALen+255) / 256
+		case from == b:
+			inFlight--
+		}
+		maxInFlight = max(maxInFlight, inFlight)
+		return inner(from, d, p)
+	}
+	a.postSend(t, SendWR{WRID: 1, Opcode: WRRDMARead, SGL: sgl(a, 0, size, 3), Flags: SendSignaled, RemoteAddr: b.va(dstOff), RKey: b.mr.RKey()},
+		a.write(2, 0, 8, b.va(0), b.mr.RKey(), SendSignaled))
+	w.pump()
+	expectWC(t, pollAll(a.scq), cq.WC{WRID: 1, Opcode: cq.OpRDMARead, ByteLen: size}, cq.WC{WRID: 2, Opcode: cq.OpRDMAWrite, ByteLen: 8})
+	eq(t, "read", a.buf[:size], b.buf[dstOff:dstOff+size])
+	first := bth.PSN(0xFFFF00)
+	type req struct {
+		psn     bth.PSN
+		off, ln uint32
+	}
+	var got []req
+	for _, r := range w.sent(a, bth.OpRCReadRequest) {
+		got = append(got, req{r.psn, uint32(r.reth.VA - b.va(dstOff)), r.reth.DMALen})
+	}
+	c := uint32(readChunk * 256)
+	want := []req{
+		{first, 0, c},
+		{first.Add(readChunk), c, c}, // chunk 1, response 5 lost
+		{first.Add(readChunk + 5), c + 5*256, c - 5*256}, // resumed to the chunk's end
+		{first.Add(2 * readChunk), 2 * c, c},
+		{first.Add(3 * readChunk), 3 * c, size - 3*c},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("READ requests %v, want %v", got, want)
+	}
+	if maxInFlight > readChunk {
+		t.Fatalf("%d READ responses in flight, want <= %d", maxInFlight, readChunk)
+	}
+	if wr := w.sent(a, bth.OpRCWriteOnly); len(wr) != 1 || wr[0].psn != first.Add(pkts) {
+		t.Fatalf("WRITE after the READ: %+v, want PSN %#x", wr, uint32(first.Add(pkts)))
+	}
+}

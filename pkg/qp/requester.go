@@ -165,6 +165,7 @@ func (q *QP) start(w *sendWQE) {
 	q.req.next = w.lastPSN.Add(1)
 	w.nextPkt = 0
 	w.readDone = 0
+	w.readReq = 0
 	if k == kindRead || k == kindCmpSwap || k == kindFetchAdd {
 		w.rdAtomic = true
 		q.rdAtomicInFlight++
@@ -176,8 +177,7 @@ func (q *QP) start(w *sendWQE) {
 func (q *QP) transmit(w *sendWQE) bool {
 	switch kindOf(w.wr.Opcode) {
 	case kindRead:
-		q.sendRead(w)
-		return true
+		return q.sendRead(w)
 	case kindCmpSwap, kindFetchAdd:
 		q.sendAtomic(w)
 		return true
@@ -291,22 +291,49 @@ func (q *QP) sent(psn, last bth.PSN) {
 	}
 }
 
-// sendRead builds the READ request, resuming after the bytes already
-// received on a retry (IBTA 9.7.6.1.4 / rxe: va + done, PSN + done/MTU).
-func (q *QP) sendRead(w *sendWQE) {
+// readChunk bounds the response packets one READ request asks for: a
+// READ longer than readChunk MTUs is requested in chunks at fixed
+// boundaries (first PSN + k x readChunk), the next chunk once the
+// previous one has fully arrived. The responder would otherwise answer
+// the whole READ in one burst, which a link queue or a socket buffer
+// smaller than the READ truncates, every time, leaving only the ACK
+// timeout to recover the tail (a 4 MiB READ over the in-memory link's
+// default 1024-datagram queue: 209 ms and 3 timeouts; chunked: no loss).
+// It is the requester window (MaxUnackedPSNs) applied to READ responses.
+// Each chunk is an ordinary READ request (IBTA 9.4.4) for a part of the
+// WQE's range with consecutive PSNs, so responders need nothing new; a
+// WQE has at most one chunk outstanding, so it holds at most one
+// responder resource (max_dest_rd_atomic). READs up to readChunk
+// packets (perftest's 64 KiB at MTU 1024 ...) are one request as before.
+const readChunk = MaxUnackedPSNs
+
+// sendRead builds the READ request for the chunk holding the first byte
+// not yet received, from that byte (IBTA 9.7.6.1.4 / rxe: va + done,
+// PSN + done/MTU) to the chunk's end, so a resumed request ends where the
+// original did (the responder replays only then). It returns whether the
+// whole WQE has been requested; false while a chunk is outstanding or
+// more chunks follow (later WQEs wait: their PSNs come after the READ's).
+func (q *QP) sendRead(w *sendWQE) bool {
 	skip := w.readDone / q.mtu
+	if skip < w.readReq {
+		return false // the chunk asked for is still arriving
+	}
+	end := min((skip/readChunk+1)*readChunk, w.npsn)
 	w.readDone = skip * q.mtu
 	psn := w.firstPSN.Add(skip)
+	n := min(end*q.mtu, w.length) - w.readDone
 	buf := q.txBuf()
 	h := bth.BTHSize
 	bth.RETH(buf[h:]).Encode(&bth.RETHFields{
-		VA: w.wr.RemoteAddr + uint64(w.readDone), RKey: w.wr.RKey, DMALen: w.length - w.readDone,
+		VA: w.wr.RemoteAddr + uint64(w.readDone), RKey: w.wr.RKey, DMALen: n,
 	})
 	h += bth.RETHSize
 	q.req.noAck = 0
 	q.finish(buf, bth.OpRCReadRequest, false, true, q.attr.DestQPN, psn, h, 0, &q.path)
-	q.sent(psn, w.lastPSN)
-	q.req.psn = w.lastPSN.Add(1)
+	q.sent(psn, w.firstPSN.Add(end-1))
+	w.readReq = end
+	q.req.psn = w.firstPSN.Add(end)
+	return end == w.npsn
 }
 
 // sendAtomic builds a CMP_SWAP or FETCH_ADD request (IBTA 9.4.5, AtomicETH 9.3.4).

@@ -167,6 +167,7 @@ func (q *QP) rewind() {
 		}
 		w.sentAll = false
 		w.nextPkt = 0
+		w.readReq = 0 // a READ asks again from its first missing byte
 		if d := q.comp.psn.Sub(w.firstPSN); d > 0 && uint32(d) < w.npsn {
 			switch kindOf(w.wr.Opcode) {
 			case kindSend, kindWrite:
