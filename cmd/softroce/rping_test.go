@@ -88,7 +88,7 @@ func TestRpingNoServer(t *testing.T) {
 	rpingOnListen = func() { close(listening) }
 	defer func() { rpingOnListen = nil }()
 	go func() {
-		done <- run([]string{"rping", "-s", "-a", "127.0.0.2", "-p", "7175", "--roce-port", port, "--portable", "--timeout", "3s"}, &sout, &serr)
+		done <- run([]string{"rping", "-s", "-a", "127.0.0.2", "-p", "7175", "--roce-port", port, "--portable", "--timeout", "1s"}, &sout, &serr)
 	}()
 	<-listening
 	var cout, cerr bytes.Buffer

@@ -78,7 +78,7 @@ func TestUcmatoseRejected(t *testing.T) {
 	done := make(chan int)
 	var so, se bytes.Buffer
 	go func() {
-		done <- run([]string{"ucmatose", "-b", "127.0.0.2", "-p", "7471", "--roce-port", port, "--portable", "--timeout", "3s"}, &so, &se)
+		done <- run([]string{"ucmatose", "-b", "127.0.0.2", "-p", "7471", "--roce-port", port, "--portable", "--timeout", "1s"}, &so, &se)
 	}()
 	<-listening
 	var co, ce bytes.Buffer
