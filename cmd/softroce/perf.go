@@ -20,6 +20,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -120,6 +122,8 @@ type perfConfig struct {
 	Portable   bool
 	// Loopback runs both ends in this process (the former tool); Mem uses the in-memory link.
 	Loopback, Mem bool
+	// CPUProfile, if set, is where a pprof CPU profile of the run is written.
+	CPUProfile string
 }
 
 // parsePerf parses "send|write|read|atomic [flags] [SERVER]" (flags and SERVER in any
@@ -183,6 +187,7 @@ func parsePerf(args []string, stderr io.Writer) (*perfConfig, error) {
 	fs.UintVar(&rocePort, "roce-port", 4791, "softroce: RoCE UDP port")
 	fs.BoolVar(&c.Portable, "portable", false, "softroce: plain UDP sockets instead of sendmmsg/recvmmsg")
 	fs.BoolVar(&c.Loopback, "loopback", false, "softroce: both ends in this process (127.0.0.1 <-> 127.0.0.2), no exchange")
+	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "softroce: write a pprof CPU profile of the run to `file`")
 	fs.BoolVar(&c.Mem, "mem", false, "softroce: with --loopback, the in-memory link instead of UDP")
 
 	var positional []string
@@ -336,6 +341,20 @@ func perfMain(args []string, env *perfEnv) int {
 			fmt.Fprintln(env.Stderr, "usage: softroce perf send|write|read|atomic [--lat] [flags] [SERVER]   (server when no SERVER; -h for flags)")
 		}
 		return 1
+	}
+	if c.CPUProfile != "" {
+		f, err := os.Create(c.CPUProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintf(env.Stderr, "perf: --cpuprofile: %v\n", err)
+			return 1
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		}()
 	}
 	if c.Loopback {
 		return perfLoopback(c, env.Stdout, env.Stderr)

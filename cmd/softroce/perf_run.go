@@ -71,6 +71,9 @@ const (
 	// typical spinning, 43 us sleeping), so by default a waiter sleeps at once.
 	perfSpinBW  = 16
 	perfSpinLat = 4000
+	// perfWriteSpin is how long write latency's waiter yields in a loop before it sleeps in
+	// 20 us steps: a WRITE makes no completion to sleep on, and most replies come sooner.
+	perfWriteSpin = 200 * time.Microsecond
 )
 
 // perfInc is perftest's INC(size, cache_line): the size rounded up to the cache line.
@@ -545,7 +548,7 @@ func (r *perfRes) waitByte(q *roce.QP, off int, v byte) error {
 			if el > r.c.RunTimeout {
 				return fmt.Errorf("%w: no WRITE from the peer within %v", errPerfTimeout, r.c.RunTimeout)
 			}
-			if !r.c.BusyPoll || el > 2*time.Millisecond {
+			if (!r.c.BusyPoll && el > perfWriteSpin) || el > 2*time.Millisecond {
 				time.Sleep(20 * time.Microsecond)
 				continue
 			}
