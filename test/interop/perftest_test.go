@@ -103,7 +103,7 @@ func pfInterop(t *testing.T, lab *rxelab.Lab, c pfCase, client bool) {
 	bin := buildSoftroce(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	stopCapture := startCapture(t, lab)
+	stopCapture := ppStartCapture(t, lab) // snaplen 9000, 32 MiB buffer: BW bursts fit
 
 	guestCmd := fmt.Sprintf("%s -d %s %s", c.tool(), rxelab.GuestDev, c.flags())
 	ourArgs := []string{"perf", c.Verb}
@@ -182,7 +182,8 @@ func pfInterop(t *testing.T, lab *rxelab.Lab, c pfCase, client bool) {
 		t.Errorf("softroce stderr: %q", ourErr.String())
 	}
 	pfCheckOutputs(t, c, client, ours.String(), string(guestOut))
-	pfCheckWire(t, c, client, stopCapture())
+	wire, lost := stopCapture()
+	pfCheckWire(t, c, client, wire, lost)
 }
 
 var (
@@ -276,7 +277,7 @@ func pfCheckOutputs(t *testing.T, c pfCase, client bool, ours, guest string) {
 // pfCheckWire checks the tap capture: ICRCs over the real headers, DF everywhere, the
 // test's requests from the requester (the client; both sides for write/send latency) and
 // their responses, at least iters messages.
-func pfCheckWire(t *testing.T, c pfCase, client bool, wire []rocetest.IPv4UDP) {
+func pfCheckWire(t *testing.T, c pfCase, client bool, wire []rocetest.IPv4UDP, lost bool) {
 	t.Helper()
 	reqs := map[netip.Addr]int{}
 	resps := map[netip.Addr]int{}
@@ -335,12 +336,15 @@ func pfCheckWire(t *testing.T, c pfCase, client bool, wire []rocetest.IPv4UDP) {
 	if requester == guestIP {
 		other = hostIP
 	}
-	// tcpdump on the lab's tap loses packets of bursts (a loaded machine lost 83% of a
-	// send_bw run), so the counts are logged, not compared with -n: the tools' own counts
-	// (the #iterations column, and exit 0 only when every completion succeeded) are exact.
-	// The wire must still show the exchange: requests from the requester and its responses
-	// (ACK, READ response, atomic ACK), and every captured packet is checked above.
-	min := 1
+	// With tcpdump's default ring (2 MiB of 256 KiB slots) most packets of a BW burst were
+	// lost; ppStartCapture's ring holds thousands. If tcpdump still reports drops, the
+	// counts are only logged: the tools' own counts (the #iterations column, and exit 0
+	// only when every completion succeeded) are exact anyway.
+	min := c.Iters
+	if lost {
+		min = 1
+		t.Logf("tcpdump dropped packets: message counts not checked")
+	}
 	if got := max(reqs[requester], resps[other]); got < min {
 		t.Errorf("the client (%v) sent %d %s requests and got %d responses on the wire, want >= %d", requester, reqs[requester], c.Verb, resps[other], min)
 	}
