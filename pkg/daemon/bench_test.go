@@ -40,57 +40,61 @@ func BenchmarkWrite64K(b *testing.B) { benchWrite(b, 65536, 16, 4) }
 // trip and the completion wakeup dominate).
 func BenchmarkWrite64B(b *testing.B) { benchWrite(b, 64, 1, 8) }
 
+// writeLoop runs n signaled WRITEs of size bytes from a to p with depth in
+// flight (completed slots re-posted in one call), calling start once the
+// connection is up; it returns when all n completed.
+func writeLoop(tb testing.TB, va, vb roce.Verbs, ipA, ipB netip.Addr, size, depth, n int, start func()) {
+	a := newEnd(tb, va, size*depth, uint32(depth), rcAccess)
+	p := newEnd(tb, vb, size*depth, uint32(depth), rcAccess)
+	a.timeout, p.timeout = 16, 16 // 268 ms: a loaded machine must not fail the run
+	a.connect(tb, ipB, p.q.Num(), uint8(va.GIDIndex(ipA)))
+	p.connect(tb, ipA, a.q.Num(), uint8(vb.GIDIndex(ipB)))
+	wrs := make([]qp.SendWR, depth)
+	for i := range wrs {
+		wrs[i] = qp.SendWR{WRID: uint64(i), Opcode: qp.WRRDMAWrite, Flags: qp.SendSignaled,
+			SGL:        []qp.SGE{{Addr: a.iova + uint64(i*size), Length: uint32(size), LKey: a.m.LKey()}},
+			RemoteAddr: p.iova + uint64(i*size), RKey: p.m.RKey()}
+	}
+	batch := make([]qp.SendWR, 0, depth)
+	wcs := make([]cq.WC, depth)
+	start()
+	posted, done := min(depth, n), 0
+	if _, err := a.q.PostSend(wrs[:posted]); err != nil {
+		tb.Fatal(err)
+	}
+	for done < n {
+		k := a.cq.Poll(wcs)
+		if k == 0 {
+			a.cq.ReqNotify(false)
+			if k = a.cq.Poll(wcs); k == 0 {
+				<-a.cq.Channel()
+				continue
+			}
+		}
+		for _, wc := range wcs[:k] {
+			if wc.Status != cq.StatusSuccess {
+				tb.Fatalf("completion %+v", wc)
+			}
+		}
+		done += k
+		if m := min(k, n-posted); m > 0 {
+			batch = batch[:0]
+			for _, wc := range wcs[:m] {
+				batch = append(batch, wrs[wc.WRID])
+			}
+			if _, err := a.q.PostSend(batch); err != nil {
+				tb.Fatal(err)
+			}
+			posted += m
+		}
+	}
+}
+
 func benchWrite(b *testing.B, size, depth, pairBase int) {
 	run := func(b *testing.B, va, vb roce.Verbs, ipA, ipB netip.Addr) {
-		a := newEnd(b, va, size*depth, uint32(depth), rcAccess)
-		p := newEnd(b, vb, size*depth, uint32(depth), rcAccess)
-		a.timeout, p.timeout = 16, 16 // 268 ms: a loaded machine must not fail the run
-		a.connect(b, ipB, p.q.Num(), uint8(va.GIDIndex(ipA)))
-		p.connect(b, ipA, a.q.Num(), uint8(vb.GIDIndex(ipB)))
-		wrs := make([]qp.SendWR, depth)
-		sges := make([]qp.SGE, depth)
-		for i := range wrs {
-			sges[i] = qp.SGE{Addr: a.iova + uint64(i*size), Length: uint32(size), LKey: a.m.LKey()}
-			wrs[i] = qp.SendWR{WRID: uint64(i), Opcode: qp.WRRDMAWrite, Flags: qp.SendSignaled,
-				SGL: sges[i : i+1], RemoteAddr: p.iova + uint64(i*size), RKey: p.m.RKey()}
-		}
-		wcs := make([]cq.WC, depth)
 		b.SetBytes(int64(size))
 		b.ReportAllocs()
-		b.ResetTimer()
-		posted, done := 0, 0
-		n := min(depth, b.N)
-		if _, err := a.q.PostSend(wrs[:n]); err != nil {
-			b.Fatal(err)
-		}
-		posted = n
-		for done < b.N {
-			k := a.cq.Poll(wcs)
-			if k == 0 {
-				a.cq.ReqNotify(false)
-				if k = a.cq.Poll(wcs); k == 0 {
-					<-a.cq.Channel()
-					continue
-				}
-			}
-			for _, wc := range wcs[:k] {
-				if wc.Status != cq.StatusSuccess {
-					b.Fatalf("completion %+v", wc)
-				}
-			}
-			done += k
-			if m := min(k, b.N-posted); m > 0 {
-				// Re-post the completed slots in one call.
-				batch := wrs[:0]
-				for _, wc := range wcs[:m] {
-					batch = append(batch, wrs[wc.WRID%uint64(depth)])
-				}
-				if _, err := a.q.PostSend(batch); err != nil {
-					b.Fatal(err)
-				}
-				posted += m
-			}
-		}
+		writeLoop(b, va, vb, ipA, ipB, size, depth, b.N, b.ResetTimer)
 		b.StopTimer()
 	}
 	b.Run("embedded", func(b *testing.B) {

@@ -29,7 +29,9 @@ import (
 // with SOFTROCE_DAEMON_CHILD set; see childMain).
 
 func TestMain(m *testing.M) {
-	if role := os.Getenv("SOFTROCE_DAEMON_CHILD"); role != "" {
+	if role := os.Getenv("SOFTROCE_DAEMON_CHILD"); role == "bench" {
+		os.Exit(benchChild())
+	} else if role != "" {
 		os.Exit(childMain(role))
 	}
 	os.Exit(m.Run())
