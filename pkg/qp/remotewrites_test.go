@@ -56,3 +56,38 @@ func TestRemoteWrites(t *testing.T) {
 		t.Fatalf("after a SEND: %d", got)
 	}
 }
+
+// TestRemoteWriteNotify: the channel receives once a WRITE is placed, events coalesce, and
+// other operations do not signal it.
+func TestRemoteWriteNotify(t *testing.T) {
+	n := newNet(t)
+	a := n.newSide("10.0.0.1", sideOpts{})
+	b := n.newSide("10.0.0.2", sideOpts{})
+	n.connect(a, b, connOpts{mtu: MTU1024})
+	ch := b.qp.RemoteWriteNotify()
+	if b.qp.RemoteWriteNotify() != ch {
+		t.Fatal("a second call returned another channel")
+	}
+	pending := func() bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	if pending() {
+		t.Fatal("event before any WRITE")
+	}
+	wr := SendWR{Opcode: WRRDMAWrite, SGL: []SGE{a.sge(0, 2000)}, Flags: SendSignaled, RemoteAddr: b.va(0), RKey: b.mr.RKey()}
+	a.postSend(t, wr, wr)
+	n.pump()
+	if !pending() || pending() || b.qp.RemoteWrites() != 2 {
+		t.Fatalf("after two WRITEs: want one coalesced event and count 2 (count %d)", b.qp.RemoteWrites())
+	}
+	a.postSend(t, SendWR{Opcode: WRRDMARead, SGL: []SGE{a.sge(0, 64)}, Flags: SendSignaled, RemoteAddr: b.va(0), RKey: b.mr.RKey()})
+	n.pump()
+	if pending() {
+		t.Fatal("event after a READ")
+	}
+}

@@ -382,7 +382,7 @@ func (q *QP) recvWrite(p *bth.Packet, psn bth.PSN) {
 	}
 	r.inMsg = msgNone
 	r.msn = (r.msn + 1) & bth.PSNMask
-	r.writes.n.Add(1) // after the last byte is placed: see RemoteWrites
+	r.writes.done() // after the last byte is placed: see RemoteWrites
 	q.advance(p, psn)
 	if imm {
 		wc := cq.WC{
