@@ -44,8 +44,8 @@ func (f FastPathOptions) apply(o *link.UDPOptions) {
 	}
 }
 
-// rxState is one receive worker's scratch: the packet being handled and the pseudo-header CRC
-// state of the last (endpoints, length) seen.
+// rxState is one receive worker's scratch: the packet being handled, the pseudo-header CRC
+// state of the last (endpoints, length) seen, and the GSO-run ID tables.
 type rxState struct {
 	pkt  bth.Packet
 	icrc struct {
@@ -53,6 +53,70 @@ type rxState struct {
 		n     int
 		state uint32
 		ok    bool
+	}
+	ids  [2]idTable
+	next int // the idTable to replace next
+}
+
+// idTable lists, for one (endpoints, length), diff[k] = ICRC(ID k) ^ ICRC(ID 0) for k < 64: the
+// IDs of the segments of a GSO run. The ICRC is linear in the ID bits for a fixed length (IBTA
+// A17.3.3's CRC32 over the pseudo-header and the packet), so diff[k] is the XOR of the diffs of
+// k's bits, and each of those is the CRC difference over a zero packet of that length: 6 CRCs per
+// table, built when a (flow, length) first carries a non-zero ID.
+type idTable struct {
+	ep   bth.Endpoints
+	n    int
+	ok   bool
+	hint int
+	diff [link.MaxRunSegments]uint32
+}
+
+var zeroPacket [link.MaxDatagram]byte
+
+// runID reports whether an IPv4 packet of n bytes whose ICRC with ID 0 differs from the one it
+// carries by diff was sent as segment k (1 <= k < 64) of a GSO run: one table lookup instead of
+// bth.SolveIPv4ID's second CRC pass. The hint (the previous k + 1) is tried first.
+func (rx *rxState) runID(ep *bth.Endpoints, n int, diff uint32) bool {
+	var t *idTable
+	for i := range rx.ids {
+		if rx.ids[i].ok && rx.ids[i].n == n && rx.ids[i].ep == *ep {
+			t = &rx.ids[i]
+			break
+		}
+	}
+	if t == nil {
+		t = &rx.ids[rx.next]
+		rx.next = (rx.next + 1) % len(rx.ids)
+		t.build(ep, n)
+	}
+	if k := t.hint; k > 0 && k < len(t.diff) && t.diff[k] == diff {
+		t.hint = k + 1
+		return true
+	}
+	for k := 1; k < len(t.diff); k++ {
+		if t.diff[k] == diff {
+			t.hint = k + 1
+			return true
+		}
+	}
+	return false
+}
+
+func (t *idTable) build(ep *bth.Endpoints, n int) {
+	t.ep, t.n, t.ok, t.hint = *ep, n, true, 1
+	z := zeroPacket[:min(n, len(zeroPacket))]
+	e := *ep
+	e.IPID = 0
+	c0 := bth.ICRCContinue(bth.PseudoHeaderCRC(&e, n), z)
+	t.diff[0] = 0
+	for b := 1; b < len(t.diff); b <<= 1 {
+		e.IPID = uint16(b)
+		t.diff[b] = bth.ICRCContinue(bth.PseudoHeaderCRC(&e, n), z) ^ c0
+	}
+	for k := 1; k < len(t.diff); k++ {
+		if low := k & -k; low != k {
+			t.diff[k] = t.diff[k&(k-1)] ^ t.diff[low]
+		}
 	}
 }
 
