@@ -71,9 +71,6 @@ const (
 	// typical spinning, 43 us sleeping), so by default a waiter sleeps at once.
 	perfSpinBW  = 16
 	perfSpinLat = 4000
-	// perfWriteSpin is how long write latency's waiter yields in a loop before it sleeps in
-	// 20 us steps: a WRITE makes no completion to sleep on, and most replies come sooner.
-	perfWriteSpin = 200 * time.Microsecond
 )
 
 // perfInc is perftest's INC(size, cache_line): the size rounded up to the cache line.
@@ -530,30 +527,36 @@ func (r *perfRes) latWrite(size int) error {
 // like perftest we poll the byte; we look at it only when the QP's count of executed WRITE
 // messages moved (qp.RemoteWrites: its atomic load orders our read after the placement, and
 // the peer's next WRITE only follows our own next one, so nothing writes the byte while we
-// read it).
+// read it). Between looks we sleep on qp.RemoteWriteNotify (--busy-poll: yield first).
 func (r *perfRes) waitByte(q *roce.QP, off int, v byte) error {
-	start := time.Now()
+	notify := q.RemoteWriteNotify()
+	deadline := time.Now().Add(r.c.RunTimeout)
 	for i := 0; ; i++ {
 		if w := q.RemoteWrites(); w != r.writesSeen {
 			r.writesSeen = w
 			if r.buf[off] == v {
 				return nil
 			}
+			continue
 		}
-		if i%64 == 63 {
-			if q.State() == qp.StateErr {
-				return fmt.Errorf("%w: QP %#x entered the error state while waiting for the peer's WRITE", errPerfVerbs, q.Num())
-			}
-			el := time.Since(start)
-			if el > r.c.RunTimeout {
-				return fmt.Errorf("%w: no WRITE from the peer within %v", errPerfTimeout, r.c.RunTimeout)
-			}
-			if (!r.c.BusyPoll && el > perfWriteSpin) || el > 2*time.Millisecond {
-				time.Sleep(20 * time.Microsecond)
-				continue
-			}
+		if r.c.BusyPoll && i < perfSpinLat {
+			runtime.Gosched()
+			continue
 		}
-		runtime.Gosched()
+		if q.State() == qp.StateErr {
+			return fmt.Errorf("%w: QP %#x entered the error state while waiting for the peer's WRITE", errPerfVerbs, q.Num())
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return fmt.Errorf("%w: no WRITE from the peer within %v", errPerfTimeout, r.c.RunTimeout)
+		}
+		// wake at least every 100 ms to notice a QP in error (the peer gave up)
+		r.timer.Reset(min(left, 100*time.Millisecond))
+		select {
+		case <-notify:
+		case <-r.timer.C:
+		}
+		r.timer.Stop()
 	}
 }
 
