@@ -523,6 +523,10 @@ func (d *Device) recvLoop(i int, l link.Link) {
 		pinWorker(i)
 	}
 	rx := new(rxState)
+	recv := l.Recv
+	if v, ok := l.(link.ViewReceiver); ok {
+		recv = v.RecvView // GRO segments as views: one copy, into the MR (fastpath.go)
+	}
 	bs := l.BatchSize()
 	if bs < 1 {
 		bs = 1
@@ -536,7 +540,7 @@ func (d *Device) recvLoop(i int, l link.Link) {
 		for i := range batch {
 			batch[i].Buf = bufs[i]
 		}
-		n, err := l.Recv(batch)
+		n, err := recv(batch)
 		if err != nil {
 			if d.closed.Load() || errors.Is(err, net.ErrClosed) {
 				return

@@ -4,6 +4,7 @@ import (
 	"math/rand"
 	"net/netip"
 	"runtime"
+	"sync/atomic"
 	"testing"
 
 	"github.com/softroce/softroce/pkg/bth"
@@ -138,6 +139,16 @@ func (l hbRunLink) Recv(b []link.Datagram) (int, error) {
 	return n, err
 }
 
+// views counts RecvView calls (the device's receive loop must prefer them).
+var views atomic.Int64
+
+func (l hbRunLink) RecvView(b []link.Datagram) (int, error) {
+	views.Add(1)
+	n, err := l.UDPLink.RecvView(b)
+	wire.Load()
+	return n, err
+}
+
 // fastPair opens two UDP devices on 127.0.0.1 / 127.0.0.2 (a free port both can bind) with
 // the link options OpenUDP derives from f.
 func fastPair(t *testing.T, f FastPathOptions) (a, b *Device, la, lb *link.UDPLink) {
@@ -222,6 +233,9 @@ func TestFastPathUDP(t *testing.T) {
 		}
 		if st.RcvdICRCSolved == 0 || da.Stats().RcvdICRCSolved == 0 {
 			t.Fatal("no packet carried a non-zero IPv4 ID ICRC")
+		}
+		if views.Load() == 0 {
+			t.Fatal("the receive loop never used RecvView")
 		}
 	}
 }
