@@ -109,7 +109,7 @@ func TestIsolation(t *testing.T) {
 			{"CreateQP", atk.call(proto.OpCreateQP, proto.CreateQPReq{Type: qp.TypeRC, PD: h, SendCQ: h, RecvCQ: h}, nil)},
 			{"CreateAH", atk.call(proto.OpCreateAH, proto.CreateAHReq{PD: h, Attr: qp.AHAttr{DGID: ipB, SGIDIndex: 1}}, nil)},
 		}
-		post, _ := proto.AppendPostSend(nil, h, []qp.SendWR{{Opcode: qp.WRSend}})
+		post, _ := proto.AppendPostSend(nil, proto.OpPostSend, h, []qp.SendWR{{Opcode: qp.WRSend}})
 		checks = append(checks, struct {
 			name string
 			err  error
@@ -148,6 +148,7 @@ func TestIsolation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer f.Close()
 	f.Truncate(1 << 16)
 	if err := atk.call(proto.OpRegMR, proto.RegMRReq{PD: pd.H, Len: 4096, Access: 1}, nil, int(f.Fd())); !errors.Is(err, proto.ErrNotShareable) {
 		t.Fatalf("RegMR of a plain file: %v", err)

@@ -47,6 +47,7 @@ type Server struct {
 	closing  bool
 	wg       sync.WaitGroup
 	changed  chan struct{} // closed and replaced when a client leaves
+	drainBy  time.Time     // Shutdown: deadline for delivering flushed completions
 
 	// live object counts over all sessions (Debug, metrics)
 	nPD, nMR, nCQ, nSRQ, nQP atomic.Int64
@@ -141,13 +142,19 @@ func (s *Server) Serve(ln *net.UnixListener) error {
 	}
 }
 
-// Shutdown stops accepting clients, moves every client QP to the error
-// state (outstanding work requests complete with WR_FLUSH_ERR into the
-// clients' completion rings), waits until those completions are delivered
-// (or ctx ends), then disconnects every client and releases its objects.
+// Shutdown stops accepting clients, then ends every session: requests the
+// client already sent are still served (asynchronous posts reach the
+// engine), then the client's QPs move to the error state so outstanding
+// work requests complete with WR_FLUSH_ERR into the clients' completion
+// rings, the session waits until those completions are delivered (bounded
+// by ctx), and disconnects the client and releases its objects.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.closing = true
+	s.drainBy = time.Now().Add(drainTimeout)
+	if d, ok := ctx.Deadline(); ok {
+		s.drainBy = d
+	}
 	for _, ln := range s.lns {
 		ln.Close()
 	}
@@ -157,13 +164,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	for _, x := range ss {
-		x.flush()
-	}
-	for _, x := range ss {
-		x.waitDrained(ctx)
-	}
-	for _, x := range ss {
-		x.conn.Close() // the session goroutine cleans up
+		// SHUT_RD: queued requests are still read, then the session sees
+		// EOF and runs its shutdown path; the client's new sends fail.
+		x.conn.CloseRead()
 	}
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }()
@@ -171,8 +174,18 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-done:
 		return nil
 	case <-ctx.Done():
+		for _, x := range ss {
+			x.conn.Close()
+		}
 		return ctx.Err()
 	}
+}
+
+// shuttingDown reports whether Shutdown runs, and its drain deadline.
+func (s *Server) shuttingDown() (bool, time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing, s.drainBy
 }
 
 // Event logs an asynchronous device event (pass it as roce Options.Events).

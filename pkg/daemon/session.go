@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -10,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softroce/softroce/pkg/cq"
 	"github.com/softroce/softroce/pkg/daemon/proto"
 	"github.com/softroce/softroce/pkg/mr"
 	"github.com/softroce/softroce/pkg/qp"
@@ -75,6 +75,10 @@ func (ss *session) run() {
 	log := ss.s.log.With("client", ss.id, "pid", ss.pid)
 	log.Info("client connected", "uid", ss.uid)
 	defer func() {
+		if closing, by := ss.s.shuttingDown(); closing {
+			ss.flush()
+			ss.waitDrained(by)
+		}
 		ss.cleanup()
 		ss.s.remove(ss)
 		log.Info("client disconnected")
@@ -92,6 +96,12 @@ func (ss *session) run() {
 		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || n == 0 || n > proto.MaxMsg {
 			ss.errResp(fmt.Errorf("%w: truncated message", proto.ErrProtocol), 0)
 		} else {
+			if op := proto.Op(ss.rbuf[0]); op == proto.OpPostSendAsync || op == proto.OpPostRecvAsync {
+				proto.CloseFDs(fds)
+				fds = nil
+				ss.handle(ss.rbuf[:n], &fds)
+				continue // no response
+			}
 			rights = ss.handle(ss.rbuf[:n], &fds)
 		}
 		proto.CloseFDs(fds) // whatever the handler did not keep
@@ -118,6 +128,12 @@ func (ss *session) handle(b []byte, fds *[]int) (rights []byte) {
 		return nil
 	case proto.OpPostRecv, proto.OpPostSRQRecv:
 		ss.postRecv(op, b)
+		return nil
+	case proto.OpPostSendAsync:
+		ss.postSendAsync(b)
+		return nil
+	case proto.OpPostRecvAsync:
+		ss.postRecvAsync(b)
 		return nil
 	case proto.OpHello:
 		v := ss.s.verb
@@ -481,6 +497,75 @@ func (ss *session) postSend(b []byte) {
 	ss.wbuf = proto.AppendPosted(ss.wbuf, posted)
 }
 
+// postSendAsync posts without a response. A WR the engine refuses (the
+// client's checks should have prevented it) completes with LOC_QP_OP_ERR,
+// as does every later WR of the request, so the client still gets exactly
+// one completion per WR.
+func (ss *session) postSendAsync(b []byte) {
+	h, n, rest, err := proto.PostHeader(b)
+	if err != nil {
+		ss.s.log.Warn("async post: bad message", "client", ss.id, "err", err)
+		return
+	}
+	o, err := get[*qpObj](ss, h)
+	if err != nil {
+		ss.s.log.Warn("async post: no QP", "client", ss.id, "handle", h)
+		return
+	}
+	wrs, err := ss.sdec.Decode(rest, n)
+	if err != nil {
+		ss.s.log.Warn("async post: bad WRs", "client", ss.id, "err", err)
+		return
+	}
+	posted, err := o.q.PostSend(wrs)
+	for i := posted; err != nil && i < len(wrs); i++ {
+		wc := cq.WC{WRID: wrs[i].WRID, Status: cq.StatusLocQPOpErr, Opcode: sendWCOpcode(wrs[i].Opcode),
+			QPNum: o.q.Num(), VendorErr: uint32(proto.CodeOf(err))}
+		o.scq.c.Push(&wc, false)
+	}
+}
+
+// postRecvAsync is postSendAsync for receive WRs.
+func (ss *session) postRecvAsync(b []byte) {
+	h, n, rest, err := proto.PostHeader(b)
+	if err != nil {
+		return
+	}
+	o, err := get[*qpObj](ss, h)
+	if err != nil {
+		return
+	}
+	wrs, err := ss.rdec.Decode(rest, n)
+	if err != nil {
+		return
+	}
+	posted, err := o.q.PostRecv(wrs)
+	for i := posted; err != nil && i < len(wrs); i++ {
+		wc := cq.WC{WRID: wrs[i].WRID, Status: cq.StatusLocQPOpErr, Opcode: cq.OpRecv,
+			QPNum: o.q.Num(), VendorErr: uint32(proto.CodeOf(err))}
+		o.rcq.c.Push(&wc, false)
+	}
+}
+
+// sendWCOpcode is the completion opcode of a send WR opcode (ibv_wc_opcode).
+func sendWCOpcode(op qp.WROpcode) cq.Opcode {
+	switch op {
+	case qp.WRRDMAWrite, qp.WRRDMAWriteWithImm:
+		return cq.OpRDMAWrite
+	case qp.WRRDMARead:
+		return cq.OpRDMARead
+	case qp.WRAtomicCmpAndSwp:
+		return cq.OpCompSwap
+	case qp.WRAtomicFetchAndAdd:
+		return cq.OpFetchAdd
+	case qp.WRLocalInv:
+		return cq.OpLocalInv
+	case qp.WRBindMW:
+		return cq.OpBindMW
+	}
+	return cq.OpSend
+}
+
 func (ss *session) postRecv(op proto.Op, b []byte) {
 	h, n, rest, err := proto.PostHeader(b)
 	if err != nil {
@@ -542,15 +627,11 @@ func (ss *session) flush() {
 }
 
 // waitDrained waits until every CQ's pending completions reached its ring
-// (or the ring is full, or ctx ends).
-func (ss *session) waitDrained(ctx context.Context) {
+// (or the ring is full, or the deadline passes).
+func (ss *session) waitDrained(deadline time.Time) {
 	_, cqs, _, _, _ := ss.snapshot()
-	deadline := time.Now().Add(drainTimeout)
-	if d, ok := ctx.Deadline(); ok {
-		deadline = d
-	}
 	for _, c := range cqs {
-		for c.c.Len() > 0 && ctx.Err() == nil && time.Now().Before(deadline) {
+		for c.c.Len() > 0 && time.Now().Before(deadline) {
 			if c.ring.Space(c.tail.Load()) == 0 {
 				break
 			}

@@ -52,6 +52,12 @@ const (
 	OpPostSend    // binary
 	OpPostRecv    // binary
 	OpPostSRQRecv // binary
+	// OpPostSendAsync and OpPostRecvAsync are posts with no response: the
+	// client validated them and knows the queue has room (see
+	// pkg/roce/client); should the engine still refuse one, the daemon
+	// completes it and every later WR of the request with LOC_QP_OP_ERR.
+	OpPostSendAsync
+	OpPostRecvAsync
 	opMax
 )
 
@@ -234,10 +240,11 @@ const (
 
 var le = binary.LittleEndian
 
-// AppendPostSend encodes a post-send request into dst (reused; no allocation once grown).
-// AH addresses are sent by value (the daemon resolves them again).
-func AppendPostSend(dst []byte, h Handle, wrs []qp.SendWR) ([]byte, error) {
-	dst = append(dst[:0], byte(OpPostSend))
+// AppendPostSend encodes a post-send request (op OpPostSend or
+// OpPostSendAsync) into dst (reused; no allocation once grown). AH
+// addresses are sent by value (the daemon resolves them again).
+func AppendPostSend(dst []byte, op Op, h Handle, wrs []qp.SendWR) ([]byte, error) {
+	dst = append(dst[:0], byte(op))
 	dst = le.AppendUint32(dst, uint32(h))
 	dst = le.AppendUint32(dst, uint32(len(wrs)))
 	for i := range wrs {

@@ -19,10 +19,12 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softroce/softroce/pkg/cq"
 	"github.com/softroce/softroce/pkg/daemon/proto"
 	"github.com/softroce/softroce/pkg/mr"
 	"github.com/softroce/softroce/pkg/qp"
@@ -47,6 +49,7 @@ type Conn struct {
 	bmu  sync.Mutex
 	bufs map[uintptr]*buffer // by base address
 	cqs  map[*cqc]struct{}   // live CQs (released by Close)
+	qps  map[uint32]*qpc     // by QPN, for completion accounting
 }
 
 var _ roce.Verbs = (*Conn)(nil)
@@ -64,7 +67,7 @@ func Dial(path string) (*Conn, error) {
 		return nil, err
 	}
 	cn := &Conn{sock: c, rbuf: make([]byte, proto.MaxMsg), oob: make([]byte, unix.CmsgSpace(4*8)),
-		bufs: map[uintptr]*buffer{}, cqs: map[*cqc]struct{}{}}
+		bufs: map[uintptr]*buffer{}, cqs: map[*cqc]struct{}{}, qps: map[uint32]*qpc{}}
 	if _, err := cn.call(proto.OpHello, nil, &cn.hello); err != nil {
 		c.Close()
 		return nil, err
@@ -126,10 +129,18 @@ func decodeResp(b []byte, out any) error {
 	return nil
 }
 
+// send sends the request in c.wbuf without waiting for a response (c.mu held).
+func (c *Conn) send() error {
+	if _, err := c.sock.Write(c.wbuf); err != nil {
+		return fmt.Errorf("%w: %v", proto.ErrDisconnected, err)
+	}
+	return nil
+}
+
 // post sends a binary post request already encoded in c.wbuf (c.mu held).
 func (c *Conn) post() (int, error) {
-	if _, err := c.sock.Write(c.wbuf); err != nil {
-		return 0, fmt.Errorf("%w: %v", proto.ErrDisconnected, err)
+	if err := c.send(); err != nil {
+		return 0, err
 	}
 	n, err := c.sock.Read(c.rbuf)
 	if err != nil || n == 0 {
@@ -409,11 +420,28 @@ func (c *Conn) postRecv(op proto.Op, h proto.Handle, wrs []qp.RecvWR) (int, erro
 }
 
 // qpc is a client QP.
+//
+// Posts are asynchronous (one message, no response) when the client can
+// tell the engine will accept them: an RC/UC QP it last moved to RTS
+// (receives: INIT, RTR or RTS), WRs that pass qp.ValidateSend /
+// qp.ValidateRecv, not inline (the engine reads inline data at post time),
+// every send WR signaled (so each produces exactly one completion), no
+// SRQ, and room in the queue by the client's count: WRs posted minus
+// completions for this QP polled from its CQs. Otherwise the post is a
+// round trip and the engine's answer is returned.
 type qpc struct {
-	c   *Conn
-	h   proto.Handle
-	num uint32
-	typ qp.Type
+	c      *Conn
+	h      proto.Handle
+	num    uint32
+	typ    qp.Type
+	caps   qp.Cap
+	sigAll bool
+	srq    bool
+	lim    qp.WRLimits
+
+	sendOK, recvOK atomic.Bool  // states by the client's own Modify calls
+	sqOut, rqOut   atomic.Int64 // posted minus completions polled
+	unsignaled     atomic.Bool  // an unsignaled send WR was posted: sends stay synchronous
 }
 
 // CreateQP is ibv_create_qp.
@@ -439,7 +467,21 @@ func (c *Conn) CreateQP(in roce.VerbsQPInit) (roce.QueuePair, error) {
 	if _, err := c.call(proto.OpCreateQP, req, &r); err != nil {
 		return nil, err
 	}
-	return &qpc{c: c, h: r.H, num: r.QPN, typ: in.Type}, nil
+	q := &qpc{c: c, h: r.H, num: r.QPN, typ: in.Type, caps: in.Cap, sigAll: in.SigAll, srq: in.SRQ != nil,
+		lim: qp.WRLimits{MaxSGE: int(in.Cap.MaxSendSGE), MaxInlineData: int(in.Cap.MaxInlineData), MaxMsgSize: c.hello.Attr.MaxMsgSize}}
+	c.bmu.Lock()
+	c.qps[q.num] = q
+	c.bmu.Unlock()
+	return q, nil
+}
+
+// completed accounts one polled completion of this QP.
+func (q *qpc) completed(wc *cq.WC) {
+	if wc.Opcode >= cq.OpRecv {
+		q.rqOut.Add(-1)
+	} else {
+		q.sqOut.Add(-1)
+	}
 }
 
 func (q *qpc) Num() uint32   { return q.num }
@@ -466,33 +508,109 @@ func (q *qpc) Modify(a *qp.Attr, mask qp.AttrMask) error {
 	if a == nil {
 		return roce.ErrInvalidArg
 	}
+	q.sendOK.Store(false) // while the state is in flux, posts are synchronous
+	q.recvOK.Store(false)
 	_, err := q.c.call(proto.OpModifyQP, proto.ModifyQPReq{H: q.h, Attr: *a, Mask: mask}, nil)
+	if err == nil && mask&qp.AttrState != 0 && !q.typ.Datagram() {
+		q.sendOK.Store(a.State == qp.StateRTS)
+		q.recvOK.Store(a.State == qp.StateInit || a.State == qp.StateRTR || a.State == qp.StateRTS)
+	}
 	return err
 }
 
 // Destroy is ibv_destroy_qp.
 func (q *qpc) Destroy() error {
+	q.sendOK.Store(false)
+	q.recvOK.Store(false)
 	_, err := q.c.call(proto.OpDestroyQP, proto.HandleReq{H: q.h}, nil)
+	if err == nil {
+		q.c.bmu.Lock()
+		delete(q.c.qps, q.num)
+		q.c.bmu.Unlock()
+	}
 	return err
 }
 
-// PostSend is ibv_post_send: one request/response on the socket per call
-// (post batches to amortize it). It does not allocate.
+// PostSend is ibv_post_send: one message to the daemon, without waiting
+// when the client can vouch for the WRs (see qpc), else a round trip. It
+// does not allocate.
 func (q *qpc) PostSend(wrs []qp.SendWR) (int, error) {
+	c := q.c
+	async := q.sendOK.Load() && !q.unsignaled.Load() && q.sqOut.Load()+int64(len(wrs)) <= int64(q.caps.MaxSendWR)
+	for i := range wrs {
+		if !async {
+			break
+		}
+		w := &wrs[i]
+		if w.Flags&qp.SendInline != 0 || w.AH != nil || w.Bind != nil || w.Opcode == qp.WRBindMW {
+			async = false
+		} else if w.Opcode.Local() {
+			async = w.Opcode.Valid()
+		} else if _, err := qp.ValidateSend(q.typ, w, q.lim); err != nil {
+			async = false
+		}
+		if w.Flags&qp.SendSignaled == 0 && !q.sigAll {
+			q.unsignaled.Store(true) // completions no longer map 1:1 to WRs
+			async = false
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, roce.ErrClosed
+	}
+	op := proto.OpPostSend
+	if async {
+		op = proto.OpPostSendAsync
+	}
+	var err error
+	if c.wbuf, err = proto.AppendPostSend(c.wbuf, op, q.h, wrs); err != nil {
+		return 0, err
+	}
+	if async {
+		q.sqOut.Add(int64(len(wrs)))
+		if err := c.send(); err != nil {
+			q.sqOut.Add(-int64(len(wrs)))
+			return 0, err
+		}
+		return len(wrs), nil
+	}
+	n, err := c.post()
+	q.sqOut.Add(int64(n))
+	return n, err
+}
+
+// PostRecv is ibv_post_recv (asynchronous like PostSend when it can be).
+func (q *qpc) PostRecv(wrs []qp.RecvWR) (int, error) {
+	async := q.recvOK.Load() && !q.srq && q.rqOut.Load()+int64(len(wrs)) <= int64(q.caps.MaxRecvWR)
+	for i := 0; async && i < len(wrs); i++ {
+		if _, err := qp.ValidateRecv(&wrs[i], int(q.caps.MaxRecvSGE)); err != nil {
+			async = false
+		}
+	}
 	c := q.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return 0, roce.ErrClosed
 	}
+	op := proto.OpPostRecv
+	if async {
+		op = proto.OpPostRecvAsync
+	}
 	var err error
-	if c.wbuf, err = proto.AppendPostSend(c.wbuf, q.h, wrs); err != nil {
+	if c.wbuf, err = proto.AppendPostRecv(c.wbuf, op, q.h, wrs); err != nil {
 		return 0, err
 	}
-	return c.post()
-}
-
-// PostRecv is ibv_post_recv.
-func (q *qpc) PostRecv(wrs []qp.RecvWR) (int, error) {
-	return q.c.postRecv(proto.OpPostRecv, q.h, wrs)
+	if async {
+		q.rqOut.Add(int64(len(wrs)))
+		if err := c.send(); err != nil {
+			q.rqOut.Add(-int64(len(wrs)))
+			return 0, err
+		}
+		return len(wrs), nil
+	}
+	n, err := c.post()
+	q.rqOut.Add(int64(n))
+	return n, err
 }

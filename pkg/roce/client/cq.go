@@ -86,6 +86,7 @@ func (q *cqc) Poll(dst []cq.WC) int {
 		if q.ring.TakeWaiting() {
 			proto.Signal(q.spaceFD)
 		}
+		q.c.account(dst[:n])
 	}
 	return n
 }
@@ -160,4 +161,15 @@ func (q *cqc) release() error {
 	<-q.done
 	proto.CloseFD(q.spaceFD)
 	return proto.Unmap(q.mem)
+}
+
+// account credits polled completions to their QPs' queue counts.
+func (c *Conn) account(wcs []cq.WC) {
+	c.bmu.Lock()
+	for i := range wcs {
+		if q := c.qps[wcs[i].QPNum]; q != nil {
+			q.completed(&wcs[i])
+		}
+	}
+	c.bmu.Unlock()
 }
