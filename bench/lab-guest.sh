@@ -1,0 +1,84 @@
+#!/bin/bash
+# bench/lab-guest.sh: runs INSIDE the rxe lab guest (bench/lab.sh copies it and a static
+# softroce binary into the share). Three pairings, each on its own veth pair in the guest,
+# same flags, perftest output; prints one "ROW|pair|test|bytes|mtu|value" line per figure.
+#   rxe<->rxe:            rxe1 (veth1 198.19.0.1) <-> rxe2 (veth2 198.19.0.2), `--dual`
+#   softroce<->softroce:  netns sa 198.20.0.1 <-> netns sb 198.20.0.2 (veth, UDP 4791 free there:
+#                         rdma_rxe 6.1 holds 4791 in init_net only)
+#   softroce<->rxe:       netns sc 198.21.0.1 (softroce) <-> init_net vr 198.21.0.2 (rxe3)
+# usage: lab-guest.sh SOFTROCE_BIN N_BW N_LAT MTU
+set -u
+SR=$1 NBW=${2:-2000} NLAT=${3:-1000} MTU=${4:-4096}
+cp "$SR" /tmp/softroce && chmod +x /tmp/softroce && SR=/tmp/softroce
+LMTU=$((MTU + 100)); [ "$MTU" -ge 4096 ] && LMTU=9000
+log() { echo "lab-guest: $*" >&2; }
+
+rxelab-dual up >&2 || true
+ip netns add sa; ip netns add sb; ip netns add sc
+ip link add vsa type veth peer name vsb
+ip link set vsa netns sa; ip link set vsb netns sb
+ip -n sa addr add 198.20.0.1/24 dev vsa; ip -n sb addr add 198.20.0.2/24 dev vsb
+ip link add vsc type veth peer name vr
+ip link set vsc netns sc
+ip -n sc addr add 198.21.0.1/24 dev vsc; ip addr add 198.21.0.2/24 dev vr
+for ns in sa sb sc; do ip -n $ns link set lo up; done
+ip -n sa link set vsa mtu $LMTU up; ip -n sb link set vsb mtu $LMTU up
+ip -n sc link set vsc mtu $LMTU up; ip link set vr mtu $LMTU up
+for i in veth1 veth2; do ip link set $i mtu $LMTU; done
+rdma link add rxe3 type rxe netdev vr 2>/dev/null || log "rdma link add rxe3 failed"
+sleep 1
+G1=$(rxelab-gid rxe1 198.19.0.1) G2=$(rxelab-gid rxe2 198.19.0.2) G3=$(rxelab-gid rxe3 198.21.0.2)
+log "gids rxe1=$G1 rxe2=$G2 rxe3=$G3; $(nproc) CPUs"
+for d in rxe1 rxe2 rxe3; do log "$d active_mtu $(ibv_devinfo -d $d | awk '/active_mtu/ {print $2}')"; done
+
+# result line after the "#bytes" header
+res() { awk '/#bytes/ {getline; print; exit}'; }
+PORT=19000
+# pair NAME TEST(ib_write_bw|ib_write_lat) SIZE N SRV_CMD CLI_CMD
+pair() {
+  local name=$1 test=$2 size=$3 n=$4 srv=$5 cli=$6 out v
+  PORT=$((PORT + 1))
+  local f="-s $size -n $n -m $MTU -p $PORT -F"
+  [ "${test%_bw}" != "$test" ] && f="$f --report_gbits"
+  timeout 300 bash -c "$srv $f" > /tmp/srv.out 2>&1 &
+  local sp=$!
+  sleep 1.5
+  out=$(timeout 300 bash -c "$cli $f" 2>/tmp/cli.err | res)
+  wait $sp
+  if [ "${test%_bw}" != "$test" ]; then v=$(echo "$out" | awk '{print $4}'); else v=$(echo "$out" | awk '{print $5}'); fi
+  [ -n "$v" ] || { log "$name $test $size: no result"; tail -3 /tmp/srv.out /tmp/cli.err >&2; v=FAIL; }
+  echo "ROW|$name|$test|$size|$MTU|$v"
+}
+RXE_SRV="ib_write_bw -d rxe2 -x $G2"; RXE_CLI="ib_write_bw -d rxe1 -x $G1 198.19.0.2"
+# softroce runs with GOMAXPROCS=1 in the guest (SR_ENV): two Go processes with 2 Ps each on 2
+# emulated CPUs spend their time in the runtime's spinning threads (each wakeup looks for work on
+# the idle P), which TCG makes 20-50x slower; the "gmp2" rows show the default.
+SR_ENV=${SR_ENV:-GOMAXPROCS=1}
+SR_SRV="ip netns exec sb env $SR_ENV $SR perf write -d 198.20.0.2 --timeout 120s --run-timeout 240s"
+SR_CLI="ip netns exec sa env $SR_ENV $SR perf write -d 198.20.0.1 --timeout 120s --run-timeout 240s 198.20.0.2"
+X_SRV="ib_write_bw -d rxe3 -x $G3"
+X_CLI="ip netns exec sc env $SR_ENV $SR perf write -d 198.21.0.1 --timeout 120s --run-timeout 240s 198.21.0.2"
+for size in 65536 4096; do
+  pair rxe-rxe ib_write_bw $size $NBW "$RXE_SRV" "$RXE_CLI"
+  pair softroce-softroce ib_write_bw $size $NBW "$SR_SRV" "$SR_CLI"
+  pair softroce-rxe ib_write_bw $size $NBW "$X_SRV" "$X_CLI"
+done
+pair softroce-softroce-gmp2 ib_write_bw 65536 $NBW "${SR_SRV/env $SR_ENV/env GOMAXPROCS=2}" "${SR_CLI/env $SR_ENV/env GOMAXPROCS=2}"
+RXE_SRV="ib_write_lat -d rxe2 -x $G2"; RXE_CLI="ib_write_lat -d rxe1 -x $G1 198.19.0.2"
+SR_SRV="ip netns exec sb env $SR_ENV $SR perf write --lat -d 198.20.0.2 --timeout 120s --run-timeout 240s"
+SR_CLI="ip netns exec sa env $SR_ENV $SR perf write --lat -d 198.20.0.1 --timeout 120s --run-timeout 240s 198.20.0.2"
+X_SRV="ib_write_lat -d rxe3 -x $G3"
+X_CLI="ip netns exec sc env $SR_ENV $SR perf write --lat -d 198.21.0.1 --timeout 120s --run-timeout 240s 198.21.0.2"
+for size in 8 4096; do
+  pair rxe-rxe ib_write_lat $size $NLAT "$RXE_SRV" "$RXE_CLI"
+  pair softroce-softroce ib_write_lat $size $NLAT "$SR_SRV" "$SR_CLI"
+  pair softroce-rxe ib_write_lat $size $NLAT "$X_SRV" "$X_CLI"
+done
+pair softroce-softroce-gmp2 ib_write_lat 8 $NLAT "${SR_SRV/env $SR_ENV/env GOMAXPROCS=2}" "${SR_CLI/env $SR_ENV/env GOMAXPROCS=2}"
+# the fast path's counters on the softroce<->softroce pair (GSO sends, GRO reads, fallbacks)
+ip netns exec sb env $SR_ENV $SR perf write -d 198.20.0.2 --timeout 60s -s 65536 -n 200 -m $MTU -p 19900 -F > /dev/null 2>&1 &
+sleep 1.5
+ip netns exec sa env $SR_ENV $SR perf write -d 198.20.0.1 --timeout 60s -s 65536 -n 200 -m $MTU -p 19900 -F 198.20.0.2 > /dev/null 2>&1
+wait
+ip -n sa -s link show vsa | sed 's/^/lab-guest: vsa /' >&2
+ip netns exec sa ethtool -k vsa 2>/dev/null | grep -E "segmentation-offload|generic-receive|tx-checksumming|udp" | sed 's/^/lab-guest: vsa /' >&2

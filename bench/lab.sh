@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# bench/lab.sh SOFTROCE_BIN OUTDIR [QUICK]: the rxe-lab part of bench/run. Takes the machine-wide
+# lab lock (/run/rxelab.lock, as scripts/interop does) for the whole session, boots the lab VM with
+# --dual, runs bench/lab-guest.sh in the guest (kernel rxe<->rxe, softroce<->softroce and
+# softroce<->rxe on veth pairs inside the guest, ib_write_bw/ib_write_lat and `softroce perf`),
+# always stops the VM, and prints table rows "lab|..." with the softroce/rxe ratio per row.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+SR=$1 OUT=$2 QUICK=${3:-0}
+[ "$(id -u)" = 0 ] || { echo "bench/lab.sh: must run as root" >&2; exit 1; }
+NBW=1000 NLAT=500
+[ "$QUICK" = 1 ] && { NBW=200; NLAT=200; }
+SHARE=$(mktemp -d /tmp/softroce-bench-share.XXXXXX)
+cp "$SR" "$SHARE/softroce" && cp bench/lab-guest.sh "$SHARE/lab-guest.sh" || exit 1
+LOG=$OUT/lab.log
+# Two locks: /run/rxelab.lock (the machine-wide lab lock) and $RXE_LAB_CACHE/interop.lock, which
+# scripts/interop and `softroce conform --dut rxe` hold for their whole run (scripts/interop
+# reopens fd 9 for it, which releases its /run/rxelab.lock). Long-lived children (the VM and its
+# watchdog) get both closed.
+exec 8>/run/rxelab.lock
+echo "   waiting for the lab locks" >&2
+timeout 2400 flock 8 || { echo "bench/lab.sh: /run/rxelab.lock not acquired" >&2; exit 1; }
+LOCKDIR=${RXE_LAB_CACHE:-/var/cache/rxe-lab}
+mkdir -p "$LOCKDIR"
+exec 7>"$LOCKDIR/interop.lock"
+timeout 2400 flock 7 || { echo "bench/lab.sh: $LOCKDIR/interop.lock not acquired" >&2; exit 1; }
+# never touch a VM someone else started
+for _ in $(seq 1 120); do
+  test/rxelab/vm status > /dev/null 2>&1 || break
+  echo "   a lab VM is running (someone else's): waiting" >&2
+  sleep 10
+done
+if test/rxelab/vm status > /dev/null 2>&1; then
+  echo "bench/lab.sh: someone else's lab VM is still running: not touching it" >&2
+  exit 1
+fi
+STARTED=0
+cleanup() { [ "$STARTED" = 1 ] && test/rxelab/vm stop >> "$LOG" 2>&1 7>&- 8>&-; rm -rf "$SHARE"; }
+trap cleanup EXIT
+test/rxelab/setup --no-install >> "$LOG" 2>&1 || { echo "bench/lab.sh: lab setup failed" >&2; exit 1; }
+STARTED=1
+RXE_LAB_MTU=9000 test/rxelab/vm start --dual --share "$SHARE" --max-life 1800 >> "$LOG" 2>&1 7>&- 8>&- ||
+  { echo "bench/lab.sh: VM did not start (see $LOG)" >&2; exit 1; }
+test/rxelab/vm exec --timeout 1500 -c "bash /mnt/host/lab-guest.sh /mnt/host/softroce $NBW $NLAT 4096" > "$OUT/lab.rows" 2>> "$LOG" 7>&- 8>&-
+st=$?
+echo "   guest script exit $st" >&2
+# rows with ratios softroce/rxe: bandwidth higher is better, latency lower is better
+awk -F'|' '
+  $1 == "ROW" { v[$2 "|" $3 "|" $4] = $6; m = $5; k[$3 "|" $4] = 1 }
+  END {
+    for (t in k) {
+      split(t, a, "|"); test = a[1]; size = a[2]
+      r = v["rxe-rxe|" t]; s = v["softroce-softroce|" t]; x = v["softroce-rxe|" t]; s2 = v["softroce-softroce-gmp2|" t]
+      unit = (test ~ /_bw$/) ? "Gbit/s" : "us typical"
+      ratio = "?"
+      if (r + 0 > 0 && s + 0 > 0) ratio = sprintf("%.2fx", (test ~ /_bw$/) ? s / r : r / s)
+      printf "lab|%s (TCG guest)|%s|%s|1|rxe<->rxe %s, softroce<->softroce %s%s, softroce<->rxe %s %s; softroce/rxe %s%s\n",
+        test, size, m, r, s, (s2 != "") ? " (GOMAXPROCS=2: " s2 ")" : "", x, unit, ratio, (test ~ /_lat$/) ? " (rxe latency / softroce latency)" : ""
+    }
+  }' "$OUT/lab.rows" | sort
