@@ -18,6 +18,7 @@ import (
 	"os/signal"
 	"os/user"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -65,6 +66,7 @@ func runDaemon(args []string, stdout, stderr io.Writer) int {
 	port := fs.Uint("port", 4791, "RoCE UDP port (tests only; peers must use the same)")
 	mtu := fs.Int("mtu", 0, "active MTU in bytes (256..4096; 0 = from the interface MTU)")
 	logFmt := fs.String("log", "text", "log format: text or json")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the daemon's run to this file (diagnostics)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -102,6 +104,19 @@ func runDaemon(args []string, stdout, stderr io.Writer) int {
 		if !set["mtu"] && c.MTU != 0 {
 			*mtu = c.MTU
 		}
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(stderr, "softroce daemon:", err)
+			return 1
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(stderr, "softroce daemon:", err)
+			return 1
+		}
+		defer pprof.StopCPUProfile()
 	}
 	var h slog.Handler = slog.NewTextHandler(stderr, nil)
 	if *logFmt == "json" {

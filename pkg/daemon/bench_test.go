@@ -49,11 +49,17 @@ func writeLoop(tb testing.TB, va, vb roce.Verbs, ipA, ipB netip.Addr, size, dept
 	a.timeout, p.timeout = 16, 16 // 268 ms: a loaded machine must not fail the run
 	a.connect(tb, ipB, p.q.Num(), uint8(va.GIDIndex(ipA)))
 	p.connect(tb, ipA, a.q.Num(), uint8(vb.GIDIndex(ipB)))
+	writeStream(tb, a, p.iova, p.m.RKey(), size, depth, n, start)
+}
+
+// writeStream is writeLoop's sending half: a's QP is connected; the peer's
+// buffer is at piova/prkey (depth*size bytes).
+func writeStream(tb testing.TB, a *end, piova uint64, prkey uint32, size, depth, n int, start func()) {
 	wrs := make([]qp.SendWR, depth)
 	for i := range wrs {
 		wrs[i] = qp.SendWR{WRID: uint64(i), Opcode: qp.WRRDMAWrite, Flags: qp.SendSignaled,
 			SGL:        []qp.SGE{{Addr: a.iova + uint64(i*size), Length: uint32(size), LKey: a.m.LKey()}},
-			RemoteAddr: p.iova + uint64(i*size), RKey: p.m.RKey()}
+			RemoteAddr: piova + uint64(i*size), RKey: prkey}
 	}
 	batch := make([]qp.SendWR, 0, depth)
 	wcs := make([]cq.WC, depth)

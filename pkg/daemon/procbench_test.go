@@ -1,6 +1,7 @@
 package daemon_test
 
 import (
+	"bufio"
 	"fmt"
 	"net/netip"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -34,10 +36,20 @@ func TestProcessThroughput(t *testing.T) {
 	dA, dB := loopbackPair(20)
 	eA, eB := loopbackPair(21)
 	sockA, sockB := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
-	pa := startProc(t, "daemon A", exec.Command(bin, "daemon", "--listen", dA.String(), "--socket", sockA), true)
-	pb := startProc(t, "daemon B", exec.Command(bin, "daemon", "--listen", dB.String(), "--socket", sockB), true)
+	ca := exec.Command(bin, "daemon", "--listen", dA.String(), "--socket", sockA, "--cpuprofile", os.Getenv("SOFTROCE_DAEMON_BENCH_PROFILE"))
+	cb := exec.Command(bin, "daemon", "--listen", dB.String(), "--socket", sockB)
+	if p := os.Getenv("SOFTROCE_DAEMON_BENCH_DAEMONPROCS"); p != "" {
+		ca.Env = append(os.Environ(), "GOMAXPROCS="+p)
+		cb.Env = ca.Env
+	}
+	pa := startProc(t, "daemon A", ca, true)
+	pb := startProc(t, "daemon B", cb, true)
 	pa.expect(t, "softroce daemon ready")
 	pb.expect(t, "softroce daemon ready")
+	defer func() { // SIGTERM, so a --cpuprofile is written
+		pa.cmd.Process.Signal(syscall.SIGTERM)
+		pa.cmd.Wait()
+	}()
 	const n = 20000
 	depth := 16
 	if d, err := strconv.Atoi(os.Getenv("SOFTROCE_DAEMON_BENCH_DEPTH")); err == nil && d > 0 {
@@ -49,25 +61,62 @@ func TestProcessThroughput(t *testing.T) {
 		if mode == "embedded" {
 			a, b = eA, eB
 		}
-		cmd.Env = append(os.Environ(), "SOFTROCE_DAEMON_CHILD=bench", "SRC_MODE="+mode, "SRC_SOCK="+sockA+","+sockB,
+		env := os.Environ()
+		if mode == "daemon" && os.Getenv("SOFTROCE_DAEMON_BENCH_CLIENTPROCS") != "" {
+			env = append(env, "GOMAXPROCS="+os.Getenv("SOFTROCE_DAEMON_BENCH_CLIENTPROCS"))
+		}
+		cmd.Env = append(env, "SOFTROCE_DAEMON_CHILD=bench", "SRC_MODE="+mode, "SRC_SOCK="+sockA+","+sockB,
 			"SRC_LOCAL="+a.String(), "SRC_PEER="+b.String(), "SRC_ARGS="+strconv.Itoa(n)+","+strconv.Itoa(depth))
+		cpu0 := procCPU(pa.cmd.Process.Pid) + procCPU(pb.cmd.Process.Pid)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("%s: %v\n%s", mode, err, out)
 		}
+		dcpu := procCPU(pa.cmd.Process.Pid) + procCPU(pb.cmd.Process.Pid) - cpu0
+		ccpu := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+		t.Logf("%s: program CPU %v, daemons CPU %v, output %s", mode, ccpu, dcpu, strings.TrimSpace(string(out)))
 		var mbps float64
 		if _, err := fmt.Sscanf(strings.TrimSpace(string(out)), "MBPS %f", &mbps); err != nil {
 			t.Fatalf("%s output %q", mode, out)
 		}
 		return mbps
 	}
-	var emb, dmn []float64
+	// split: sender and receiver in two processes, each embedded (a device
+	// of its own) or each a client of its daemon — as two hosts would run.
+	measureSplit := func(mode string) float64 {
+		mk := func(role string, sock string, local, peer netip.Addr) *proc {
+			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), "SOFTROCE_DAEMON_CHILD="+role, "SRC_MODE="+mode, "SRC_SOCK="+sock,
+				"SRC_LOCAL="+local.String(), "SRC_PEER="+peer.String(), "SRC_ARGS="+strconv.Itoa(n)+","+strconv.Itoa(depth))
+			return startProc(t, mode+" "+role, cmd, false)
+		}
+		a, b := eA, eB
+		if mode == "daemon" {
+			a, b = dA, dB
+		}
+		snd, rcv := mk("benchsend", sockA, a, b), mk("benchrecv", sockB, b, a)
+		is, ir := snd.expect(t, "INFO "), rcv.expect(t, "INFO ")
+		fmt.Fprintln(snd.in, ir)
+		fmt.Fprintln(rcv.in, is)
+		line := snd.expect(t, "MBPS ")
+		snd.cmd.Wait()
+		rcv.in.Close()
+		rcv.cmd.Wait()
+		var mbps float64
+		fmt.Sscanf(line, "MBPS %f", &mbps)
+		return mbps
+	}
+	var emb, dmn, embS, dmnS []float64
 	for i := 0; i < 5; i++ { // interleaved, so load changes hit both
 		emb = append(emb, measure("embedded"))
 		dmn = append(dmn, measure("daemon"))
+		embS = append(embS, measureSplit("embedded"))
+		dmnS = append(dmnS, measureSplit("daemon"))
 	}
 	med := func(v []float64) float64 { s := append([]float64(nil), v...); sort.Float64s(s); return s[len(s)/2] }
-	t.Logf("64 KiB WRITE, %d in flight, %d per run, MB/s: embedded %v (median %.0f), daemon %v (median %.0f): daemon/embedded = %.0f%%",
+	t.Logf("split (sender and receiver programs in two processes), MB/s: embedded %v (median %.0f), daemon %v (median %.0f): daemon/embedded = %.0f%%",
+		embS, med(embS), dmnS, med(dmnS), 100*med(dmnS)/med(embS))
+	t.Logf("one program process (both ends), 64 KiB WRITE, %d in flight, %d per run, MB/s: embedded %v (median %.0f), daemon %v (median %.0f): daemon/embedded = %.0f%%",
 		depth, n, emb, med(emb), dmn, med(dmn), 100*med(dmn)/med(emb))
 }
 
@@ -113,5 +162,70 @@ func benchChild() int {
 	writeLoop(&childT{}, va, vb, a, b, 65536, depth, n, func() { t0 = time.Now() })
 	el := time.Since(t0)
 	fmt.Printf("MBPS %.1f\n", float64(n)*65536/el.Seconds()/1e6)
+	return 0
+}
+
+// procCPU is a process's user+system CPU time from /proc/PID/stat.
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	k, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(u+k) * 10 * time.Millisecond // USER_HZ = 100
+}
+
+// benchSplitChild is one end of the split measurement: "benchsend" streams
+// n WRITEs into the peer and prints MB/s; "benchrecv" only exposes its
+// buffer and waits for stdin to close.
+func benchSplitChild(role string) int {
+	args := strings.Split(os.Getenv("SRC_ARGS"), ",")
+	n, _ := strconv.Atoi(args[0])
+	depth, _ := strconv.Atoi(args[1])
+	local := netip.MustParseAddr(os.Getenv("SRC_LOCAL"))
+	peer := netip.MustParseAddr(os.Getenv("SRC_PEER"))
+	var v roce.Verbs
+	if os.Getenv("SRC_MODE") == "embedded" {
+		d, err := roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{local}})
+		if err != nil {
+			fmt.Println("FAIL", err)
+			return 1
+		}
+		defer d.Close()
+		v = d.Verbs()
+	} else {
+		c, err := client.Dial(os.Getenv("SRC_SOCK"))
+		if err != nil {
+			fmt.Println("FAIL", err)
+			return 1
+		}
+		defer c.Close()
+		v = c
+	}
+	t := &childT{}
+	e := newEnd(t, v, 65536*depth, uint32(depth), rcAccess)
+	e.timeout = 16
+	fmt.Printf("INFO %d %d\n", e.q.Num(), e.m.RKey())
+	in := bufio.NewScanner(os.Stdin)
+	if !in.Scan() {
+		return 1
+	}
+	var pqpn, prkey uint32
+	fmt.Sscanf(strings.TrimSpace(in.Text()), "INFO %d %d", &pqpn, &prkey)
+	e.connect(t, peer, pqpn, uint8(v.GIDIndex(local)))
+	if role == "benchrecv" {
+		for in.Scan() {
+		}
+		return 0
+	}
+	var t0 time.Time
+	writeStream(t, e, 0x10000, prkey, 65536, depth, n, func() { t0 = time.Now() })
+	fmt.Printf("MBPS %.1f\n", float64(n)*65536/time.Since(t0).Seconds()/1e6)
 	return 0
 }
