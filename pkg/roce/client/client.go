@@ -536,7 +536,7 @@ func (q *qpc) Destroy() error {
 // does not allocate.
 func (q *qpc) PostSend(wrs []qp.SendWR) (int, error) {
 	c := q.c
-	async := q.sendOK.Load() && !q.unsignaled.Load() && q.sqOut.Load()+int64(len(wrs)) <= int64(q.caps.MaxSendWR)
+	async := q.sendOK.Load() && !q.unsignaled.Load()
 	for i := range wrs {
 		if !async {
 			break
@@ -559,6 +559,8 @@ func (q *qpc) PostSend(wrs []qp.SendWR) (int, error) {
 	if c.closed {
 		return 0, roce.ErrClosed
 	}
+	// The room check is under c.mu: posts of concurrent goroutines count in turn.
+	async = async && q.sqOut.Load()+int64(len(wrs)) <= int64(q.caps.MaxSendWR)
 	op := proto.OpPostSend
 	if async {
 		op = proto.OpPostSendAsync
@@ -582,7 +584,7 @@ func (q *qpc) PostSend(wrs []qp.SendWR) (int, error) {
 
 // PostRecv is ibv_post_recv (asynchronous like PostSend when it can be).
 func (q *qpc) PostRecv(wrs []qp.RecvWR) (int, error) {
-	async := q.recvOK.Load() && !q.srq && q.rqOut.Load()+int64(len(wrs)) <= int64(q.caps.MaxRecvWR)
+	async := q.recvOK.Load() && !q.srq
 	for i := 0; async && i < len(wrs); i++ {
 		if _, err := qp.ValidateRecv(&wrs[i], int(q.caps.MaxRecvSGE)); err != nil {
 			async = false
@@ -594,6 +596,7 @@ func (q *qpc) PostRecv(wrs []qp.RecvWR) (int, error) {
 	if c.closed {
 		return 0, roce.ErrClosed
 	}
+	async = async && q.rqOut.Load()+int64(len(wrs)) <= int64(q.caps.MaxRecvWR)
 	op := proto.OpPostRecv
 	if async {
 		op = proto.OpPostRecvAsync
