@@ -9,8 +9,10 @@
 // requests on the daemon's unix socket. Data does not cross it: memory from
 // AllocBuffer is a sealed memfd the daemon maps too, so RDMA lands directly
 // in the buffer, and completions arrive in a shared-memory ring (Poll reads
-// memory; no system call) with an eventfd for blocking waits. Posting a
-// work request is one request/response on the socket (see docs/daemon.md).
+// memory; no system call) with an eventfd for blocking waits. Posting work
+// requests is one message on the socket: without waiting for a response
+// when the client can tell the engine will accept them, else a
+// request/response (see qpc and docs/daemon.md).
 package client
 
 import (
