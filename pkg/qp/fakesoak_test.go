@@ -57,6 +57,7 @@ type fsDir struct {
 	expect    []fsWR // SEND/WRITE_IMM receive completions, in order
 	faa, cas  uint64
 	recvs     int
+	sizes     map[uint64]int // seq -> size (diagnostics)
 }
 
 // layout in each side's 4 MiB buffer
@@ -137,6 +138,10 @@ func (d *fsDir) post(t *testing.T) {
 		}
 		w.n = 8
 	}
+	if d.sizes == nil {
+		d.sizes = map[uint64]int{}
+	}
+	d.sizes[seq] = w.n
 	d.src.postSend(t, wr)
 	d.posted++
 }
@@ -185,7 +190,13 @@ func (d *fsDir) poll(t *testing.T) int {
 		}
 		if e.op == WRSend {
 			if wc.ByteLen != uint32(e.n) {
-				t.Fatalf("dir %d: receive %+v, want SEND %d of %d bytes", d.id, wc, e.seq, e.n)
+				var same []uint64
+				for k, v := range d.sizes {
+					if v == int(wc.ByteLen) {
+						same = append(same, k)
+					}
+				}
+				t.Fatalf("dir %d: receive %+v, want SEND %d of %d bytes (WRs of %d bytes: %v)", d.id, wc, e.seq, e.n, wc.ByteLen, same)
 			}
 			want := make([]byte, e.n)
 			fsPattern(want, d.id, e.seq)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/cq"
+	"github.com/softroce/softroce/pkg/mr"
 	"github.com/softroce/softroce/pkg/roce/link"
 	"github.com/softroce/softroce/pkg/roce/link/fault"
 )
@@ -731,5 +732,72 @@ func TestReadChunks(t *testing.T) {
 	}
 	if wr := w.sent(a, bth.OpRCWriteOnly); len(wr) != 1 || wr[0].psn != first.Add(pkts) {
 		t.Fatalf("WRITE after the READ: %+v, want PSN %#x", wr, uint32(first.Add(pkts)))
+	}
+}
+
+// TestReadSelectiveRetry: four pipelined READs with a WRITE among them;
+// one response of the first READ is lost. The responses of the later
+// READs are kept and only the first READ is asked again (one extra READ
+// request, its missing part replayed); the WRITE counts as acknowledged
+// by the later READ's response (IBTA 9.7.5.1.2). No ACK timeout, no
+// go-back-N: the responder sends 16 + 3 responses instead of 16 + 15.
+func TestReadSelectiveRetry(t *testing.T) {
+	w := faultPair(t, connOpts{mtu: MTU256, retry: 7}, "", "drop:op=READ_RESPONSE_MIDDLE:nth=1")
+	a, b := w.a, w.b
+	b.fill(dstOff, 4*1024, 13)
+	var wrs []SendWR
+	for i := 0; i < 4; i++ {
+		wrs = append(wrs, SendWR{WRID: uint64(i + 1), Opcode: WRRDMARead, SGL: []SGE{a.sge(i*1024, 1024)}, Flags: SendSignaled,
+			RemoteAddr: b.va(dstOff + i*1024), RKey: b.mr.RKey()})
+		if i == 0 {
+			wrs = append(wrs, a.write(9, 8000, 64, b.va(0), b.mr.RKey(), SendSignaled))
+		}
+	}
+	a.postSend(t, wrs...)
+	w.pump() // no clock advance
+	expectWC(t, pollAll(a.scq), cq.WC{WRID: 1, Opcode: cq.OpRDMARead, ByteLen: 1024}, cq.WC{WRID: 9, Opcode: cq.OpRDMAWrite, ByteLen: 64},
+		cq.WC{WRID: 2, Opcode: cq.OpRDMARead, ByteLen: 1024}, cq.WC{WRID: 3, Opcode: cq.OpRDMARead, ByteLen: 1024},
+		cq.WC{WRID: 4, Opcode: cq.OpRDMARead, ByteLen: 1024})
+	eq(t, "reads", a.buf[:4096], b.buf[dstOff:dstOff+4096])
+	reqs := w.sent(a, bth.OpRCReadRequest)
+	if len(reqs) != 5 || reqs[4].psn != 1 || reqs[4].reth.VA != b.va(dstOff+256) || reqs[4].reth.DMALen != 768 {
+		t.Fatalf("READ requests %+v, want 4 + one for READ 1 from PSN 1", reqs)
+	}
+	if k := len(w.sent(a, bth.OpRCWriteOnly)); k != 1 {
+		t.Fatalf("WRITE sent %d times", k)
+	}
+	if k := len(w.sent(b, 0xFF)); k != 15+1+3 {
+		t.Fatalf("responder sent %d packets, want 15 responses + 1 ACK + 3 replayed", k)
+	}
+	if s := a.cnt.Snapshot(); s.CompleterRetryErr != 0 || s.RetransPkts != 1 {
+		t.Fatalf("completer_retry_err %d retransmitted_pkts %d, want 0 1", s.CompleterRetryErr, s.RetransPkts)
+	}
+}
+
+// TestLocalOpNotRepeated: a LOCAL_INV executed while an earlier WRITE is
+// still unacknowledged is not executed again when the ACK timeout sends
+// the WRITE again (go-back-N resends requests, not local operations).
+func TestLocalOpNotRepeated(t *testing.T) {
+	w := faultPair(t, connOpts{retry: 7, timeout: 10}, "", "drop:op=ACK:nth=1")
+	a, b := w.a, w.b
+	win, err := a.tbl.AllocMW(a.pd, mr.MWType2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	region, err := a.tbl.RegMR(a.pd, a.buf[1<<20:1<<20+4096], 0x6000_0000, mr.AccessLocalWrite|mr.AccessMWBind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := win.RKey()&^0xFF | uint32(uint8(win.RKey())+1)
+	a.postSend(t, SendWR{WRID: 1, Opcode: WRBindMW, Flags: SendSignaled, Bind: &BindInfo{MWRKey: win.RKey(), NewRKey: key,
+		MRLKey: region.LKey(), Addr: 0x6000_0000, Length: 4096, Access: uint32(mr.AccessRemoteWrite)}})
+	a.postSend(t, a.write(2, 0, 8, b.va(0), b.mr.RKey(), SendSignaled), SendWR{WRID: 3, Opcode: WRLocalInv, Flags: SendSignaled, InvRKey: key})
+	w.pump()
+	w.clk.Advance(AckTimeout(10))
+	w.pump()
+	expectWC(t, pollAll(a.scq), cq.WC{WRID: 1, Opcode: cq.OpBindMW}, cq.WC{WRID: 2, Opcode: cq.OpRDMAWrite, ByteLen: 8},
+		cq.WC{WRID: 3, Opcode: cq.OpLocalInv})
+	if a.qp.State() != StateRTS {
+		t.Fatalf("state %v", a.qp.State())
 	}
 }

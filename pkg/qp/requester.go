@@ -93,6 +93,17 @@ func (q *QP) runRequester() {
 			return
 		}
 		w := q.slot(q.sqReq)
+		if w.done {
+			// Completed already, out of order (a local operation that
+			// ran, a READ answered while an earlier one waits): after a
+			// rewind it must not be sent or executed again; its PSNs
+			// count as sent.
+			if q.typ == TypeRC && w.started && !w.wr.Opcode.Local() {
+				q.req.psn = w.lastPSN.Add(1)
+			}
+			q.sqReq++
+			continue
+		}
 		if w.wr.Opcode.Local() {
 			if q.state == StateSQD || (w.wr.Flags&SendFence != 0 && q.rdAtomicInFlight > 0) {
 				return
@@ -159,6 +170,9 @@ func (q *QP) start(w *sendWQE) {
 		}
 	}
 	w.started = true
+	// the PSNs after every PSN ever assigned (req.psn equals it here
+	// unless WQEs were skipped; IBTA 9.7.1)
+	q.req.psn = q.req.next
 	w.firstPSN = q.req.psn
 	w.npsn = n
 	w.lastPSN = q.req.psn.Add(n - 1)
