@@ -248,6 +248,23 @@ func checkPerfPair(t *testing.T, srvOut, cliOut string, tst perftest.Test, sizes
 		}
 	}
 	check("client", co, sizes)
+	// perftest's frame: read/atomic tools start with ctx_set_max_inline's separator, a server
+	// then prints the waiting banner, and both the test's banner (title, MTU, GID index).
+	pre := ""
+	if v := tst.String(); strings.Contains(v, "read") || strings.Contains(v, "atomic") {
+		pre = perftest.ResultLine
+	}
+	title := map[perftest.Test]string{perftest.WriteBW: "RDMA_Write BW Test", perftest.ReadBW: "RDMA_Read BW Test",
+		perftest.SendBW: "Send BW Test", perftest.AtomicBW: "BW Test", perftest.WriteLat: "RDMA_Write Latency Test",
+		perftest.ReadLat: "RDMA_Read Latency Test", perftest.SendLat: "Send Latency Test", perftest.AtomicLat: "Latency Test"}[tst]
+	for _, o := range []struct{ who, out, start string }{
+		{"server", srvOut, pre + perftest.WaitingBanner + perftest.ResultLine}, {"client", cliOut, pre + perftest.ResultLine},
+	} {
+		if !strings.HasPrefix(o.out, o.start) || !strings.Contains(o.out, title+"\n") || !strings.Contains(o.out, " GID index       : 1\n") ||
+			!strings.Contains(o.out, "\tDevice         : softroce0\n") {
+			t.Errorf("%s: not perftest's frame (%q, banner %q):\n%s", o.who, o.start, title, o.out)
+		}
+	}
 	switch {
 	case tst == perftest.ReadLat || tst == perftest.AtomicLat:
 		if len(so.rows) != 0 {
