@@ -41,6 +41,7 @@ type pfCase struct {
 	Size   int // 0 for atomics (always 8)
 	Iters  int
 	Atomic string // atomics: CMP_AND_SWAP or FETCH_AND_ADD
+	QPs    int    // -q (BW tests; 0 = 1)
 }
 
 func (c pfCase) tool() string {
@@ -63,12 +64,20 @@ func (c pfCase) name() string {
 	if c.Verb == "atomic" {
 		return n + "-" + map[string]string{"CMP_AND_SWAP": "cas", "FETCH_AND_ADD": "faa"}[c.Atomic]
 	}
+	if c.QPs > 1 {
+		n += fmt.Sprintf("-q%d", c.QPs)
+	}
 	return fmt.Sprintf("%s-%d", n, c.Size)
 }
+
+func (c pfCase) qps() int { return max(1, c.QPs) }
 
 // flags are the perftest flags both sides get (the lab captures' commands, plus -n).
 func (c pfCase) flags() string {
 	f := fmt.Sprintf("-x %d -m %d -F -n %d", rxelab.GuestGIDIndex, pathMTU, c.Iters)
+	if c.QPs > 1 {
+		f += fmt.Sprintf(" -q %d", c.QPs)
+	}
 	if c.Verb == "atomic" {
 		return f + " -A " + c.Atomic
 	}
@@ -88,7 +97,9 @@ func init() {
 	cases = append(cases,
 		pfCase{Verb: "atomic", Iters: 200, Atomic: "FETCH_AND_ADD"},
 		pfCase{Verb: "atomic", Iters: 200, Atomic: "CMP_AND_SWAP"},
-		pfCase{Verb: "atomic", Lat: true, Iters: 100, Atomic: "FETCH_AND_ADD"})
+		pfCase{Verb: "atomic", Lat: true, Iters: 100, Atomic: "FETCH_AND_ADD"},
+		pfCase{Verb: "write", Size: 3000, Iters: 100, QPs: 2}, // N key records per round
+		pfCase{Verb: "send", Size: 3000, Iters: 100, QPs: 2})
 	for _, c := range cases {
 		c := c
 		pairings = append(pairings,
@@ -226,19 +237,22 @@ func pfCheckOutputs(t *testing.T, c pfCase, client bool, ours, guest string) {
 	t.Helper()
 	oL, oR := pfLocalRe.FindAllStringSubmatch(ours, -1), pfRemoteRe.FindAllStringSubmatch(ours, -1)
 	gL, gR := pfLocalRe.FindAllStringSubmatch(guest, -1), pfRemoteRe.FindAllStringSubmatch(guest, -1)
-	if len(oL) != 1 || len(oR) != 1 || len(gL) != 1 || len(gR) != 1 {
-		t.Fatalf("address lines: softroce %d local %d remote, rxe %d local %d remote; want 1 each", len(oL), len(oR), len(gL), len(gR))
+	n := c.qps()
+	if len(oL) != n || len(oR) != n || len(gL) != n || len(gR) != n {
+		t.Fatalf("address lines: softroce %d local %d remote, rxe %d local %d remote; want %d each", len(oL), len(oR), len(gL), len(gR), n)
 	}
-	if oL[0][2] != pfGIDHost || gL[0][2] != pfGIDGuest {
-		t.Errorf("local GIDs: softroce %s, rxe %s", oL[0][2], gL[0][2])
+	for i := 0; i < n; i++ {
+		if oL[i][2] != pfGIDHost || gL[i][2] != pfGIDGuest {
+			t.Errorf("local GIDs: softroce %s, rxe %s", oL[i][2], gL[i][2])
+		}
+		if oR[i][1] != gL[i][1] || oR[i][2] != gL[i][2] {
+			t.Errorf("QP %d: softroce's remote %q is not rxe's local %q", i, oR[i][1:], gL[i][1:])
+		}
+		if gR[i][1] != oL[i][1] || gR[i][2] != oL[i][2] {
+			t.Errorf("QP %d: rxe's remote %q is not softroce's local %q", i, gR[i][1:], oL[i][1:])
+		}
 	}
-	if oR[0][1] != gL[0][1] || oR[0][2] != gL[0][2] {
-		t.Errorf("softroce's remote %q is not rxe's local %q", oR[0][1:], gL[0][1:])
-	}
-	if gR[0][1] != oL[0][1] || gR[0][2] != oL[0][2] {
-		t.Errorf("rxe's remote %q is not softroce's local %q", gR[0][1:], oL[0][1:])
-	}
-	want := []string{strconv.Itoa(c.size()), strconv.Itoa(c.Iters)}
+	want := []string{strconv.Itoa(c.size()), strconv.Itoa(c.Iters * c.qps())}
 	oRows, gRows := pfRows(ours, c.Lat), pfRows(guest, c.Lat)
 	ourServer := !client
 	check := func(who string, rows [][]string, expect bool) {
@@ -340,7 +354,7 @@ func pfCheckWire(t *testing.T, c pfCase, client bool, wire []rocetest.IPv4UDP, l
 	// lost; ppStartCapture's ring holds thousands. If tcpdump still reports drops, the
 	// counts are only logged: the tools' own counts (the #iterations column, and exit 0
 	// only when every completion succeeded) are exact anyway.
-	min := c.Iters
+	min := c.Iters * c.qps()
 	if lost {
 		min = 1
 		t.Logf("tcpdump dropped packets: message counts not checked")
