@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os/exec"
@@ -105,6 +106,33 @@ func TestPerfPeak(t *testing.T) {
 	completed[3] = us(60)[0] // now (0,4) = 14 is the best
 	if got := perfPeak(posted, completed, 2); got != 14*time.Microsecond {
 		t.Errorf("cq_mod 2 after change: %v, want 14us", got)
+	}
+	// Random runs against perftest's exhaustive search.
+	rng := rand.New(rand.NewPCG(1, 2))
+	for trial := 0; trial < 200; trial++ {
+		n := 1 + rng.IntN(60)
+		cqMod := 1 + rng.IntN(8)
+		p, c := make([]time.Duration, n), make([]time.Duration, n)
+		var at time.Duration
+		for i := range p {
+			at += time.Duration(rng.IntN(5000))
+			p[i] = at
+			c[i] = at + time.Duration(1+rng.IntN(20000))
+		}
+		for i := 1; i < n; i++ { // completions in order
+			c[i] = max(c[i], c[i-1])
+		}
+		want := c[n-1] - p[0]
+		for i := 0; i < n; i++ {
+			for j := i; j < n; j++ {
+				if j%cqMod == cqMod-1 || j == n-1 {
+					want = min(want, (c[j]-p[i])/time.Duration(j-i+1))
+				}
+			}
+		}
+		if got := perfPeak(p, c, cqMod); got != want {
+			t.Fatalf("trial %d (n %d cq_mod %d): %v, exhaustive search %v", trial, n, cqMod, got, want)
+		}
 	}
 }
 
