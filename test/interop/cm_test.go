@@ -443,3 +443,61 @@ func cmtInterop(t *testing.T, lab *rxelab.Lab, tool string, client bool, conns, 
 		t.Errorf("data messages %v, want %d each way", data, conns*count)
 	}
 }
+
+func init() {
+	pairings = append(pairings,
+		pairing{Name: "rping-no-listener", Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { rpingRejected(t, lab, true) }},
+		pairing{Name: "rping-no-listener", Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { rpingRejected(t, lab, false) }},
+	)
+}
+
+// rpingRejected: a client connecting to a port nobody listens on is rejected by the peer's
+// CM with REJ reason 8 (invalid service ID, IBTA 12.6.7.2): softroce's CM rejects the kernel's
+// REQ and the kernel's CM ours, and both rpings print "cma event RDMA_CM_EVENT_REJECTED,
+// error 8" and exit 255 (rping exits with -1).
+func rpingRejected(t *testing.T, lab *rxelab.Lab, client bool) {
+	bin := buildSoftroce(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const rejLine = "cma event RDMA_CM_EVENT_REJECTED, error 8"
+	if client {
+		var out bytes.Buffer
+		cmd := lab.NSCommand(ctx, bin, "rping", "-c", "-a", rxelab.GuestIP, "-p", "7999", "-C", "1", "--timeout", "20s")
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err := cmd.Run()
+		st := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			st = ee.ExitCode()
+		}
+		t.Logf("softroce rping (exit %d):\n%s", st, out.String())
+		if st != 255 || !strings.Contains(out.String(), rejLine) {
+			t.Errorf("softroce rping exit %d, want 255 with %q", st, rejLine)
+		}
+		return
+	}
+	// our device listens on 7175 only; the guest asks for 7174
+	ours := newLineWatch("rdma_listen")
+	cmd := lab.NSCommand(ctx, bin, "rping", "-s", "-a", rxelab.HostIP, "-p", "7175", "-d", "--timeout", "30s")
+	cmd.Stdout, cmd.Stderr = ours, ours
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	select {
+	case <-ours.seen:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("softroce rping server never listened:\n%s", ours.String())
+	}
+	// 255 is the lab's own failure status: report rping's in the output instead
+	out, _, err := lab.Exec(ctx, "rping -c -a "+rxelab.HostIP+" -C 1 2>&1; echo rping-status=$?", rxelab.ExecOptions{Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatalf("guest: %v", err)
+	}
+	t.Logf("guest rping:\n%s", out)
+	if !strings.Contains(string(out), "rping-status=255\n") || !strings.Contains(string(out), rejLine) {
+		t.Errorf("guest rping: want exit 255 with %q", rejLine)
+	}
+}
