@@ -644,7 +644,9 @@ func (ss *session) waitDrained(deadline time.Time) {
 // SRQs and CQs destroyed (ring unmapped, eventfds closed), MRs deregistered
 // and their memory unmapped, PDs deallocated.
 func (ss *session) cleanup() {
-	ss.conn.Close()
+	if ss.conn != nil {
+		ss.conn.Close()
+	}
 	qps, cqs, srqs, mrs, pds := ss.snapshot()
 	for _, o := range qps {
 		_ = o.q.Modify(&qp.Attr{State: qp.StateErr}, qp.AttrState)
