@@ -624,11 +624,11 @@ func (r *rpinger) server(local netip.Addr) error {
 		return errRpingQuiet
 	}
 	r.debugf("rdma_bind_addr successful\n")
-	r.debugf("rdma_listen\n")
 	if err := r.id.Listen(3); err != nil {
 		fmt.Fprintf(r.errw, "rdma_listen: %v\n", err)
 		return errRpingQuiet
 	}
+	r.debugf("rdma_listen\n") // after listening, so a harness can wait for it
 	if rpingOnListen != nil {
 		rpingOnListen()
 	}
