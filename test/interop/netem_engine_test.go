@@ -84,6 +84,9 @@ func nmEngine(t *testing.T, lab *rxelab.Lab, o rawOptions) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := q.Modify(&qp.Attr{State: qp.StateInit, Port: 1}, qp.AttrState|qp.AttrPKeyIndex|qp.AttrPort|qp.AttrAccessFlags); err != nil {
+		t.Fatal(err) // INIT first: receives may be posted from INIT on
+	}
 	sge := func(off, n int) []qp.SGE {
 		return []qp.SGE{{Addr: m.IOVA() + uint64(off), Length: uint32(n), LKey: m.LKey()}}
 	}
@@ -99,7 +102,6 @@ func nmEngine(t *testing.T, lab *rxelab.Lab, o rawOptions) {
 			a qp.Attr
 			m qp.AttrMask
 		}{
-			{qp.Attr{State: qp.StateInit, Port: 1}, qp.AttrState | qp.AttrPKeyIndex | qp.AttrPort | qp.AttrAccessFlags},
 			{qp.Attr{State: qp.StateRTR, AH: qp.AHAttr{DGID: theirs.GID, SGIDIndex: uint8(dev.GIDIndex(hostIP)), Port: 1, HopLimit: 1},
 				PathMTU: qp.MTU1024, DestQPN: theirs.QPN, RQPSN: uint32(theirs.PSN), MaxDestRDAtomic: 1, MinRNRTimer: 12},
 				qp.AttrState | qp.AttrAV | qp.AttrPathMTU | qp.AttrDestQPN | qp.AttrRQPSN | qp.AttrMaxDestRDAtomic | qp.AttrMinRNRTimer},
