@@ -166,7 +166,19 @@ type Options struct {
 	Capacity int
 	// Events receives asynchronous events (CQ_ERR on overrun). Nil drops them.
 	Events event.Sink
+	// OnPush, if set, is offered each pushed completion before the CQ stores it (see PushHook).
+	OnPush PushHook
 }
+
+// PushHook lets a consumer take completions as they are produced instead of polling them
+// (the softroce daemon writes them straight into a client's shared-memory ring). It is called
+// with the CQ's lock held, only while the CQ holds no queued completion (so completions keep
+// their order) and is neither in error nor destroyed. Returning true delivers the completion:
+// the CQ neither stores it nor fires its notification (the hook owner notifies its consumer;
+// solicited is the Solicited Event bit, IBTA 9.2.3 / 11.4.2.2). Returning false (e.g. the
+// consumer's ring is full) stores it in the CQ as usual; drain those with PollFunc. The hook
+// must not block and must not call back into the CQ.
+type PushHook func(wc *WC, solicited bool) bool
 
 type notifyMode uint8
 
@@ -187,6 +199,7 @@ type CQ struct {
 	closed bool
 	ch     chan struct{}
 	sink   event.Sink
+	hook   PushHook
 }
 
 // New creates a CQ.
@@ -194,7 +207,34 @@ func New(o Options) (*CQ, error) {
 	if o.Capacity < 1 || o.Capacity > MaxCapacity {
 		return nil, ErrCapacity
 	}
-	return &CQ{ring: make([]WC, o.Capacity), ch: make(chan struct{}, 1), sink: o.Events}, nil
+	return &CQ{ring: make([]WC, o.Capacity), ch: make(chan struct{}, 1), sink: o.Events, hook: o.OnPush}, nil
+}
+
+// SetOnPush installs (or, with nil, removes) the push hook of Options.OnPush. When it returns,
+// no call of the previous hook is running.
+func (c *CQ) SetOnPush(h PushHook) {
+	c.mu.Lock()
+	c.hook = h
+	c.mu.Unlock()
+}
+
+// PollFunc offers the queued completions, oldest first, to f until f returns false or none is
+// left, and returns how many f took. It runs under the CQ's lock, so no Push interleaves: a
+// push hook's consumer uses it to move completions the hook refused, keeping their order.
+// f must not block and must not call back into the CQ.
+func (c *CQ) PollFunc(f func(wc *WC) bool) int {
+	c.mu.Lock()
+	k := 0
+	for c.n > 0 && f(&c.ring[c.head]) {
+		c.head++
+		if c.head == len(c.ring) {
+			c.head = 0
+		}
+		c.n--
+		k++
+	}
+	c.mu.Unlock()
+	return k
 }
 
 // Cap returns the capacity.
@@ -235,6 +275,10 @@ func (c *CQ) Push(wc *WC, solicited bool) bool {
 			c.sink(event.Event{Type: event.CQErr, Object: c})
 		}
 		return false
+	}
+	if c.n == 0 && c.hook != nil && c.hook(wc, solicited) {
+		c.mu.Unlock()
+		return true
 	}
 	i := c.head + c.n
 	if i >= len(c.ring) {
