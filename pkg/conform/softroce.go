@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/softroce/softroce/pkg/cq"
 	"github.com/softroce/softroce/pkg/mr"
 	"github.com/softroce/softroce/pkg/qp"
@@ -89,9 +91,20 @@ func (s *Softroce) RegMR(c MRConfig) (MRInfo, error) {
 		return MRInfo{}, fmt.Errorf("%w: MR size %d", ErrDUT, c.Size)
 	}
 	id := s.next
-	buf := make([]byte, c.Size)
+	// The region is anonymous mmap'd memory, like the memory a NIC DMAs into: the device's
+	// receive goroutine writes it while the bench (through this DUT) reads it back, ordered
+	// by the network exchange (ACK first, then ReadMR), which the race detector cannot
+	// see; memory outside the Go heap is not instrumented.
+	buf := []byte{}
+	if c.Size > 0 {
+		var err error
+		if buf, err = unix.Mmap(-1, 0, c.Size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE); err != nil {
+			return MRInfo{}, fmt.Errorf("%w: mmap %d bytes: %w", ErrDUT, c.Size, err)
+		}
+	}
 	m, err := s.dev.RegMR(s.pd, buf, uint64(id)<<28, c.Access)
 	if err != nil {
+		unmap(buf)
 		return MRInfo{}, fmt.Errorf("%w: reg_mr: %w", ErrDUT, err)
 	}
 	s.next++
@@ -141,12 +154,19 @@ func (s *Softroce) DeregMR(id int) error {
 	if !ok {
 		return fmt.Errorf("%w: no MR %d", ErrDUT, id)
 	}
-	delete(s.mrs, id)
-	delete(s.bufs, id)
 	if err := m.Dereg(); err != nil {
 		return fmt.Errorf("%w: dereg_mr: %w", ErrDUT, err)
 	}
+	unmap(s.bufs[id])
+	delete(s.mrs, id)
+	delete(s.bufs, id)
 	return nil
+}
+
+func unmap(b []byte) {
+	if len(b) > 0 {
+		_ = unix.Munmap(b)
+	}
 }
 
 // CreateQP implements DUT: RESET -> INIT -> RTR -> RTS with c's attributes.
@@ -350,5 +370,15 @@ func (s *Softroce) DestroyQP(qpn uint32) error {
 	return nil
 }
 
-// Close closes the device.
-func (s *Softroce) Close() error { return s.dev.Close() }
+// Close closes the device and unmaps the regions still registered.
+func (s *Softroce) Close() error {
+	err := s.dev.Close()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, b := range s.bufs {
+		unmap(b)
+		delete(s.bufs, id)
+		delete(s.mrs, id)
+	}
+	return err
+}
