@@ -276,15 +276,16 @@ func (c *CQ) Push(wc *WC, solicited bool) bool {
 		}
 		return false
 	}
-	if c.n == 0 && c.hook != nil && c.hook(wc, solicited) {
-		c.mu.Unlock()
-		return true
-	}
 	i := c.head + c.n
 	if i >= len(c.ring) {
 		i -= len(c.ring)
 	}
 	c.ring[i] = *wc
+	// The hook sees the CQ's own copy, so the caller's wc does not escape (no allocation).
+	if c.n == 0 && c.hook != nil && c.hook(&c.ring[i], solicited) {
+		c.mu.Unlock()
+		return true
+	}
 	c.n++
 	fire := false
 	switch c.notify {

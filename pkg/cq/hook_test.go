@@ -95,3 +95,14 @@ func TestPushHookOverrun(t *testing.T) {
 		t.Fatal("no CQ error after overrun")
 	}
 }
+
+// TestPushHookNoAlloc: with a hook, Push does not make the caller's WC escape.
+func TestPushHookNoAlloc(t *testing.T) {
+	c := mustNew(t, Options{Capacity: 4, OnPush: func(*WC, bool) bool { return true }})
+	if n := testing.AllocsPerRun(100, func() {
+		wc := WC{WRID: 1}
+		c.Push(&wc, false)
+	}); n != 0 {
+		t.Fatalf("%.1f allocations per push", n)
+	}
+}

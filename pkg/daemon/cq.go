@@ -12,19 +12,16 @@ import (
 )
 
 // cqObj is a client CQ: the engine's cq.CQ plus the shared completion ring
-// a pump goroutine copies it into.
+// its push hook writes completions into as the engine produces them.
 type cqObj struct {
 	c    *cq.CQ
 	ring *proto.Ring
 	mem  []byte
-	tail atomic.Uint64 // published tail (the pump's own copy)
+	tail atomic.Uint64 // published tail (written under the engine CQ's lock)
 	refs int
 
 	notifyFD  int      // daemon -> client: completions (when armed)
 	spaceFile *os.File // client -> daemon: ring space after a full ring
-	spaceCh   chan struct{}
-	stop      chan struct{}
-	done      chan struct{}
 	spaceDone chan struct{}
 }
 
@@ -75,10 +72,9 @@ func (ss *session) createCQ(r proto.CreateCQReq) (proto.CreateCQResp, []int, err
 	}
 	o := &cqObj{c: c, ring: ring, mem: mem, notifyFD: notify,
 		spaceFile: proto.EventFile(space, "softroce-cq-space"),
-		spaceCh:   make(chan struct{}, 1), stop: make(chan struct{}),
-		done: make(chan struct{}), spaceDone: make(chan struct{})}
+		spaceDone: make(chan struct{})}
+	c.SetOnPush(o.onPush)
 	go o.readSpace()
-	go o.pump()
 	ss.s.nCQ.Add(1)
 	ss.s.mapped.Add(int64(len(mem)))
 	resp = proto.CreateCQResp{H: ss.add(o), Capacity: capacity, Bytes: size}
@@ -112,8 +108,7 @@ func (ss *session) destroyCQ(h proto.Handle) error {
 }
 
 func (ss *session) releaseCQ(o *cqObj) {
-	close(o.stop)
-	<-o.done
+	o.c.SetOnPush(nil) // no hook call runs after this
 	o.spaceFile.Close()
 	<-o.spaceDone
 	ss.s.dev.DestroyCQ(o.c)
@@ -123,8 +118,9 @@ func (ss *session) releaseCQ(o *cqObj) {
 	ss.s.nCQ.Add(-1)
 }
 
-// readSpace turns space-eventfd signals into spaceCh sends; it ends when
-// spaceFile is closed.
+// readSpace waits for the client's space signals (it read entries from a
+// ring the daemon found full) and moves the completions the engine CQ kept
+// meanwhile into the ring; it ends when spaceFile is closed.
 func (o *cqObj) readSpace() {
 	defer close(o.spaceDone)
 	var b [8]byte
@@ -132,73 +128,51 @@ func (o *cqObj) readSpace() {
 		if _, err := o.spaceFile.Read(b[:]); err != nil {
 			return
 		}
-		select {
-		case o.spaceCh <- struct{}{}:
-		default:
-		}
+		// The Solicited bit of a stored completion is not kept: a receive
+		// or an error completion counts as solicited here (a superset).
+		o.c.PollFunc(func(wc *cq.WC) bool {
+			return o.deliver(wc, wc.Status != cq.StatusSuccess || wc.Opcode >= cq.OpRecv)
+		})
 	}
 }
 
-// pump copies completions from the engine CQ into the ring, in order, and
-// signals the client's eventfd when it armed the ring. A full ring stops
-// the pump (the engine CQ then fills and overruns as a real CQ would) until
-// the client consumes and signals space.
-func (o *cqObj) pump() {
-	defer close(o.done)
-	var buf [64]cq.WC
-	tail := uint64(0)
-	for {
-		space := o.ring.Space(tail)
-		if space == 0 {
-			o.ring.SetWaiting(1)
-			if o.ring.Space(tail) == 0 {
-				select {
-				case <-o.spaceCh:
-				case <-o.stop:
-					return
-				}
-			}
-			o.ring.SetWaiting(0)
-			continue
+// onPush is the engine CQ's push hook: the completion goes straight into
+// the client's ring (no goroutine, no copy through the engine CQ). A full
+// ring refuses it; the engine CQ then keeps it (and the later ones, in
+// order) until the client makes room, and overruns (CQ_ERR) as a CQ of cqe
+// entries would.
+func (o *cqObj) onPush(wc *cq.WC, solicited bool) bool {
+	// IBTA 11.4.2.2: solicited-only arming fires for a solicited or an
+	// unsuccessful completion.
+	return o.deliver(wc, solicited || wc.Status != cq.StatusSuccess)
+}
+
+// deliver writes wc at the ring's tail and publishes it, then signals the
+// client if it armed for it. Callers hold the engine CQ's lock (push hook,
+// PollFunc), so there is one producer at a time.
+func (o *cqObj) deliver(wc *cq.WC, solicited bool) bool {
+	tail := o.tail.Load()
+	if o.ring.Space(tail) == 0 {
+		// Ask for a space signal, then look again: the client either sees
+		// the flag after consuming or consumed before this second look.
+		o.ring.SetWaiting(1)
+		if o.ring.Space(tail) == 0 {
+			return false
 		}
-		n := o.c.Poll(buf[:min(space, len(buf))])
-		if n == 0 {
-			armErr := o.c.ReqNotify(false)
-			n = o.c.Poll(buf[:min(space, len(buf))])
-			if n == 0 {
-				if armErr != nil {
-					// CQ overrun (error state): nothing more will arrive.
-					<-o.stop
-					return
-				}
-				select {
-				case <-o.c.Channel():
-				case <-o.stop:
-					return
-				}
-				continue
-			}
-		}
-		qual := false
-		for i := 0; i < n; i++ {
-			o.ring.Put(tail, &buf[i])
-			tail++
-			// Solicited-only arming: the Solicited bit is not in the WC, so
-			// every receive completion and every error fires (a superset).
-			if buf[i].Status != cq.StatusSuccess || buf[i].Opcode >= cq.OpRecv {
-				qual = true
-			}
-		}
-		o.ring.Publish(tail)
-		o.tail.Store(tail)
-		// Read the arm after publishing (the client arms, then re-reads the
-		// tail): one of the two sides sees the other, so no wakeup is lost.
-		if arm := o.ring.Armed(); arm == proto.ArmNext || (arm == proto.ArmSolicited && qual) {
-			if o.ring.TakeArm() != proto.ArmNone {
-				proto.Signal(o.notifyFD)
-			}
+		o.ring.SetWaiting(0)
+	}
+	o.ring.Put(tail, wc)
+	tail++
+	o.ring.Publish(tail)
+	o.tail.Store(tail)
+	// Read the arm after publishing (the client arms, then re-reads the
+	// tail): one of the two sides sees the other, so no wakeup is lost.
+	if arm := o.ring.Armed(); arm == proto.ArmNext || (arm == proto.ArmSolicited && solicited) {
+		if o.ring.TakeArm() != proto.ArmNone {
+			proto.Signal(o.notifyFD)
 		}
 	}
+	return true
 }
 
 func dupCloexec(fd int) (int, error) {
