@@ -288,6 +288,9 @@ func sendLengthScenario(name, what string, sizes []int, bad int) Scenario {
 				total += n
 				if i == bad && !c.RxeDeviates() {
 					c.ExpectNAK(last, bth.NAKInvalidRequest, 0)
+					c.ExpectState(StateErr)
+					got := c.Poll(1)
+					c.Check(len(got) == 1 && got[0].Status != cq.StatusSuccess, "receive completion %v, want one in error", got)
 					return
 				}
 			}
