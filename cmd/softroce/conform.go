@@ -31,7 +31,8 @@ const conformUsage = `usage: softroce conform --dut rxe|softroce|HOST:PORT [--ru
                     VM or boots one (and stops it afterwards), builds and starts the C
                     agent in the guest (test/conform/agent)
   --dut HOST:PORT   a running agent (test/conform/agent/softroce-dut) at HOST:PORT; the
-                    bench binds --bench:4791 and sends to --roce (default HOST:4791)
+                    bench binds --bench:4791 and sends to --roce (default HOST:4791);
+                    add --rxe when the agent drives kernel rxe (its deviations apply)
 
 Prints scenario -> pass/fail/skip with the detail of each failure; exit status 1 if any
 scenario failed, 2 on usage or setup errors. --json prints one object per scenario per
@@ -41,6 +42,7 @@ line: {"name","section","result","detail"}.
 type conformFlags struct {
 	dut, run, roce, bench string
 	json, list, verbose   bool
+	rxe                   bool
 	reply, quiet          time.Duration
 }
 
@@ -56,6 +58,7 @@ func runConform(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&f.verbose, "v", false, "print each failing scenario's packet trace")
 	fs.StringVar(&f.roce, "roce", "", "DUT RoCE address for --dut HOST:PORT (default HOST:4791)")
 	fs.StringVar(&f.bench, "bench", "", "bench socket address for --dut HOST:PORT (default: the local address toward HOST, port 4791)")
+	fs.BoolVar(&f.rxe, "rxe", false, "with --dut HOST:PORT: the agent's device is kernel rxe (expect its documented deviations)")
 	fs.DurationVar(&f.reply, "reply", 0, "how long to wait for an expected packet (default 2s, rxe 3s)")
 	fs.DurationVar(&f.quiet, "quiet", 0, "how long a silence must last (default 300ms, rxe 400ms)")
 	if err := fs.Parse(args); err != nil {
@@ -208,6 +211,6 @@ func openDUT(f *conformFlags, stderr io.Writer) (*conform.Bench, func() error, e
 		cl.Close()
 		return nil, nil, err
 	}
-	b := &conform.Bench{DUT: cl, Peer: peer}
+	b := &conform.Bench{DUT: cl, Peer: peer, Rxe: f.rxe}
 	return b, b.Close, nil
 }
