@@ -221,7 +221,7 @@ var rcSendScenarios = []Scenario{
 		},
 	},
 	{
-		Name: "rc-dup-send-no-ackreq", Section: "9.7.5.1.2",
+		Name: "rc-dup-send-no-ackreq", Section: "9.7.5.1.2 (C9-105)",
 		Summary: "a duplicate SEND is ACKed even without AckReq (the requester is retrying, its ACK was lost)",
 		Run: func(c *Case) {
 			c.Setup(nil)
