@@ -30,7 +30,9 @@ const conformUsage = `usage: softroce conform --dut rxe|softroce|HOST:PORT [--ru
   --dut rxe         kernel rxe in the lab VM (test/rxelab; root): attaches to a running
                     VM or boots one (and stops it afterwards), builds and starts the C
                     agent in the guest (test/conform/agent)
-  --dut HOST:PORT   a running agent (test/conform/agent/softroce-dut) at HOST:PORT; the
+  --serve HOST:PORT run the softroce DUT as an agent (RoCE on --roce, default HOST:4791)
+                    for one bench connection, e.g. in another netns or machine
+  --dut HOST:PORT   a running agent (test/conform/agent/softroce-dut, or --serve) at HOST:PORT; the
                     bench binds --bench:4791 and sends to --roce (default HOST:4791);
                     add --rxe when the agent drives kernel rxe (its deviations apply)
 
@@ -43,6 +45,7 @@ type conformFlags struct {
 	dut, run, roce, bench string
 	json, list, verbose   bool
 	rxe                   bool
+	serve                 string
 	reply, quiet          time.Duration
 }
 
@@ -58,6 +61,7 @@ func runConform(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&f.verbose, "v", false, "print each failing scenario's packet trace")
 	fs.StringVar(&f.roce, "roce", "", "DUT RoCE address for --dut HOST:PORT (default HOST:4791)")
 	fs.StringVar(&f.bench, "bench", "", "bench socket address for --dut HOST:PORT (default: the local address toward HOST, port 4791)")
+	fs.StringVar(&f.serve, "serve", "", "run the softroce DUT as an agent on this TCP HOST:PORT (RoCE on --roce, default HOST:4791) for one bench connection")
 	fs.BoolVar(&f.rxe, "rxe", false, "with --dut HOST:PORT: the agent's device is kernel rxe (expect its documented deviations)")
 	fs.DurationVar(&f.reply, "reply", 0, "how long to wait for an expected packet (default 2s, rxe 3s)")
 	fs.DurationVar(&f.quiet, "quiet", 0, "how long a silence must last (default 300ms, rxe 400ms)")
@@ -76,6 +80,13 @@ func runConform(args []string, stdout, stderr io.Writer) int {
 				continue
 			}
 			fmt.Fprintf(stdout, "%-36s %-22s %s\n", s.Name, s.Section, s.Summary)
+		}
+		return 0
+	}
+	if f.serve != "" && fs.NArg() == 0 && f.dut == "" {
+		if err := serveSoftroce(&f, stdout); err != nil {
+			fmt.Fprintf(stderr, "softroce conform --serve: %v\n", err)
+			return 2
 		}
 		return 0
 	}
@@ -134,6 +145,38 @@ func runConform(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// serveSoftroce runs the softroce DUT behind the control protocol for one connection
+// (the Go counterpart of test/conform/agent/softroce-dut).
+func serveSoftroce(f *conformFlags, stdout io.Writer) error {
+	ctl, err := netip.ParseAddrPort(f.serve)
+	if err != nil {
+		return err
+	}
+	roce := netip.AddrPortFrom(ctl.Addr(), bth.UDPPort)
+	if f.roce != "" {
+		if roce, err = netip.ParseAddrPort(f.roce); err != nil {
+			return fmt.Errorf("--roce: %v", err)
+		}
+	}
+	dut, err := conform.NewSoftroce(conform.SoftroceOptions{Addr: roce.Addr(), Port: roce.Port()})
+	if err != nil {
+		return err
+	}
+	defer dut.Close()
+	ln, err := net.Listen("tcp", ctl.String())
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "softroce conform: DUT %v, agent listening on %v\n", roce, ln.Addr())
+	c, err := ln.Accept()
+	ln.Close()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return conform.Serve(c, dut, "softroce-conform")
 }
 
 // openDUT sets up the bench for --dut; done tears it down.

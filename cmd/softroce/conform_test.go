@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"net"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestConformList(t *testing.T) {
@@ -66,5 +68,40 @@ func TestConformFailExit(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "fail") {
 		t.Errorf("table without the failure:\n%s", out.String())
+	}
+}
+
+// TestConformServe: a --serve agent (softroce DUT) driven by a --dut HOST:PORT bench.
+func TestConformServe(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.79.3:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl := ln.Addr().String()
+	ln.Close() // the agent binds it again below
+	done := make(chan int, 1)
+	var aout, aerr bytes.Buffer
+	go func() {
+		done <- run([]string{"conform", "--serve", ctl, "--roce", "127.0.79.3:14791"}, &aout, &aerr)
+	}()
+	var out, errb bytes.Buffer
+	st := -1
+	for try := 0; try < 100 && st != 0; try++ { // until the agent listens
+		out.Reset()
+		errb.Reset()
+		if st = run([]string{"conform", "--dut", ctl, "--roce", "127.0.79.3:14791", "--bench", "127.0.79.4:14791", "--run", "^(rc-send-only-ack|rc-fetch-add)$"}, &out, &errb); st == 2 {
+			<-time.After(20 * time.Millisecond)
+			continue
+		}
+		break
+	}
+	if st != 0 {
+		t.Fatalf("bench exit %d\n%s\n%s", st, out.String(), errb.String())
+	}
+	if !strings.Contains(out.String(), "2 scenarios: 2 pass") {
+		t.Errorf("bench output:\n%s", out.String())
+	}
+	if st := <-done; st != 0 {
+		t.Errorf("agent exit %d: %s %s", st, aout.String(), aerr.String())
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -80,6 +81,42 @@ func TestServeBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestServeHostileNumbers: out-of-range numbers from the wire get ERR, never a panic.
+func TestServeHostileNumbers(t *testing.T) {
+	b, err := NewLoopback(LoopbackOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	d := b.DUT
+	m, err := d.RegMR(MRConfig{Size: 64, Access: AllAccess})
+	if err != nil {
+		t.Fatal(err)
+	}
+	qpn, err := d.CreateQP(QPConfig{Type: RC, BenchAddr: LoopbackBench, BenchQPN: 5, MTU: 1024, Access: AllAccess})
+	if err != nil {
+		t.Fatal(err)
+	}
+	huge := "4611686018427387904" // 1<<62
+	for _, line := range []string{
+		"MRR " + itoa(m.ID) + " " + huge + " " + huge,
+		"MRR " + itoa(m.ID) + " 60 18446744073709551615",
+		"MRW " + itoa(m.ID) + " " + huge + " 00",
+		"RECV " + itoa(int(qpn)) + " " + itoa(m.ID) + " " + huge + " " + huge + " 1 1",
+		"RECV " + itoa(int(qpn)) + " " + itoa(m.ID) + " 0 8 18446744073709551615 1",
+		"POLL " + itoa(int(qpn)) + " 18446744073709551615 0",
+		"SEND " + itoa(int(qpn)) + " 2 " + itoa(m.ID) + " " + huge + " " + huge + " 0 0 0 0 0 0 0 0",
+		"MR 18446744073709551615 0",
+	} {
+		reply, _ := serveLine(d, "t", strings.Fields(line))
+		if !strings.HasPrefix(reply, "ERR") {
+			t.Errorf("%q -> %q, want ERR", line, reply)
+		}
+	}
+}
+
+func itoa(v int) string { return strconv.Itoa(v) }
 
 func TestCompletionString(t *testing.T) {
 	s := Completion{WRID: 3, Status: cq.StatusRemAccessErr, ByteLen: 5}.String()

@@ -117,7 +117,7 @@ func (s *Softroce) region(id, off, n int) ([]byte, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: no MR %d", ErrDUT, id)
 	}
-	if off < 0 || n < 0 || off+n > len(b) {
+	if off < 0 || n < 0 || off > len(b) || n > len(b)-off {
 		return nil, fmt.Errorf("%w: MR %d [%d,+%d) out of range", ErrDUT, id, off, n)
 	}
 	return b[off : off+n], nil
@@ -255,6 +255,9 @@ func (s *Softroce) sge(id, off, n int) ([]qp.SGE, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: no MR %d", ErrDUT, id)
 	}
+	if off < 0 || n < 0 || off > m.Len() || n > m.Len()-off {
+		return nil, fmt.Errorf("%w: MR %d [%d,+%d) out of range", ErrDUT, id, off, n)
+	}
 	return []qp.SGE{{Addr: m.IOVA() + uint64(off), Length: uint32(n), LKey: m.LKey()}}, nil
 }
 
@@ -269,6 +272,9 @@ func (s *Softroce) PostRecv(qpn uint32, r RecvConfig) error {
 	sgl, err := s.sge(r.MR, r.Off, r.Len)
 	if err != nil {
 		return err
+	}
+	if r.Count < 0 || r.Count > 4096 {
+		return fmt.Errorf("%w: %d receive WRs (0..4096)", ErrDUT, r.Count)
 	}
 	wrs := make([]qp.RecvWR, r.Count)
 	for i := range wrs {
@@ -308,6 +314,9 @@ func (s *Softroce) Poll(qpn uint32, max int, wait time.Duration) ([]Completion, 
 	s.mu.Unlock()
 	if err != nil {
 		return nil, err
+	}
+	if max < 0 || max > 4096 || wait < 0 {
+		return nil, fmt.Errorf("%w: poll of %d completions, wait %v", ErrDUT, max, wait)
 	}
 	out := []Completion{}
 	buf := make([]cq.WC, 16)
