@@ -79,7 +79,12 @@ func (b *Bench) Recv(benchQPN uint32, deadline time.Time, skipped func(string)) 
 
 // Expect waits (Reply) for the next packet to benchQPN and matches it against e.
 func (b *Bench) Expect(benchQPN uint32, e *rocetest.Expect, skipped func(string)) (*rocetest.Received, error) {
-	r, err := b.Recv(benchQPN, time.Now().Add(b.reply()), skipped)
+	return b.ExpectWithin(benchQPN, e, b.reply(), skipped)
+}
+
+// ExpectWithin is Expect with an explicit timeout.
+func (b *Bench) ExpectWithin(benchQPN uint32, e *rocetest.Expect, timeout time.Duration, skipped func(string)) (*rocetest.Received, error) {
+	r, err := b.Recv(benchQPN, time.Now().Add(timeout), skipped)
 	if err != nil {
 		return nil, err
 	}
@@ -94,7 +99,12 @@ func (b *Bench) Expect(benchQPN uint32, e *rocetest.Expect, skipped func(string)
 
 // ExpectNothing listens for Quiet and fails if a packet for benchQPN arrives.
 func (b *Bench) ExpectNothing(benchQPN uint32, skipped func(string)) error {
-	r, err := b.Recv(benchQPN, time.Now().Add(b.quiet()), skipped)
+	return b.ExpectNothingFor(benchQPN, b.quiet(), skipped)
+}
+
+// ExpectNothingFor is ExpectNothing with an explicit listening time.
+func (b *Bench) ExpectNothingFor(benchQPN uint32, d time.Duration, skipped func(string)) error {
+	r, err := b.Recv(benchQPN, time.Now().Add(d), skipped)
 	if errors.Is(err, ErrNoPacket) {
 		return nil
 	}

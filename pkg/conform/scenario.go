@@ -241,9 +241,14 @@ func (c *Case) SendRaw(s rocetest.Spec) {
 
 func (c *Case) skippedPkt(s string) { c.Logf("ignored: %s", s) }
 
-// Expect waits for the next packet to the bench QP and matches it against e.
+// Expect waits (Bench.Reply) for the next packet to the bench QP and matches it against e.
 func (c *Case) Expect(what string, e rocetest.Expect) *rocetest.Received {
-	r, err := c.B.Expect(c.BenchQPN, &e, c.skippedPkt)
+	return c.ExpectWithin(what, e, c.B.reply())
+}
+
+// ExpectWithin is Expect with an explicit timeout.
+func (c *Case) ExpectWithin(what string, e rocetest.Expect, timeout time.Duration) *rocetest.Received {
+	r, err := c.B.ExpectWithin(c.BenchQPN, &e, timeout, c.skippedPkt)
 	if r != nil {
 		c.Logf("DUT -> bench: %s", rocetest.Describe(&r.Pkt))
 	}
@@ -272,8 +277,11 @@ func (c *Case) ExpectRNR(psn bth.PSN, timer uint8, msn uint32) *rocetest.Receive
 }
 
 // ExpectNothing fails if the DUT sends anything to the bench QP within the quiet time.
-func (c *Case) ExpectNothing(what string) {
-	if err := c.B.ExpectNothing(c.BenchQPN, c.skippedPkt); err != nil {
+func (c *Case) ExpectNothing(what string) { c.ExpectNothingFor(what, c.B.quiet()) }
+
+// ExpectNothingFor is ExpectNothing with an explicit listening time.
+func (c *Case) ExpectNothingFor(what string, d time.Duration) {
+	if err := c.B.ExpectNothingFor(c.BenchQPN, d, c.skippedPkt); err != nil {
 		c.Fatalf("%s: expected silence: %v", what, err)
 	}
 }
