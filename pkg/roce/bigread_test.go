@@ -9,11 +9,11 @@ import (
 )
 
 // TestBigReadShallowLink: READs far larger than the link's queue (the
-// in-memory network's default 1024 datagrams) complete without a single
-// retransmission, because the requester asks for them in chunks of
-// MaxUnackedPSNs responses (pkg/qp readChunk). Unchunked, the responder's
-// burst overflowed the queue and only the ACK timeout recovered each lost
-// tail (a 4 MiB READ: 3 timeouts, 209 ms).
+// in-memory network's default 1024 datagrams) complete without the
+// queue ever overflowing, because the requester asks for them in chunks
+// of MaxUnackedPSNs responses (pkg/qp readChunk). Unchunked, the
+// responder's burst overflowed the queue and only the ACK timeout
+// recovered each lost tail (a 4 MiB READ: 3 timeouts, 209 ms).
 func TestBigReadShallowLink(t *testing.T) {
 	nw := link.NewMemNetwork(link.MemOptions{})
 	la, err := nw.Attach(addrA)
@@ -44,7 +44,12 @@ func TestBigReadShallowLink(t *testing.T) {
 		checkWC(t, waitWC(t, a.scq, 1)[0], cq.WC{WRID: 1, Opcode: cq.OpRDMARead, ByteLen: uint32(size)})
 		same(t, "read", a.buf[:size], b.buf[:size])
 	}
-	if s := da.Stats(); s.RetransPkts != 0 || s.CompleterRetryErr != 0 {
-		t.Fatalf("retransmitted_pkts %d completer_retry_err %d, want 0 0", s.RetransPkts, s.CompleterRetryErr)
+	// The responses never overflowed the requester's 1024-datagram queue
+	// (unchunked: 3 of the 4 MiB READ's 4096 responses were dropped at
+	// every attempt). Retransmissions are not asserted: on a starved
+	// machine (-race, load) a 67 ms ACK timeout may still fire.
+	if st := la.(link.StatsLink).Stats(); st.Drops != 0 {
+		t.Fatalf("requester's link dropped %d datagrams (queue full), want 0; counters %+v", st.Drops, da.Stats())
 	}
+	t.Logf("retransmitted_pkts %d completer_retry_err %d", da.Stats().RetransPkts, da.Stats().CompleterRetryErr)
 }
