@@ -173,7 +173,7 @@ var reqScenarios = []Scenario{
 func Scenarios() []Scenario {
 	var all []Scenario
 	for _, g := range [][]Scenario{rcSendScenarios, rcSeqScenarios, rcWriteScenarios, rcReadScenarios,
-		rcAtomicScenarios, moreScenarios, hdrScenarios, ucScenarios, udScenarios, reqScenarios} {
+		rcAtomicScenarios, moreScenarios, hdrScenarios, ucScenarios, udScenarios, reqScenarios, req2Scenarios} {
 		all = append(all, g...)
 	}
 	return all
