@@ -212,7 +212,7 @@ func TestRetryCountReset(t *testing.T) {
 }
 
 // TestRNRTimer: after an RNR NAK the requester is silent for exactly the
-// timer of the NAK's code (IBTA 9.7.5.2.8 table 45, bth.RNRTimer), then
+// timer of the NAK's code (IBTA 9.7.5.2.8, the RNR timer table in bth.RNRTimer), then
 // resends from the NAKed PSN.
 func TestRNRTimer(t *testing.T) {
 	for _, code := range []uint8{0, 1, 14, 31} {
@@ -349,9 +349,9 @@ func TestSeqNAKOnce(t *testing.T) {
 	}
 }
 
-// TestDuplicates: each kind of duplicate request (IBTA 9.7.4.1.4?
-// "duplicate requests", rxe duplicate_request()) is answered without
-// executing it again.
+// TestDuplicates: each kind of duplicate request (IBTA 9.7.4.1, duplicate
+// requests; rxe duplicate_request()) is answered without executing it
+// again.
 func TestDuplicates(t *testing.T) {
 	t.Run("SEND re-ACKed, delivered once", func(t *testing.T) {
 		w := faultPair(t, connOpts{mtu: MTU256}, "dup:op=SEND_ONLY:nth=1,dup:op=SEND_MIDDLE:nth=2", "")

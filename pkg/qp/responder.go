@@ -528,7 +528,7 @@ func (q *QP) recvAtomic(p *bth.Packet, psn bth.PSN) {
 }
 
 // duplicate answers a request whose PSN is before the expected one (IBTA
-// 9.7.4.1.4?): SEND/WRITE are re-ACKed with the last executed PSN (when the
+// 9.7.4.1, duplicate requests): SEND/WRITE are re-ACKed with the last executed PSN (when the
 // requester asks for an ACK), a READ is replayed from the requested PSN
 // if it falls in a remembered resource with the same R_Key, an atomic gets
 // its saved result. Anything else is dropped.
