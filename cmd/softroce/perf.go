@@ -124,6 +124,8 @@ type perfConfig struct {
 	Loopback, Mem bool
 	// CPUProfile, if set, is where a pprof CPU profile of the run is written.
 	CPUProfile string
+	// RDMACM is -R: the exchange and the data QPs over rdma_cm (perf_cm.go).
+	RDMACM bool
 }
 
 // parsePerf parses "send|write|read|atomic [flags] [SERVER]" (flags and SERVER in any
@@ -145,7 +147,7 @@ func parsePerf(args []string, stderr io.Writer) (*perfConfig, error) {
 	var (
 		size, iters, mtu, tx, rx, cqMod, outReads, inline, ibPort, dur int
 		rocePort                                                       uint
-		cpuFreq, bidir, rdmaCM                                         bool
+		cpuFreq, bidir                                                 bool
 		conn                                                           string
 	)
 	both := func(short, long string, bind func(string)) { bind(short); bind(long) }
@@ -177,7 +179,9 @@ func parsePerf(args []string, stderr io.Writer) (*perfConfig, error) {
 	both("e", "events", func(n string) { fs.BoolVar(&c.Events, n, false, "sleep on CQ events instead of polling") })
 	both("D", "duration", func(n string) { fs.IntVar(&dur, n, 0, "run for `seconds` (not supported)") })
 	both("b", "bidirectional", func(n string) { fs.BoolVar(&bidir, n, false, "bidirectional (not supported)") })
-	both("R", "rdma_cm", func(n string) { fs.BoolVar(&rdmaCM, n, false, "rdma_cm exchange (not supported)") })
+	both("R", "rdma_cm", func(n string) {
+		fs.BoolVar(&c.RDMACM, n, false, "connect the QPs and run the exchange over rdma_cm (send and write BW; server: needs -d)")
+	})
 	both("c", "connection", func(n string) { fs.StringVar(&conn, n, "RC", "connection `type` (RC only)") })
 	fs.BoolVar(&c.BusyPoll, "busy-poll", false, "softroce: poll completions in a loop (yielding) before sleeping on the CQ, as perftest does")
 	fs.BoolVar(&c.Lat, "lat", false, "softroce: run the latency test (ib_*_lat) instead of bandwidth (ib_*_bw)")
@@ -208,8 +212,12 @@ func parsePerf(args []string, stderr io.Writer) (*perfConfig, error) {
 		return nil, fmt.Errorf("-D (duration mode) is %w: use -n", errPerfUnsupported)
 	case bidir:
 		return nil, fmt.Errorf("-b (bidirectional) is %w", errPerfUnsupported)
-	case rdmaCM:
-		return nil, fmt.Errorf("-R (rdma_cm exchange) is %w", errPerfUnsupported)
+	case c.RDMACM && (c.Lat || (c.Verb != "send" && c.Verb != "write")):
+		return nil, fmt.Errorf("-R with %s %s is %w: send and write bandwidth only", c.Verb, map[bool]string{true: "latency", false: "bandwidth"}[c.Lat], errPerfUnsupported)
+	case c.RDMACM && c.Loopback:
+		return nil, fmt.Errorf("%w: -R and --loopback exclude each other", errPerfUsage)
+	case c.RDMACM && len(positional) == 0 && !c.Dev.IsSet():
+		return nil, fmt.Errorf("%w: -R server: name the local address with -d (softroce devices have one address)", errPerfUsage)
 	case conn != "RC":
 		return nil, fmt.Errorf("-c %s is %w: RC only", conn, errPerfUnsupported)
 	case c.Port < 0 || c.Port > 65535:
@@ -359,7 +367,11 @@ func perfMain(args []string, env *perfEnv) int {
 	if c.Loopback {
 		return perfLoopback(c, env.Stdout, env.Stderr)
 	}
-	if err := perfRun(c, env); err != nil {
+	run := perfRun
+	if c.RDMACM {
+		run = perfRunCM
+	}
+	if err := run(c, env); err != nil {
 		fmt.Fprintf(env.Stderr, "perf: %v\n", err)
 		return 1
 	}

@@ -95,6 +95,8 @@ type perfRes struct {
 	scq  *cq.CQ
 	rcq  *cq.CQ
 	qps  []*roce.QP
+	// qpInit is how the QPs were created (-R recreates a QP whose connection was refused).
+	qpInit roce.QPInit
 	// area is the size of one QP's send or receive area (BUFF_SIZE rounded to the cache line):
 	// QP i sends from [i*area, ...) and receives at [(QPs+i)*area, ...).
 	area  int
@@ -122,6 +124,15 @@ type perfRes struct {
 // newPerfRes creates the PD, the buffer and its MR, the CQs and c.QPs RC QPs in INIT, and the
 // local key records.
 func newPerfRes(c *perfConfig, dev *roce.Device, addr netip.Addr, gidx int) (*perfRes, error) {
+	return newPerfResWith(c, dev, addr, gidx, nil)
+}
+
+// perfCreateQP creates QP i of a run from in (PD, CQs and capabilities filled in) and
+// returns it in INIT or later; -R creates the QPs through rdma_cm IDs (perf_cm.go).
+type perfCreateQP func(i int, in roce.QPInit) (*roce.QP, error)
+
+// newPerfResWith is newPerfRes with the QPs made by create (nil: dev.CreateQP, then INIT).
+func newPerfResWith(c *perfConfig, dev *roce.Device, addr netip.Addr, gidx int, create perfCreateQP) (*perfRes, error) {
 	r := &perfRes{c: c, dev: dev, addr: addr, gidx: gidx, cycle: perfCycleBuffer}
 	r.area = perfInc(max(c.Size, perfCycleBuffer))
 	r.buf = make([]byte, 2*c.QPs*r.area)
@@ -144,16 +155,26 @@ func newPerfRes(c *perfConfig, dev *roce.Device, addr netip.Addr, gidx int) (*pe
 	if c.Verb == "read" || c.Verb == "atomic" {
 		outReads = uint16(min(c.OutReads, dev.Attr().MaxQPRDAtom))
 	}
+	r.qpInit = roce.QPInit{Type: qp.TypeRC, PD: r.pd, SendCQ: r.scq, RecvCQ: r.rcq, Cap: caps}
 	for i := 0; i < c.QPs; i++ {
-		q, err := dev.CreateQP(roce.QPInit{Type: qp.TypeRC, PD: r.pd, SendCQ: r.scq, RecvCQ: r.rcq, Cap: caps})
-		if err != nil {
-			return nil, fmt.Errorf("%w: Couldn't create QP[%d]: %w", errPerfVerbs, i, err)
+		if create != nil {
+			q, err := create(i, r.qpInit)
+			if err != nil {
+				return r, fmt.Errorf("%w: Couldn't create QP[%d]: %w", errPerfVerbs, i, err)
+			}
+			r.qps = append(r.qps, q)
+		} else {
+			q, err := dev.CreateQP(r.qpInit)
+			if err != nil {
+				return nil, fmt.Errorf("%w: Couldn't create QP[%d]: %w", errPerfVerbs, i, err)
+			}
+			r.qps = append(r.qps, q)
+			a := qp.Attr{State: qp.StateInit, Port: 1, AccessFlags: mr.AccessRemoteWrite | mr.AccessRemoteRead | mr.AccessRemoteAtomic}
+			if err := q.Modify(&a, qp.AttrState|qp.AttrPKeyIndex|qp.AttrPort|qp.AttrAccessFlags); err != nil {
+				return nil, fmt.Errorf("%w: Failed to modify QP[%d] to INIT: %w", errPerfVerbs, i, err)
+			}
 		}
-		r.qps = append(r.qps, q)
-		a := qp.Attr{State: qp.StateInit, Port: 1, AccessFlags: mr.AccessRemoteWrite | mr.AccessRemoteRead | mr.AccessRemoteAtomic}
-		if err := q.Modify(&a, qp.AttrState|qp.AttrPKeyIndex|qp.AttrPort|qp.AttrAccessFlags); err != nil {
-			return nil, fmt.Errorf("%w: Failed to modify QP[%d] to INIT: %w", errPerfVerbs, i, err)
-		}
+		q := r.qps[i]
 		d := perftest.Dest{LID: dev.PortAttr().LID, OutReads: outReads, QPN: q.Num(), PSN: rand.Uint32() & 0xffffff,
 			VAddr: r.recvIOVA(i)}
 		if c.Verb != "send" {
@@ -793,6 +814,25 @@ func perfRun(c *perfConfig, env *perfEnv) (err error) {
 	}
 	fmt.Fprint(out, perftest.ResultLine)
 
+	return perfMeasure(ctx, r, conn, role, out, sizes)
+}
+
+// perfExchanger is the out-of-band exchange during and after the measurement: the TCP
+// exchange (*perftest.Conn) or, with -R, the rdma_cm one (perf_cm.go).
+type perfExchanger interface {
+	// HandShake is ctx_hand_shake: one key record round.
+	HandShake(ctx context.Context, mine *perftest.Dest) (perftest.Dest, error)
+	// Finish runs the exchanges after the measurement (see perftest.Conn.Finish).
+	Finish(ctx context.Context, t perftest.Test, local *perftest.Dest, mine perftest.BWReport) (perftest.BWReport, error)
+	// Close ends the exchange.
+	Close() error
+}
+
+// perfMeasure runs the measurement of every size and the closing exchanges, printing
+// perftest's table.
+func perfMeasure(ctx context.Context, r *perfRes, conn perfExchanger, role perftest.Role, out io.Writer, sizes []int) error {
+	c := r.c
+	var err error
 	switch {
 	case c.Test.BW() && c.Verb != "send":
 		fmt.Fprint(out, perftest.BWHeader(c.Gbits))

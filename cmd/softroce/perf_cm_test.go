@@ -1,0 +1,180 @@
+package main
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/softroce/softroce/pkg/oob/perftest"
+)
+
+// TestPerfCMRecord: the binary key record of -R has perftest's layout (struct pingpong_dest
+// on x86-64, big-endian fields) and reads back.
+func TestPerfCMRecord(t *testing.T) {
+	d := perftest.Dest{OutReads: 128, QPN: 0x123456, PSN: 0xabcdef, RKey: 0xdeadbeef, VAddr: 0x7f5a00001000}
+	d.SetAddr(netip.MustParseAddr("198.18.0.2"))
+	var b [perfCMRecordSize + 4]byte
+	for i := range b {
+		b[i] = 0xee
+	}
+	encodeCMRecord(b[:], &d, 1)
+	want := map[int]uint32{0: 0, 4: 128, 8: 0x123456, 12: 0xabcdef, 16: 0xdeadbeef, 20: 0, 48: 0, 52: 1}
+	for off, v := range want {
+		if got := binary.BigEndian.Uint32(b[off:]); got != v {
+			t.Errorf("offset %d: %#x, want %#x", off, got, v)
+		}
+	}
+	if got := binary.BigEndian.Uint64(b[24:]); got != d.VAddr {
+		t.Errorf("vaddr %#x", got)
+	}
+	if !bytes.Equal(b[32:48], []byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 18, 0, 2}) {
+		t.Errorf("gid % x", b[32:48])
+	}
+	if b[perfCMRecordSize] != 0xee {
+		t.Error("wrote past the record")
+	}
+	got, err := parseCMRecord(b[:perfCMRecordSize])
+	if err != nil || got != d {
+		t.Errorf("parse: %+v %v, want %+v", got, err, d)
+	}
+	if _, err := parseCMRecord(b[:perfCMRecordSize-1]); !errors.Is(err, errPerfPeer) {
+		t.Errorf("short record: %v", err)
+	}
+	// a peer's garbage in the 24-bit fields is masked, never trusted as is
+	b[8] = 0xff
+	if got, _ := parseCMRecord(b[:perfCMRecordSize]); got.QPN != 0x123456 {
+		t.Errorf("QPN %#x", got.QPN)
+	}
+}
+
+// TestPerfCMFlags: -R is accepted for send and write bandwidth and refused elsewhere; a -R
+// server needs -d.
+func TestPerfCMFlags(t *testing.T) {
+	for _, ok := range [][]string{{"write", "-R", "-d", "127.0.0.1"}, {"send", "--rdma_cm", "-d", "127.0.0.1"}, {"send", "-R", "10.0.0.1"}} {
+		c, err := parsePerf(ok, new(bytes.Buffer))
+		if err != nil || !c.RDMACM {
+			t.Errorf("%v: %v", ok, err)
+		}
+	}
+	for _, bad := range []struct {
+		args []string
+		want error
+	}{
+		{[]string{"read", "-R", "-d", "127.0.0.1"}, errPerfUnsupported},
+		{[]string{"write", "--lat", "-R", "-d", "127.0.0.1"}, errPerfUnsupported},
+		{[]string{"write", "-R"}, errPerfUsage},
+		{[]string{"write", "-R", "--loopback"}, errPerfUsage},
+	} {
+		if _, err := parsePerf(bad.args, new(bytes.Buffer)); !errors.Is(err, bad.want) {
+			t.Errorf("%v: %v, want %v", bad.args, err, bad.want)
+		}
+	}
+}
+
+// perfCMPair runs a -R server on 127.0.0.1 and a -R client on 127.0.0.2 in this process.
+func perfCMPair(t *testing.T, args ...string) (srvOut, cliOut string) {
+	t.Helper()
+	common := append(append([]string{}, args...), "-R", "-p", "18515", "--roce-port", strconv.Itoa(int(freeUDPPort(t))),
+		"--timeout", "20s", "--run-timeout", "20s")
+	var se, co, ce bytes.Buffer
+	so := newPerfWatch(perftest.WaitingBanner)
+	var wg sync.WaitGroup
+	var srvStatus int
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		srvStatus = perfMain(append(append([]string{}, common...), "-d", "127.0.0.1"), &perfEnv{Stdout: so, Stderr: &se})
+	}()
+	// start the client once the server's device exists (a REQ sent to no device at all
+	// waits for the CM's retransmission, seconds); until its listener exists the client's
+	// requests are refused and retried (rdma_cm_client_connection)
+	select {
+	case <-so.seen:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the server did not start")
+	}
+	cliStatus := perfMain(append(append([]string{}, common...), "-d", "127.0.0.2", "127.0.0.1"), &perfEnv{Stdout: &co, Stderr: &ce})
+	wg.Wait()
+	if se.Len() != 0 || ce.Len() != 0 {
+		t.Errorf("stderr: server %q client %q", se.String(), ce.String())
+	}
+	if srvStatus != 0 || cliStatus != 0 {
+		t.Errorf("%v: exit status server %d client %d\nserver:\n%s\nclient:\n%s", args, srvStatus, cliStatus, so.String(), co.String())
+	}
+	return so.String(), co.String()
+}
+
+// TestPerfCMPairs runs send and write bandwidth with -R softroce <-> softroce in this process:
+// the exchange over its rdma_cm QP (no TCP listener exists), the data QPs connected by
+// rdma_cm, both outputs checked as for the TCP exchange plus the rdma_cm banner lines.
+func TestPerfCMPairs(t *testing.T) {
+	for _, c := range []struct {
+		args       []string
+		sizes      []int
+		iters, qps int
+	}{
+		{[]string{"write", "-s", "3000", "-n", "200"}, []int{3000}, 200, 1},
+		{[]string{"write", "-s", "65536", "-n", "50", "-q", "2", "--report_gbits"}, []int{65536}, 50, 2},
+		{[]string{"send", "-s", "3000", "-n", "200"}, []int{3000}, 200, 1},
+		{[]string{"send", "-s", "64", "-n", "300", "-q", "2", "-r", "16"}, []int{64}, 300, 2},
+		{[]string{"send", "-a", "-n", "5"}, perfSizes(&perfConfig{All: true}), 5, 1},
+	} {
+		t.Run(strings.Join(c.args, "_"), func(t *testing.T) {
+			cfg, err := parsePerf(c.args, new(bytes.Buffer))
+			if err != nil {
+				t.Fatal(err)
+			}
+			so, co := perfCMPair(t, c.args...)
+			checkPerfPair(t, so, co, cfg.Test, c.sizes, c.iters, c.qps, cfg.Gbits)
+			for _, o := range []struct{ who, out string }{{"server", so}, {"client", co}} {
+				if !strings.Contains(o.out, " rdma_cm QPs\t : ON\n Data ex. method : rdma_cm") {
+					t.Errorf("%s: no rdma_cm banner lines", o.who)
+				}
+			}
+			if !strings.Contains(so, " Waiting for client rdma_cm QP to connect\n") || strings.Contains(co, "Waiting for client rdma_cm") {
+				t.Error("the server (only) invites the client's rdma_cm QP")
+			}
+			if t.Failed() {
+				t.Logf("server:\n%s\nclient:\n%s", so, co)
+			}
+		})
+	}
+}
+
+// TestPerfCMNoPeer: a -R client without a server gives up after its retries (each refused at
+// once by the peer's CM: no listener), and a -R server without a client within --timeout;
+// both exit 1.
+func TestPerfCMNoPeer(t *testing.T) {
+	port := strconv.Itoa(int(freeUDPPort(t)))
+	// a device on 127.0.0.1 with nobody listening: the client's REQs are rejected
+	var wg sync.WaitGroup
+	var srvStatus int
+	var so, se bytes.Buffer
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		// listens on -p 18000; the client asks for 18001
+		srvStatus = perfMain([]string{"write", "-R", "-d", "127.0.0.1", "-p", "18000", "--roce-port", port, "--timeout", "3s"},
+			&perfEnv{Stdout: &so, Stderr: &se})
+	}()
+	var out, errb bytes.Buffer
+	start := time.Now()
+	st := perfMain([]string{"write", "-R", "-d", "127.0.0.2", "-p", "18001", "--roce-port", port, "--timeout", "2s", "127.0.0.1"},
+		&perfEnv{Stdout: &out, Stderr: &errb})
+	if st != 1 || !strings.Contains(errb.String(), "Unable to perform rdma_client function") {
+		t.Errorf("client: status %d, stderr %q", st, errb.String())
+	}
+	if d := time.Since(start); d > 2*time.Second+time.Duration(perfCMRetries)*(perfCMRetryDelay+200*time.Millisecond) {
+		t.Errorf("client took %v", d)
+	}
+	wg.Wait()
+	if srvStatus != 1 || !strings.Contains(se.String(), "no client connected to rdma_cm port 18000") {
+		t.Errorf("server: status %d, stderr %q", srvStatus, se.String())
+	}
+}
