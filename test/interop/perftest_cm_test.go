@@ -1,0 +1,216 @@
+//go:build interop
+
+package interop
+
+// softroce perf -R (cmd/softroce perf_cm.go) against perftest 6.06's ib_send_bw -R and
+// ib_write_bw -R on kernel rxe, both directions: the exchange runs over an RC QP that
+// rdma_cm connects on port 18515 (no TCP at all) and the data QPs are connected by rdma_cm
+// too (kernel rdma_cm in the guest, pkg/rdmacm here).
+//
+// Each pairing checks both exit statuses, both outputs (address lines crossed, the result
+// table, the rdma_cm banner lines; for WRITE BW the server prints exactly the client's report,
+// which crossed the rdma_cm exchange), and the tap: every RoCE packet's ICRC verifies over its
+// real IP header (IBTA A17.3.3) and carries DF, CM MADs (UD SEND ONLY to QP 1, IBTA 12.6 /
+// 13.4) connect the exchange and each data QP (REQ, REP, RTU at least, IBTA 12.9), and the
+// client sent the test's messages (IBTA 9.2.1 opcodes) in the number asked.
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/softroce/softroce/internal/rocetest"
+	"github.com/softroce/softroce/pkg/bth"
+	"github.com/softroce/softroce/test/rxelab"
+)
+
+func init() {
+	var cases []pfCase
+	for _, size := range []int{64, 3000} {
+		for _, v := range []string{"write", "send"} {
+			cases = append(cases, pfCase{Verb: v, Size: size, Iters: 200})
+		}
+	}
+	cases = append(cases, pfCase{Verb: "write", Size: 3000, Iters: 100, QPs: 2}, pfCase{Verb: "send", Size: 3000, Iters: 100, QPs: 2})
+	for _, c := range cases {
+		c := c
+		name := "perftest-R-" + strings.TrimPrefix(c.name(), "perftest-")
+		pairings = append(pairings,
+			pairing{Name: name, Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { pfcmInterop(t, lab, c, true) }},
+			pairing{Name: name, Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { pfcmInterop(t, lab, c, false) }},
+		)
+	}
+}
+
+// pfcmInterop runs one -R pairing; client tells whether softroce is the client.
+func pfcmInterop(t *testing.T, lab *rxelab.Lab, c pfCase, client bool) {
+	bin := buildSoftroce(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	stopCapture := ppStartCapture(t, lab)
+
+	flags := "-R " + c.flags()
+	guestCmd := fmt.Sprintf("%s -d %s %s", c.tool(), rxelab.GuestDev, flags)
+	ourArgs := []string{"perf", c.Verb, "-d", rxelab.HostIP, "--timeout", "30s", "--run-timeout", "60s"}
+	ourArgs = append(ourArgs, strings.Fields(flags)...)
+	if client {
+		ourArgs = append(ourArgs, rxelab.GuestIP)
+	} else {
+		guestCmd += " " + rxelab.HostIP
+	}
+
+	ours := newLineWatch("Waiting for client to connect")
+	var ourErr bytes.Buffer
+	cmd := lab.NSCommand(ctx, bin, ourArgs...)
+	cmd.Stdout, cmd.Stderr = ours, &ourErr
+	var job *rxelab.Job
+	var err error
+	if client {
+		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+guestCmd, rxelab.ExecOptions{Timeout: 90 * time.Second}); err != nil {
+			t.Fatalf("guest: %v", err)
+		}
+		// perftest prints the waiting banner right before rdma_bind_addr/rdma_listen; our
+		// client retries a refused request 10 times 100 ms apart (as perftest's), far longer
+		// than that gap, but not as long as the guest tool takes to start
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			out, _ := job.Log()
+			if bytes.Contains(out, []byte("Waiting for client to connect")) {
+				break
+			}
+			if time.Now().After(deadline) {
+				_ = job.Kill()
+				t.Fatalf("guest %s never waited for a client:\n%s", c.tool(), out)
+			}
+			select {
+			case <-time.After(200 * time.Millisecond):
+			case <-ctx.Done():
+				t.Fatal(ctx.Err())
+			}
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		// our server listens before it prints the waiting banner
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-ours.seen:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatalf("softroce server never listened:\n%s%s", ours.String(), ourErr.String())
+		}
+		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+guestCmd, rxelab.ExecOptions{Timeout: 90 * time.Second}); err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatalf("guest: %v", err)
+		}
+	}
+	waited := false
+	defer func() {
+		if !waited {
+			_ = job.Kill()
+			out, st, _ := job.Wait(context.Background())
+			t.Logf("guest %s (killed) status %d:\n%s", guestCmd, st, out)
+		}
+	}()
+	ourStatus := 0
+	if err := cmd.Wait(); err != nil {
+		ourStatus = -1
+		if ee, ok := err.(*exec.ExitError); ok {
+			ourStatus = ee.ExitCode()
+		}
+	}
+	t.Logf("softroce %s (exit %d):\n%s%s", strings.Join(ourArgs, " "), ourStatus, ours.String(), ourErr.String())
+	guestOut, guestStatus, err := job.Wait(ctx)
+	waited = true
+	if err != nil {
+		t.Fatalf("guest job: %v", err)
+	}
+	t.Logf("guest %s (exit %d):\n%s", guestCmd, guestStatus, guestOut)
+	if ourStatus != 0 {
+		t.Errorf("softroce perf exit status %d, want 0", ourStatus)
+	}
+	if guestStatus != 0 {
+		t.Errorf("guest %s exit status %d, want 0", c.tool(), guestStatus)
+	}
+	if ourErr.Len() != 0 {
+		t.Errorf("softroce stderr: %q", ourErr.String())
+	}
+	for who, out := range map[string]string{"softroce": ours.String(), "rxe": string(guestOut)} {
+		if !strings.Contains(out, "rdma_cm QPs\t : ON") || !strings.Contains(out, "Data ex. method : rdma_cm") {
+			t.Errorf("%s: no rdma_cm banner lines", who)
+		}
+	}
+	pfCheckOutputs(t, c, client, ours.String(), string(guestOut))
+	wire, lost := stopCapture()
+	pfcmCheckWire(t, c, client, wire, lost)
+}
+
+// pfcmCheckWire: ICRC over the real headers and DF on every packet; CM MADs as UD SEND ONLY
+// to QP 1, at least REQ+REP+RTU per connection (the exchange and each data QP); everything
+// else RC, with the client's test messages (WRITE or SEND, counted at their last packet)
+// at least iters x QPs.
+func pfcmCheckWire(t *testing.T, c pfCase, client bool, wire []rocetest.IPv4UDP, lost bool) {
+	t.Helper()
+	requester := hostIP
+	if !client {
+		requester = guestIP
+	}
+	bad, mads, msgs := 0, 0, 0
+	kinds := map[string]int{}
+	want := map[string]bth.OpKind{"write": bth.KindWrite, "send": bth.KindSend}[c.Verb]
+	for _, d := range wire {
+		icrc, err := bth.ICRCFromIP(d.IP)
+		if err != nil {
+			t.Errorf("ICRCFromIP: %v", err)
+			continue
+		}
+		if got := bth.GetICRC(d.Payload); got != icrc {
+			if bad++; bad <= 5 {
+				t.Errorf("captured %v -> %v id %d: ICRC %#08x, computed over the real header %#08x", d.Src, d.Dst, d.ID, got, icrc)
+			}
+		}
+		if !d.DF {
+			t.Errorf("%v -> %v id %d without DF", d.Src, d.Dst, d.ID)
+		}
+		p, err := bth.Parse(d.Payload)
+		if err != nil {
+			t.Errorf("captured %v -> %v: %v", d.Src, d.Dst, err)
+			continue
+		}
+		kinds[p.BTH.Opcode().String()]++
+		switch p.Info.Transport {
+		case bth.TransportUD:
+			if p.BTH.DestQP() != 1 || p.Info.Kind != bth.KindSend {
+				t.Errorf("%v -> %v: UD %v to QP %d (only CM MADs to QP 1 expected)", d.Src, d.Dst, p.BTH.Opcode(), p.BTH.DestQP())
+			}
+			mads++
+		case bth.TransportRC:
+			if d.Src == requester && p.Info.Kind == want && p.Info.Last {
+				msgs++
+			}
+		default:
+			t.Errorf("%v -> %v: %v on an RC test", d.Src, d.Dst, p.BTH.Opcode())
+		}
+	}
+	minMsgs, minMADs := c.Iters*c.qps(), 3*(1+c.qps())
+	if lost {
+		minMsgs, minMADs = 1, 1
+		t.Logf("tcpdump dropped packets: counts not checked")
+	}
+	if mads < minMADs {
+		t.Errorf("%d CM MADs on the wire, want >= %d", mads, minMADs)
+	}
+	if msgs < minMsgs {
+		t.Errorf("the client (%v) sent %d %s messages, want >= %d", requester, msgs, c.Verb, minMsgs)
+	}
+	t.Logf("wire: %d RoCE packets %v; %d CM MADs, %d %s messages from the client; %d bad ICRCs", len(wire), kinds, mads, msgs, c.Verb, bad)
+}
