@@ -830,11 +830,13 @@ func perfRunCM(c *perfConfig, env *perfEnv) (err error) {
 	if err := all(); err != nil {
 		return err
 	}
+	// ctx_print_pingpong_data looks at the exchange's verb, which create_comm_struct sets to
+	// SEND with rdma_cm: no RKey/VAddr in the address lines, whatever the test
 	for _, d := range r.mine {
-		fmt.Fprint(out, perftest.AddressLine(c.Test, perftest.Local, d, true))
+		fmt.Fprint(out, perftest.AddressLine(perftest.SendBW, perftest.Local, d, true))
 	}
 	for _, d := range r.rem {
-		fmt.Fprint(out, perftest.AddressLine(c.Test, perftest.Remote, d, true))
+		fmt.Fprint(out, perftest.AddressLine(perftest.SendBW, perftest.Remote, d, true))
 	}
 	fmt.Fprint(out, perftest.ResultLine)
 	if c.Verb == "send" && role == perftest.Server {

@@ -178,3 +178,14 @@ func TestPerfCMNoPeer(t *testing.T) {
 		t.Errorf("server: status %d, stderr %q", srvStatus, se.String())
 	}
 }
+
+// TestPerfCMAddressLines: with -R perftest prints the address lines of its SEND exchange
+// (create_comm_struct sets the exchange's verb to SEND): no RKey and VAddr, even for WRITE.
+func TestPerfCMAddressLines(t *testing.T) {
+	so, co := perfCMPair(t, "write", "-s", "64", "-n", "20")
+	for _, out := range []string{so, co} {
+		if n := strings.Count(out, " address: LID 0000 QPN "); n != 2 || strings.Contains(out, "RKey") || strings.Contains(out, "VAddr") {
+			t.Errorf("address lines with RKey/VAddr or not 2:\n%s", out)
+		}
+	}
+}
