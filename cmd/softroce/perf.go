@@ -180,7 +180,7 @@ func parsePerf(args []string, stderr io.Writer) (*perfConfig, error) {
 	both("D", "duration", func(n string) { fs.IntVar(&dur, n, 0, "run for `seconds` (not supported)") })
 	both("b", "bidirectional", func(n string) { fs.BoolVar(&bidir, n, false, "bidirectional (not supported)") })
 	both("R", "rdma_cm", func(n string) {
-		fs.BoolVar(&c.RDMACM, n, false, "connect the QPs and run the exchange over rdma_cm (send and write BW; server: needs -d)")
+		fs.BoolVar(&c.RDMACM, n, false, "connect the QPs and run the exchange over rdma_cm (BW tests; server: needs -d)")
 	})
 	both("c", "connection", func(n string) { fs.StringVar(&conn, n, "RC", "connection `type` (RC only)") })
 	fs.BoolVar(&c.BusyPoll, "busy-poll", false, "softroce: poll completions in a loop (yielding) before sleeping on the CQ, as perftest does")
@@ -212,8 +212,8 @@ func parsePerf(args []string, stderr io.Writer) (*perfConfig, error) {
 		return nil, fmt.Errorf("-D (duration mode) is %w: use -n", errPerfUnsupported)
 	case bidir:
 		return nil, fmt.Errorf("-b (bidirectional) is %w", errPerfUnsupported)
-	case c.RDMACM && (c.Lat || (c.Verb != "send" && c.Verb != "write")):
-		return nil, fmt.Errorf("-R with %s %s is %w: send and write bandwidth only", c.Verb, map[bool]string{true: "latency", false: "bandwidth"}[c.Lat], errPerfUnsupported)
+	case c.RDMACM && c.Lat:
+		return nil, fmt.Errorf("-R with the latency tests is %w: bandwidth only", errPerfUnsupported)
 	case c.RDMACM && c.Loopback:
 		return nil, fmt.Errorf("%w: -R and --loopback exclude each other", errPerfUsage)
 	case c.RDMACM && len(positional) == 0 && !c.Dev.IsSet():

@@ -18,7 +18,9 @@ package main
 //     only carry the buffer address and rkey (ctx_connect is skipped);
 //   - no "done" at the end: ctx_close_connection is one key round.
 //
-// Only the bandwidth tests of SEND and RDMA WRITE are supported with -R.
+// Only the bandwidth tests are supported with -R (write_bw.c, read_bw.c and atomic_bw.c run
+// the same rounds; READ and atomic connections announce -o as responder resources and
+// initiator depth).
 
 import (
 	"context"
@@ -728,6 +730,9 @@ func perfRunCM(c *perfConfig, env *perfEnv) (err error) {
 	if mtu == 0 {
 		mtu = ld.MTU
 	}
+	if c.Verb == "read" || c.Verb == "atomic" {
+		fmt.Fprint(out, perftest.ResultLine) // ctx_set_max_inline's separator
+	}
 	comm, err := newPerfCMComm(c, ld.Dev, role, ld.GIDIndex)
 	defer func() { err = errors.Join(err, comm.close()) }()
 	if err != nil {
@@ -796,7 +801,8 @@ func perfRunCM(c *perfConfig, env *perfEnv) (err error) {
 	r.cycle = int(sd.CycleBuffer)
 	banner := perftest.Banner{Test: c.Test, Role: role, Device: ld.Dev.Name(), QPs: c.QPs,
 		Transport: "IB", Connection: "RC", LinkType: "Ethernet", PCIeRelaxOrder: "ON", TXDepth: c.TxDepth,
-		RXDepth: c.RxDepth, CQModeration: c.CQMod, MTU: agreed, GIDIndex: ld.GIDIndex, InlineSize: c.Inline}
+		RXDepth: c.RxDepth, CQModeration: c.CQMod, MTU: agreed, GIDIndex: ld.GIDIndex, InlineSize: c.Inline,
+		Atomic: c.Atomic, OutReads: int(r.mine[0].OutReads)}
 	fmt.Fprint(out, perfCMBanner(banner.String(), role))
 	fmt.Fprint(out, perftest.ResultLine)
 

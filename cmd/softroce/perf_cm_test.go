@@ -53,10 +53,10 @@ func TestPerfCMRecord(t *testing.T) {
 	}
 }
 
-// TestPerfCMFlags: -R is accepted for send and write bandwidth and refused elsewhere; a -R
+// TestPerfCMFlags: -R is accepted for the bandwidth tests and refused for latency; a -R
 // server needs -d.
 func TestPerfCMFlags(t *testing.T) {
-	for _, ok := range [][]string{{"write", "-R", "-d", "127.0.0.1"}, {"send", "--rdma_cm", "-d", "127.0.0.1"}, {"send", "-R", "10.0.0.1"}} {
+	for _, ok := range [][]string{{"write", "-R", "-d", "127.0.0.1"}, {"read", "-R", "-d", "127.0.0.1"}, {"atomic", "-R", "10.0.0.1"}, {"send", "--rdma_cm", "-d", "127.0.0.1"}, {"send", "-R", "10.0.0.1"}} {
 		c, err := parsePerf(ok, new(bytes.Buffer))
 		if err != nil || !c.RDMACM {
 			t.Errorf("%v: %v", ok, err)
@@ -66,7 +66,6 @@ func TestPerfCMFlags(t *testing.T) {
 		args []string
 		want error
 	}{
-		{[]string{"read", "-R", "-d", "127.0.0.1"}, errPerfUnsupported},
 		{[]string{"write", "--lat", "-R", "-d", "127.0.0.1"}, errPerfUnsupported},
 		{[]string{"write", "-R"}, errPerfUsage},
 		{[]string{"write", "-R", "--loopback"}, errPerfUsage},
@@ -124,6 +123,10 @@ func TestPerfCMPairs(t *testing.T) {
 		{[]string{"send", "-s", "3000", "-n", "200"}, []int{3000}, 200, 1},
 		{[]string{"send", "-s", "64", "-n", "300", "-q", "2", "-r", "16"}, []int{64}, 300, 2},
 		{[]string{"send", "-a", "-n", "5"}, perfSizes(&perfConfig{All: true}), 5, 1},
+		{[]string{"read", "-s", "3000", "-n", "200"}, []int{3000}, 200, 1},
+		{[]string{"read", "-s", "3000", "-n", "100", "-q", "2", "-o", "4"}, []int{3000}, 100, 2},
+		{[]string{"atomic", "-n", "200"}, []int{8}, 200, 1},
+		{[]string{"atomic", "-n", "200", "-A", "CMP_AND_SWAP"}, []int{8}, 200, 1},
 	} {
 		t.Run(strings.Join(c.args, "_"), func(t *testing.T) {
 			cfg, err := parsePerf(c.args, new(bytes.Buffer))

@@ -2,8 +2,8 @@
 
 package interop
 
-// softroce perf -R (cmd/softroce perf_cm.go) against perftest 6.06's ib_send_bw -R and
-// ib_write_bw -R on kernel rxe, both directions: the exchange runs over an RC QP that
+// softroce perf -R (cmd/softroce perf_cm.go) against perftest 6.06's ib_send_bw -R,
+// ib_write_bw -R, ib_read_bw -R and ib_atomic_bw -R on kernel rxe, both directions: the exchange runs over an RC QP that
 // rdma_cm connects on port 18515 (no TCP at all) and the data QPs are connected by rdma_cm
 // too (kernel rdma_cm in the guest, pkg/rdmacm here).
 //
@@ -12,7 +12,8 @@ package interop
 // which crossed the rdma_cm exchange), and the tap: every RoCE packet's ICRC verifies over its
 // real IP header (IBTA A17.3.3) and carries DF, CM MADs (UD SEND ONLY to QP 1, IBTA 12.6 /
 // 13.4) connect the exchange and each data QP (REQ, REP, RTU at least, IBTA 12.9), and the
-// client sent the test's messages (IBTA 9.2.1 opcodes) in the number asked.
+// client sent the test's messages (IBTA 9.2.1 opcodes: WRITE and SEND counted at their last
+// packet, READ requests, atomics) in the number asked.
 
 import (
 	"bytes"
@@ -35,7 +36,8 @@ func init() {
 			cases = append(cases, pfCase{Verb: v, Size: size, Iters: 200})
 		}
 	}
-	cases = append(cases, pfCase{Verb: "write", Size: 3000, Iters: 100, QPs: 2}, pfCase{Verb: "send", Size: 3000, Iters: 100, QPs: 2})
+	cases = append(cases, pfCase{Verb: "write", Size: 3000, Iters: 100, QPs: 2}, pfCase{Verb: "send", Size: 3000, Iters: 100, QPs: 2},
+		pfCase{Verb: "read", Size: 3000, Iters: 200}, pfCase{Verb: "atomic", Iters: 200, Atomic: "FETCH_AND_ADD"})
 	for _, c := range cases {
 		c := c
 		name := "perftest-R-" + strings.TrimPrefix(c.name(), "perftest-")
@@ -166,7 +168,10 @@ func pfcmCheckWire(t *testing.T, c pfCase, client bool, wire []rocetest.IPv4UDP,
 	}
 	bad, mads, msgs := 0, 0, 0
 	kinds := map[string]int{}
-	want := map[string]bth.OpKind{"write": bth.KindWrite, "send": bth.KindSend}[c.Verb]
+	want := map[string]bth.OpKind{"write": bth.KindWrite, "send": bth.KindSend, "read": bth.KindReadReq, "atomic": bth.KindFetchAdd}[c.Verb]
+	if c.Atomic == "CMP_AND_SWAP" {
+		want = bth.KindCmpSwap
+	}
 	for _, d := range wire {
 		icrc, err := bth.ICRCFromIP(d.IP)
 		if err != nil {
@@ -194,7 +199,7 @@ func pfcmCheckWire(t *testing.T, c pfCase, client bool, wire []rocetest.IPv4UDP,
 			}
 			mads++
 		case bth.TransportRC:
-			if d.Src == requester && p.Info.Kind == want && p.Info.Last {
+			if d.Src == requester && p.Info.Kind == want && (p.Info.Last || c.Verb == "read" || c.Verb == "atomic") {
 				msgs++
 			}
 		default:
