@@ -3,7 +3,8 @@
 // GSO messages of 4 KiB segments (a 12-byte BTH, the payload copied from a "registered" buffer,
 // the ICRC of IBTA A17.3.3 computed per segment) and hands each to one sendmsg with UDP_SEGMENT;
 // the receiver reads with UDP_GRO (recvmmsg of 8 x 64 KiB), splits by the segment size, checks
-// every ICRC and copies the payload into a 64 MiB destination (pages faulted in first). It prints the payload rate the
+// every ICRC and copies the payload into a destination (-buf bytes, cycled through; pages faulted
+// in first). It prints the payload rate the
 // receiver verified and placed, in Gbit/s, and the loss.
 //
 // It uses raw x/sys/unix syscalls (no pkg/roce code but pkg/bth's ICRC), so it bounds what any
@@ -34,6 +35,7 @@ func main() {
 	seg := flag.Int("seg", 4096, "payload bytes per segment (RoCE MTU)")
 	port := flag.Int("port", 34791, "UDP port")
 	noWork := flag.Bool("nowork", false, "skip the RoCE work (payload copy, ICRC): the bare socket ceiling")
+	bufSize := flag.Int("buf", 64<<20, "bytes of the source (registered) and destination buffers the payload is copied from and into, cycled through (perftest's write_bw uses one message-sized buffer: -buf 65536)")
 	windows := flag.String("window", "8,16,32", "GSO messages in flight, comma-separated: each is measured for -t and the best is the ceiling (flow control: the sender waits for the receiver; 0 = blast)")
 	flag.Parse()
 	best, bestLine := -1.0, ""
@@ -43,7 +45,7 @@ func main() {
 			fmt.Fprintln(os.Stderr, "ceiling: bad -window", w)
 			os.Exit(2)
 		}
-		g, line, err := run(*dur, *seg, *port, !*noWork, n)
+		g, line, err := run(*dur, *seg, *port, !*noWork, n, max(*bufSize, *seg))
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "ceiling:", err)
 			os.Exit(1)
@@ -81,7 +83,7 @@ func udpSocket(a netip.AddrPort, gro bool) (int, error) {
 	return fd, nil
 }
 
-func run(dur time.Duration, seg, port int, work bool, window int) (float64, string, error) {
+func run(dur time.Duration, seg, port int, work bool, window, bufSize int) (float64, string, error) {
 	src := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port))
 	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), uint16(port))
 	sfd, err := udpSocket(src, false)
@@ -115,7 +117,7 @@ func run(dur time.Duration, seg, port int, work bool, window int) (float64, stri
 	go func() { // sender
 		defer wg.Done()
 		runtime.LockOSThread()
-		mrBuf := make([]byte, 64<<20)
+		mrBuf := make([]byte, bufSize)
 		for i := range mrBuf {
 			mrBuf[i] = byte(i * 7)
 		}
@@ -182,7 +184,7 @@ func run(dur time.Duration, seg, port int, work bool, window int) (float64, stri
 		defer wg.Done()
 		runtime.LockOSThread()
 		const batch = 8
-		dest := make([]byte, 64<<20)
+		dest := make([]byte, bufSize)
 		for i := 0; i < len(dest); i += 4096 {
 			dest[i] = 1 // fault the pages in before measuring
 		}
@@ -262,8 +264,8 @@ func run(dur time.Duration, seg, port int, work bool, window int) (float64, stri
 	if s1 > s0 {
 		loss = 100 * (1 - float64(r1-r0)/float64(s1-s0))
 	}
-	line := fmt.Sprintf("ceiling: %d-byte segments, %d per GSO message, %d in flight, RoCE work %v: %.2f Gbit/s payload received (%.2f Mpkt/s), loss %.1f%%, bad ICRC %d",
-		seg, nseg, window, work, gbps, float64(r1-r0)/el.Seconds()/1e6, loss, badSegs.Load())
+	line := fmt.Sprintf("ceiling: %d-byte segments, %d per GSO message, %d in flight, %d-byte buffers, RoCE work %v: %.2f Gbit/s payload received (%.2f Mpkt/s), loss %.1f%%, bad ICRC %d",
+		seg, nseg, window, bufSize, work, gbps, float64(r1-r0)/el.Seconds()/1e6, loss, badSegs.Load())
 	return gbps, line, nil
 }
 
