@@ -240,7 +240,7 @@ func TestProcesses(t *testing.T) {
 			t.Fatal(err)
 		}
 		if got.Clients == base.Clients && got.QPs == 0 && got.MRs == 0 && got.CQs == 0 && got.PDs == 0 &&
-			got.MappedBytes == 0 && got.FDs == base.FDs && got.Goroutines == base.Goroutines {
+			got.MappedBytes == base.MappedBytes && got.FDs == base.FDs && got.Goroutines == base.Goroutines {
 			break
 		}
 		if time.Now().After(deadline) {

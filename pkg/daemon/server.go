@@ -52,6 +52,7 @@ type Server struct {
 	// live object counts over all sessions (Debug, metrics)
 	nPD, nMR, nCQ, nSRQ, nQP atomic.Int64
 	mapped                   atomic.Int64
+	ringPosts, socketPosts   atomic.Uint64
 }
 
 // New creates a server for o.Device.
@@ -202,6 +203,7 @@ func (s *Server) Debug() proto.Debug {
 	d.PDs, d.MRs, d.CQs = int(s.nPD.Load()), int(s.nMR.Load()), int(s.nCQ.Load())
 	d.SRQs, d.QPs = int(s.nSRQ.Load()), int(s.nQP.Load())
 	d.MappedBytes = s.mapped.Load()
+	d.RingPosts, d.SocketPosts = s.ringPosts.Load(), s.socketPosts.Load()
 	d.FDs = countFDs()
 	d.Goroutines = runtime.NumGoroutine()
 	return d

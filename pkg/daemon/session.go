@@ -30,6 +30,12 @@ type session struct {
 	next proto.Handle
 	objs map[proto.Handle]any
 
+	// postMu serializes request handling with the post ring's drainer
+	// (decoders, object use); every request first drains the ring, so
+	// posts keep the order the client made them in.
+	postMu sync.Mutex
+	ring   *postRing
+
 	rbuf, wbuf, oob []byte
 	sdec            proto.SendDecoder
 	rdec            proto.RecvDecoder
@@ -75,7 +81,9 @@ func (ss *session) run() {
 	log := ss.s.log.With("client", ss.id, "pid", ss.pid)
 	log.Info("client connected", "uid", ss.uid)
 	defer func() {
-		if closing, by := ss.s.shuttingDown(); closing {
+		closing, by := ss.s.shuttingDown()
+		ss.stopRing(closing)
+		if closing {
 			ss.flush()
 			ss.waitDrained(by)
 		}
@@ -118,10 +126,17 @@ func (ss *session) run() {
 // handle serves one request, leaving the response in wbuf; it takes the
 // fds it keeps out of *fds and returns the fds to send (SCM_RIGHTS).
 func (ss *session) handle(b []byte, fds *[]int) (rights []byte) {
+	ss.postMu.Lock()
+	defer ss.postMu.Unlock()
+	ss.drainLocked()
 	op := proto.Op(b[0])
 	body := b[1:]
 	var out any
 	var err error
+	switch op {
+	case proto.OpPostSend, proto.OpPostRecv, proto.OpPostSRQRecv, proto.OpPostSendAsync, proto.OpPostRecvAsync:
+		ss.s.socketPosts.Add(1)
+	}
 	switch op {
 	case proto.OpPostSend:
 		ss.postSend(b)
@@ -182,6 +197,12 @@ func (ss *session) handle(b []byte, fds *[]int) (rights []byte) {
 			if err == nil {
 				rights = proto.Rights(fdsOut...)
 			}
+		}
+	case proto.OpOpenPostRing:
+		var fdsOut []int
+		out, fdsOut, err = ss.openPostRing()
+		if err == nil {
+			rights = proto.Rights(fdsOut...)
 		}
 	case proto.OpDestroyCQ:
 		err = withReq(body, func(r proto.HandleReq) error { return ss.destroyCQ(r.H) })
@@ -647,6 +668,7 @@ func (ss *session) cleanup() {
 	if ss.conn != nil {
 		ss.conn.Close()
 	}
+	ss.stopRing(false)
 	qps, cqs, srqs, mrs, pds := ss.snapshot()
 	for _, o := range qps {
 		_ = o.q.Modify(&qp.Attr{State: qp.StateErr}, qp.AttrState)

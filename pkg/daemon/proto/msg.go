@@ -21,7 +21,7 @@ import (
 )
 
 // Version is the protocol version exchanged in Hello.
-const Version = 1
+const Version = 2
 
 // MaxMsg is the largest message either side sends or accepts.
 const MaxMsg = 256 << 10
@@ -58,6 +58,9 @@ const (
 	// completes it and every later WR of the request with LOC_QP_OP_ERR.
 	OpPostSendAsync
 	OpPostRecvAsync
+	// OpOpenPostRing creates the connection's post ring (postring.go);
+	// response PostRingResp + 2 fds: the ring memfd and the doorbell eventfd.
+	OpOpenPostRing
 	opMax
 )
 
@@ -114,6 +117,11 @@ type CreateCQResp struct {
 	Bytes    int // memfd size
 }
 
+// PostRingResp describes the post ring passed with the OpOpenPostRing response.
+type PostRingResp struct {
+	Bytes int // memfd size (PostRingBytes)
+}
+
 // CreateSRQReq is ibv_create_srq.
 type CreateSRQReq struct{ MaxWR, MaxSGE, Limit int }
 
@@ -162,9 +170,12 @@ type CreateAHReq struct {
 // counts over all clients, and the process's open fds and goroutines.
 type Debug struct {
 	Clients, PDs, MRs, CQs, SRQs, QPs int
-	MappedBytes                       int64 // client memory mapped for MRs + completion rings
+	MappedBytes                       int64 // client memory mapped for MRs, completion rings and post rings
 	FDs                               int   // open file descriptors of the daemon process
 	Goroutines                        int
+	// RingPosts counts post messages drained from post rings, SocketPosts
+	// post messages read from sockets (both since the daemon started).
+	RingPosts, SocketPosts uint64
 	// Mine counts this client's own objects.
 	Mine struct{ PDs, MRs, CQs, SRQs, QPs int }
 }

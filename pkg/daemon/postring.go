@@ -1,0 +1,141 @@
+package daemon
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/softroce/softroce/pkg/daemon/proto"
+)
+
+// postRing is a session's post ring (proto.PostRing): the client writes its
+// asynchronous posts into shared memory and rings the doorbell eventfd only
+// when the drainer sleeps; the drainer goroutine validates and posts each
+// record exactly as it would the same message from the socket.
+type postRing struct {
+	r      *proto.PostRing
+	mem    []byte
+	bell   *os.File // the daemon's copy of the doorbell eventfd
+	buf    []byte   // private copy of the record being decoded
+	broken bool
+	done   chan struct{}
+}
+
+// openPostRing creates the ring memfd and the doorbell (OpOpenPostRing);
+// the returned fds (memfd, doorbell) go to the client and are closed after
+// sending. Called with postMu held.
+func (ss *session) openPostRing() (proto.PostRingResp, []int, error) {
+	if ss.ring != nil {
+		return proto.PostRingResp{}, nil, fmt.Errorf("%w: post ring already open", proto.ErrProtocol)
+	}
+	memfd, mem, err := proto.NewMemfd("softroce-post", proto.PostRingBytes)
+	if err != nil {
+		return proto.PostRingResp{}, nil, err
+	}
+	r, _ := proto.NewPostRing(mem, false)
+	bell, err := proto.NewEventFD()
+	if err != nil {
+		proto.CloseFD(memfd)
+		proto.Unmap(mem)
+		return proto.PostRingResp{}, nil, err
+	}
+	fdsOut, err := dupAll(memfd, bell)
+	proto.CloseFD(memfd)
+	if err != nil {
+		proto.CloseFD(bell)
+		proto.Unmap(mem)
+		return proto.PostRingResp{}, nil, err
+	}
+	pr := &postRing{r: r, mem: mem, bell: proto.EventFile(bell, "softroce-post-bell"), done: make(chan struct{})}
+	ss.ring = pr
+	ss.s.mapped.Add(int64(len(mem)))
+	go ss.drainLoop(pr)
+	return proto.PostRingResp{Bytes: len(mem)}, fdsOut, nil
+}
+
+// drainLoop drains the ring whenever the doorbell rings. While it drains,
+// the ring's awake flag tells the client not to ring; before sleeping it
+// clears the flag and looks once more (proto.PostRing's doorbell rule).
+// A corrupt ring disconnects the client.
+func (ss *session) drainLoop(pr *postRing) {
+	defer close(pr.done)
+	var b [8]byte
+	for {
+		ss.postMu.Lock()
+		pr.r.SetAwake(1)
+		err := ss.drainLocked()
+		for err == nil {
+			pr.r.SetAwake(0)
+			if !pr.r.Pending() {
+				break
+			}
+			pr.r.SetAwake(1)
+			err = ss.drainLocked()
+		}
+		ss.postMu.Unlock()
+		if err != nil {
+			return
+		}
+		if _, err := pr.bell.Read(b[:]); err != nil {
+			return // stopRing closed the doorbell
+		}
+	}
+}
+
+// drainLocked posts every record in the ring, in order (postMu held). Each
+// record is one asynchronous post message, checked as on the socket
+// (handle of this client, WR encoding, then the engine's own checks: PD of
+// every lkey, sizes, queue room). Anything else marks the ring broken and
+// closes the connection (the session's cleanup follows).
+func (ss *session) drainLocked() error {
+	pr := ss.ring
+	if pr == nil {
+		return nil
+	}
+	if pr.broken {
+		return proto.ErrRingCorrupt
+	}
+	for {
+		msg, err := pr.r.Next(&pr.buf)
+		if err == nil && msg == nil {
+			return nil
+		}
+		if err == nil {
+			ss.s.ringPosts.Add(1)
+			switch proto.Op(msg[0]) {
+			case proto.OpPostSendAsync:
+				ss.postSendAsync(msg)
+				continue
+			case proto.OpPostRecvAsync:
+				ss.postRecvAsync(msg)
+				continue
+			}
+			err = fmt.Errorf("%w: op %d in the post ring", proto.ErrRingCorrupt, msg[0])
+		}
+		pr.broken = true
+		ss.s.log.Warn("post ring: disconnecting client", "client", ss.id, "err", err)
+		if ss.conn != nil {
+			ss.conn.Close()
+		}
+		return err
+	}
+}
+
+// stopRing stops the drainer (closing the doorbell ends its wait), drains
+// what the client published last (so asynchronous posts sent before a
+// shutdown reach the engine) and unmaps the ring. postMu must not be held.
+func (ss *session) stopRing(drain bool) {
+	pr := ss.ring
+	if pr == nil {
+		return
+	}
+	pr.bell.Close()
+	<-pr.done
+	ss.postMu.Lock()
+	if drain {
+		ss.drainLocked()
+	}
+	ss.ring = nil
+	ss.postMu.Unlock()
+	proto.Unmap(pr.mem)
+	ss.s.mapped.Add(-int64(len(pr.mem)))
+}

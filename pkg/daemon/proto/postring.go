@@ -1,0 +1,169 @@
+package proto
+
+import (
+	"errors"
+	"sync/atomic"
+	"unsafe"
+)
+
+// Post ring: the client's send and receive work requests travel to the
+// daemon through a byte ring in a memfd the daemon creates (sealed) and both
+// map, one per connection, with an eventfd doorbell. Layout (little endian):
+//
+//	0    tail   uint64  bytes produced (client writes)
+//	64   head   uint64  bytes consumed (daemon writes)
+//	128  awake  uint32  daemon: 1 = draining (no doorbell needed), 0 = asleep
+//	256  data, PostRingBytes - 256 bytes (a power of two), records 8-byte aligned
+//
+// A record is [len u32][kind u32] then len bytes, padded to 8: kind
+// RecordPost carries one asynchronous post message exactly as on the socket
+// ([OpPostSendAsync|OpPostRecvAsync][h u32][n u32][WRs], msg.go); kind
+// RecordPad fills the rest of the ring before a wrap (a record never wraps).
+//
+// Doorbell: the client publishes the tail, then reads awake and writes the
+// eventfd only if it is 0. The daemon clears awake, then re-reads the tail
+// before it sleeps. Both are sequentially consistent atomics, so one side
+// always sees the other's store: no post is left unnoticed, and a client
+// posting while the daemon drains makes no system call.
+//
+// The daemon trusts nothing in the ring: a tail running ahead by more than
+// the capacity or unaligned, a record length out of bounds, an unknown
+// kind, all stop the ring (ErrRingCorrupt; the daemon disconnects that
+// client). It copies each record out of shared memory before decoding it,
+// so a client rewriting a record meanwhile changes nothing the daemon
+// checked. The client never trusts the head beyond its own ring (a head
+// ahead of the tail reads as a full ring).
+const (
+	postTail       = 0
+	postHead       = 64
+	postAwake      = 128
+	PostRingHeader = 256
+	// PostRingData is the data capacity of a connection's post ring.
+	PostRingData = 256 << 10
+	// PostRingBytes is the memfd size of a post ring.
+	PostRingBytes = PostRingHeader + PostRingData
+	// MaxPostRecord is the largest post message the ring carries; larger
+	// posts go over the socket.
+	MaxPostRecord = PostRingData / 4
+
+	recHdr = 8
+	// RecordPost is a record holding one post message.
+	RecordPost = 1
+	// RecordPad is a record filling the ring up to its end.
+	RecordPad = 2
+)
+
+// ErrRingCorrupt: the client-written part of a post ring is inconsistent.
+var ErrRingCorrupt = errors.New("softroce daemon: post ring corrupt")
+
+// PostRing is a view of a post ring in mapped memory. The producer
+// (client) and consumer (daemon) each use their own view; neither side's
+// methods are safe for concurrent use on that side.
+type PostRing struct {
+	mem  []byte
+	data []byte
+	mask uint64
+	pos  uint64 // producer: tail; consumer: head (each side's own copy)
+}
+
+// NewPostRing views mem (at least PostRingBytes) as a post ring. A
+// producer view starts at the published tail, a consumer at the head (both
+// 0 in a new ring); an unaligned counter is refused.
+func NewPostRing(mem []byte, producer bool) (*PostRing, bool) {
+	if len(mem) < PostRingBytes {
+		return nil, false
+	}
+	r := &PostRing{mem: mem, data: mem[PostRingHeader:PostRingBytes:PostRingBytes], mask: PostRingData - 1}
+	if producer {
+		r.pos = atomic.LoadUint64(r.u64(postTail))
+	} else {
+		r.pos = atomic.LoadUint64(r.u64(postHead))
+	}
+	if r.pos%recHdr != 0 {
+		return nil, false
+	}
+	return r, true
+}
+
+func (r *PostRing) u64(off int) *uint64 { return (*uint64)(unsafe.Pointer(&r.mem[off])) }
+func (r *PostRing) u32(off int) *uint32 { return (*uint32)(unsafe.Pointer(&r.mem[off])) }
+
+func align8(n int) int { return (n + 7) &^ 7 }
+
+// Write appends one post message and publishes it (producer). It reports
+// false, writing nothing, if the message is larger than MaxPostRecord or
+// the ring lacks room. ring tells whether the caller must ring the
+// doorbell (the daemon is asleep).
+func (r *PostRing) Write(msg []byte) (ok, ring bool) {
+	if len(msg) == 0 || len(msg) > MaxPostRecord {
+		return false, false
+	}
+	need := uint64(recHdr + align8(len(msg)))
+	used := r.pos - atomic.LoadUint64(r.u64(postHead))
+	if used > PostRingData {
+		return false, false // a head beyond the tail: treat as full
+	}
+	free := PostRingData - used
+	off := r.pos & r.mask
+	pad := uint64(0)
+	if PostRingData-off < need {
+		pad = PostRingData - off
+	}
+	if free < pad+need {
+		return false, false
+	}
+	if pad > 0 {
+		le.PutUint32(r.data[off:], uint32(pad-recHdr))
+		le.PutUint32(r.data[off+4:], RecordPad)
+		r.pos += pad
+		off = 0
+	}
+	le.PutUint32(r.data[off:], uint32(len(msg)))
+	le.PutUint32(r.data[off+4:], RecordPost)
+	copy(r.data[off+recHdr:], msg)
+	r.pos += need
+	atomic.StoreUint64(r.u64(postTail), r.pos)
+	return true, atomic.LoadUint32(r.u32(postAwake)) == 0
+}
+
+// Pending reports whether records wait (consumer).
+func (r *PostRing) Pending() bool { return atomic.LoadUint64(r.u64(postTail)) != r.pos }
+
+// SetAwake publishes whether the consumer is draining (1) or about to sleep (0).
+func (r *PostRing) SetAwake(v uint32) { atomic.StoreUint32(r.u32(postAwake), v) }
+
+// Next copies the next post message into buf (grown if needed, reused
+// otherwise) and consumes it (consumer). It returns nil, nil when the ring
+// is empty, ErrRingCorrupt when the client-written data is inconsistent.
+func (r *PostRing) Next(buf *[]byte) ([]byte, error) {
+	for {
+		tail := atomic.LoadUint64(r.u64(postTail))
+		avail := tail - r.pos
+		if avail == 0 {
+			return nil, nil
+		}
+		if avail > PostRingData || avail%recHdr != 0 {
+			return nil, ErrRingCorrupt
+		}
+		off := r.pos & r.mask
+		n := uint64(le.Uint32(r.data[off:]))
+		kind := le.Uint32(r.data[off+4:])
+		need := recHdr + uint64(align8(int(n)))
+		switch {
+		case kind == RecordPad && off+need == PostRingData && need <= avail:
+			r.pos += need
+			atomic.StoreUint64(r.u64(postHead), r.pos)
+			continue
+		case kind != RecordPost || n == 0 || n > MaxPostRecord || off+need > PostRingData || need > avail:
+			return nil, ErrRingCorrupt
+		}
+		if uint64(cap(*buf)) < n {
+			*buf = make([]byte, MaxPostRecord)
+		}
+		msg := (*buf)[:n]
+		copy(msg, r.data[off+recHdr:off+recHdr+n])
+		r.pos += need
+		atomic.StoreUint64(r.u64(postHead), r.pos)
+		return msg, nil
+	}
+}
