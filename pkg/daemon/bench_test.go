@@ -8,7 +8,6 @@ import (
 	"github.com/softroce/softroce/pkg/cq"
 	"github.com/softroce/softroce/pkg/qp"
 	"github.com/softroce/softroce/pkg/roce"
-	"github.com/softroce/softroce/pkg/roce/link"
 )
 
 // loopbackPair returns two loopback addresses unique to this process and an index.
@@ -112,15 +111,9 @@ func benchWrite(b *testing.B, size, depth, pairBase int) {
 	})
 	b.Run("daemon", func(b *testing.B) {
 		ipA, ipB := loopbackPair(pairBase + 1)
-		la, err := link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{ipA}})
-		if err != nil {
-			b.Skip(err)
-		}
-		lb, err := link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{ipB}})
-		if err != nil {
-			b.Skip(err)
-		}
-		sa, sb := startDaemon(b, la, "a", 0), startDaemon(b, lb, "b", 0)
+		// The same devices as embedded (roce.OpenUDP: GSO runs, GRO), as
+		// `softroce daemon` opens them.
+		sa, sb := serveDevice(b, udpDevice(b, ipA), "a"), serveDevice(b, udpDevice(b, ipB), "b")
 		run(b, sa.dial(b), sb.dial(b), ipA, ipB)
 	})
 }

@@ -142,6 +142,12 @@ func startDaemon(t testing.TB, l link.Link, name string, port uint16) *testDaemo
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveDevice(t, dev, name)
+}
+
+// serveDevice serves dev (closed by the cleanup) on a socket in a temporary directory.
+func serveDevice(t testing.TB, dev *roce.Device, name string) *testDaemon {
+	t.Helper()
 	srv, err := daemon.New(daemon.Options{Device: dev, Logger: discardLogger()})
 	if err != nil {
 		t.Fatal(err)
