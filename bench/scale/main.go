@@ -171,14 +171,26 @@ func run(n int, port uint16, dur time.Duration, size, inflight int, mtu qp.MTU) 
 	start := time.Now()
 	deadline := start.Add(dur)
 	last := start
+	idle := time.NewTimer(time.Hour)
 	for time.Now().Before(deadline) {
 		k := a.cq.Poll(wcs)
 		if k == 0 {
-			if time.Since(last) > 5*time.Second {
-				return fmt.Errorf("no completion for 5 s (%d done)", done)
+			// sleep on the CQ (a spinning poller starves the receive goroutines on 2 cores)
+			if err := a.cq.ReqNotify(false); err != nil {
+				return err
 			}
-			runtime.Gosched()
-			continue
+			if k = a.cq.Poll(wcs); k == 0 {
+				idle.Reset(time.Second)
+				select {
+				case <-a.cq.Channel():
+				case <-idle.C:
+				}
+				idle.Stop()
+				if time.Since(last) > 5*time.Second {
+					return fmt.Errorf("no completion for 5 s (%d done)", done)
+				}
+				continue
+			}
 		}
 		last = time.Now()
 		for _, wc := range wcs[:k] {
