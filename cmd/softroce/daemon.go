@@ -67,6 +67,7 @@ func runDaemon(args []string, stdout, stderr io.Writer) int {
 	mtu := fs.Int("mtu", 0, "active MTU in bytes (256..4096; 0 = from the interface MTU)")
 	logFmt := fs.String("log", "text", "log format: text or json")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the daemon's run to this file (diagnostics)")
+	postSpin := fs.Duration("post-spin", 0, "keep polling a client's post ring this long after draining it before sleeping on its doorbell (0 = no spinning; costs CPU)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -159,7 +160,7 @@ func runDaemon(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer dev.Close()
-	srv, err = daemon.New(daemon.Options{Device: dev, Logger: log})
+	srv, err = daemon.New(daemon.Options{Device: dev, Logger: log, PostSpin: *postSpin})
 	if err != nil {
 		log.Error("server", "err", err)
 		return 1

@@ -145,10 +145,13 @@ func startDaemon(t testing.TB, l link.Link, name string, port uint16) *testDaemo
 	return serveDevice(t, dev, name)
 }
 
+// testPostSpin is the daemons' Options.PostSpin (a test may set it before starting them).
+var testPostSpin time.Duration
+
 // serveDevice serves dev (closed by the cleanup) on a socket in a temporary directory.
 func serveDevice(t testing.TB, dev *roce.Device, name string) *testDaemon {
 	t.Helper()
-	srv, err := daemon.New(daemon.Options{Device: dev, Logger: discardLogger()})
+	srv, err := daemon.New(daemon.Options{Device: dev, Logger: discardLogger(), PostSpin: testPostSpin})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,8 @@ package daemon
 import (
 	"fmt"
 	"os"
+	"runtime"
+	"time"
 
 	"github.com/softroce/softroce/pkg/daemon/proto"
 )
@@ -59,26 +61,40 @@ func (ss *session) openPostRing() (proto.PostRingResp, []int, error) {
 func (ss *session) drainLoop(pr *postRing) {
 	defer close(pr.done)
 	var b [8]byte
+	spin := ss.s.postSpin
 	for {
 		ss.postMu.Lock()
 		pr.r.SetAwake(1)
 		err := ss.drainLocked()
-		for err == nil {
-			pr.r.SetAwake(0)
-			if !pr.r.Pending() {
-				break
-			}
-			pr.r.SetAwake(1)
-			err = ss.drainLocked()
-		}
 		ss.postMu.Unlock()
 		if err != nil {
 			return
+		}
+		// Stay awake a little: a client re-posting as completions arrive
+		// then needs no doorbell, and this goroutine no wakeup.
+		if spin > 0 && spinFor(spin, pr.r.Pending) {
+			continue
+		}
+		pr.r.SetAwake(0)
+		if pr.r.Pending() {
+			continue
 		}
 		if _, err := pr.bell.Read(b[:]); err != nil {
 			return // stopRing closed the doorbell
 		}
 	}
+}
+
+// spinFor polls ready, yielding the processor between looks, for at most d.
+func spinFor(d time.Duration, ready func() bool) bool {
+	t0 := time.Now()
+	for time.Since(t0) < d {
+		if ready() {
+			return true
+		}
+		runtime.Gosched()
+	}
+	return ready()
 }
 
 // drainLocked posts every record in the ring, in order (postMu held). Each

@@ -18,6 +18,15 @@ import (
 // completions arrive; a synchronous post (unsignaled WR) afterwards still
 // goes over the socket and lands after the ring's posts.
 func TestPostRingCarriesPosts(t *testing.T) {
+	t.Run("sleeping drainer", func(t *testing.T) { testPostRingCarriesPosts(t) })
+	t.Run("spinning drainer", func(t *testing.T) {
+		testPostSpin = 50 * time.Microsecond
+		defer func() { testPostSpin = 0 }()
+		testPostRingCarriesPosts(t)
+	})
+}
+
+func testPostRingCarriesPosts(t *testing.T) {
 	da, db := memPair(t)
 	a := newEnd(t, da.dial(t), 1<<20, 64, rcAccess)
 	b := newEnd(t, db.dial(t), 1<<20, 64, rcAccess)

@@ -32,13 +32,19 @@ type Options struct {
 	Device *roce.Device
 	// Logger receives structured logs (nil = slog.Default()).
 	Logger *slog.Logger
+	// PostSpin is how long a client's post-ring drainer keeps polling
+	// the ring (yielding between looks) after emptying it, before it
+	// sleeps on the doorbell; 0 = not at all. On a CPU-bound host spinning
+	// costs more than the doorbell saves (docs/performance.md).
+	PostSpin time.Duration
 }
 
 // Server serves clients of one device.
 type Server struct {
-	dev  *roce.Device
-	verb roce.Verbs
-	log  *slog.Logger
+	dev      *roce.Device
+	verb     roce.Verbs
+	log      *slog.Logger
+	postSpin time.Duration
 
 	mu       sync.Mutex
 	sessions map[*session]struct{}
@@ -64,8 +70,9 @@ func New(o Options) (*Server, error) {
 	if l == nil {
 		l = slog.Default()
 	}
+	spin := max(o.PostSpin, 0)
 	return &Server{dev: o.Device, verb: o.Device.Verbs(), log: l, sessions: map[*session]struct{}{},
-		changed: make(chan struct{})}, nil
+		changed: make(chan struct{}), postSpin: spin}, nil
 }
 
 // ErrServerClosed is returned by Serve after Shutdown.
