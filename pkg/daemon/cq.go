@@ -77,7 +77,9 @@ func (ss *session) createCQ(r proto.CreateCQReq) (proto.CreateCQResp, []int, err
 	go o.readSpace()
 	ss.s.nCQ.Add(1)
 	ss.s.mapped.Add(int64(len(mem)))
-	resp = proto.CreateCQResp{H: ss.add(o), Capacity: capacity, Bytes: size}
+	h := ss.add(o)
+	ss.s.own(c, owner{ss, h, proto.EventOnCQ})
+	resp = proto.CreateCQResp{H: h, Capacity: capacity, Bytes: size}
 	return resp, fdsOut, nil
 }
 
@@ -108,6 +110,7 @@ func (ss *session) destroyCQ(h proto.Handle) error {
 }
 
 func (ss *session) releaseCQ(o *cqObj) {
+	ss.s.disown(o.c)
 	o.c.SetOnPush(nil) // no hook call runs after this
 	o.spaceFile.Close()
 	<-o.spaceDone

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/softroce/softroce/pkg/cq"
 	"github.com/softroce/softroce/pkg/daemon"
+	"github.com/softroce/softroce/pkg/event"
 	"github.com/softroce/softroce/pkg/mr"
 	"github.com/softroce/softroce/pkg/qp"
 	"github.com/softroce/softroce/pkg/roce"
@@ -138,11 +140,18 @@ type testDaemon struct {
 
 func startDaemon(t testing.TB, l link.Link, name string, port uint16) *testDaemon {
 	t.Helper()
-	dev, err := roce.Open(roce.Options{Link: l, Name: name, Port: port})
+	var srv atomic.Pointer[daemon.Server] // asynchronous events go to the server, as in softroce daemon
+	dev, err := roce.Open(roce.Options{Link: l, Name: name, Port: port, Events: func(e event.Event) {
+		if s := srv.Load(); s != nil {
+			s.Event(e)
+		}
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return serveDevice(t, dev, name)
+	d := serveDevice(t, dev, name)
+	srv.Store(d.srv)
+	return d
 }
 
 // testPostSpin is the daemons' Options.PostSpin (a test may set it before starting them).

@@ -22,6 +22,15 @@ type postRing struct {
 	done   chan struct{}
 }
 
+// evRing is a session's asynchronous event ring (proto.EventRing) and the
+// eventfd that tells the client about new events; guarded by session.evMu
+// (events arrive from engine goroutines).
+type evRing struct {
+	r       *proto.EventRing
+	fd      int
+	dropped uint64
+}
+
 // openPostRing creates the ring memfd and the doorbell (OpOpenPostRing);
 // the returned fds (memfd, doorbell) go to the client and are closed after
 // sending. Called with postMu held.
@@ -29,7 +38,7 @@ func (ss *session) openPostRing() (proto.PostRingResp, []int, error) {
 	if ss.ring != nil {
 		return proto.PostRingResp{}, nil, fmt.Errorf("%w: post ring already open", proto.ErrProtocol)
 	}
-	memfd, mem, err := proto.NewMemfd("softroce-post", proto.PostRingBytes)
+	memfd, mem, err := proto.NewMemfd("softroce-post", proto.EventRingOff+proto.EventRingBytes)
 	if err != nil {
 		return proto.PostRingResp{}, nil, err
 	}
@@ -40,13 +49,25 @@ func (ss *session) openPostRing() (proto.PostRingResp, []int, error) {
 		proto.Unmap(mem)
 		return proto.PostRingResp{}, nil, err
 	}
-	fdsOut, err := dupAll(memfd, bell)
-	proto.CloseFD(memfd)
+	evfd, err := proto.NewEventFD()
 	if err != nil {
+		proto.CloseFD(memfd)
 		proto.CloseFD(bell)
 		proto.Unmap(mem)
 		return proto.PostRingResp{}, nil, err
 	}
+	fdsOut, err := dupAll(memfd, bell, evfd)
+	proto.CloseFD(memfd)
+	if err != nil {
+		proto.CloseFD(bell)
+		proto.CloseFD(evfd)
+		proto.Unmap(mem)
+		return proto.PostRingResp{}, nil, err
+	}
+	er, _ := proto.NewEventRing(mem[proto.EventRingOff:], true)
+	ss.evMu.Lock()
+	ss.ev = &evRing{r: er, fd: evfd}
+	ss.evMu.Unlock()
 	pr := &postRing{r: r, mem: mem, bell: proto.EventFile(bell, "softroce-post-bell"), done: make(chan struct{})}
 	ss.ring = pr
 	ss.s.mapped.Add(int64(len(mem)))
@@ -144,6 +165,12 @@ func (ss *session) stopRing(drain bool) {
 	if pr == nil {
 		return
 	}
+	ss.evMu.Lock()
+	if ss.ev != nil {
+		proto.CloseFD(ss.ev.fd)
+		ss.ev = nil
+	}
+	ss.evMu.Unlock()
 	pr.bell.Close()
 	<-pr.done
 	ss.postMu.Lock()
@@ -154,4 +181,20 @@ func (ss *session) stopRing(drain bool) {
 	ss.postMu.Unlock()
 	proto.Unmap(pr.mem)
 	ss.s.mapped.Add(-int64(len(pr.mem)))
+}
+
+// pushEvent forwards an asynchronous event to the client (any goroutine;
+// never blocks). A full event ring drops it.
+func (ss *session) pushEvent(e proto.Event) {
+	ss.evMu.Lock()
+	defer ss.evMu.Unlock()
+	if ss.ev == nil {
+		return
+	}
+	if !ss.ev.r.Put(e) {
+		ss.ev.dropped++
+		ss.s.log.Warn("event ring full: event dropped", "client", ss.id, "type", e.Type.String(), "dropped", ss.ev.dropped)
+		return
+	}
+	proto.Signal(ss.ev.fd)
 }

@@ -77,9 +77,10 @@ func openRawRing(t *testing.T, r *raw) (*proto.PostRing, int) {
 		t.Fatal(err)
 	}
 	fds := proto.ParseRights(oob[:oobn])
-	if len(fds) != 2 {
+	if len(fds) != 3 { // ring memfd, doorbell, event eventfd
 		t.Fatalf("%d fds", len(fds))
 	}
+	proto.CloseFD(fds[2])
 	mem, err := unix.Mmap(fds[0], 0, resp.Bytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	proto.CloseFD(fds[0])
 	if err != nil {

@@ -20,8 +20,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/softroce/softroce/pkg/cq"
 	"github.com/softroce/softroce/pkg/daemon/proto"
 	"github.com/softroce/softroce/pkg/event"
+	"github.com/softroce/softroce/pkg/qp"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -59,6 +61,33 @@ type Server struct {
 	nPD, nMR, nCQ, nSRQ, nQP atomic.Int64
 	mapped                   atomic.Int64
 	ringPosts, socketPosts   atomic.Uint64
+
+	// owners maps engine objects (*cq.CQ, *qp.SRQ, QPN) to the client
+	// session and handle their asynchronous events go to.
+	omu    sync.Mutex
+	owners map[any]owner
+}
+
+// owner is the client a device object belongs to.
+type owner struct {
+	ss   *session
+	h    proto.Handle
+	kind uint8 // proto.EventOn*
+}
+
+func (s *Server) own(key any, o owner) {
+	s.omu.Lock()
+	if s.owners == nil {
+		s.owners = map[any]owner{}
+	}
+	s.owners[key] = o
+	s.omu.Unlock()
+}
+
+func (s *Server) disown(key any) {
+	s.omu.Lock()
+	delete(s.owners, key)
+	s.omu.Unlock()
 }
 
 // New creates a server for o.Device.
@@ -196,9 +225,42 @@ func (s *Server) shuttingDown() (bool, time.Time) {
 	return s.closing, s.drainBy
 }
 
-// Event logs an asynchronous device event (pass it as roce Options.Events).
+// Event logs an asynchronous device event and forwards it to the client
+// owning its object (QP by QPN, CQ, SRQ; port and device events to every
+// client), through the client's event ring (pass it as roce Options.Events).
+// It never blocks.
 func (s *Server) Event(e event.Event) {
 	s.log.Info("async event", "type", e.Type.String(), "qpn", e.QPN)
+	var key any
+	switch x := e.Object.(type) {
+	case *cq.CQ:
+		key = x
+	case *qp.SRQ:
+		key = x
+	case *qp.QP:
+		key = x.Num()
+	case *roce.QP:
+		key = x.Num()
+	case nil:
+		s.mu.Lock()
+		all := make([]*session, 0, len(s.sessions))
+		for ss := range s.sessions {
+			all = append(all, ss)
+		}
+		s.mu.Unlock()
+		for _, ss := range all {
+			ss.pushEvent(proto.Event{Type: e.Type, Kind: proto.EventOnDevice, Port: e.Port})
+		}
+		return
+	default:
+		return
+	}
+	s.omu.Lock()
+	o, ok := s.owners[key]
+	s.omu.Unlock()
+	if ok {
+		o.ss.pushEvent(proto.Event{Type: e.Type, Kind: o.kind, Handle: o.h, QPN: e.QPN, Port: e.Port})
+	}
 }
 
 // Debug returns resource counts (also served to clients as OpDebug).

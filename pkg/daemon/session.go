@@ -35,6 +35,8 @@ type session struct {
 	// posts keep the order the client made them in.
 	postMu sync.Mutex
 	ring   *postRing
+	evMu   sync.Mutex
+	ev     *evRing
 
 	rbuf, wbuf, oob []byte
 	sdec            proto.SendDecoder
@@ -416,7 +418,9 @@ func (ss *session) createSRQ(r proto.CreateSRQReq) (proto.HandleResp, error) {
 		return proto.HandleResp{}, err
 	}
 	ss.s.nSRQ.Add(1)
-	return proto.HandleResp{H: ss.add(&srqObj{s: s})}, nil
+	h := ss.add(&srqObj{s: s})
+	ss.s.own(s, owner{ss, h, proto.EventOnSRQ})
+	return proto.HandleResp{H: h}, nil
 }
 
 func (ss *session) destroySRQ(h proto.Handle) error {
@@ -428,6 +432,7 @@ func (ss *session) destroySRQ(h proto.Handle) error {
 		return fmt.Errorf("%w: SRQ still used by %d QPs", mr.ErrBusy, o.refs)
 	}
 	ss.s.verb.DestroySRQ(o.s)
+	ss.s.disown(o.s)
 	ss.del(h)
 	ss.s.nSRQ.Add(-1)
 	return nil
@@ -470,6 +475,7 @@ func (ss *session) createQP(r proto.CreateQPReq) (proto.CreateQPResp, error) {
 	}
 	ss.s.nQP.Add(1)
 	h := ss.add(&qpObj{q: q, pd: pd, scq: scq, rcq: rcq, srq: srq})
+	ss.s.own(q.Num(), owner{ss, h, proto.EventOnQP})
 	return proto.CreateQPResp{H: h, QPN: q.Num()}, nil
 }
 
@@ -484,6 +490,7 @@ func (ss *session) destroyQP(h proto.Handle) error {
 }
 
 func (ss *session) releaseQP(o *qpObj) {
+	ss.s.disown(o.q.Num())
 	o.q.Destroy()
 	o.pd.refs--
 	o.scq.refs--
@@ -676,6 +683,7 @@ func (ss *session) cleanup() {
 	}
 	for _, o := range srqs {
 		ss.s.verb.DestroySRQ(o.s)
+		ss.s.disown(o.s)
 		ss.s.nSRQ.Add(-1)
 	}
 	for _, o := range cqs {

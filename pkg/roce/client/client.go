@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -28,6 +29,7 @@ import (
 
 	"github.com/softroce/softroce/pkg/cq"
 	"github.com/softroce/softroce/pkg/daemon/proto"
+	"github.com/softroce/softroce/pkg/event"
 	"github.com/softroce/softroce/pkg/mr"
 	"github.com/softroce/softroce/pkg/qp"
 	"github.com/softroce/softroce/pkg/roce"
@@ -54,10 +56,18 @@ type Conn struct {
 	pringMem []byte
 	bell     int
 
+	// Asynchronous events: the event ring (in the post ring's memfd), its
+	// eventfd and the goroutine moving events to the events channel.
+	evRing *proto.EventRing
+	evFile *os.File
+	events chan event.Event
+	evDone chan struct{}
+
 	bmu  sync.Mutex
 	bufs map[uintptr]*buffer // by base address
 	cqs  map[*cqc]struct{}   // live CQs (released by Close)
 	qps  map[uint32]*qpc     // by QPN, for completion accounting
+	srqs map[proto.Handle]*srq
 }
 
 var _ roce.Verbs = (*Conn)(nil)
@@ -75,7 +85,8 @@ func Dial(path string) (*Conn, error) {
 		return nil, err
 	}
 	cn := &Conn{sock: c, rbuf: make([]byte, proto.MaxMsg), oob: make([]byte, unix.CmsgSpace(4*8)),
-		bufs: map[uintptr]*buffer{}, cqs: map[*cqc]struct{}{}, qps: map[uint32]*qpc{}}
+		bufs: map[uintptr]*buffer{}, cqs: map[*cqc]struct{}{}, qps: map[uint32]*qpc{},
+		srqs: map[proto.Handle]*srq{}, events: make(chan event.Event, proto.EventRingCap)}
 	if _, err := cn.call(proto.OpHello, nil, &cn.hello); err != nil {
 		c.Close()
 		return nil, err
@@ -98,19 +109,68 @@ func (c *Conn) openPostRing() error {
 	if err != nil {
 		return err
 	}
-	if len(fds) != 2 || r.Bytes < proto.PostRingBytes {
+	if len(fds) != 3 || r.Bytes < proto.EventRingOff+proto.EventRingBytes {
 		proto.CloseFDs(fds)
 		return fmt.Errorf("%w: post ring: %d fds, %d bytes", proto.ErrProtocol, len(fds), r.Bytes)
 	}
 	mem, err := unix.Mmap(fds[0], 0, r.Bytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	proto.CloseFD(fds[0])
 	if err != nil {
-		proto.CloseFD(fds[1])
+		proto.CloseFDs(fds[1:])
 		return fmt.Errorf("mmap post ring: %w", err)
 	}
 	c.pring, _ = proto.NewPostRing(mem, true)
 	c.pringMem, c.bell = mem, fds[1]
+	c.evRing, _ = proto.NewEventRing(mem[proto.EventRingOff:], false)
+	c.evFile = proto.EventFile(fds[2], "softroce-events")
+	c.evDone = make(chan struct{})
+	go c.readEvents()
 	return nil
+}
+
+// Events returns the asynchronous event channel (ibv_get_async_event):
+// QP, CQ and SRQ events of this client's objects (Object is this client's
+// roce.QueuePair, roce.CompletionQueue or roce.SharedReceiveQueue) and the
+// device's port events, forwarded by the daemon. Events are dropped if the
+// channel is full.
+func (c *Conn) Events() <-chan event.Event { return c.events }
+
+// readEvents moves events from the event ring to the channel whenever the
+// daemon signals; it ends when Close closes the eventfd.
+func (c *Conn) readEvents() {
+	defer close(c.evDone)
+	var b [8]byte
+	var e proto.Event
+	for {
+		if _, err := c.evFile.Read(b[:]); err != nil {
+			return
+		}
+		for c.evRing.Get(&e) {
+			ev := event.Event{Type: e.Type, QPN: e.QPN, Port: e.Port}
+			c.bmu.Lock()
+			switch e.Kind {
+			case proto.EventOnQP:
+				if q := c.qps[e.QPN]; q != nil {
+					ev.Object = roce.QueuePair(q)
+				}
+			case proto.EventOnCQ:
+				for q := range c.cqs {
+					if q.h == e.Handle {
+						ev.Object = roce.CompletionQueue(q)
+					}
+				}
+			case proto.EventOnSRQ:
+				if s := c.srqs[e.Handle]; s != nil {
+					ev.Object = roce.SharedReceiveQueue(s)
+				}
+			}
+			c.bmu.Unlock()
+			select {
+			case c.events <- ev:
+			default:
+			}
+		}
+	}
 }
 
 // sendAsync hands the asynchronous post in c.wbuf to the daemon (c.mu
@@ -257,6 +317,8 @@ func (c *Conn) Close() error {
 	c.closed = true
 	err := c.sock.Close()
 	if c.pring != nil {
+		c.evFile.Close()
+		<-c.evDone
 		proto.CloseFD(c.bell)
 		proto.Unmap(c.pringMem)
 		c.pring, c.pringMem = nil, nil
@@ -431,7 +493,11 @@ func (c *Conn) CreateSRQ(o qp.SRQOptions) (roce.SharedReceiveQueue, error) {
 	if _, err := c.call(proto.OpCreateSRQ, proto.CreateSRQReq{MaxWR: o.MaxWR, MaxSGE: o.MaxSGE, Limit: o.Limit}, &r); err != nil {
 		return nil, err
 	}
-	return &srq{c: c, h: r.H}, nil
+	s := &srq{c: c, h: r.H}
+	c.bmu.Lock()
+	c.srqs[s.h] = s
+	c.bmu.Unlock()
+	return s, nil
 }
 
 // DestroySRQ is ibv_destroy_srq.
@@ -440,7 +506,11 @@ func (c *Conn) DestroySRQ(s roce.SharedReceiveQueue) error {
 	if err != nil {
 		return err
 	}
-	_, err = c.call(proto.OpDestroySRQ, proto.HandleReq{H: h}, nil)
+	if _, err = c.call(proto.OpDestroySRQ, proto.HandleReq{H: h}, nil); err == nil {
+		c.bmu.Lock()
+		delete(c.srqs, h)
+		c.bmu.Unlock()
+	}
 	return err
 }
 
