@@ -35,6 +35,11 @@ func (l *UDPLink) SendRuns(batch []Datagram, runs []uint8) error {
 	if !validRuns(batch, runs) {
 		return ErrInvalidRun
 	}
+	for _, c := range runs {
+		if int(c) > l.batch { // a run must fit one sendmmsg call (fillRuns)
+			return ErrInvalidRun
+		}
+	}
 	i, r := 0, 0
 	for i < len(batch) {
 		s := l.sock(batch[i].Src.Addr())

@@ -252,4 +252,12 @@ func TestSendRunsLoopback(t *testing.T) {
 	if small.RunGSO(netip.MustParseAddr("127.0.0.3")) {
 		t.Fatal("a BatchSize-8 link reports RunGSO")
 	}
+	// a run longer than the batch cannot be one sendmmsg call: refused, not looped on
+	s3 := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.3"), small.SourcePort(netip.MustParseAddr("127.0.0.3"), 0))
+	if err := small.SendRuns(mkRun(s3, dst, 9, 100, 100, 6), []uint8{9}); !errors.Is(err, ErrInvalidRun) {
+		t.Fatalf("a 9-datagram run on a BatchSize-8 link: %v, want ErrInvalidRun", err)
+	}
+	if err := small.SendRuns(mkRun(s3, dst, 8, 100, 100, 6), []uint8{8}); err != nil {
+		t.Fatalf("an 8-datagram run on a BatchSize-8 link (sent plainly): %v", err)
+	}
 }
