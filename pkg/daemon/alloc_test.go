@@ -10,9 +10,9 @@ import (
 	"github.com/softroce/softroce/pkg/qp"
 )
 
-// TestDataPathZeroAlloc: a client's post (encode, socket round trip, the
+// TestDataPathZeroAlloc: a client's post (encode, post ring, the
 // daemon's decode and PostSend, the engine's packets on both daemons) and
-// its completion (pump into the ring, Poll from shared memory) allocate
+// its completion (push hook into the ring, Poll from shared memory) allocate
 // nothing, measured over the whole process (client and both daemons).
 func TestDataPathZeroAlloc(t *testing.T) {
 	if testing.Short() {

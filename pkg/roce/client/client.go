@@ -9,10 +9,12 @@
 // requests on the daemon's unix socket. Data does not cross it: memory from
 // AllocBuffer is a sealed memfd the daemon maps too, so RDMA lands directly
 // in the buffer, and completions arrive in a shared-memory ring (Poll reads
-// memory; no system call) with an eventfd for blocking waits. Posting work
-// requests is one message on the socket: without waiting for a response
-// when the client can tell the engine will accept them, else a
-// request/response (see qpc and docs/daemon.md).
+// memory; no system call) with an eventfd for blocking waits. Work
+// requests the client can vouch for (see qpc) are written into the
+// connection's post ring in shared memory, with an eventfd doorbell rung
+// only while the daemon's drainer sleeps; others are a request/response on
+// the socket. Asynchronous events come through an event ring (Events).
+// See docs/daemon.md.
 package client
 
 import (
@@ -547,7 +549,7 @@ func (c *Conn) postRecv(op proto.Op, h proto.Handle, wrs []qp.RecvWR) (int, erro
 
 // qpc is a client QP.
 //
-// Posts are asynchronous (one message, no response) when the client can
+// Posts are asynchronous (written into the post ring, no response) when the client can
 // tell the engine will accept them: an RC/UC QP it last moved to RTS
 // (receives: INIT, RTR or RTS), WRs that pass qp.ValidateSend /
 // qp.ValidateRecv, not inline (the engine reads inline data at post time),
@@ -657,9 +659,9 @@ func (q *qpc) Destroy() error {
 	return err
 }
 
-// PostSend is ibv_post_send: one message to the daemon, without waiting
-// when the client can vouch for the WRs (see qpc), else a round trip. It
-// does not allocate.
+// PostSend is ibv_post_send: a record in the post ring when the client
+// can vouch for the WRs (see qpc; the socket if the ring is full), else a
+// round trip. It does not allocate.
 func (q *qpc) PostSend(wrs []qp.SendWR) (int, error) {
 	c := q.c
 	async := q.sendOK.Load() && !q.unsignaled.Load()
