@@ -31,6 +31,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/softroce/softroce/pkg/cm"
@@ -56,7 +57,14 @@ const (
 	perfCMSendOff = 64
 	// perfCMCloseWait bounds the wait for DISCONNECTED events when tearing down.
 	perfCMCloseWait = 2 * time.Second
+	// perfCMRepoll is how often a wait for the exchange's one completion looks at the CQ
+	// even without an event.
+	perfCMRepoll = 100 * time.Millisecond
 )
+
+// perfCMRepolled counts completions of the exchange found by a periodic look rather than by
+// the CQ's event (diagnostics: a non-zero count means an event was missing).
+var perfCMRepolled atomic.Uint64
 
 // errPerfCM: an rdma_cm step of -R failed.
 var errPerfCM = errors.New("rdma_cm")
@@ -339,11 +347,16 @@ func (m *perfCMComm) accept(ctx context.Context, l *rdmacm.ID) error {
 	return nil
 }
 
-// wait waits for one completion of c within d.
+// wait waits for one completion of c within d. It sleeps on the CQ's channel but looks at
+// the CQ at least every perfCMRepoll (perfCMRepolled counts the completions found that way).
 func (m *perfCMComm) wait(c *cq.CQ, d time.Duration, step string) error {
 	deadline := time.Now().Add(d)
+	byTimer := false
 	for {
 		if n := c.Poll(m.wcs[:]); n > 0 {
+			if byTimer {
+				perfCMRepolled.Add(1)
+			}
 			if m.wcs[0].Status != cq.StatusSuccess {
 				return fmt.Errorf("%w: %s: Bad wc status %s (%d)", errPerfVerbs, step, m.wcs[0].Status, int(m.wcs[0].Status))
 			}
@@ -352,17 +365,22 @@ func (m *perfCMComm) wait(c *cq.CQ, d time.Duration, step string) error {
 		if err := c.ReqNotify(false); err != nil {
 			return fmt.Errorf("%w: Couldn't request CQ notification: %w", errPerfVerbs, err)
 		}
-		if n := c.Poll(m.wcs[:]); n > 0 {
+		if c.Len() > 0 {
+			byTimer = false
 			continue
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
-			return fmt.Errorf("%w: %s: nothing within %v", errPerfTimeout, step, d)
+			a := m.q.Query()
+			return fmt.Errorf("%w: %s: nothing within %v (exchange QP %#x %v, timeout %d retry %d rnr_retry %d min_rnr %d; device %+v)",
+				errPerfTimeout, step, d, m.q.Num(), m.q.State(), a.Timeout, a.RetryCnt, a.RNRRetry, a.MinRNRTimer, m.dev.Stats())
 		}
-		m.timer.Reset(left)
+		m.timer.Reset(min(left, perfCMRepoll))
 		select {
 		case <-c.Channel():
+			byTimer = false
 		case <-m.timer.C:
+			byTimer = true
 		}
 		m.timer.Stop()
 	}
