@@ -347,9 +347,17 @@ func (m *perfCMComm) accept(ctx context.Context, l *rdmacm.ID) error {
 	return nil
 }
 
+// perfCMCQ is what the exchange's wait uses of a *cq.CQ (a seam for tests).
+type perfCMCQ interface {
+	Poll(dst []cq.WC) int
+	ReqNotify(solicitedOnly bool) error
+	Len() int
+	Channel() <-chan struct{}
+}
+
 // wait waits for one completion of c within d. It sleeps on the CQ's channel but looks at
 // the CQ at least every perfCMRepoll (perfCMRepolled counts the completions found that way).
-func (m *perfCMComm) wait(c *cq.CQ, d time.Duration, step string) error {
+func (m *perfCMComm) wait(c perfCMCQ, d time.Duration, step string) error {
 	deadline := time.Now().Add(d)
 	byTimer := false
 	for {

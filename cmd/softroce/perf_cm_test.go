@@ -11,7 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/pkg/cq"
 	"github.com/softroce/softroce/pkg/oob/perftest"
+	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/pkg/roce"
+	"github.com/softroce/softroce/pkg/roce/link"
 )
 
 // TestPerfCMRecord: the binary key record of -R has perftest's layout (struct pingpong_dest
@@ -192,4 +196,65 @@ func TestPerfCMAddressLines(t *testing.T) {
 			t.Errorf("address lines with RKey/VAddr or not 2:\n%s", out)
 		}
 	}
+}
+
+// perfRacyCQ is a CQ whose completion arrives right after the waiter arms it (between
+// ReqNotify and the waiter's second look), the window where a completion must not be lost.
+type perfRacyCQ struct {
+	*cq.CQ
+	armed int
+}
+
+func (c *perfRacyCQ) ReqNotify(s bool) error {
+	err := c.CQ.ReqNotify(s)
+	if c.armed++; c.armed == 1 {
+		c.CQ.Push(&cq.WC{WRID: 7, Status: cq.StatusSuccess, ByteLen: 4}, false)
+	}
+	return err
+}
+
+// TestPerfCMWaitArmRace: a completion pushed just after arming is returned (once), not
+// consumed and forgotten; with nothing more to come the next wait times out, naming the QP.
+func TestPerfCMWaitArmRace(t *testing.T) {
+	d := perfTestDevice(t)
+	c, err := cq.New(cq.Options{Capacity: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := newPerfCMComm(&perfConfig{Timeout: time.Second}, d, perftest.Client, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.close()
+	q, err := d.CreateQP(roce.QPInit{Type: qp.TypeRC, PD: m.pd, SendCQ: m.scq, RecvCQ: m.rcq, Cap: qp.Cap{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.q = q
+	start := time.Now()
+	if err := m.wait(&perfRacyCQ{CQ: c}, 5*time.Second, "test"); err != nil || m.wcs[0].WRID != 7 {
+		t.Fatalf("wait: %v, wc %+v", err, m.wcs[0])
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Errorf("found after %v", el)
+	}
+	err = m.wait(c, 150*time.Millisecond, "test")
+	if !errors.Is(err, errPerfTimeout) || !strings.Contains(err.Error(), "exchange QP") {
+		t.Errorf("second wait: %v", err)
+	}
+}
+
+// perfTestDevice is a device on an in-memory link.
+func perfTestDevice(t *testing.T) *roce.Device {
+	t.Helper()
+	l, err := link.NewMemNetwork(link.MemOptions{}).Attach(netip.MustParseAddr("10.9.0.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := roce.Open(roce.Options{Link: l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
 }
