@@ -6,7 +6,9 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"sync/atomic"
 	"testing"
+	"unsafe"
 
 	"github.com/softroce/softroce/pkg/daemon/proto"
 	"github.com/softroce/softroce/pkg/qp"
@@ -69,7 +71,7 @@ func FuzzPostRingDrain(f *testing.F) {
 		if tailAdj%5 == 0 {
 			tail = tailAdj
 		}
-		binary.LittleEndian.PutUint64(mem[0:], tail)
+		atomic.StoreUint64((*uint64)(unsafe.Pointer(&mem[0])), tail) // publish, as a client does
 		ss.postMu.Lock()
 		ss.drainLocked()
 		ss.postMu.Unlock()

@@ -63,7 +63,8 @@ type PostRing struct {
 	mem  []byte
 	data []byte
 	mask uint64
-	pos  uint64 // producer: tail; consumer: head (each side's own copy)
+	pos  uint64        // producer: tail; consumer: head (each side's own copy)
+	seen atomic.Uint64 // consumer: pos, for Pending from another goroutine
 }
 
 // NewPostRing views mem (at least PostRingBytes) as a post ring. A
@@ -82,6 +83,7 @@ func NewPostRing(mem []byte, producer bool) (*PostRing, bool) {
 	if r.pos%recHdr != 0 {
 		return nil, false
 	}
+	r.seen.Store(r.pos)
 	return r, true
 }
 
@@ -126,8 +128,9 @@ func (r *PostRing) Write(msg []byte) (ok, ring bool) {
 	return true, atomic.LoadUint32(r.u32(postAwake)) == 0
 }
 
-// Pending reports whether records wait (consumer).
-func (r *PostRing) Pending() bool { return atomic.LoadUint64(r.u64(postTail)) != r.pos }
+// Pending reports whether records wait (consumer). Unlike Next it may be
+// called concurrently with Next.
+func (r *PostRing) Pending() bool { return atomic.LoadUint64(r.u64(postTail)) != r.seen.Load() }
 
 // SetAwake publishes whether the consumer is draining (1) or about to sleep (0).
 func (r *PostRing) SetAwake(v uint32) { atomic.StoreUint32(r.u32(postAwake), v) }
@@ -153,6 +156,7 @@ func (r *PostRing) Next(buf *[]byte) ([]byte, error) {
 		case kind == RecordPad && off+need == PostRingData && need <= avail:
 			r.pos += need
 			atomic.StoreUint64(r.u64(postHead), r.pos)
+			r.seen.Store(r.pos)
 			continue
 		case kind != RecordPost || n == 0 || n > MaxPostRecord || off+need > PostRingData || need > avail:
 			return nil, ErrRingCorrupt
@@ -164,6 +168,7 @@ func (r *PostRing) Next(buf *[]byte) ([]byte, error) {
 		copy(msg, r.data[off+recHdr:off+recHdr+n])
 		r.pos += need
 		atomic.StoreUint64(r.u64(postHead), r.pos)
+		r.seen.Store(r.pos)
 		return msg, nil
 	}
 }
