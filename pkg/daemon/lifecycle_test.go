@@ -137,4 +137,8 @@ func TestShutdownFlushes(t *testing.T) {
 	if _, err := c.AllocPD(); !errors.Is(err, proto.ErrDisconnected) {
 		t.Fatalf("AllocPD after shutdown: %v", err)
 	}
+	// A post the client would have put in the post ring fails too (it does not vanish).
+	if _, err := a.q.PostRecv([]qp.RecvWR{{WRID: 300, SGL: []qp.SGE{{Addr: a.iova, Length: 64, LKey: a.m.LKey()}}}}); !errors.Is(err, proto.ErrDisconnected) {
+		t.Fatalf("PostRecv after shutdown: %v", err)
+	}
 }

@@ -174,6 +174,7 @@ func (ss *session) stopRing(drain bool) {
 	pr.bell.Close()
 	<-pr.done
 	ss.postMu.Lock()
+	pr.r.Close() // the client's later posts fail (proto.ErrDisconnected)
 	if drain {
 		ss.drainLocked()
 	}

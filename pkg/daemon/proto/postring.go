@@ -12,7 +12,7 @@ import (
 //
 //	0    tail   uint64  bytes produced (client writes)
 //	64   head   uint64  bytes consumed (daemon writes)
-//	128  awake  uint32  daemon: 1 = draining (no doorbell needed), 0 = asleep
+//	128  awake  uint32  daemon: 1 = draining (no doorbell needed), 0 = asleep, 2 = stopped
 //	256  data, PostRingBytes - 256 bytes (a power of two), records 8-byte aligned
 //
 // A record is [len u32][kind u32] then len bytes, padded to 8: kind
@@ -131,6 +131,18 @@ func (r *PostRing) Write(msg []byte) (ok, ring bool) {
 // Pending reports whether records wait (consumer). Unlike Next it may be
 // called concurrently with Next.
 func (r *PostRing) Pending() bool { return atomic.LoadUint64(r.u64(postTail)) != r.seen.Load() }
+
+// Closed reports whether the consumer stopped the ring (producer): a post
+// published before this look may or may not have been drained.
+func (r *PostRing) Closed() bool { return atomic.LoadUint32(r.u32(postAwake)) == postClosed }
+
+// Close marks the ring stopped (consumer): the client's later posts fail
+// instead of vanishing. Drain once more after it: a post published before
+// the client saw the mark is then taken.
+func (r *PostRing) Close() { atomic.StoreUint32(r.u32(postAwake), postClosed) }
+
+// postClosed is the awake value of a stopped ring.
+const postClosed = 2
 
 // SetAwake publishes whether the consumer is draining (1) or about to sleep (0).
 func (r *PostRing) SetAwake(v uint32) { atomic.StoreUint32(r.u32(postAwake), v) }

@@ -186,6 +186,9 @@ func (c *Conn) sendAsync() error {
 			if ring {
 				proto.Signal(c.bell)
 			}
+			if c.pring.Closed() { // read after publishing: the daemon may not have taken it
+				return fmt.Errorf("%w: post ring stopped", proto.ErrDisconnected)
+			}
 			return nil
 		}
 	}
