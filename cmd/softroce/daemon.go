@@ -67,6 +67,13 @@ func runDaemon(args []string, stdout, stderr io.Writer) int {
 	mtu := fs.Int("mtu", 0, "active MTU in bytes (256..4096; 0 = from the interface MTU)")
 	logFmt := fs.String("log", "text", "log format: text or json")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the daemon's run to this file (diagnostics)")
+	var quota daemon.Quota
+	fs.IntVar(&quota.PDs, "quota-pds", 0, "per-client limit on PDs (0 = none; the device limits still apply)")
+	fs.IntVar(&quota.MRs, "quota-mrs", 0, "per-client limit on MRs (0 = none)")
+	fs.IntVar(&quota.CQs, "quota-cqs", 0, "per-client limit on CQs (0 = none)")
+	fs.IntVar(&quota.SRQs, "quota-srqs", 0, "per-client limit on SRQs (0 = none)")
+	fs.IntVar(&quota.QPs, "quota-qps", 0, "per-client limit on QPs (0 = none)")
+	fs.Int64Var(&quota.MRBytes, "quota-mr-bytes", 0, "per-client limit on registered bytes (0 = none)")
 	postSpin := fs.Duration("post-spin", 0, "keep polling a client's post ring this long after draining it before sleeping on its doorbell (0 = no spinning; costs CPU)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -160,7 +167,7 @@ func runDaemon(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer dev.Close()
-	srv, err = daemon.New(daemon.Options{Device: dev, Logger: log, PostSpin: *postSpin})
+	srv, err = daemon.New(daemon.Options{Device: dev, Logger: log, PostSpin: *postSpin, Quota: quota})
 	if err != nil {
 		log.Error("server", "err", err)
 		return 1

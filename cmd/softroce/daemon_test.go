@@ -88,6 +88,7 @@ func TestDaemonFlags(t *testing.T) {
 		{"daemon", "--listen", "127.0.0.1", "--mtu", "1000", "--socket", filepath.Join(t.TempDir(), "s")},
 		{"daemon", "--listen", "127.0.0.1", "--metrics", "0.0.0.0:9000", "--port", "0"},
 		{"daemon", "--listen", "127.0.0.1", "--post-spin", "fast"},
+		{"daemon", "--listen", "127.0.0.1", "--quota-qps", "many"},
 	} {
 		var errb bytes.Buffer
 		if rc := run(args, io.Discard, &errb); rc == 0 {

@@ -33,6 +33,9 @@ func (ss *session) createCQ(r proto.CreateCQReq) (proto.CreateCQResp, []int, err
 	if r.CQE < 1 || r.CQE > ss.s.dev.Attr().MaxCQE {
 		return resp, nil, fmt.Errorf("%w: cqe %d", cq.ErrCapacity, r.CQE)
 	}
+	if err := checkQuota[*cqObj](ss, ss.s.quota.CQs, "CQs"); err != nil {
+		return resp, nil, err
+	}
 	capacity := proto.RingCapacity(r.CQE)
 	size := proto.RingBytes(capacity)
 	memfd, mem, err := proto.NewMemfd("softroce-cq", size)

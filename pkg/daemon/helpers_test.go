@@ -154,13 +154,17 @@ func startDaemon(t testing.TB, l link.Link, name string, port uint16) *testDaemo
 	return d
 }
 
-// testPostSpin is the daemons' Options.PostSpin (a test may set it before starting them).
-var testPostSpin time.Duration
+// testPostSpin and testQuota are the daemons' Options.PostSpin and
+// Options.Quota (a test may set them before starting its daemons).
+var (
+	testPostSpin time.Duration
+	testQuota    daemon.Quota
+)
 
 // serveDevice serves dev (closed by the cleanup) on a socket in a temporary directory.
 func serveDevice(t testing.TB, dev *roce.Device, name string) *testDaemon {
 	t.Helper()
-	srv, err := daemon.New(daemon.Options{Device: dev, Logger: discardLogger(), PostSpin: testPostSpin})
+	srv, err := daemon.New(daemon.Options{Device: dev, Logger: discardLogger(), PostSpin: testPostSpin, Quota: testQuota})
 	if err != nil {
 		t.Fatal(err)
 	}

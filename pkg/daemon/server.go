@@ -39,6 +39,8 @@ type Options struct {
 	// sleeps on the doorbell; 0 = not at all. On a CPU-bound host spinning
 	// costs more than the doorbell saves (docs/performance.md).
 	PostSpin time.Duration
+	// Quota limits each client's objects (zero fields: unlimited).
+	Quota Quota
 }
 
 // Server serves clients of one device.
@@ -47,6 +49,7 @@ type Server struct {
 	verb     roce.Verbs
 	log      *slog.Logger
 	postSpin time.Duration
+	quota    Quota
 
 	mu       sync.Mutex
 	sessions map[*session]struct{}
@@ -101,7 +104,7 @@ func New(o Options) (*Server, error) {
 	}
 	spin := max(o.PostSpin, 0)
 	return &Server{dev: o.Device, verb: o.Device.Verbs(), log: l, sessions: map[*session]struct{}{},
-		changed: make(chan struct{}), postSpin: spin}, nil
+		changed: make(chan struct{}), postSpin: spin, quota: o.Quota}, nil
 }
 
 // ErrServerClosed is returned by Serve after Shutdown.

@@ -339,6 +339,9 @@ func (ss *session) del(h proto.Handle) {
 }
 
 func (ss *session) allocPD() (proto.HandleResp, error) {
+	if err := checkQuota[*pdObj](ss, ss.s.quota.PDs, "PDs"); err != nil {
+		return proto.HandleResp{}, err
+	}
 	pd, err := ss.s.dev.AllocPD()
 	if err != nil {
 		return proto.HandleResp{}, err
@@ -369,6 +372,12 @@ func (ss *session) regMR(r proto.RegMRReq, fd int) (proto.RegMRResp, error) {
 	defer proto.CloseFD(fd)
 	pd, err := get[*pdObj](ss, r.PD)
 	if err != nil {
+		return proto.RegMRResp{}, err
+	}
+	if err := checkQuota[*mrObj](ss, ss.s.quota.MRs, "MRs"); err != nil {
+		return proto.RegMRResp{}, err
+	}
+	if err := ss.checkMRBytes(r.Len); err != nil {
 		return proto.RegMRResp{}, err
 	}
 	mapping, view, err := proto.MapShared(fd, r.Off, r.Len)
@@ -413,6 +422,9 @@ func (ss *session) releaseMR(o *mrObj) error {
 }
 
 func (ss *session) createSRQ(r proto.CreateSRQReq) (proto.HandleResp, error) {
+	if err := checkQuota[*srqObj](ss, ss.s.quota.SRQs, "SRQs"); err != nil {
+		return proto.HandleResp{}, err
+	}
 	s, err := ss.s.dev.CreateSRQ(qp.SRQOptions{MaxWR: r.MaxWR, MaxSGE: r.MaxSGE, Limit: r.Limit})
 	if err != nil {
 		return proto.HandleResp{}, err
@@ -458,6 +470,9 @@ func (ss *session) createQP(r proto.CreateQPReq) (proto.CreateQPResp, error) {
 			return proto.CreateQPResp{}, err
 		}
 		in.SRQ = srq.s
+	}
+	if err := checkQuota[*qpObj](ss, ss.s.quota.QPs, "QPs"); err != nil {
+		return proto.CreateQPResp{}, err
 	}
 	if r.Type == qp.TypeGSI {
 		// The GSI QP (QPN 1) is the device's, not a client's.

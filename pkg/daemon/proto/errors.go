@@ -21,5 +21,6 @@ func init() {
 		cq.ErrCapacity, cq.ErrCQError, cq.ErrClosed,
 		mr.ErrBadKey, mr.ErrInvalidKey, mr.ErrWrongPD, mr.ErrWrongQP, mr.ErrAccess, mr.ErrOverflow,
 		mr.ErrBounds, mr.ErrAlign, mr.ErrBusy, mr.ErrLimit, mr.ErrInvalidArg, mr.ErrState, mr.ErrRand,
+		ErrQuota,
 	}
 }

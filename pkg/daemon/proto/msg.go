@@ -197,6 +197,8 @@ var (
 	ErrUnsupported = errors.New("softroce daemon: operation not supported through the daemon")
 	// ErrDisconnected: the daemon closed the connection (shutdown or protocol error).
 	ErrDisconnected = errors.New("softroce daemon: disconnected")
+	// ErrQuota: the client already holds as many objects (or MR bytes) as the daemon's per-client quota allows.
+	ErrQuota = errors.New("softroce daemon: per-client quota exceeded")
 )
 
 // Sentinels are the errors that keep their identity across the socket:
