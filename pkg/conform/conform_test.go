@@ -15,7 +15,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // docs/conformance.md): the test requires them to FAIL, so a fix flips the test and the
 // entry must then be removed.
 var knownFailures = map[string]string{
-	"rc-dup-send-no-ackreq": "engine: the responder ACKs a duplicate SEND only when it carries AckReq (IBTA 9.7.5.1.2 wants the re-ACK regardless; kernel rxe does it)",
+	"rc-dup-send-no-ackreq": "engine: pkg/qp duplicate() re-ACKs a duplicate SEND/WRITE only when it carries AckReq (asserted by pkg/qp TestDuplicates); kernel rxe re-ACKs regardless (C9-105)",
 }
 
 func TestScenariosCount(t *testing.T) {
