@@ -548,6 +548,7 @@ func (d *Device) recvLoop(i int, l link.Link) {
 			d.cnt.LinkDowned.Add(1)
 			continue
 		}
+		rx.now = d.clock.Now() // one clock read per batch (fastpath.go)
 		for k := 0; k < n; k++ {
 			d.handle(rx, &batch[k])
 		}
@@ -608,7 +609,7 @@ func (d *Device) handle(rx *rxState, dg *link.Datagram) {
 		return
 	}
 	d.cnt.RcvdPkts.Add(1)
-	q.Receive(d.clock.Now(), p, src, dst)
+	q.Receive(rx.now, p, src, dst)
 	if d.g != nil {
 		d.g.afterReceive(qpn)
 	}

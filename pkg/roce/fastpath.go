@@ -2,6 +2,7 @@ package roce
 
 import (
 	"runtime"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -47,7 +48,9 @@ func (f FastPathOptions) apply(o *link.UDPOptions) {
 // rxState is one receive worker's scratch: the packet being handled, the pseudo-header CRC
 // state of the last (endpoints, length) seen, and the GSO-run ID tables.
 type rxState struct {
-	pkt  bth.Packet
+	pkt bth.Packet
+	now time.Time // read once per received batch
+
 	icrc struct {
 		ep    bth.Endpoints
 		n     int
