@@ -75,6 +75,9 @@ for size in 8 4096; do
   pair softroce-rxe ib_write_lat $size $NLAT "$X_SRV" "$X_CLI"
 done
 pair softroce-softroce-gmp2 ib_write_lat 8 $NLAT "${SR_SRV/env $SR_ENV/env GOMAXPROCS=2}" "${SR_CLI/env $SR_ENV/env GOMAXPROCS=2}"
+# perftest polls; softroce perf sleeps on the CQ / write notification unless --busy-poll
+pair softroce-softroce-bp ib_write_lat 8 $NLAT "${SR_SRV/env $SR_ENV/env GOMAXPROCS=2} --busy-poll" "${SR_CLI/env $SR_ENV/env GOMAXPROCS=2} --busy-poll"
+pair softroce-rxe-bp ib_write_lat 8 $NLAT "$X_SRV" "${X_CLI/env $SR_ENV/env GOMAXPROCS=2} --busy-poll"
 # the fast path's counters on the softroce<->softroce pair (GSO sends, GRO reads, fallbacks)
 ip netns exec sb env $SR_ENV $SR perf write -d 198.20.0.2 --timeout 60s -s 65536 -n 200 -m $MTU -p 19900 -F > /dev/null 2>&1 &
 sleep 1.5

@@ -50,11 +50,12 @@ awk -F'|' '
   END {
     for (t in k) {
       split(t, a, "|"); test = a[1]; size = a[2]
-      r = v["rxe-rxe|" t]; s = v["softroce-softroce|" t]; x = v["softroce-rxe|" t]; s2 = v["softroce-softroce-gmp2|" t]
+      r = v["rxe-rxe|" t]; s = v["softroce-softroce|" t]; x = v["softroce-rxe|" t]; s2 = v["softroce-softroce-gmp2|" t]; sb = v["softroce-softroce-bp|" t]; xb = v["softroce-rxe-bp|" t]
       unit = (test ~ /_bw$/) ? "Gbit/s" : "us typical"
       ratio = "?"
       if (r + 0 > 0 && s + 0 > 0) ratio = sprintf("%.2fx", (test ~ /_bw$/) ? s / r : r / s)
-      printf "lab|%s (TCG guest)|%s|%s|1|rxe<->rxe %s, softroce<->softroce %s%s, softroce<->rxe %s %s; softroce/rxe %s%s\n",
-        test, size, m, r, s, (s2 != "") ? " (GOMAXPROCS=2: " s2 ")" : "", x, unit, ratio, (test ~ /_lat$/) ? " (rxe latency / softroce latency)" : ""
+      printf "lab|%s (TCG guest)|%s|%s|1|rxe<->rxe %s, softroce<->softroce %s%s%s, softroce<->rxe %s%s %s; softroce/rxe %s%s\n",
+        test, size, m, r, s, (s2 != "") ? " (GOMAXPROCS=2: " s2 ")" : "", (sb != "") ? " (--busy-poll: " sb ")" : "",
+        x, (xb != "") ? " (--busy-poll: " xb ")" : "", unit, ratio, (test ~ /_lat$/) ? " (rxe latency / softroce latency)" : ""
     }
   }' "$OUT/lab.rows" | sort
