@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"io"
 	"net"
 	"strings"
 	"testing"
@@ -59,12 +60,40 @@ func TestConformSoftrocePass(t *testing.T) {
 	}
 }
 
-// TestConformFailExit: a scenario softroce fails makes the exit status 1 (it uses the
-// known failure of pkg/conform/conform_test.go: when that is fixed, pick another way).
+// TestConformFailExit: a scenario that fails makes the exit status 1. The DUT here is
+// a broken agent that greets and then refuses every control request, so the
+// scenario cannot pass.
 func TestConformFailExit(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.79.5:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func(c net.Conn) {
+				defer c.Close()
+				sc := bufio.NewScanner(c)
+				for sc.Scan() {
+					reply := "ERR broken agent\n"
+					if sc.Text() == "HELLO" {
+						reply = "OK broken-agent none\n"
+					}
+					if _, err := io.WriteString(c, reply); err != nil {
+						return
+					}
+				}
+			}(c)
+		}
+	}()
 	var out, errb bytes.Buffer
-	if st := run([]string{"conform", "--dut", "softroce", "--run", "^rc-dup-send-no-ackreq$", "--quiet", "100ms", "--reply", "300ms"}, &out, &errb); st != 1 {
-		t.Fatalf("exit %d, want 1\n%s", st, out.String())
+	if st := run([]string{"conform", "--dut", ln.Addr().String(), "--roce", "127.0.79.5:14791", "--bench", "127.0.79.6:14791",
+		"--run", "^rc-send-only-ack$", "--quiet", "100ms", "--reply", "300ms"}, &out, &errb); st != 1 {
+		t.Fatalf("exit %d, want 1\n%s\n%s", st, out.String(), errb.String())
 	}
 	if !strings.Contains(out.String(), "fail") {
 		t.Errorf("table without the failure:\n%s", out.String())

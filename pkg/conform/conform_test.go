@@ -14,9 +14,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // knownFailures lists scenarios softroce fails today because of engine bugs (see
 // docs/conformance.md): the test requires them to FAIL, so a fix flips the test and the
 // entry must then be removed.
-var knownFailures = map[string]string{
-	"rc-dup-send-no-ackreq": "engine: pkg/qp duplicate() re-ACKs a duplicate SEND/WRITE only when it carries AckReq (asserted by pkg/qp TestDuplicates); kernel rxe re-ACKs regardless (C9-105)",
-}
+var knownFailures = map[string]string{}
 
 func TestScenariosCount(t *testing.T) {
 	all := Scenarios()

@@ -366,8 +366,9 @@ func TestDuplicates(t *testing.T) {
 		expectWC(t, pollAll(b.rcq), cq.WC{WRID: 5, Opcode: cq.OpRecv, ByteLen: 100}, cq.WC{WRID: 6, Opcode: cq.OpRecv, ByteLen: 1000})
 		eq(t, "send", b.buf[dstOff+100:dstOff+1100], a.buf[:1000])
 		acks := w.sent(b, bth.OpRCAck)
-		// ACK 0, re-ACK 0 for the copy of SEND_ONLY, ACK 4 (the MIDDLE copy has no AckReq)
-		if len(acks) != 3 || acks[0].psn != 0 || acks[1].psn != 0 || acks[2].psn != 4 {
+		// ACK 0, re-ACK 0 for the copy of SEND_ONLY, re-ACK 3 for the copy of the
+		// second MIDDLE (C9-105: duplicates are ACKed even without AckReq), ACK 4
+		if len(acks) != 4 || acks[0].psn != 0 || acks[1].psn != 0 || acks[2].psn != 3 || acks[3].psn != 4 {
 			t.Fatalf("ACKs %+v", acks)
 		}
 		if s := b.cnt.Snapshot(); s.DuplicateRequest != 2 || s.RDMARecvs != 2 {

@@ -535,9 +535,10 @@ func (q *QP) recvAtomic(p *bth.Packet, psn bth.PSN) {
 func (q *QP) duplicate(p *bth.Packet, psn bth.PSN) {
 	switch p.Info.Kind {
 	case bth.KindSend, bth.KindWrite:
-		if p.BTH.AckReq() {
-			q.sendAck(bth.SyndromeACK(0x1F), q.resp.epsn.Add(bth.PSNMask))
-		}
+		// C9-105: a duplicate SEND or WRITE is acknowledged again whether or
+		// not it asks for an ACK (its original ACK may be what was lost), with
+		// the PSN of the last request executed; rxe does the same.
+		q.sendAck(bth.SyndromeACK(0x1F), q.resp.epsn.Add(bth.PSNMask))
 	case bth.KindReadReq:
 		f := p.RETH.Fields()
 		for i := range q.resp.res {
