@@ -147,6 +147,12 @@ func (m *Manager) Close() {
 // Listen registers a listener for serviceID (e.g. ServiceID(PSTCP, port)).
 // REQs and SIDR_REQs for it produce CONNECT_REQUEST events.
 func (m *Manager) Listen(serviceID uint64) (*Listener, error) {
+	return m.ListenContext(serviceID, nil)
+}
+
+// ListenContext is Listen with the listener's Context set before it is
+// registered, so a REQ that arrives at once already sees it.
+func (m *Manager) ListenContext(serviceID uint64, context any) (*Listener, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
@@ -155,7 +161,7 @@ func (m *Manager) Listen(serviceID uint64) (*Listener, error) {
 	if _, ok := m.listen[serviceID]; ok {
 		return nil, ErrInUse
 	}
-	l := &Listener{m: m, serviceID: serviceID}
+	l := &Listener{m: m, serviceID: serviceID, Context: context}
 	m.listen[serviceID] = l
 	return l, nil
 }

@@ -543,13 +543,12 @@ func (id *ID) Listen(backlog int) error {
 	id.state = stListen
 	port := id.local.Port()
 	id.mu.Unlock()
-	l, err := id.ds.d.CM().Listen(cm.ServiceID(id.ps, port))
+	l, err := id.ds.d.CM().ListenContext(cm.ServiceID(id.ps, port), id)
 	id.mu.Lock()
 	if err != nil {
 		id.state = stBound
 		return err
 	}
-	l.Context = id
 	id.listener = l
 	return nil
 }
