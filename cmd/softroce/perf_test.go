@@ -576,7 +576,7 @@ func TestPerfTwoProcesses(t *testing.T) {
 		t.Logf("%v\nserver:\n%s\nclient:\n%s", args, sw.String(), cout)
 	}
 	start := time.Now()
-	st, _, serr := run("read", "-d", "127.0.0.2", "-p", "1", "--timeout", "1s", "127.0.0.1")
+	st, _, serr := run("read", "-d", "127.0.0.2", "-p", "1", "--roce-port", strconv.Itoa(int(freeUDPPort(t))), "--timeout", "1s", "127.0.0.1")
 	if st != 1 || time.Since(start) > 15*time.Second || !strings.Contains(serr, "Couldn't connect") {
 		t.Errorf("client without server: exit %d after %v, stderr %q", st, time.Since(start), serr)
 	}
