@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# bench/lab.sh SOFTROCE_BIN OUTDIR [QUICK]: the rxe-lab part of bench/run. Takes the machine-wide
-# lab lock (/run/rxelab.lock, as scripts/interop does) for the whole session, boots the lab VM with
+# bench/lab.sh SOFTROCE_BIN OUTDIR [QUICK]: the rxe-lab part of bench/run. Takes the lab lock
+# ($RXE_LAB_CACHE/interop.lock, as scripts/interop does) for the whole session, boots the lab VM with
 # --dual, runs bench/lab-guest.sh in the guest (kernel rxe<->rxe, softroce<->softroce and
 # softroce<->rxe on veth pairs inside the guest, ib_write_bw/ib_write_lat and `softroce perf`),
 # always stops the VM, and prints table rows "lab|..." with the softroce/rxe ratio per row.
@@ -13,13 +13,9 @@ NBW=1000 NLAT=500
 SHARE=$(mktemp -d /tmp/softroce-bench-share.XXXXXX)
 cp "$SR" "$SHARE/softroce" && cp bench/lab-guest.sh "$SHARE/lab-guest.sh" || exit 1
 LOG=$OUT/lab.log
-# Two locks: /run/rxelab.lock (the machine-wide lab lock) and $RXE_LAB_CACHE/interop.lock, which
-# scripts/interop and `softroce conform --dut rxe` hold for their whole run (scripts/interop
-# reopens fd 9 for it, which releases its /run/rxelab.lock). Long-lived children (the VM and its
-# watchdog) get both closed.
-exec 8>/run/rxelab.lock
-echo "   waiting for the lab locks" >&2
-timeout 2400 flock 8 || { echo "bench/lab.sh: /run/rxelab.lock not acquired" >&2; exit 1; }
+# The lab lock: scripts/interop and `softroce conform --dut rxe` hold it for their whole run.
+# Long-lived children (the VM and its watchdog) get it closed.
+echo "   waiting for the lab lock" >&2
 LOCKDIR=${RXE_LAB_CACHE:-/var/cache/rxe-lab}
 mkdir -p "$LOCKDIR"
 exec 7>"$LOCKDIR/interop.lock"
@@ -35,13 +31,13 @@ if test/rxelab/vm status > /dev/null 2>&1; then
   exit 1
 fi
 STARTED=0
-cleanup() { [ "$STARTED" = 1 ] && test/rxelab/vm stop >> "$LOG" 2>&1 7>&- 8>&-; rm -rf "$SHARE"; }
+cleanup() { [ "$STARTED" = 1 ] && test/rxelab/vm stop >> "$LOG" 2>&1 7>&-; rm -rf "$SHARE"; }
 trap cleanup EXIT
 test/rxelab/setup --no-install >> "$LOG" 2>&1 || { echo "bench/lab.sh: lab setup failed" >&2; exit 1; }
 STARTED=1
-RXE_LAB_MTU=9000 test/rxelab/vm start --dual --share "$SHARE" --max-life 1800 >> "$LOG" 2>&1 7>&- 8>&- ||
+RXE_LAB_MTU=9000 test/rxelab/vm start --dual --share "$SHARE" --max-life 1800 >> "$LOG" 2>&1 7>&- ||
   { echo "bench/lab.sh: VM did not start (see $LOG)" >&2; exit 1; }
-test/rxelab/vm exec --timeout 1500 -c "bash /mnt/host/lab-guest.sh /mnt/host/softroce $NBW $NLAT 4096" > "$OUT/lab.rows" 2>> "$LOG" 7>&- 8>&-
+test/rxelab/vm exec --timeout 1500 -c "bash /mnt/host/lab-guest.sh /mnt/host/softroce $NBW $NLAT 4096" > "$OUT/lab.rows" 2>> "$LOG" 7>&-
 st=$?
 echo "   guest script exit $st" >&2
 # rows with ratios softroce/rxe: bandwidth higher is better, latency lower is better
