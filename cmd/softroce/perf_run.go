@@ -428,8 +428,13 @@ func (r *perfRes) bwClient(size int) error {
 			if qi < 0 || qi >= len(r.qps) {
 				return fmt.Errorf("%w: completion for unknown wr_id %d", errPerfVerbs, w.WRID)
 			}
-			r.ccnt[qi] += c.CQMod
-			totC += c.CQMod
+			// A signaled WR completes the messages since the previous one: cq_mod of
+			// them, or fewer for the last WR when -n is not a multiple of cq_mod
+			// (counting a full cq_mod there made totC reach tot while another QP
+			// still had messages to post, and the loop stopped polling and spun).
+			done := min(c.CQMod, c.Iters-r.ccnt[qi])
+			r.ccnt[qi] += done
+			totC += done
 			r.tcompleted[min(totC, tot)-1] = now
 		}
 	}

@@ -349,6 +349,9 @@ func TestPerfPairs(t *testing.T) {
 		{[]string{"read", "-s", "3000", "-n", "200", "-m", "1024"}, []int{3000}, 200, 1},
 		{[]string{"send", "-s", "3000", "-n", "200", "-m", "1024"}, []int{3000}, 200, 1},
 		{[]string{"send", "-s", "64", "-n", "300", "-q", "2", "-r", "16"}, []int{64}, 300, 2},
+		// -n not a multiple of cq_mod (100) with several QPs: the last signaled WR of a QP
+		// completes fewer than cq_mod messages (counting cq_mod there stopped the client)
+		{[]string{"write", "-s", "64", "-n", "1050", "-q", "8"}, []int{64}, 1050, 8},
 		{[]string{"atomic", "-n", "200"}, []int{8}, 200, 1},
 		{[]string{"atomic", "-n", "200", "-A", "CMP_AND_SWAP"}, []int{8}, 200, 1},
 		{[]string{"write", "--lat", "-s", "64", "-n", "300"}, []int{64}, 300, 1},
