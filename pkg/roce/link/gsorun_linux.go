@@ -85,35 +85,18 @@ func (s *udpSock) sendRuns(batch []Datagram, runs []uint8) error {
 	for len(runs) > 0 {
 		used, usedRuns := s.fillRuns(batch, runs, plainRuns)
 		plainRuns = 0
-		s.sidx, s.sfail, s.sgsoEr = 0, 0, 0
-		err := s.rc.Write(s.sendFn)
-		s.clear()
+		done, refused, err := s.flush()
 		if err != nil {
-			if s.l.closed.Load() {
-				return net.ErrClosed
-			}
-			return fmt.Errorf("sendmmsg from %v: %w", s.local, err)
+			return err
 		}
-		done := s.sentDatagrams()
-		if s.sgsoEr != 0 {
-			// As send: EIO/EINVAL turn GSO off for good; the refused run is resent plain
-			// (fillRuns rewrites its ICRCs for ID 0).
-			if s.sgsoEr == unix.EIO || s.sgsoEr == unix.EINVAL {
-				s.gso.Store(false)
-				s.runGSO.Store(false)
-				s.l.fallbacks.Add(1)
-			}
+		if refused {
+			// As send: the refused run is resent plain (fillRuns rewrites its ICRCs for ID 0).
 			plainRuns = 1
 			used, usedRuns = done, 0
 			for c := 0; c < done; usedRuns++ {
 				c += int(runs[usedRuns])
 			}
 		}
-		if s.sfail > 0 {
-			s.l.drops.Add(uint64(s.sfail))
-		}
-		s.l.sent.Add(uint64(done - s.sfail))
-		s.l.sendBatches.Add(1)
 		batch, runs = batch[used:], runs[usedRuns:]
 	}
 	return nil

@@ -422,39 +422,50 @@ func (s *udpSock) send(run []Datagram) error {
 	plain := false // resend the datagrams of a refused GSO message one by one
 	for len(run) > 0 {
 		used := s.fill(run, s.gso.Load() && !plain)
-		plain = false
-		s.sidx, s.sfail, s.sgsoEr = 0, 0, 0
-		err := s.rc.Write(s.sendFn)
-		s.clear()
+		done, refused, err := s.flush()
 		if err != nil {
-			if s.l.closed.Load() {
-				return net.ErrClosed
-			}
-			return fmt.Errorf("sendmmsg from %v: %w", s.local, err)
+			return err
 		}
-		done := s.sentDatagrams()
-		if s.sgsoEr != 0 {
-			// The kernel refused a GSO message (messages before it were sent; resend from it,
-			// one datagram per message). EIO/EINVAL mean this socket or device cannot do
-			// UDP_SEGMENT at all (as wireguard-go treats them): turn GSO off for good. Other
-			// errors (EMSGSIZE: a segment above the path MTU) are the datagrams' own and are
-			// met again, and counted, by the plain resend.
-			if s.sgsoEr == unix.EIO || s.sgsoEr == unix.EINVAL {
-				s.gso.Store(false)
-				s.runGSO.Store(false)
-				s.l.fallbacks.Add(1)
-			}
-			plain = true
+		// A refused GSO message: the messages before it were sent; resend from it, one
+		// datagram per message.
+		if plain = refused; refused {
 			used = done
 		}
-		if s.sfail > 0 {
-			s.l.drops.Add(uint64(s.sfail))
-		}
-		s.l.sent.Add(uint64(done - s.sfail))
-		s.l.sendBatches.Add(1)
 		run = run[used:]
 	}
 	return nil
+}
+
+// flush sends the messages fill or fillRuns prepared with one sendmmsg and counts them. It
+// returns how many datagrams left and whether the kernel refused a GSO message. EIO/EINVAL
+// mean this socket or device cannot do UDP_SEGMENT at all (as wireguard-go treats them): GSO
+// is turned off for good. Other errors (EMSGSIZE: a segment above the path MTU) are the
+// datagrams' own and are met again, and counted, by the caller's plain resend.
+func (s *udpSock) flush() (done int, refused bool, err error) {
+	s.sidx, s.sfail, s.sgsoEr = 0, 0, 0
+	err = s.rc.Write(s.sendFn)
+	s.clear()
+	if err != nil {
+		if s.l.closed.Load() {
+			return 0, false, net.ErrClosed
+		}
+		return 0, false, fmt.Errorf("sendmmsg from %v: %w", s.local, err)
+	}
+	done = s.sentDatagrams()
+	if s.sgsoEr != 0 {
+		if s.sgsoEr == unix.EIO || s.sgsoEr == unix.EINVAL {
+			s.gso.Store(false)
+			s.runGSO.Store(false)
+			s.l.fallbacks.Add(1)
+		}
+		refused = true
+	}
+	if s.sfail > 0 {
+		s.l.drops.Add(uint64(s.sfail))
+	}
+	s.l.sent.Add(uint64(done - s.sfail))
+	s.l.sendBatches.Add(1)
+	return done, refused, nil
 }
 
 // fill builds up to len(s.smsgs) messages from the head of run and returns how many datagrams
