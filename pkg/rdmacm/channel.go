@@ -13,11 +13,20 @@ type EventChannel struct {
 	q      []Event
 	notify chan struct{}
 	closed bool
+	onPush func()
 }
 
 // NewEventChannel returns an empty channel.
 func NewEventChannel() *EventChannel {
 	return &EventChannel{notify: make(chan struct{}, 1)}
+}
+
+// NewEventChannelFunc returns an empty channel that also calls onPush
+// after each event is queued (on the goroutine delivering the event, which
+// must not be blocked: onPush only signals). The softroce daemon wakes its
+// client with it.
+func NewEventChannelFunc(onPush func()) *EventChannel {
+	return &EventChannel{notify: make(chan struct{}, 1), onPush: onPush}
 }
 
 func (c *EventChannel) push(e Event) {
@@ -31,6 +40,9 @@ func (c *EventChannel) push(e Event) {
 	select {
 	case c.notify <- struct{}{}:
 	default:
+	}
+	if c.onPush != nil {
+		c.onPush()
 	}
 }
 

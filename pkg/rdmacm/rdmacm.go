@@ -154,10 +154,17 @@ const (
 
 // IDOptions configure CreateID.
 type IDOptions struct {
-	// Device is the softroce device the ID lives on (required: softroce
-	// has no global device list; rdma_cm binds IDs to the device owning
-	// the address).
+	// Device is the softroce device the ID lives on (softroce has no
+	// global device list; rdma_cm binds IDs to the device owning the
+	// address). Device or Verbs is required.
 	Device *roce.Device
+	// Verbs, when Device is nil, names the device as a roce.Verbs: an
+	// embedded device (Device.Verbs) or a client of the softroce daemon
+	// (pkg/roce/client.Conn, which implements Remote), whose IDs live in
+	// the daemon, bound to this client's QPs (docs/cm.md). A program
+	// written against Verbs uses CreateQPVerbs and QueuePair, which work
+	// in both modes.
+	Verbs roce.Verbs
 	// PortSpace: cm.PSTCP (RC, the default) or cm.PSUDP (UD via SIDR).
 	PortSpace cm.PortSpace
 	// Context is free for the application (rdma_cm_id.context).
@@ -189,6 +196,13 @@ type ID struct {
 	ownsPort  bool
 	udRemote  UDParam
 	connected bool
+	attached  bool // the QP came from AttachQP: not ours to destroy
+
+	// daemon mode (rem != nil): the ID is handle rh of the client's
+	// session; vqp is the QP bound with CreateQPVerbs.
+	rem *remState
+	rh  uint32
+	vqp roce.QueuePair
 }
 
 // devState is the per-device rdma_cm state: bound ports and the CM
@@ -240,7 +254,20 @@ func release(ds *devState) {
 
 // CreateID creates an ID on o.Device whose events go to ch (rdma_create_id).
 func CreateID(ch *EventChannel, o IDOptions) (*ID, error) {
-	if ch == nil || o.Device == nil {
+	if ch == nil {
+		return nil, ErrInvalidArg
+	}
+	if o.Device == nil && o.Verbs != nil {
+		o.Device = roce.DeviceOf(o.Verbs)
+		if o.Device == nil {
+			r, ok := o.Verbs.(Remote)
+			if !ok {
+				return nil, fmt.Errorf("%w: this Verbs offers no rdma_cm", ErrInvalidArg)
+			}
+			return createRemote(ch, r, o)
+		}
+	}
+	if o.Device == nil {
 		return nil, ErrInvalidArg
 	}
 	if o.PortSpace == 0 {
@@ -256,8 +283,13 @@ func CreateID(ch *EventChannel, o IDOptions) (*ID, error) {
 	return &ID{Context: o.Context, ch: ch, ds: ds, ps: o.PortSpace}, nil
 }
 
-// Device returns the ID's device.
-func (id *ID) Device() *roce.Device { return id.ds.d }
+// Device returns the ID's device (nil for an ID in the daemon).
+func (id *ID) Device() *roce.Device {
+	if id.ds == nil {
+		return nil
+	}
+	return id.ds.d
+}
 
 // PortSpace returns the ID's port space.
 func (id *ID) PortSpace() cm.PortSpace { return id.ps }
@@ -283,7 +315,8 @@ func (id *ID) Route() Route {
 	return id.route
 }
 
-// QP returns the QP created with CreateQP (nil if none).
+// QP returns the QP created with CreateQP or CreateQPVerbs on an embedded
+// device (nil if none, and for an ID in the daemon: see QueuePair).
 func (id *ID) QP() *roce.QP {
 	id.mu.Lock()
 	defer id.mu.Unlock()
@@ -328,6 +361,9 @@ func (id *ID) bindLocked(ap netip.AddrPort) error {
 // unspecified address listens on all of the device's addresses, port 0
 // picks an ephemeral port.
 func (id *ID) BindAddr(ap netip.AddrPort) error {
+	if id.rem != nil {
+		return id.remBind(ap)
+	}
 	id.mu.Lock()
 	defer id.mu.Unlock()
 	if id.state != stIdle {
@@ -348,6 +384,9 @@ func (id *ID) BindAddr(ap netip.AddrPort) error {
 // the GID is the IP address (IBTA A17.8).
 func (id *ID) ResolveAddr(src netip.Addr, dst netip.AddrPort, timeout time.Duration) error {
 	_ = timeout // resolution is local and immediate
+	if id.rem != nil {
+		return id.remResolveAddr(src, dst)
+	}
 	id.mu.Lock()
 	defer id.mu.Unlock()
 	if id.state != stIdle && id.state != stBound {
@@ -420,6 +459,9 @@ func pickSource(d *roce.Device, src, dst netip.Addr) (netip.Addr, error) {
 // ROUTE_RESOLVED.
 func (id *ID) ResolveRoute(timeout time.Duration) error {
 	_ = timeout
+	if id.rem != nil {
+		return id.remResolveRoute()
+	}
 	id.mu.Lock()
 	defer id.mu.Unlock()
 	if id.state != stAddrResolved {
@@ -445,8 +487,12 @@ func (id *ID) ResolveRoute(timeout time.Duration) error {
 // are moved to INIT (P_Key index 0, port 1, local write and remote
 // read/write/atomic access: cma.c grants remote read/atomic when responder
 // resources are non-zero, which rping's are); UD QPs go to RTS with the
-// rdma_cm Q_Key 0x01234567 (cma_init_ud_qp).
+// rdma_cm Q_Key 0x01234567 (cma_init_ud_qp). Embedded IDs only; an ID of
+// any Verbs (the daemon's included) uses CreateQPVerbs.
 func (id *ID) CreateQP(pd *mr.PD, in roce.QPInit) (*roce.QP, error) {
+	if id.rem != nil {
+		return nil, fmt.Errorf("%w: CreateQP on a daemon ID (use CreateQPVerbs)", ErrInvalidArg)
+	}
 	id.mu.Lock()
 	defer id.mu.Unlock()
 	if id.qp != nil || id.state == stDestroyed {
@@ -469,11 +515,56 @@ func (id *ID) CreateQP(pd *mr.PD, in roce.QPInit) (*roce.QP, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := initQP(q, in.Type); err != nil {
+		q.Destroy()
+		return nil, err
+	}
+	id.qp, id.pd = q, pd
+	return q, nil
+}
+
+// AttachQP binds an existing QP (in RESET, of the ID's device, created in
+// pd) to the ID and moves it as CreateQP does: the softroce daemon binds a
+// client's QP to the client's ID with it. DestroyQP and Destroy leave it to
+// its creator; DetachQP forgets it.
+func (id *ID) AttachQP(q *roce.QP, pd *mr.PD) error {
+	if id.ds == nil || q == nil || pd == nil {
+		return ErrInvalidArg
+	}
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	if id.qp != nil || id.state == stDestroyed {
+		return ErrState
+	}
+	if (q.Type() == qp.TypeUD) != (id.ps == cm.PSUDP) || q.Type() == qp.TypeGSI {
+		return fmt.Errorf("%w: QP type %v in port space %#x", ErrInvalidArg, q.Type(), uint16(id.ps))
+	}
+	if q.State() != qp.StateReset {
+		return fmt.Errorf("%w: the QP is not in RESET", ErrState)
+	}
+	if err := initQP(q, q.Type()); err != nil {
+		return err
+	}
+	id.qp, id.pd, id.attached = q, pd, true
+	return nil
+}
+
+// DetachQP forgets the ID's QP without destroying it (the daemon calls it
+// when a client destroys a QP bound to an ID).
+func (id *ID) DetachQP() {
+	id.mu.Lock()
+	id.qp, id.pd, id.attached = nil, nil, false
+	id.mu.Unlock()
+}
+
+// initQP makes the modifications rdma_create_qp makes (cma_init_ib_qp /
+// cma_init_ud_qp).
+func initQP(q *roce.QP, typ qp.Type) error {
 	var steps []struct {
 		a qp.Attr
 		m qp.AttrMask
 	}
-	if in.Type == qp.TypeUD {
+	if typ == qp.TypeUD {
 		steps = append(steps,
 			struct {
 				a qp.Attr
@@ -489,7 +580,7 @@ func (id *ID) CreateQP(pd *mr.PD, in roce.QPInit) (*roce.QP, error) {
 			}{qp.Attr{State: qp.StateRTS, SQPSN: rand.Uint32() & bth.PSNMask}, qp.AttrState | qp.AttrSQPSN})
 	} else {
 		acc := mr.AccessLocalWrite | mr.AccessRemoteWrite
-		if in.Type == qp.TypeRC {
+		if typ == qp.TypeRC {
 			acc |= mr.AccessRemoteRead | mr.AccessRemoteAtomic
 		}
 		steps = append(steps, struct {
@@ -499,30 +590,36 @@ func (id *ID) CreateQP(pd *mr.PD, in roce.QPInit) (*roce.QP, error) {
 	}
 	for i := range steps {
 		if err := q.Modify(&steps[i].a, steps[i].m); err != nil {
-			q.Destroy()
-			return nil, err
+			return err
 		}
 	}
-	id.qp, id.pd = q, pd
-	return q, nil
+	return nil
 }
 
 // DestroyQP destroys the ID's QP (rdma_destroy_qp).
 func (id *ID) DestroyQP() error {
 	id.mu.Lock()
-	q := id.qp
-	id.qp = nil
+	q, vq, attached := id.qp, id.vqp, id.attached
+	id.qp, id.vqp, id.attached = nil, nil, false
 	id.mu.Unlock()
-	if q == nil {
-		return ErrNoQP
+	switch {
+	case q != nil && attached:
+		return nil
+	case q != nil:
+		return q.Destroy()
+	case vq != nil:
+		return vq.Destroy()
 	}
-	return q.Destroy()
+	return ErrNoQP
 }
 
 // Listen starts listening for connection requests (rdma_listen); an
 // unbound ID is bound to the unspecified address and an ephemeral port.
 // At most backlog requests wait for Accept/Reject; more are rejected.
 func (id *ID) Listen(backlog int) error {
+	if id.rem != nil {
+		return id.remListen(backlog)
+	}
 	id.mu.Lock()
 	defer id.mu.Unlock()
 	switch id.state {
@@ -577,6 +674,9 @@ func depth(v uint8, max int) uint8 {
 // a SIDR_REQ for UD IDs, after ResolveRoute. The result is ESTABLISHED,
 // REJECTED, UNREACHABLE or CONNECT_ERROR on the channel.
 func (id *ID) Connect(p ConnParam) error {
+	if id.rem != nil {
+		return id.rem.r.CMConnect(id.rh, p)
+	}
 	id.mu.Lock()
 	defer id.mu.Unlock()
 	if id.state != stRouteResolved {
@@ -657,6 +757,9 @@ func (id *ID) connected1(c *cm.Conn, err error) error {
 // passive side reports ESTABLISHED when the RTU (or the first packet)
 // arrives.
 func (id *ID) Accept(p *ConnParam) error {
+	if id.rem != nil {
+		return id.rem.r.CMAccept(id.rh, p)
+	}
 	id.mu.Lock()
 	defer id.mu.Unlock()
 	if id.state != stConnectReq {
@@ -739,6 +842,9 @@ func (id *ID) parentDone() {
 // Reject refuses a CONNECT_REQUEST with a REJ (reason Consumer Defined,
 // as rdma_reject) carrying privateData, or a SIDR_REP(Reject) for UD.
 func (id *ID) Reject(privateData []byte) error {
+	if id.rem != nil {
+		return id.rem.r.CMReject(id.rh, privateData)
+	}
 	id.mu.Lock()
 	defer id.mu.Unlock()
 	if id.state != stConnectReq {
@@ -768,6 +874,9 @@ func (id *ID) Reject(privateData []byte) error {
 // ERR and a DREQ is sent; DISCONNECTED follows. Answering a received DREQ
 // is automatic.
 func (id *ID) Disconnect() error {
+	if id.rem != nil {
+		return id.rem.r.CMDisconnect(id.rh)
+	}
 	id.mu.Lock()
 	c := id.conn
 	st := id.state
@@ -785,6 +894,9 @@ func (id *ID) Disconnect() error {
 // rejected, a connection disconnected, a listener closed, the port
 // released. The QP is not destroyed (DestroyQP). No events follow.
 func (id *ID) Destroy() error {
+	if id.rem != nil {
+		return id.remDestroy()
+	}
 	id.mu.Lock()
 	if id.state == stDestroyed {
 		id.mu.Unlock()
