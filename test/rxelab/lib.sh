@@ -10,6 +10,7 @@
 #   RXE_LAB_MTU     MTU of the host tap, guest eth0 and guest veths  [1500 -> rxe active_mtu 1024]
 #   RXE_LAB_SHARE   host folder shared with the guest at /mnt/host   [$RXE_LAB_CACHE/share]
 #   RXE_LAB_APT_CACHE  where setup keeps downloaded .deb files        [$RXE_LAB_CACHE/apt]
+#   RXE_LAB_APPEND  extra guest kernel command line words (experiments; bench/lab-probe.sh)
 #
 # Network (fixed, see README.md): netns "rxelab" on the host holds tap "rxetap0"
 # with 198.18.0.1/24; the guest's eth0 is 198.18.0.2/24. Nothing is routed
@@ -29,6 +30,7 @@ MTU=${RXE_LAB_MTU:-1500}
 SMP=${RXE_LAB_SMP:-2}
 MEM=${RXE_LAB_MEM:-1024}
 APT_CACHE=${RXE_LAB_APT_CACHE:-$CACHE/apt}
+APPEND=${RXE_LAB_APPEND:-}
 
 # Debian packages the lab needs on the host (setup installs the missing ones).
 # Everything setup, vm, scripts/interop and the guest image use, checked from a

@@ -1,0 +1,105 @@
+#!/bin/bash
+# bench/lab-probe-guest.sh: runs INSIDE the rxe lab guest (bench/lab-probe.sh copies it, the
+# static softroce binary, bench/probe (Go) and bench/cprobe (C, static) into the share).
+# Evidence for docs/performance.md "rxe lab": the guest's timekeeping, what a clock read, a
+# short sleep and an 8-byte UDP round trip cost in C and in Go, and softroce's 8-byte WRITE
+# latency next to kernel rxe's, for every clocksource the guest offers (CLOCKSOURCES, or all);
+# PROBE_TRACE=0 skips the strace/schedtrace runs.
+# usage: lab-probe-guest.sh DIR N_LAT
+set -u
+D=$1 NLAT=${2:-300}
+for f in softroce probe pingpong; do cp "$D/$f" /tmp/$f && chmod +x /tmp/$f; done
+SR=/tmp/softroce P=/tmp/probe C=/tmp/pingpong
+say() { echo "== $*"; }
+CS=/sys/devices/system/clocksource/clocksource0
+say "kernel $(uname -r), $(nproc) CPUs; cmdline: $(cat /proc/cmdline)"
+say "clocksource current=$(cat $CS/current_clocksource) available=$(cat $CS/available_clocksource)"
+say "clockevent $(cat /sys/devices/system/clockevents/clockevent0/current_device 2>/dev/null)"
+dmesg | grep -iE "clocksource|tsc|hpet|hrtimer|clockevent|Switched to|lapic|timer" | head -30 | sed 's/^/   dmesg: /'
+grep -E "^(flags|model name)" /proc/cpuinfo | head -2 | cut -c1-400 | sed 's/^/   cpuinfo: /'
+grep -E "^Tick Device|^Clock Event Device|event_handler|^ *mode:" /proc/timer_list | head -12 | sed 's/^/   timer_list: /'
+
+# netns pa 198.22.0.1 <-> pb 198.22.0.2 on a veth pair (what softroce<->softroce uses)
+ip netns add pa; ip netns add pb
+ip link add vpa type veth peer name vpb
+ip link set vpa netns pa; ip link set vpb netns pb
+ip -n pa addr add 198.22.0.1/24 dev vpa; ip -n pb addr add 198.22.0.2/24 dev vpb
+for n in pa pb; do ip -n $n link set lo up; done
+ip -n pa link set vpa mtu 9000 up; ip -n pb link set vpb mtu 9000 up
+A="ip netns exec pa" B="ip netns exec pb"
+rxelab-dual up > /dev/null 2>&1
+G1=$(rxelab-gid rxe1 198.19.0.1) G2=$(rxelab-gid rxe2 198.19.0.2)
+
+PORT=21000
+# srvcli SRV CLI: server in pb, client in pa (both commands get their own flags)
+srvcli() {
+  PORT=$((PORT + 1))
+  timeout 120 $B $1 > /tmp/srv.out 2>&1 &
+  local sp=$!
+  sleep 1.5
+  timeout 120 $A $2 2>&1
+  wait $sp 2>/dev/null
+}
+lat() { awk '/#bytes/ {getline; printf "t_min %s t_typical %s t_avg %s 99%% %s\n", $3, $5, $6, $7; exit}'; }
+
+probe_all() {
+  local cs=$1
+  say "---- clocksource $cs"
+  $C clock 200000
+  $P clock 200000
+  GOMAXPROCS=1 $P clock 200000
+  $C sleep 200 50
+  $P sleep 200 50
+  $C sleep 100 1000
+  for m in "" spin; do
+    PORT=$((PORT + 1)); timeout 60 $B $C server 198.22.0.2 $PORT $m & sleep 1
+    timeout 60 $A $C client 198.22.0.2 $PORT 2000 $m; wait
+  done
+  for g in 1 2; do
+    for m in netpoll block spin; do
+      sm=netpoll; [ $m = spin ] && sm=spin
+      PORT=$((PORT + 1)); timeout 60 $B env GOMAXPROCS=$g $P server -mode $sm 198.22.0.2 $PORT & sleep 1
+      timeout 60 $A env GOMAXPROCS=$g $P client -mode $m 198.22.0.2 $PORT 2000; wait
+    done
+  done
+  # kernel rxe <-> rxe (init_net, --dual veth) and softroce <-> softroce: 8-byte WRITE latency
+  PORT=$((PORT + 1))
+  timeout 120 ib_write_lat -d rxe2 -x "$G2" -s 8 -n $NLAT -F -p $PORT > /tmp/srv.out 2>&1 &
+  sleep 1.5
+  echo "rxe<->rxe ib_write_lat 8 B: $(timeout 120 ib_write_lat -d rxe1 -x "$G1" -s 8 -n $NLAT -F -p $PORT 198.19.0.2 2>&1 | lat)"
+  wait
+  for g in 1 2; do
+    PORT=$((PORT + 1))
+    f="perf write --lat -s 8 -n $NLAT -m 4096 -F -p $PORT --timeout 60s --run-timeout 100s"
+    echo "softroce<->softroce write_lat 8 B GOMAXPROCS=$g: $(srvcli "env GOMAXPROCS=$g $SR $f -d 198.22.0.2" "env GOMAXPROCS=$g $SR $f -d 198.22.0.1 198.22.0.2" | lat)"
+  done
+  PORT=$((PORT + 1))
+  f="perf write --lat -s 8 -n $NLAT -m 4096 -F -p $PORT --timeout 60s --run-timeout 100s --busy-poll"
+  echo "softroce<->softroce write_lat 8 B --busy-poll GOMAXPROCS=2: $(srvcli "env GOMAXPROCS=2 $SR $f -d 198.22.0.2" "env GOMAXPROCS=2 $SR $f -d 198.22.0.1 198.22.0.2" | lat)"
+  [ "${PROBE_TRACE:-1}" = 1 ] || return 0
+  # system calls of one softroce latency run (server side; strace slows it, counts matter)
+  PORT=$((PORT + 1))
+  f="perf write --lat -s 8 -n 200 -m 4096 -F -p $PORT --timeout 60s --run-timeout 100s"
+  timeout 120 $B strace -f -c -o /tmp/strace.srv env GOMAXPROCS=1 $SR $f -d 198.22.0.2 > /dev/null 2>&1 &
+  sleep 2.5
+  timeout 120 $A env GOMAXPROCS=1 $SR $f -d 198.22.0.1 198.22.0.2 > /dev/null 2>&1
+  wait
+  echo "strace -c -f of the softroce server, 200 x 8 B WRITE ping-pong (GOMAXPROCS=1):"
+  head -25 /tmp/strace.srv | sed 's/^/   /'
+  # scheduler view of one run
+  PORT=$((PORT + 1))
+  f="perf write --lat -s 8 -n $NLAT -m 4096 -F -p $PORT --timeout 60s --run-timeout 100s"
+  timeout 120 $B env GOMAXPROCS=1 GODEBUG=schedtrace=1000 $SR $f -d 198.22.0.2 > /tmp/srv.out 2>&1 &
+  sleep 1.5
+  timeout 120 $A env GOMAXPROCS=1 $SR $f -d 198.22.0.1 198.22.0.2 > /dev/null 2>&1
+  wait
+  grep SCHED /tmp/srv.out | tail -3 | sed 's/^/   schedtrace: /'
+}
+
+for cs in ${CLOCKSOURCES:-$(cat $CS/available_clocksource)}; do
+  echo "$cs" > $CS/current_clocksource 2>/dev/null || { say "cannot select $cs"; continue; }
+  [ "$(cat $CS/current_clocksource)" = "$cs" ] || { say "clocksource $cs not taken"; continue; }
+  probe_all "$cs"
+done
+say "clocksource at the end: $(cat $CS/current_clocksource); dmesg:"
+dmesg | grep -iE "clocksource|tsc" | tail -5 | sed 's/^/   dmesg: /'

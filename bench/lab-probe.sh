@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# bench/lab-probe.sh [N_LAT]: an ad-hoc evidence run in the rxe lab VM (docs/performance.md,
+# "rxe lab"). Builds the static softroce, bench/probe (Go) and bench/cprobe/pingpong (C,
+# static), takes the machine-wide lab lock ($RXE_LAB_CACHE/interop.lock, as bench/lab.sh and
+# scripts/interop do), boots the VM with --dual, runs bench/lab-probe-guest.sh in the guest
+# (clocksource, timers, clock/sleep/UDP costs in C and Go, rxe vs softroce 8-byte latency per
+# clocksource), prints its output and always stops the VM. Root only.
+# Environment: RXE_LAB_APPEND (extra guest kernel command line, e.g. "tsc=reliable"),
+# CLOCKSOURCES (which to try; default every one the guest offers), PROBE_TRACE=0 (no strace).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PATH=$PATH:/usr/local/go/bin
+NLAT=${1:-300}
+[ "$(id -u)" = 0 ] || { echo "bench/lab-probe.sh: must run as root" >&2; exit 1; }
+SHARE=$(mktemp -d /tmp/softroce-probe-share.XXXXXX)
+LOG=$SHARE.log
+# softroce from the working tree, or from HEAD when the shared tree is mid-edit (as bench/run)
+if ! CGO_ENABLED=0 go build -trimpath -o "$SHARE/softroce" ./cmd/softroce 2> "$LOG"; then
+  echo "   working tree does not build: softroce from HEAD $(git rev-parse --short HEAD)" >&2
+  SRC=$(mktemp -d /tmp/softroce-probe-src.XXXXXX)
+  git archive HEAD | tar -x -C "$SRC" &&
+    (cd "$SRC" && CGO_ENABLED=0 go build -trimpath -o "$SHARE/softroce" ./cmd/softroce)
+  st=$?; rm -rf "$SRC"; [ $st = 0 ] || { echo "bench/lab-probe.sh: build failed" >&2; exit 1; }
+fi
+CGO_ENABLED=0 go build -trimpath -o "$SHARE/probe" ./bench/probe &&
+  gcc -O2 -static -o "$SHARE/pingpong" bench/cprobe/pingpong.c &&
+  cp bench/lab-probe-guest.sh "$SHARE/" || { echo "bench/lab-probe.sh: build failed" >&2; exit 1; }
+echo "   waiting for the lab lock" >&2
+LOCKDIR=${RXE_LAB_CACHE:-/var/cache/rxe-lab}
+mkdir -p "$LOCKDIR"
+exec 7>"$LOCKDIR/interop.lock"
+timeout 2400 flock 7 || { echo "bench/lab-probe.sh: $LOCKDIR/interop.lock not acquired" >&2; exit 1; }
+for _ in $(seq 1 60); do
+  test/rxelab/vm status > /dev/null 2>&1 || break
+  echo "   a lab VM is running (someone else's): waiting" >&2
+  sleep 10
+done
+if test/rxelab/vm status > /dev/null 2>&1; then
+  echo "bench/lab-probe.sh: someone else's lab VM is still running: not touching it" >&2
+  exit 1
+fi
+STARTED=0
+cleanup() { [ "$STARTED" = 1 ] && test/rxelab/vm stop >> "$LOG" 2>&1 7>&-; rm -rf "$SHARE"; }
+trap cleanup EXIT
+echo "   $(date -u +%H:%M:%S) host load: $(cut -d' ' -f1-3 /proc/loadavg); RXE_LAB_APPEND='${RXE_LAB_APPEND:-}'" >&2
+test/rxelab/setup --no-install >> "$LOG" 2>&1 || { echo "bench/lab-probe.sh: lab setup failed" >&2; exit 1; }
+STARTED=1
+RXE_LAB_MTU=9000 test/rxelab/vm start --dual --share "$SHARE" --max-life 1200 >> "$LOG" 2>&1 7>&- ||
+  { echo "bench/lab-probe.sh: VM did not start (see $LOG)" >&2; exit 1; }
+test/rxelab/vm exec --timeout 1000 -c "CLOCKSOURCES='${CLOCKSOURCES:-}' PROBE_TRACE='${PROBE_TRACE:-1}' bash /mnt/host/lab-probe-guest.sh /mnt/host $NLAT" 7>&-
+echo "   guest script exit $?; $(date -u +%H:%M:%S) host load: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
