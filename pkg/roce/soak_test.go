@@ -35,7 +35,7 @@ import (
 var (
 	soakMsgs  = flag.Int("soak.msgs", 0, "soak: messages per link kind (0: SOFTROCE_SOAK_MSGS or a short default)")
 	soakSeed  = flag.Uint64("soak.seed", 1, "soak: seed of the fault injector and of the work mix")
-	soakLinks = flag.String("soak.links", "mem,udp", "soak: link kinds to run (mem, udp)")
+	soakLinks = flag.String("soak.links", "mem,udp", "soak: link kinds to run (mem, udp; udp2p: two processes over UDP, soak2p_test.go)")
 	soakPairs = flag.Int("soak.pairs", 4, "soak: RC QP pairs (each runs traffic both ways)")
 	soakMax   = flag.Int("soak.maxsize", 3*1024+17, "soak: largest message in bytes (MTU is 1024)")
 	soakTmo   = flag.Int("soak.timeout", 14, "soak: ACK timeout code (4.096 us x 2^code; 14 = 67 ms, perftest's default)")
@@ -67,6 +67,11 @@ func TestSoak(t *testing.T) {
 	n := soakCount(t)
 	for _, kind := range strings.Split(*soakLinks, ",") {
 		t.Run(kind, func(t *testing.T) {
+			if kind == "udp2p" { // two processes (soak2p_test.go)
+				t.Logf("%s", runSoak2P(t, soak2pConfig{Msgs: n, Seed: *soakSeed, Pairs: *soakPairs,
+					MaxSize: *soakMax, Timeout: uint8(*soakTmo)}))
+				return
+			}
 			res := runSoak(t, soakConfig{kind: kind, msgs: n, seed: *soakSeed, pairs: *soakPairs, maxSize: *soakMax, timeout: uint8(*soakTmo)})
 			t.Logf("%s", res)
 		})
