@@ -36,6 +36,7 @@ func (s *Server) WriteMetrics(w io.Writer) error {
 		{"cqs", "live completion queues of clients", int64(d.CQs)},
 		{"srqs", "live shared receive queues of clients", int64(d.SRQs)},
 		{"qps", "live queue pairs of clients", int64(d.QPs)},
+		{"cm_ids", "live rdma_cm IDs of clients", int64(d.CMIDs)},
 		{"mapped_bytes", "client memory mapped by the daemon (MRs and completion rings)", d.MappedBytes},
 		{"open_fds", "open file descriptors of the daemon", int64(d.FDs)},
 	}

@@ -11,6 +11,9 @@ import (
 // others. Zero fields are unlimited (the device limits still apply).
 type Quota struct {
 	PDs, MRs, CQs, SRQs, QPs int
+	// CMIDs bounds the rdma_cm IDs a client creates (rdma_create_id;
+	// the IDs of incoming requests are not counted against it).
+	CMIDs int
 	// MRBytes bounds the client memory registered (and so mapped by the
 	// daemon) at a time, summed over its MRs.
 	MRBytes int64

@@ -62,6 +62,7 @@ type Server struct {
 
 	// live object counts over all sessions (Debug, metrics)
 	nPD, nMR, nCQ, nSRQ, nQP atomic.Int64
+	nCMID                    atomic.Int64 // rdma_cm IDs (cm.go)
 	mapped                   atomic.Int64
 	ringPosts, socketPosts   atomic.Uint64
 
@@ -274,6 +275,7 @@ func (s *Server) Debug() proto.Debug {
 	s.mu.Unlock()
 	d.PDs, d.MRs, d.CQs = int(s.nPD.Load()), int(s.nMR.Load()), int(s.nCQ.Load())
 	d.SRQs, d.QPs = int(s.nSRQ.Load()), int(s.nQP.Load())
+	d.CMIDs = int(s.nCMID.Load())
 	d.MappedBytes = s.mapped.Load()
 	d.RingPosts, d.SocketPosts = s.ringPosts.Load(), s.socketPosts.Load()
 	d.FDs = countFDs()

@@ -38,6 +38,8 @@ type session struct {
 	evMu   sync.Mutex
 	ev     *evRing
 
+	cm *sessionCM // rdma_cm IDs' event channel (cm.go); guarded by mu
+
 	rbuf, wbuf, oob []byte
 	sdec            proto.SendDecoder
 	rdec            proto.RecvDecoder
@@ -172,6 +174,8 @@ func (ss *session) handle(b []byte, fds *[]int) (rights []byte) {
 				d.Mine.SRQs++
 			case *qpObj:
 				d.Mine.QPs++
+			case *cmIDObj:
+				d.Mine.CMIDs++
 			}
 		}
 		ss.mu.Unlock()
@@ -263,6 +267,10 @@ func (ss *session) handle(b []byte, fds *[]int) (rights []byte) {
 			}
 		}
 	default:
+		if op.IsCM() {
+			out, err = ss.handleCM(op, body)
+			break
+		}
 		err = fmt.Errorf("%w: unknown op %d", proto.ErrProtocol, op)
 	}
 	if err != nil {
@@ -499,6 +507,7 @@ func (ss *session) destroyQP(h proto.Handle) error {
 	if err != nil {
 		return err
 	}
+	ss.cmDetachQP(o)
 	ss.releaseQP(o)
 	ss.del(h)
 	return nil
@@ -691,6 +700,7 @@ func (ss *session) cleanup() {
 		ss.conn.Close()
 	}
 	ss.stopRing(false)
+	ss.cleanupCM() // before the QPs: connections are DREQ'd, not just dropped
 	qps, cqs, srqs, mrs, pds := ss.snapshot()
 	for _, o := range qps {
 		_ = o.q.Modify(&qp.Attr{State: qp.StateErr}, qp.AttrState)

@@ -4,6 +4,7 @@ import (
 	"github.com/softroce/softroce/pkg/cq"
 	"github.com/softroce/softroce/pkg/mr"
 	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/pkg/rdmacm"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -22,5 +23,7 @@ func init() {
 		mr.ErrBadKey, mr.ErrInvalidKey, mr.ErrWrongPD, mr.ErrWrongQP, mr.ErrAccess, mr.ErrOverflow,
 		mr.ErrBounds, mr.ErrAlign, mr.ErrBusy, mr.ErrLimit, mr.ErrInvalidArg, mr.ErrState, mr.ErrRand,
 		ErrQuota,
+		rdmacm.ErrState, rdmacm.ErrInvalidArg, rdmacm.ErrAddrInUse, rdmacm.ErrNoAddr, rdmacm.ErrNoQP,
+		rdmacm.ErrDestroyed, roce.ErrNoCM,
 	}
 }

@@ -65,7 +65,7 @@ const (
 )
 
 // Valid reports whether op is a known request.
-func (op Op) Valid() bool { return op >= OpHello && op < opMax }
+func (op Op) Valid() bool { return (op >= OpHello && op < opMax) || op.IsCM() }
 
 // Response status bytes.
 const (
@@ -170,6 +170,7 @@ type CreateAHReq struct {
 // counts over all clients, and the process's open fds and goroutines.
 type Debug struct {
 	Clients, PDs, MRs, CQs, SRQs, QPs int
+	CMIDs                             int   // rdma_cm IDs (listening, connecting, connected, pending requests)
 	MappedBytes                       int64 // client memory mapped for MRs, completion rings and post rings
 	FDs                               int   // open file descriptors of the daemon process
 	Goroutines                        int
@@ -177,7 +178,7 @@ type Debug struct {
 	// post messages read from sockets (both since the daemon started).
 	RingPosts, SocketPosts uint64
 	// Mine counts this client's own objects.
-	Mine struct{ PDs, MRs, CQs, SRQs, QPs int }
+	Mine struct{ PDs, MRs, CQs, SRQs, QPs, CMIDs int }
 }
 
 // ErrorBody is the body of an error response.

@@ -70,6 +70,8 @@ type Conn struct {
 	cqs  map[*cqc]struct{}   // live CQs (released by Close)
 	qps  map[uint32]*qpc     // by QPN, for completion accounting
 	srqs map[proto.Handle]*srq
+
+	cm clientCM // rdma_cm (cm.go)
 }
 
 var _ roce.Verbs = (*Conn)(nil)
@@ -172,6 +174,7 @@ func (c *Conn) readEvents() {
 			default:
 			}
 		}
+		c.cmWake()
 	}
 }
 
