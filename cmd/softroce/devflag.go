@@ -1,6 +1,8 @@
 package main
 
-// The -d ADDR|IFNAME device flag shared by the tool-compatible subcommands (pingpong, perf).
+// The -d ADDR|IFNAME device flag shared by the tool-compatible subcommands (pingpong, perf),
+// and --daemon SOCKET (openVerbsDevice): run through the softroce daemon instead of an
+// embedded device.
 //
 // The rdma-core and perftest tools name an RDMA device with -d (ibv_get_device_name). A
 // softroce device is a set of UDP sockets on local IP addresses, so our -d names the local
@@ -17,6 +19,7 @@ import (
 
 	"github.com/softroce/softroce/pkg/qp"
 	"github.com/softroce/softroce/pkg/roce"
+	"github.com/softroce/softroce/pkg/roce/client"
 )
 
 // errDevFlag is wrapped by every error about the -d flag and the local address it names.
@@ -191,4 +194,79 @@ func activeMTU(netdevMTU int) qp.MTU {
 		}
 	}
 	return qp.MTU256
+}
+
+// verbsDev is the device a tool runs on: an embedded device (Dev set) or the softroce daemon
+// (--daemon SOCKET: Dev nil, V a client connection), both as roce.Verbs.
+type verbsDev struct {
+	V roce.Verbs
+	// Dev is the embedded device (nil through the daemon).
+	Dev *roce.Device
+	// Addr is the local address (GID index GIDIndex).
+	Addr     netip.Addr
+	GIDIndex int
+	// MTU is the port's active MTU.
+	MTU qp.MTU
+}
+
+// Close releases the device (the daemon connection: the daemon destroys this client's objects).
+func (v *verbsDev) Close() error { return v.V.Close() }
+
+// openVerbsDevice opens the tool's device: through the daemon listening on sock when sock is
+// not empty (the local address is then one of the daemon device's: -d's if it names one of
+// them, else the one of Peer's family, IPv4 first), else an embedded device as
+// openLocalDevice does.
+func openVerbsDevice(sock string, f *devFlag, o devOpenOptions) (*verbsDev, error) {
+	if sock == "" {
+		l, err := openLocalDevice(f, o)
+		if err != nil {
+			return nil, err
+		}
+		return &verbsDev{V: l.Dev.Verbs(), Dev: l.Dev, Addr: l.Addr, GIDIndex: l.GIDIndex, MTU: l.MTU}, nil
+	}
+	c, err := client.Dial(sock)
+	if err != nil {
+		return nil, fmt.Errorf("%w: daemon %s: %w", errDevFlag, sock, err)
+	}
+	addr, err := daemonLocalAddr(c, f, o.Peer)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	mtu := qp.MTUFromBytes(c.PortAttr().ActiveMTU.Bytes())
+	if !mtu.Valid() {
+		mtu = qp.MTU1024
+	}
+	return &verbsDev{V: c, Addr: addr, GIDIndex: c.GIDIndex(addr), MTU: mtu}, nil
+}
+
+// daemonLocalAddr picks the daemon device's address for f and peer.
+func daemonLocalAddr(v roce.Verbs, f *devFlag, peer netip.Addr) (netip.Addr, error) {
+	peer = peer.Unmap()
+	if f != nil && f.Addr.IsValid() {
+		if v.GIDIndex(f.Addr) < 1 {
+			return netip.Addr{}, fmt.Errorf("%w %v: not an address of the daemon's device %s", errDevFlag, f.Addr, v.Name())
+		}
+		return f.Addr, nil
+	}
+	var best netip.Addr
+	for i, g := range v.GIDs() {
+		g = g.Unmap()
+		if i == 0 || !g.IsValid() || g.IsUnspecified() || g.IsLinkLocalUnicast() {
+			continue
+		}
+		if peer.IsValid() && g == peer {
+			return g, nil // a local peer: loopback through the device
+		}
+		if peer.IsValid() && g.Is4() != peer.Is4() {
+			continue
+		}
+		if !best.IsValid() || (g.Is4() && !best.Is4()) {
+			best = g
+		}
+	}
+	if !best.IsValid() {
+		return netip.Addr{}, fmt.Errorf("%w: the daemon's device %s has no address for %v", errDevFlag, v.Name(), peer)
+	}
+	return best, nil
 }

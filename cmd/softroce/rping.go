@@ -76,7 +76,8 @@ type rpingConfig struct {
 	Dev            devFlag    // --dev
 	Timeout        time.Duration
 	RocePort       uint16
-	Portable       bool // --portable: plain sockets (roce.UDPOptions.Portable)
+	Portable       bool   // --portable: plain sockets (roce.UDPOptions.Portable)
+	Daemon         string // --daemon SOCKET: through the softroce daemon
 }
 
 var errRpingUsage = errors.New("usage")
@@ -98,7 +99,8 @@ func rpingUsage(w io.Writer) {
 	fmt.Fprintln(w, "\t-a addr\t\taddress")
 	fmt.Fprintln(w, "\t-p port\t\tport")
 	fmt.Fprintln(w, "\t-P\t\tpersistent server mode allowing multiple connections")
-	fmt.Fprintln(w, "softroce: --dev ADDR|IFNAME (server device), --timeout DUR (default 30s), --roce-port N, --portable")
+	fmt.Fprintln(w, "softroce: --dev ADDR|IFNAME (server device), --timeout DUR (default 30s), --roce-port N, --portable,")
+	fmt.Fprintln(w, "\t--daemon SOCKET (run through the softroce daemon: its device, its rdma_cm)")
 }
 
 // parseRping parses rping's getopt string "a:I:Pp:C:S:t:scvVdq" (grouped flags, attached or
@@ -129,6 +131,11 @@ func parseRping(args []string, stderr io.Writer) (*rpingConfig, error) {
 				if err := c.Dev.Set(val); err != nil {
 					return bad("%v\n", err)
 				}
+			case "daemon":
+				if val == "" {
+					return bad("--daemon needs a socket path\n")
+				}
+				c.Daemon = val
 			case "timeout":
 				d, err := time.ParseDuration(val)
 				if err != nil || d < 0 {
@@ -251,16 +258,16 @@ var errRpingQuiet = errors.New("reported")
 type rpinger struct {
 	c         *rpingConfig
 	out, errw io.Writer
-	dev       *roce.Device
+	v         roce.Verbs // the embedded device or the daemon
 	ch        *rdmacm.EventChannel
 	id        *rdmacm.ID // client: the connection; server: the listener
 	conn      *rdmacm.ID // the connected ID
-	pd        *mr.PD
-	cq        *cq.CQ
-	q         *roce.QP
+	pd        roce.ProtectionDomain
+	cq        roce.CompletionQueue
+	q         roce.QueuePair
 
 	recvBuf, sendBuf, rdmaBuf, startBuf []byte
-	recvMR, sendMR, rdmaMR, startMR     *mr.MR
+	recvMR, sendMR, rdmaMR, startMR     roce.MemoryRegion
 
 	wc           [4]cq.WC
 	wcN, wcI     int
@@ -275,6 +282,9 @@ func (r *rpinger) debugf(format string, a ...any) {
 
 func (r *rpinger) run() error {
 	c := r.c
+	if c.Daemon != "" {
+		return r.runDaemon()
+	}
 	var local netip.Addr
 	switch {
 	case c.Client && c.Source.IsValid():
@@ -302,18 +312,79 @@ func (r *rpinger) run() error {
 		return fmt.Errorf("%w on %v: %w", errDevFlag, local, err)
 	}
 	defer d.Close()
-	r.dev = d
+	return r.runOn(d.Verbs(), local)
+}
+
+// runDaemon runs through the softroce daemon (--daemon): its device, its rdma_cm.
+func (r *rpinger) runDaemon() error {
+	c := r.c
+	dev := c.Dev
+	if !dev.IsSet() {
+		switch {
+		case c.Client && c.Source.IsValid():
+			dev.Addr = c.Source
+		case c.Server && c.Addr.IsValid() && !c.Addr.IsUnspecified():
+			dev.Addr = c.Addr
+		}
+	}
+	peer := c.Addr
+	if c.Server {
+		peer = netip.Addr{}
+	}
+	vd, err := openVerbsDevice(c.Daemon, &dev, devOpenOptions{Peer: peer})
+	if err != nil {
+		return err
+	}
+	defer vd.Close()
+	return r.runOn(vd.V, vd.Addr)
+}
+
+// runOn runs the client or server on v from the local address.
+func (r *rpinger) runOn(v roce.Verbs, local netip.Addr) error {
+	c := r.c
+	r.v = v
 	r.ch = rdmacm.NewEventChannel()
 	defer r.ch.Close()
-	if r.id, err = rdmacm.CreateID(r.ch, rdmacm.IDOptions{Device: d, PortSpace: cm.PSTCP}); err != nil {
+	var err error
+	if r.id, err = rdmacm.CreateID(r.ch, rdmacm.IDOptions{Verbs: v, PortSpace: cm.PSTCP}); err != nil {
 		return err
 	}
 	defer r.id.Destroy()
+	defer r.release()
 	r.debugf("created cm_id %p\n", r.id)
 	if c.Server {
 		return r.server(local)
 	}
 	return r.client(local)
+}
+
+// release destroys the connection's verbs objects and frees its buffers (the daemon would
+// on disconnect; a persistent server releases them per connection).
+func (r *rpinger) release() {
+	if r.q != nil {
+		r.q.Destroy()
+		r.q = nil
+	}
+	for _, m := range []*roce.MemoryRegion{&r.recvMR, &r.sendMR, &r.rdmaMR, &r.startMR} {
+		if *m != nil {
+			(*m).Dereg()
+			*m = nil
+		}
+	}
+	if r.cq != nil {
+		r.v.DestroyCQ(r.cq)
+		r.cq = nil
+	}
+	if r.pd != nil {
+		r.pd.Dealloc()
+		r.pd = nil
+	}
+	for _, b := range []*[]byte{&r.recvBuf, &r.sendBuf, &r.rdmaBuf, &r.startBuf} {
+		if *b != nil {
+			r.v.FreeBuffer(*b)
+			*b = nil
+		}
+	}
 }
 
 // event waits for the next CM event.
@@ -350,32 +421,36 @@ func (r *rpinger) cmError(e rdmacm.Event) error {
 
 func (r *rpinger) setup(id *rdmacm.ID) error {
 	var err error
-	if r.pd, err = r.dev.AllocPD(); err != nil {
+	if r.pd, err = r.v.AllocPD(); err != nil {
 		return err
 	}
-	if r.cq, err = r.dev.CreateCQ(rpingSQDepth * 2); err != nil {
+	if r.cq, err = r.v.CreateCQ(rpingSQDepth * 2); err != nil {
 		return err
 	}
-	if r.q, err = id.CreateQP(r.pd, roce.QPInit{Type: qp.TypeRC, SendCQ: r.cq, RecvCQ: r.cq,
+	if r.q, err = id.CreateQPVerbs(r.pd, roce.VerbsQPInit{Type: qp.TypeRC, SendCQ: r.cq, RecvCQ: r.cq,
 		Cap: qp.Cap{MaxSendWR: rpingSQDepth, MaxRecvWR: 2, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
 		return err
 	}
-	reg := func(b []byte, va uint64, acc mr.Access) (*mr.MR, error) { return r.dev.RegMR(r.pd, b, va, acc) }
-	r.recvBuf, r.sendBuf = make([]byte, rpingInfoLen), make([]byte, rpingInfoLen)
-	if r.recvMR, err = reg(r.recvBuf, rpingRecvVA, mr.AccessLocalWrite); err != nil {
+	// buffers from AllocBuffer: the daemon maps them (memfds); embedded, plain memory
+	reg := func(b *[]byte, n int, va uint64, acc mr.Access) (roce.MemoryRegion, error) {
+		var err error
+		if *b, err = r.v.AllocBuffer(n); err != nil {
+			return nil, err
+		}
+		return r.v.RegMR(r.pd, *b, va, acc)
+	}
+	if r.recvMR, err = reg(&r.recvBuf, rpingInfoLen, rpingRecvVA, mr.AccessLocalWrite); err != nil {
 		return err
 	}
-	if r.sendMR, err = reg(r.sendBuf, rpingSendVA, 0); err != nil {
+	if r.sendMR, err = reg(&r.sendBuf, rpingInfoLen, rpingSendVA, 0); err != nil {
 		return err
 	}
 	rw := mr.AccessLocalWrite | mr.AccessRemoteRead | mr.AccessRemoteWrite
-	r.rdmaBuf = make([]byte, r.c.Size)
-	if r.rdmaMR, err = reg(r.rdmaBuf, rpingRDMAVA, rw); err != nil {
+	if r.rdmaMR, err = reg(&r.rdmaBuf, r.c.Size, rpingRDMAVA, rw); err != nil {
 		return err
 	}
 	if r.c.Client {
-		r.startBuf = make([]byte, r.c.Size)
-		if r.startMR, err = reg(r.startBuf, rpingStartVA, rw); err != nil {
+		if r.startMR, err = reg(&r.startBuf, r.c.Size, rpingStartVA, rw); err != nil {
 			return err
 		}
 	}
@@ -397,7 +472,7 @@ func (r *rpinger) post(wr qp.SendWR) error {
 	return nil
 }
 
-func (r *rpinger) sendInfo(va uint64, m *mr.MR) error {
+func (r *rpinger) sendInfo(va uint64, m roce.MemoryRegion) error {
 	binary.BigEndian.PutUint64(r.sendBuf[0:], va)
 	binary.BigEndian.PutUint32(r.sendBuf[8:], m.RKey())
 	binary.BigEndian.PutUint32(r.sendBuf[12:], uint32(r.c.Size))
@@ -642,10 +717,8 @@ func (r *rpinger) server(local netip.Addr) error {
 }
 
 func (r *rpinger) reset() {
-	if r.q != nil {
-		r.q.Destroy()
-	}
-	*r = rpinger{c: r.c, out: r.out, errw: r.errw, dev: r.dev, ch: r.ch, id: r.id}
+	r.release()
+	*r = rpinger{c: r.c, out: r.out, errw: r.errw, v: r.v, ch: r.ch, id: r.id}
 }
 
 func (r *rpinger) serveOne() error {
