@@ -23,6 +23,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -82,6 +83,10 @@ type UDPOptions struct {
 	// caller's buffers). If the kernel refuses the option, plain receives are used
 	// (Stats.Fallbacks counts it).
 	GRO bool
+	// BusyPoll, if > 0, makes Recv on a one-address link poll the empty socket (non-blocking
+	// recvmmsg, yielding between attempts) for up to BusyPoll before parking in the network
+	// poller: lower latency for a CPU spent polling (busypoll_linux.go).
+	BusyPoll time.Duration
 
 	// reusePort sets SO_REUSEPORT before binding (ListenUDPShards, shard_linux.go).
 	reusePort bool
@@ -102,6 +107,9 @@ type UDPLink struct {
 	next  int
 
 	sent, received, sendBatches, recvBatches, gsoSends, groReceives, drops, truncated, fallbacks atomic.Uint64
+
+	// busyParks counts busy polls that ran out of budget and parked (busypoll_linux.go).
+	busyParks atomic.Uint64
 }
 
 var _ StatsLink = (*UDPLink)(nil)
@@ -159,6 +167,7 @@ type udpSock struct {
 	goff   int // offset of the next segment in message gmi
 	groFn  func(uintptr) bool
 	gtryFn func(uintptr)
+	busy   time.Duration // UDPOptions.BusyPoll (busypoll_linux.go)
 }
 
 // ListenUDP opens one unconnected UDP socket per address, bound to ADDR:Port, with DF set
@@ -317,6 +326,7 @@ func openSock(l *UDPLink, a netip.Addr, o *UDPOptions) (*udpSock, error) {
 		s.groFn = s.doGRORecv
 		s.gtryFn = s.tryGRORecv
 	}
+	s.setBusyPoll(o.BusyPoll)
 	return s, nil
 }
 
