@@ -61,6 +61,7 @@ type cmtConfig struct {
 	Timeout  time.Duration
 	RocePort uint16
 	Portable bool
+	Daemon   string // --daemon SOCKET: through the softroce daemon
 }
 
 func (c *cmtConfig) tool() string {
@@ -97,6 +98,11 @@ func parseCMTest(args []string, ud bool, stderr io.Writer) (*cmtConfig, error) {
 				if err := c.Dev.Set(val); err != nil {
 					return nil, err
 				}
+			case "daemon":
+				if val == "" {
+					return nil, fmt.Errorf("--daemon needs a socket path")
+				}
+				c.Daemon = val
 			case "timeout":
 				d, err := time.ParseDuration(val)
 				if err != nil || d < 0 {
@@ -190,7 +196,8 @@ func cmtUsage(w io.Writer, ud bool) {
 	} else {
 		fmt.Fprintf(w, "\t[-p port_number]\n\t[-m(igrate)]\n")
 	}
-	fmt.Fprintf(w, "softroce: --dev ADDR|IFNAME, --timeout DUR (default 30s), --roce-port N, --portable\n")
+	fmt.Fprintf(w, "softroce: --dev ADDR|IFNAME, --timeout DUR (default 30s), --roce-port N, --portable,\n")
+	fmt.Fprintf(w, "\t--daemon SOCKET (run through the softroce daemon: its device, its rdma_cm)\n")
 }
 
 func runCMTest(args []string, stdout, stderr io.Writer, ud bool) int {
@@ -211,11 +218,11 @@ func runCMTest(args []string, stdout, stderr io.Writer, ud bool) int {
 // cmtNode is one connection (struct cmatest_node).
 type cmtNode struct {
 	id        *rdmacm.ID
-	pd        *mr.PD
-	scq, rcq  *cq.CQ // udaddy: one CQ (scq == rcq)
-	q         *roce.QP
+	pd        roce.ProtectionDomain
+	scq, rcq  roce.CompletionQueue // udaddy: one CQ (scq == rcq)
+	q         roce.QueuePair
 	mem       []byte
-	mr        *mr.MR
+	mr        roce.MemoryRegion
 	connected bool
 	ah        *qp.AH
 	rqpn      uint32
@@ -225,7 +232,7 @@ type cmtNode struct {
 type cmTest struct {
 	c         *cmtConfig
 	out, errw io.Writer
-	dev       *roce.Device
+	v         roce.Verbs // the embedded device or the daemon
 	ch        *rdmacm.EventChannel
 	listen    *rdmacm.ID
 	nodes     []*cmtNode
@@ -254,6 +261,17 @@ func (t *cmTest) run() int {
 	var local netip.Addr
 	var err error
 	switch {
+	case c.Daemon != "":
+		dev := c.Dev
+		if !dev.IsSet() && c.Src.IsValid() {
+			dev.Addr = c.Src
+		}
+		vd, err := openVerbsDevice(c.Daemon, &dev, devOpenOptions{Peer: c.Dst})
+		if err != nil {
+			fmt.Fprintf(t.errw, "%s: %v\n", c.tool(), err)
+			return 1
+		}
+		t.v, local = vd.V, vd.Addr
 	case c.Src.IsValid():
 		local = c.Src
 	case c.Dst.IsValid() || c.Dev.IsSet():
@@ -265,13 +283,15 @@ func (t *cmTest) run() int {
 		fmt.Fprintf(t.errw, "%s: the server needs -b ADDR or --dev ADDR|IFNAME (a softroce device is one address)\n", c.tool())
 		return 1
 	}
-	d, err := roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{local}, Port: c.RocePort, Portable: c.Portable,
-		MTU: activeMTU(interfaceMTU(local)), Name: "softroce0"})
-	if err != nil {
-		fmt.Fprintf(t.errw, "%s: %v on %v: %v\n", c.tool(), errDevFlag, local, err)
-		return 1
+	if t.v == nil {
+		d, err := roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{local}, Port: c.RocePort, Portable: c.Portable,
+			MTU: activeMTU(interfaceMTU(local)), Name: "softroce0"})
+		if err != nil {
+			fmt.Fprintf(t.errw, "%s: %v on %v: %v\n", c.tool(), errDevFlag, local, err)
+			return 1
+		}
+		t.v = d.Verbs()
 	}
-	t.dev = d
 	t.ch = rdmacm.NewEventChannel()
 	t.connects = c.Conns
 	t.nodes = make([]*cmtNode, c.Conns)
@@ -304,14 +324,14 @@ func (t *cmTest) destroy() {
 	if t.ch != nil {
 		t.ch.Close()
 	}
-	if t.dev != nil {
-		t.dev.Close()
+	if t.v != nil {
+		t.v.Close() // embedded: the device; daemon: the daemon destroys our objects
 	}
 }
 
 func (t *cmTest) initNode(n *cmtNode) error {
 	c := t.c
-	d := t.dev
+	d := t.v
 	if c.UD && c.Count > 0 && c.Size > d.PortAttr().ActiveMTU.Bytes() {
 		fmt.Fprintf(t.out, "udaddy: message_size %d is larger than active mtu %d\n", c.Size, d.PortAttr().ActiveMTU.Bytes())
 		return errRpingQuiet
@@ -336,7 +356,7 @@ func (t *cmTest) initNode(n *cmtNode) error {
 		fmt.Fprintf(t.out, "%s: unable to create CQ\n", c.tool())
 		return err
 	}
-	if n.q, err = n.id.CreateQP(n.pd, roce.QPInit{SendCQ: n.scq, RecvCQ: n.rcq, SigAll: !c.UD,
+	if n.q, err = n.id.CreateQPVerbs(n.pd, roce.VerbsQPInit{SendCQ: n.scq, RecvCQ: n.rcq, SigAll: !c.UD,
 		Cap: qp.Cap{MaxSendWR: uint32(wr), MaxRecvWR: uint32(wr), MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
 		fmt.Fprintf(t.errw, "%s: unable to create QP: %v\n", c.tool(), err)
 		return err
@@ -348,7 +368,10 @@ func (t *cmTest) initNode(n *cmtNode) error {
 	if c.UD {
 		size += 40 // struct ibv_grh
 	}
-	n.mem = make([]byte, size)
+	if n.mem, err = d.AllocBuffer(size); err != nil { // the daemon maps it (memfd)
+		fmt.Fprintf(t.out, "failed to reg MR\n")
+		return err
+	}
 	if n.mr, err = d.RegMR(n.pd, n.mem, cmtIOVA, mr.AccessLocalWrite); err != nil {
 		fmt.Fprintf(t.out, "failed to reg MR\n")
 		return err
@@ -421,8 +444,8 @@ func (t *cmTest) pollCQs(recv bool) error {
 				if n.mem[0]>>4 == 6 {
 					src = netip.AddrFrom16([16]byte(n.mem[8:24])).Unmap()
 				}
-				idx := t.dev.GIDIndex(n.id.LocalAddr().Addr())
-				ah, err := t.dev.CreateAH(n.pd, qp.AHAttr{DGID: src, SGIDIndex: uint8(max(idx, 1)), HopLimit: 64})
+				idx := t.v.GIDIndex(n.id.LocalAddr().Addr())
+				ah, err := t.v.CreateAH(n.pd, qp.AHAttr{DGID: src, SGIDIndex: uint8(max(idx, 1)), HopLimit: 64})
 				if err != nil {
 					return err
 				}
@@ -549,7 +572,7 @@ func (t *cmTest) server(local netip.Addr) int {
 	c := t.c
 	fmt.Fprintf(t.out, "%s: starting server\n", c.tool())
 	var err error
-	if t.listen, err = rdmacm.CreateID(t.ch, rdmacm.IDOptions{Device: t.dev, PortSpace: t.ps()}); err != nil {
+	if t.listen, err = rdmacm.CreateID(t.ch, rdmacm.IDOptions{Verbs: t.v, PortSpace: t.ps()}); err != nil {
 		fmt.Fprintf(t.errw, "%s: listen request failed: %v\n", c.tool(), err)
 		return 1
 	}
@@ -627,7 +650,7 @@ func (t *cmTest) client(local netip.Addr) int {
 	fmt.Fprintf(t.out, "%s: connecting\n", c.tool())
 	for _, n := range t.nodes {
 		var err error
-		if n.id, err = rdmacm.CreateID(t.ch, rdmacm.IDOptions{Device: t.dev, PortSpace: t.ps(), Context: n}); err != nil {
+		if n.id, err = rdmacm.CreateID(t.ch, rdmacm.IDOptions{Verbs: t.v, PortSpace: t.ps(), Context: n}); err != nil {
 			return 1
 		}
 		n.id.Context = n
