@@ -413,6 +413,7 @@ func (e *s2pEnd) runSend(stall time.Duration, abort <-chan struct{}) error {
 	wcs := make([]cq.WC, s2pWindow)
 	timer := time.NewTimer(stall)
 	defer timer.Stop()
+	last := time.Now()
 	for s.checked < n {
 		for s.posted < n && s.posted-s.checked < s2pWindow {
 			if err := e.post(); err != nil {
@@ -433,9 +434,10 @@ func (e *s2pEnd) runSend(stall time.Duration, abort <-chan struct{}) error {
 			slot := s.checked % s2pWindow
 			loc := e.lay.local + slot*e.lay.slot
 			if err := s.check(&wcs[i], e.buf[loc:loc+e.lay.slot]); err != nil {
-				return err
+				return fmt.Errorf("%w (the completion before came %v earlier)", err, time.Since(last).Round(time.Millisecond))
 			}
 		}
+		last = time.Now()
 		e.done.Store(int64(s.checked))
 		timer.Reset(stall)
 	}
@@ -578,6 +580,8 @@ func (s *s2pSide) run(c *s2pConn) (res s2pSideResult, peer s2pSideResult, errs [
 		stall = 20 * time.Second
 	}
 	abort := make(chan struct{})
+	var abortOnce sync.Once
+	doAbort := func() { abortOnce.Do(func() { close(abort) }) }
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	fail := func(err error) {
@@ -585,19 +589,23 @@ func (s *s2pSide) run(c *s2pConn) (res s2pSideResult, peer s2pSideResult, errs [
 		errs = append(errs, err.Error())
 		mu.Unlock()
 	}
+	failWorker := func(err error) { // the first failure stops this side's other workers
+		fail(err)
+		doAbort()
+	}
 	start := time.Now()
 	for _, e := range s.ends {
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
 			if err := e.runSend(stall, abort); err != nil {
-				fail(err)
+				failWorker(err)
 			}
 		}()
 		go func() {
 			defer wg.Done()
 			if err := e.runRecv(stall, abort); err != nil {
-				fail(err)
+				failWorker(err)
 			}
 		}()
 	}
@@ -605,13 +613,6 @@ func (s *s2pSide) run(c *s2pConn) (res s2pSideResult, peer s2pSideResult, errs [
 	go func() { wg.Wait(); close(workers) }()
 	tick := time.NewTicker(5 * time.Second)
 	defer tick.Stop()
-	aborted := false
-	doAbort := func() {
-		if !aborted {
-			aborted = true
-			close(abort)
-		}
-	}
 	var peerDone *s2pMsg
 	idle := time.NewTimer(s2pIdle)
 	defer idle.Stop()
@@ -624,9 +625,6 @@ func (s *s2pSide) run(c *s2pConn) (res s2pSideResult, peer s2pSideResult, errs [
 			mu.Lock()
 			list := append([]string(nil), errs...)
 			mu.Unlock()
-			if len(list) > 0 {
-				doAbort()
-			}
 			if err := c.send(s2pMsg{Type: "done", Errors: list}); err != nil {
 				fail(fmt.Errorf("sending done: %w", err))
 			}
@@ -696,6 +694,10 @@ func (s *s2pSide) run(c *s2pConn) (res s2pSideResult, peer s2pSideResult, errs [
 	m, err := c.expect("final", s2pIdle)
 	if err != nil {
 		fail(err)
+		return res, peer, errs
+	}
+	if m.Result == nil {
+		fail(errors.New("final message without a result"))
 		return res, peer, errs
 	}
 	peer = *m.Result
@@ -960,6 +962,9 @@ func TestSoak2PPeer(t *testing.T) {
 		m, err := c.expect("config", s2pIdle)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if m.Config == nil {
+			fatal(errors.New("config message without a configuration"))
 		}
 		s := &s2pSide{cfg: *m.Config}
 		if err := s.open(addrB, m.Config.Port); err != nil {
