@@ -48,6 +48,24 @@ func FuzzHandle(f *testing.F) {
 	f.Add(join(msg(proto.OpCreateSRQ, proto.CreateSRQReq{MaxWR: 4, MaxSGE: 1}), msg(proto.OpModifySRQ, proto.ModifySRQReq{H: 1, Mask: qp.SRQLimit, Attr: qp.SRQAttr{SRQLimit: 2}})))
 	f.Add(join(msg(proto.OpAllocPD, nil), msg(proto.OpCreateAH, proto.CreateAHReq{PD: 1, Attr: qp.AHAttr{SGIDIndex: 9}})))
 	f.Add([]byte{byte(proto.OpDebug)})
+	// rdma_cm: an ID listening, a second connecting to it through the device's own CM
+	// (loopback), a QP bound, events fetched, a reject, a destroy
+	f.Add(join(msg(proto.OpCMCreateID, proto.CMCreateIDReq{PortSpace: 0x0106}),
+		msg(proto.OpCMBindAddr, proto.CMAddrReq{H: 1, Addr: netip.MustParseAddrPort("10.6.0.1:7000")}),
+		msg(proto.OpCMListen, proto.CMListenReq{H: 1, Backlog: 2}),
+		msg(proto.OpAllocPD, nil), msg(proto.OpCreateCQ, proto.CreateCQReq{CQE: 4}),
+		msg(proto.OpCreateQP, proto.CreateQPReq{Type: qp.TypeRC, PD: 2, SendCQ: 3, RecvCQ: 3, Cap: qp.Cap{MaxSendWR: 2, MaxRecvWR: 2, MaxSendSGE: 1, MaxRecvSGE: 1}}),
+		msg(proto.OpCMCreateID, proto.CMCreateIDReq{PortSpace: 0x0106}),
+		msg(proto.OpCMResolveAddr, proto.CMAddrReq{H: 5, Addr: netip.MustParseAddrPort("10.6.0.1:7000")}),
+		msg(proto.OpCMResolveRoute, proto.HandleReq{H: 5}),
+		msg(proto.OpCMSetQP, proto.CMSetQPReq{H: 5, QP: 4}),
+		msg(proto.OpCMConnect, proto.CMConnParamReq{H: 5}),
+		msg(proto.OpCMGetEvents, nil),
+		msg(proto.OpCMReject, proto.CMRejectReq{H: 6, PrivateData: []byte("no")}),
+		msg(proto.OpCMDisconnect, proto.HandleReq{H: 5}),
+		msg(proto.OpCMDestroyID, proto.HandleReq{H: 1})))
+	f.Add(join(msg(proto.OpCMCreateID, proto.CMCreateIDReq{PortSpace: 0x0111}), msg(proto.OpCMAccept, proto.CMConnParamReq{H: 1}),
+		msg(proto.OpCMListen, proto.CMListenReq{H: 1})))
 	f.Fuzz(func(t *testing.T, stream []byte) {
 		ss := &session{s: srv, next: 1, objs: map[proto.Handle]any{}}
 		for len(stream) > 0 {
@@ -72,7 +90,7 @@ func FuzzHandle(f *testing.F) {
 			}
 		}
 		ss.cleanup()
-		if d := srv.Debug(); d.PDs != 0 || d.MRs != 0 || d.CQs != 0 || d.SRQs != 0 || d.QPs != 0 || d.MappedBytes != 0 {
+		if d := srv.Debug(); d.PDs != 0 || d.MRs != 0 || d.CQs != 0 || d.SRQs != 0 || d.QPs != 0 || d.CMIDs != 0 || d.MappedBytes != 0 {
 			t.Fatalf("objects left after cleanup: %+v", d)
 		}
 	})
