@@ -16,11 +16,9 @@ import (
 	"github.com/softroce/softroce/pkg/cq"
 	"github.com/softroce/softroce/pkg/daemon/proto"
 	"github.com/softroce/softroce/pkg/event"
-	"github.com/softroce/softroce/pkg/mr"
 	"github.com/softroce/softroce/pkg/qp"
 	"github.com/softroce/softroce/pkg/rdmacm"
 	"github.com/softroce/softroce/pkg/roce"
-	"github.com/softroce/softroce/pkg/roce/client"
 )
 
 // rdma_cm through the daemon: two daemons on 127.0.0.1 and 127.0.0.2
@@ -495,5 +493,3 @@ func TestCMDaemonCrashPendingRequest(t *testing.T) {
 	}
 }
 
-var _ = mr.AccessLocalWrite
-var _ = client.DefaultSocket
