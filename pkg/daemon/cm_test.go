@@ -492,4 +492,3 @@ func TestCMDaemonCrashPendingRequest(t *testing.T) {
 		t.Fatalf("daemon B holds %d CM IDs", n)
 	}
 }
-

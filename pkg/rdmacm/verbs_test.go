@@ -233,4 +233,3 @@ func TestEventChannelFunc(t *testing.T) {
 		t.Fatal("hook ran for an event pushed after Close")
 	}
 }
-

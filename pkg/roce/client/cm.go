@@ -25,7 +25,7 @@ var _ rdmacm.Remote = (*Conn)(nil)
 type clientCM struct {
 	once    sync.Once
 	kick    atomic.Pointer[chan struct{}] // set once cmLoop runs
-	kicked  uint64 // readEvents only: the CM word last seen
+	kicked  uint64                        // readEvents only: the CM word last seen
 	handler atomic.Pointer[func(rdmacm.RemoteEvent)]
 
 	mu  sync.Mutex
