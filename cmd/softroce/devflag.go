@@ -16,10 +16,12 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/softroce/softroce/pkg/qp"
 	"github.com/softroce/softroce/pkg/roce"
 	"github.com/softroce/softroce/pkg/roce/client"
+	"github.com/softroce/softroce/pkg/roce/link"
 )
 
 // errDevFlag is wrapped by every error about the -d flag and the local address it names.
@@ -79,6 +81,9 @@ type devOpenOptions struct {
 	// Peer, if valid, is the remote address: without -d the local address is the one the
 	// kernel routes to Peer from; with an interface, an address of Peer's family is preferred.
 	Peer netip.Addr
+	// BusyPoll is link.UDPOptions.BusyPoll (perf --busy-poll): how long the receive loop polls
+	// an empty socket before it sleeps.
+	BusyPoll time.Duration
 }
 
 // localDev is an opened device and the local address it speaks from.
@@ -109,7 +114,8 @@ func openLocalDevice(f *devFlag, o devOpenOptions) (*localDev, error) {
 	if name == "" {
 		name = "softroce0"
 	}
-	d, err := roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{addr}, Port: o.Port, Portable: o.Portable, MTU: mtu, Name: name})
+	d, err := roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{addr}, Port: o.Port, Portable: o.Portable, MTU: mtu, Name: name,
+		Link: link.UDPOptions{BusyPoll: o.BusyPoll}})
 	if err != nil {
 		return nil, fmt.Errorf("%w on %v: %w", errDevFlag, addr, err)
 	}

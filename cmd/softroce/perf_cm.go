@@ -740,7 +740,7 @@ func perfRunCM(c *perfConfig, env *perfEnv) (err error) {
 		}
 		server, peer = netip.AddrPortFrom(host.Unmap(), uint16(c.Port)), host
 	}
-	if ld, err = openLocalDevice(&c.Dev, devOpenOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer}); err != nil {
+	if ld, err = openLocalDevice(&c.Dev, devOpenOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer, BusyPoll: c.linkBusyPoll()}); err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, ld.Dev.Close()) }()

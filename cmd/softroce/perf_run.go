@@ -715,7 +715,7 @@ func perfRun(c *perfConfig, env *perfEnv) (err error) {
 	}()
 	open := func(peer netip.Addr) error {
 		var e error
-		if ld, e = openLocalDevice(&c.Dev, devOpenOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer}); e != nil {
+		if ld, e = openLocalDevice(&c.Dev, devOpenOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer, BusyPoll: c.linkBusyPoll()}); e != nil {
 			return e
 		}
 		if c.MTU != 0 && c.MTU > ld.MTU {
