@@ -171,12 +171,12 @@ func (o *cqObj) deliver(wc *cq.WC, solicited bool) bool {
 	tail++
 	o.ring.Publish(tail)
 	o.tail.Store(tail)
-	// Read the arm after publishing (the client arms, then re-reads the
+	// Take the arm after publishing (the client arms, then re-reads the
 	// tail): one of the two sides sees the other, so no wakeup is lost.
-	if arm := o.ring.Armed(); arm == proto.ArmNext || (arm == proto.ArmSolicited && solicited) {
-		if o.ring.TakeArm() != proto.ArmNone {
-			proto.Signal(o.notifyFD)
-		}
+	// The eventfd is written only if the client sleeps on it; an awake
+	// client sees the arm taken (proto.Ring's notification rule).
+	if o.ring.Fire(solicited) {
+		proto.Signal(o.notifyFD)
 	}
 	return true
 }

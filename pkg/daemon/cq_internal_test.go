@@ -30,7 +30,7 @@ func TestPushSolicited(t *testing.T) {
 		n, _ := unix.Read(fd, b[:])
 		return n == 8
 	}
-	ring.Arm(proto.ArmSolicited)
+	ring.Arm(proto.ArmSolicited, true)
 	c.Push(&cq.WC{WRID: 1, Opcode: cq.OpRecv}, false)
 	if signalled() || ring.Armed() != proto.ArmSolicited {
 		t.Fatal("an unsolicited successful receive fired a solicited-only arm")
@@ -49,7 +49,7 @@ func TestPushSolicited(t *testing.T) {
 	}
 	// The client consumes; the mover (readSpace's body) delivers the kept one.
 	ring.Consume(2)
-	ring.Arm(proto.ArmSolicited)
+	ring.Arm(proto.ArmSolicited, true)
 	c.PollFunc(func(wc *cq.WC) bool { return o.deliver(wc, wc.Status != cq.StatusSuccess || wc.Opcode >= cq.OpRecv) })
 	var wc cq.WC
 	if ring.Tail() != 3 || c.Len() != 0 || !signalled() {

@@ -81,29 +81,29 @@ func (ss *session) openPostRing() (proto.PostRingResp, []int, error) {
 // A corrupt ring disconnects the client.
 func (ss *session) drainLoop(pr *postRing) {
 	defer close(pr.done)
-	var b [8]byte
 	spin := ss.s.postSpin
-	for {
-		ss.postMu.Lock()
-		pr.r.SetAwake(1)
-		err := ss.drainLocked()
-		ss.postMu.Unlock()
-		if err != nil {
-			return
+	// Each doorbell is an edge in the Go poller; the eventfd is not read
+	// (proto.WaitLoop: no system call per wakeup). It returns when
+	// stopRing closes the doorbell, or here on a corrupt ring.
+	proto.WaitLoop(pr.bell, func() bool {
+		for {
+			ss.postMu.Lock()
+			pr.r.SetAwake(1)
+			err := ss.drainLocked()
+			ss.postMu.Unlock()
+			if err != nil {
+				return true
+			}
+			// Stay awake a little: a client re-posting as completions arrive
+			// then needs no doorbell, and this goroutine no wakeup.
+			if spin > 0 && spinFor(spin, pr.r.Pending) {
+				continue
+			}
+			if pr.r.Sleep() {
+				return false // wait for the doorbell
+			}
 		}
-		// Stay awake a little: a client re-posting as completions arrive
-		// then needs no doorbell, and this goroutine no wakeup.
-		if spin > 0 && spinFor(spin, pr.r.Pending) {
-			continue
-		}
-		pr.r.SetAwake(0)
-		if pr.r.Pending() {
-			continue
-		}
-		if _, err := pr.bell.Read(b[:]); err != nil {
-			return // stopRing closed the doorbell
-		}
-	}
+	})
 }
 
 // spinFor polls ready, yielding the processor between looks, for at most d.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -24,6 +25,12 @@ import (
 // check (the machine is shared and noisy): run it with
 //
 //	SOFTROCE_DAEMON_BENCH=1 go test -run TestProcessThroughput -v ./pkg/daemon/
+//
+// Knobs (environment): SOFTROCE_DAEMON_BENCH_RUNS (interleaved runs, 5),
+// _LAYOUT (split, one or both), _DEPTH (16), _N (WRITEs per run, 20000),
+// _PROFILE (prefix: daemon CPU profiles PREFIX.a and PREFIX.b),
+// _DAEMONPROCS / _CLIENTPROCS (GOMAXPROCS of the daemons / daemon-mode
+// programs), _DAEMONARGS (extra `softroce daemon` flags, space-separated).
 func TestProcessThroughput(t *testing.T) {
 	if os.Getenv("SOFTROCE_DAEMON_BENCH") == "" {
 		t.Skip("set SOFTROCE_DAEMON_BENCH=1 to measure")
@@ -36,8 +43,16 @@ func TestProcessThroughput(t *testing.T) {
 	dA, dB := loopbackPair(20)
 	eA, eB := loopbackPair(21)
 	sockA, sockB := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
-	ca := exec.Command(bin, "daemon", "--listen", dA.String(), "--socket", sockA, "--cpuprofile", os.Getenv("SOFTROCE_DAEMON_BENCH_PROFILE"))
-	cb := exec.Command(bin, "daemon", "--listen", dB.String(), "--socket", sockB)
+	extra := strings.Fields(os.Getenv("SOFTROCE_DAEMON_BENCH_DAEMONARGS"))
+	argsFor := func(addr netip.Addr, sock, prof string) []string {
+		a := append([]string{"daemon", "--listen", addr.String(), "--socket", sock}, extra...)
+		if p := os.Getenv("SOFTROCE_DAEMON_BENCH_PROFILE"); p != "" {
+			a = append(a, "--cpuprofile", p+"."+prof)
+		}
+		return a
+	}
+	ca := exec.Command(bin, argsFor(dA, sockA, "a")...)
+	cb := exec.Command(bin, argsFor(dB, sockB, "b")...)
 	if p := os.Getenv("SOFTROCE_DAEMON_BENCH_DAEMONPROCS"); p != "" {
 		ca.Env = append(os.Environ(), "GOMAXPROCS="+p)
 		cb.Env = ca.Env
@@ -47,14 +62,19 @@ func TestProcessThroughput(t *testing.T) {
 	pa.expect(t, "softroce daemon ready")
 	pb.expect(t, "softroce daemon ready")
 	defer func() { // SIGTERM, so a --cpuprofile is written
-		pa.cmd.Process.Signal(syscall.SIGTERM)
-		pa.cmd.Wait()
+		for _, p := range []*proc{pa, pb} {
+			p.cmd.Process.Signal(syscall.SIGTERM)
+			p.cmd.Wait()
+		}
 	}()
-	const n = 20000
-	depth := 16
-	if d, err := strconv.Atoi(os.Getenv("SOFTROCE_DAEMON_BENCH_DEPTH")); err == nil && d > 0 {
-		depth = d
+	knob := func(name string, def int) int {
+		if d, err := strconv.Atoi(os.Getenv("SOFTROCE_DAEMON_BENCH_" + name)); err == nil && d > 0 {
+			return d
+		}
+		return def
 	}
+	n, depth, runs := knob("N", 20000), knob("DEPTH", 16), knob("RUNS", 5)
+	layout := os.Getenv("SOFTROCE_DAEMON_BENCH_LAYOUT")
 	measure := func(mode string) float64 {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		a, b := dA, dB
@@ -67,14 +87,14 @@ func TestProcessThroughput(t *testing.T) {
 		}
 		cmd.Env = append(env, "SOFTROCE_DAEMON_CHILD=bench", "SRC_MODE="+mode, "SRC_SOCK="+sockA+","+sockB,
 			"SRC_LOCAL="+a.String(), "SRC_PEER="+b.String(), "SRC_ARGS="+strconv.Itoa(n)+","+strconv.Itoa(depth))
-		cpu0 := procCPU(pa.cmd.Process.Pid) + procCPU(pb.cmd.Process.Pid)
+		a0, b0 := procCPU(pa.cmd.Process.Pid), procCPU(pb.cmd.Process.Pid)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("%s: %v\n%s", mode, err, out)
 		}
-		dcpu := procCPU(pa.cmd.Process.Pid) + procCPU(pb.cmd.Process.Pid) - cpu0
+		acpu, bcpu := procCPU(pa.cmd.Process.Pid)-a0, procCPU(pb.cmd.Process.Pid)-b0
 		ccpu := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
-		t.Logf("%s: program CPU %v, daemons CPU %v, output %s", mode, ccpu, dcpu, strings.TrimSpace(string(out)))
+		t.Logf("one process, %s: program CPU %v, daemon CPU A %v B %v, output %s", mode, ccpu, acpu, bcpu, strings.TrimSpace(string(out)))
 		var mbps float64
 		if _, err := fmt.Sscanf(strings.TrimSpace(string(out)), "MBPS %f", &mbps); err != nil {
 			t.Fatalf("%s output %q", mode, out)
@@ -96,32 +116,76 @@ func TestProcessThroughput(t *testing.T) {
 		}
 		snd, rcv := mk("benchsend", sockA, a, b), mk("benchrecv", sockB, b, a)
 		is, ir := snd.expect(t, "INFO "), rcv.expect(t, "INFO ")
+		a0, b0 := procCPU(pa.cmd.Process.Pid), procCPU(pb.cmd.Process.Pid)
 		fmt.Fprintln(snd.in, ir)
 		fmt.Fprintln(rcv.in, is)
 		line := snd.expect(t, "MBPS ")
 		snd.cmd.Wait()
+		acpu, bcpu := procCPU(pa.cmd.Process.Pid)-a0, procCPU(pb.cmd.Process.Pid)-b0
 		rcv.in.Close()
 		rcv.cmd.Wait()
+		scpu := snd.cmd.ProcessState.UserTime() + snd.cmd.ProcessState.SystemTime()
+		rcpu := rcv.cmd.ProcessState.UserTime() + rcv.cmd.ProcessState.SystemTime()
+		t.Logf("split, %s: sender CPU %v, receiver CPU %v, daemon CPU A %v B %v, %s", mode, scpu, rcpu, acpu, bcpu, line)
 		var mbps float64
 		fmt.Sscanf(line, "MBPS %f", &mbps)
 		return mbps
 	}
 	var emb, dmn, embS, dmnS []float64
-	for i := 0; i < 5; i++ { // interleaved, so load changes hit both
-		emb = append(emb, measure("embedded"))
-		dmn = append(dmn, measure("daemon"))
-		embS = append(embS, measureSplit("embedded"))
-		dmnS = append(dmnS, measureSplit("daemon"))
+	for i := 0; i < runs; i++ { // interleaved, so load changes hit both
+		if layout != "split" {
+			emb = append(emb, measure("embedded"))
+			dmn = append(dmn, measure("daemon"))
+		}
+		if layout != "one" {
+			embS = append(embS, measureSplit("embedded"))
+			dmnS = append(dmnS, measureSplit("daemon"))
+		}
 	}
+	t.Logf("load average %s", loadAvg())
 	med := func(v []float64) float64 { s := append([]float64(nil), v...); sort.Float64s(s); return s[len(s)/2] }
-	t.Logf("split (sender and receiver programs in two processes), MB/s: embedded %v (median %.0f), daemon %v (median %.0f): daemon/embedded = %.0f%%",
-		embS, med(embS), dmnS, med(dmnS), 100*med(dmnS)/med(embS))
-	t.Logf("one program process (both ends), 64 KiB WRITE, %d in flight, %d per run, MB/s: embedded %v (median %.0f), daemon %v (median %.0f): daemon/embedded = %.0f%%",
-		depth, n, emb, med(emb), dmn, med(dmn), 100*med(dmn)/med(emb))
+	if layout != "one" {
+		t.Logf("split (sender and receiver programs in two processes), 64 KiB WRITE, %d in flight, %d per run, MB/s: embedded %v (median %.0f), daemon %v (median %.0f): daemon/embedded = %.0f%%",
+			depth, n, embS, med(embS), dmnS, med(dmnS), 100*med(dmnS)/med(embS))
+	}
+	if layout != "split" {
+		t.Logf("one program process (both ends), 64 KiB WRITE, %d in flight, %d per run, MB/s: embedded %v (median %.0f), daemon %v (median %.0f): daemon/embedded = %.0f%%",
+			depth, n, emb, med(emb), dmn, med(dmn), 100*med(dmn)/med(emb))
+	}
+}
+
+// childProfile starts a CPU profile of a bench child when
+// SOFTROCE_DAEMON_BENCH_CHILDPROFILE names a prefix (PREFIX.MODE.ROLE);
+// the returned func stops it.
+func childProfile(role string) func() {
+	p := os.Getenv("SOFTROCE_DAEMON_BENCH_CHILDPROFILE")
+	if p == "" {
+		return func() {}
+	}
+	f, err := os.Create(p + "." + os.Getenv("SRC_MODE") + "." + role)
+	if err != nil {
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return func() {}
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }
+}
+
+// loadAvg is /proc/loadavg's first three fields.
+func loadAvg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 // benchChild is the "bench" child role: n 64 KiB WRITEs (depth in flight), printing MB/s.
 func benchChild() int {
+	defer childProfile("bench")()
 	args := strings.Split(os.Getenv("SRC_ARGS"), ",")
 	n, _ := strconv.Atoi(args[0])
 	depth, _ := strconv.Atoi(args[1])
@@ -159,10 +223,40 @@ func benchChild() int {
 		va, vb = ca, cb
 	}
 	var t0 time.Time
-	writeLoop(&childT{}, va, vb, a, b, 65536, depth, n, func() { t0 = time.Now() })
+	ws := wakeStats(va, n)
+	writeLoop(&childT{}, va, vb, a, b, 65536, depth, n, func() { t0 = time.Now(); ws.start() })
 	el := time.Since(t0)
-	fmt.Printf("MBPS %.1f\n", float64(n)*65536/el.Seconds()/1e6)
+	fmt.Printf("MBPS %.1f%s\n", float64(n)*65536/el.Seconds()/1e6, ws.String())
 	return 0
+}
+
+// wakeCount reports the daemon's data path wakeups per WRITE over a run
+// (daemon mode; "" embedded): completion notifies (daemon -> program) and
+// drainer doorbell wakeups (program -> daemon).
+type wakeCount struct {
+	c  *client.Conn
+	n  int
+	s0 client.DataPathStats
+}
+
+func wakeStats(v roce.Verbs, n int) *wakeCount {
+	c, _ := v.(*client.Conn)
+	return &wakeCount{c: c, n: n}
+}
+
+func (w *wakeCount) start() {
+	if w.c != nil {
+		w.s0 = w.c.DataPathStats()
+	}
+}
+
+func (w *wakeCount) String() string {
+	if w.c == nil {
+		return ""
+	}
+	s := w.c.DataPathStats()
+	per := func(a, b uint64) float64 { return float64(a-b) / float64(w.n) }
+	return fmt.Sprintf(" per WRITE: notifies %.3f doorbells %.3f", per(s.Notifies, w.s0.Notifies), per(s.Doorbells, w.s0.Doorbells))
 }
 
 // procCPU is a process's user+system CPU time from /proc/PID/stat.
@@ -185,6 +279,7 @@ func procCPU(pid int) time.Duration {
 // n WRITEs into the peer and prints MB/s; "benchrecv" only exposes its
 // buffer and waits for stdin to close.
 func benchSplitChild(role string) int {
+	defer childProfile(role)()
 	args := strings.Split(os.Getenv("SRC_ARGS"), ",")
 	n, _ := strconv.Atoi(args[0])
 	depth, _ := strconv.Atoi(args[1])
@@ -225,7 +320,8 @@ func benchSplitChild(role string) int {
 		return 0
 	}
 	var t0 time.Time
-	writeStream(t, e, 0x10000, prkey, 65536, depth, n, func() { t0 = time.Now() })
-	fmt.Printf("MBPS %.1f\n", float64(n)*65536/time.Since(t0).Seconds()/1e6)
+	ws := wakeStats(v, n)
+	writeStream(t, e, 0x10000, prkey, 65536, depth, n, func() { t0 = time.Now(); ws.start() })
+	fmt.Printf("MBPS %.1f%s\n", float64(n)*65536/time.Since(t0).Seconds()/1e6, ws.String())
 	return 0
 }

@@ -60,11 +60,12 @@ var ErrRingCorrupt = errors.New("softroce daemon: post ring corrupt")
 // (client) and consumer (daemon) each use their own view; neither side's
 // methods are safe for concurrent use on that side.
 type PostRing struct {
-	mem  []byte
-	data []byte
-	mask uint64
-	pos  uint64        // producer: tail; consumer: head (each side's own copy)
-	seen atomic.Uint64 // consumer: pos, for Pending from another goroutine
+	mem   []byte
+	data  []byte
+	mask  uint64
+	pos   uint64        // producer: tail; consumer: head (each side's own copy)
+	seen  atomic.Uint64 // consumer: pos, for Pending from another goroutine
+	bells atomic.Uint64 // producer: Writes that asked for the doorbell
 }
 
 // NewPostRing views mem (at least PostRingBytes) as a post ring. A
@@ -125,8 +126,15 @@ func (r *PostRing) Write(msg []byte) (ok, ring bool) {
 	copy(r.data[off+recHdr:], msg)
 	r.pos += need
 	atomic.StoreUint64(r.u64(postTail), r.pos)
-	return true, atomic.LoadUint32(r.u32(postAwake)) == 0
+	if atomic.LoadUint32(r.u32(postAwake)) != 0 {
+		return true, false
+	}
+	r.bells.Add(1)
+	return true, true
 }
+
+// Doorbells counts the Writes that asked for the doorbell (producer).
+func (r *PostRing) Doorbells() uint64 { return r.bells.Load() }
 
 // Pending reports whether records wait (consumer). Unlike Next it may be
 // called concurrently with Next.
@@ -146,6 +154,16 @@ const postClosed = 2
 
 // SetAwake publishes whether the consumer is draining (1) or about to sleep (0).
 func (r *PostRing) SetAwake(v uint32) { atomic.StoreUint32(r.u32(postAwake), v) }
+
+// Sleep is the consumer's last step before it waits for the doorbell: it
+// clears awake (producers ring from now on), then looks at the tail once
+// more. It reports false, leaving awake clear, if records were published
+// meanwhile (drain them first): a producer publishes, then reads awake, so
+// either it saw 0 and rings, or this look sees its record.
+func (r *PostRing) Sleep() bool {
+	r.SetAwake(0)
+	return !r.Pending()
+}
 
 // Next copies the next post message into buf (grown if needed, reused
 // otherwise) and consumes it (consumer). It returns nil, nil when the ring

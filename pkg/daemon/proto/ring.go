@@ -13,7 +13,8 @@ import (
 //
 //	0    tail   uint64  entries produced (daemon writes)
 //	64   head   uint64  entries consumed (client writes)
-//	128  armed  uint32  client: 1 = notify on the next completion, 2 = next solicited (ReqNotify)
+//	128  armed  uint32  client: ReqNotify's arm, bits 0-1: 1 = the next completion, 2 = the next
+//	                    solicited one; bit 2 (ArmSleeping): the client waits on the notify eventfd
 //	132  wait   uint32  daemon: 1 = ring was full, signal the space eventfd after consuming
 //	256  entries, RingEntrySize bytes each, capacity a power of two
 //
@@ -21,6 +22,19 @@ import (
 // daemon never trusts the head it reads: if tail-head exceeds the capacity
 // it treats the ring as full, so a client corrupting the header only hurts
 // its own completions.
+//
+// Notification (ReqNotify, IBTA 11.4.2.2): the daemon publishes a
+// completion, then takes a matching arm (Fire: compare-and-swap of the arm
+// word to 0) and writes the notify eventfd only if the arm carried
+// ArmSleeping. A client that arms without ArmSleeping is awake and
+// watching the arm word: the arm turning 0 is its event, no system call on
+// either side. Before it blocks it sets ArmSleeping with a compare-and-swap
+// on the same word (Sleep), which fails if the daemon took the arm
+// meanwhile: setting "sleeping" and re-checking are one atomic step, so
+// the daemon either sees the flag (and signals) or took the arm first (and
+// the client does not block). Client side: arm, then read the tail (Poll);
+// daemon side: publish the tail, then read the arm — all sequentially
+// consistent, so a completion racing ReqNotify is polled or signalled.
 const (
 	ringTail      = 0
 	ringHead      = 64
@@ -30,11 +44,16 @@ const (
 	RingEntrySize = 64
 )
 
-// Armed values.
+// Armed values: the arm kind (bits 0-1) and the ArmSleeping flag.
 const (
 	ArmNone      = 0
 	ArmNext      = 1
 	ArmSolicited = 2
+	// ArmSleeping: the client's waiter is blocked on the notify eventfd; a
+	// matching completion must write it.
+	ArmSleeping = 4
+
+	armKind = 3
 )
 
 // RingBytes is the memfd size of a ring of capacity entries.
@@ -102,20 +121,77 @@ func (r *Ring) Get(pos uint64, wc *cq.WC) {
 // Consume publishes the consumer counter.
 func (r *Ring) Consume(head uint64) { atomic.StoreUint64(r.u64(ringHead), head) }
 
-// Arm sets the notification request (ArmNext upgrades ArmSolicited).
-func (r *Ring) Arm(v uint32) {
-	if v == ArmSolicited {
-		atomic.CompareAndSwapUint32(r.u32(ringArmed), ArmNone, ArmSolicited)
-		return
+// Arm sets the notification request kind (ArmNext or ArmSolicited;
+// ArmNext upgrades ArmSolicited, IBTA 11.4.2.2), sleeping or awake
+// (client). An awake arm must be followed by Sleep (or by watching Taken).
+func (r *Ring) Arm(kind uint32, sleeping bool) {
+	p := r.u32(ringArmed)
+	for {
+		w := atomic.LoadUint32(p)
+		k := kind
+		if w&armKind == ArmNext {
+			k = ArmNext
+		}
+		nw := k
+		if sleeping || w&armKind != 0 && w&ArmSleeping != 0 {
+			nw |= ArmSleeping // an earlier arm's waiter still blocks
+		}
+		if atomic.CompareAndSwapUint32(p, w, nw) {
+			return
+		}
 	}
-	atomic.StoreUint32(r.u32(ringArmed), v)
 }
 
-// TakeArm clears and returns the notification request.
-func (r *Ring) TakeArm() uint32 { return atomic.SwapUint32(r.u32(ringArmed), ArmNone) }
+// Sleep marks an armed client as blocked (client): the daemon will write
+// the notify eventfd for the completion that takes the arm. It reports
+// false, changing nothing, if the arm was already taken (the completion is
+// in the ring: the caller does not block and raises the event itself).
+func (r *Ring) Sleep() bool {
+	p := r.u32(ringArmed)
+	for {
+		w := atomic.LoadUint32(p)
+		if w&armKind == ArmNone {
+			return false
+		}
+		if atomic.CompareAndSwapUint32(p, w, w|ArmSleeping) {
+			return true
+		}
+	}
+}
 
-// Armed loads the notification request.
-func (r *Ring) Armed() uint32 { return atomic.LoadUint32(r.u32(ringArmed)) }
+// Taken reports whether no arm is pending (client: after Arm, the daemon
+// took it for a completion).
+func (r *Ring) Taken() bool { return atomic.LoadUint32(r.u32(ringArmed))&armKind == ArmNone }
+
+// fireTries bounds Fire's compare-and-swap retries against a client that
+// keeps rewriting the arm word.
+const fireTries = 8
+
+// Fire takes the arm if it matches a just-published completion (daemon,
+// after Publish): ArmNext always, ArmSolicited if solicited (the caller
+// passes true for an unsuccessful completion too, IBTA 11.4.2.2). It
+// reports whether the client sleeps, i.e. whether to write the notify
+// eventfd. A client rewriting the word so that every compare-and-swap
+// fails gets the arm taken by force and a signal.
+func (r *Ring) Fire(solicited bool) bool {
+	p := r.u32(ringArmed)
+	for i := 0; i < fireTries; i++ {
+		w := atomic.LoadUint32(p)
+		if k := w & armKind; k != ArmNext && (k != ArmSolicited || !solicited) {
+			return false
+		}
+		if atomic.CompareAndSwapUint32(p, w, ArmNone) {
+			return w&ArmSleeping != 0
+		}
+	}
+	return atomic.SwapUint32(p, ArmNone)&armKind != ArmNone
+}
+
+// Armed loads the notification request kind (ArmNone, ArmNext or ArmSolicited).
+func (r *Ring) Armed() uint32 { return atomic.LoadUint32(r.u32(ringArmed)) & armKind }
+
+// Sleeping reports whether the arm word carries ArmSleeping.
+func (r *Ring) Sleeping() bool { return atomic.LoadUint32(r.u32(ringArmed))&ArmSleeping != 0 }
 
 // SetWaiting records that the producer waits for space (1) or not (0).
 func (r *Ring) SetWaiting(v uint32) { atomic.StoreUint32(r.u32(ringWait), v) }

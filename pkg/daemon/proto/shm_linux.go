@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -103,15 +104,34 @@ func NewEventFD() (int, error) {
 
 var one = [8]byte{1}
 
-// Signal adds 1 to an eventfd (never blocks: the counter saturates only at 2^64-2).
+// Signal adds 1 to an eventfd (never blocks: the fd is non-blocking and
+// the counter saturates only at 2^64-2). A raw system call: the Go
+// runtime's syscall bookkeeping (entersyscall, which wakes an idle
+// process's sysmon thread with a futex) costs more than the write itself.
 func Signal(fd int) {
-	_, _ = unix.Write(fd, one[:])
+	unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&one)), uintptr(len(one)))
 }
 
 // EventFile wraps an eventfd in an *os.File whose Read waits in the Go
 // poller (no thread blocked); Close ends a pending Read. It takes fd.
 func EventFile(fd int, name string) *os.File {
 	return os.NewFile(uintptr(fd), name)
+}
+
+// WaitLoop calls fn, then again each time the eventfd f is written, until
+// fn returns true or f is closed (then it returns the poller's error). It
+// waits in the Go poller and never reads the counter: Go registers fds
+// edge-triggered and every eventfd write is a new edge, so a wakeup costs
+// no system call here (a read, then a read failing with EAGAIN, before).
+// Writes while fn runs are not lost: the poller records the edge and the
+// next wait returns at once; writes close together coalesce into one call.
+// The counter is never drained (it saturates only after 2^64-2 writes).
+func WaitLoop(f *os.File, fn func() (stop bool)) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return rc.Read(func(uintptr) bool { return fn() })
 }
 
 // Rights builds an SCM_RIGHTS control message carrying fds.
