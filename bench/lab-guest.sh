@@ -28,7 +28,7 @@ for i in veth1 veth2; do ip link set $i mtu $LMTU; done
 rdma link add rxe3 type rxe netdev vr 2>/dev/null || log "rdma link add rxe3 failed"
 sleep 1
 G1=$(rxelab-gid rxe1 198.19.0.1) G2=$(rxelab-gid rxe2 198.19.0.2) G3=$(rxelab-gid rxe3 198.21.0.2)
-log "gids rxe1=$G1 rxe2=$G2 rxe3=$G3; $(nproc) CPUs"
+log "gids rxe1=$G1 rxe2=$G2 rxe3=$G3; $(nproc) CPUs; clocksource $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource); cmdline $(cat /proc/cmdline)"
 for d in rxe1 rxe2 rxe3; do log "$d active_mtu $(ibv_devinfo -d $d | awk '/active_mtu/ {print $2}')"; done
 
 # result line after the "#bytes" header
@@ -52,8 +52,11 @@ pair() {
 RXE_SRV="ib_write_bw -d rxe2 -x $G2"; RXE_CLI="ib_write_bw -d rxe1 -x $G1 198.19.0.2"
 # softroce runs with GOMAXPROCS=1 in the guest (SR_ENV): two Go processes with 2 Ps each on 2
 # emulated CPUs spend their time in the runtime's spinning threads (each wakeup looks for work on
-# the idle P), which TCG makes 20-50x slower; the "gmp2" rows show the default.
+# the idle P), which TCG makes 20-50x slower; the "gmp2" rows show the default. The "bp" rows
+# add --busy-poll (perftest's own behaviour: poll, never sleep; softroce's receive loop then
+# polls its socket too, link.UDPOptions.BusyPoll).
 SR_ENV=${SR_ENV:-GOMAXPROCS=1}
+BP=--busy-poll
 SR_SRV="ip netns exec sb env $SR_ENV $SR perf write -d 198.20.0.2 --timeout 120s --run-timeout 240s"
 SR_CLI="ip netns exec sa env $SR_ENV $SR perf write -d 198.20.0.1 --timeout 120s --run-timeout 240s 198.20.0.2"
 X_SRV="ib_write_bw -d rxe3 -x $G3"
@@ -61,7 +64,9 @@ X_CLI="ip netns exec sc env $SR_ENV $SR perf write -d 198.21.0.1 --timeout 120s 
 for size in 65536 4096; do
   pair rxe-rxe ib_write_bw $size $NBW "$RXE_SRV" "$RXE_CLI"
   pair softroce-softroce ib_write_bw $size $NBW "$SR_SRV" "$SR_CLI"
+  pair softroce-softroce-bp ib_write_bw $size $NBW "$SR_SRV $BP" "$SR_CLI $BP"
   pair softroce-rxe ib_write_bw $size $NBW "$X_SRV" "$X_CLI"
+  pair softroce-rxe-bp ib_write_bw $size $NBW "$X_SRV" "$X_CLI $BP"
 done
 pair softroce-softroce-gmp2 ib_write_bw 65536 $NBW "${SR_SRV/env $SR_ENV/env GOMAXPROCS=2}" "${SR_CLI/env $SR_ENV/env GOMAXPROCS=2}"
 RXE_SRV="ib_write_lat -d rxe2 -x $G2"; RXE_CLI="ib_write_lat -d rxe1 -x $G1 198.19.0.2"
@@ -72,12 +77,11 @@ X_CLI="ip netns exec sc env $SR_ENV $SR perf write --lat -d 198.21.0.1 --timeout
 for size in 8 4096; do
   pair rxe-rxe ib_write_lat $size $NLAT "$RXE_SRV" "$RXE_CLI"
   pair softroce-softroce ib_write_lat $size $NLAT "$SR_SRV" "$SR_CLI"
+  pair softroce-softroce-bp ib_write_lat $size $NLAT "$SR_SRV $BP" "$SR_CLI $BP"
   pair softroce-rxe ib_write_lat $size $NLAT "$X_SRV" "$X_CLI"
+  pair softroce-rxe-bp ib_write_lat $size $NLAT "$X_SRV" "$X_CLI $BP"
 done
 pair softroce-softroce-gmp2 ib_write_lat 8 $NLAT "${SR_SRV/env $SR_ENV/env GOMAXPROCS=2}" "${SR_CLI/env $SR_ENV/env GOMAXPROCS=2}"
-# perftest polls; softroce perf sleeps on the CQ / write notification unless --busy-poll
-pair softroce-softroce-bp ib_write_lat 8 $NLAT "${SR_SRV/env $SR_ENV/env GOMAXPROCS=2} --busy-poll" "${SR_CLI/env $SR_ENV/env GOMAXPROCS=2} --busy-poll"
-pair softroce-rxe-bp ib_write_lat 8 $NLAT "$X_SRV" "${X_CLI/env $SR_ENV/env GOMAXPROCS=2} --busy-poll"
 # the fast path's counters on the softroce<->softroce pair (GSO sends, GRO reads, fallbacks)
 ip netns exec sb env $SR_ENV $SR perf write -d 198.20.0.2 --timeout 60s -s 65536 -n 200 -m $MTU -p 19900 -F > /dev/null 2>&1 &
 sleep 1.5

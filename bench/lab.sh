@@ -33,13 +33,14 @@ fi
 STARTED=0
 cleanup() { [ "$STARTED" = 1 ] && test/rxelab/vm stop >> "$LOG" 2>&1 7>&-; rm -rf "$SHARE"; }
 trap cleanup EXIT
+echo "   $(date -u +%H:%M) host load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 test/rxelab/setup --no-install >> "$LOG" 2>&1 || { echo "bench/lab.sh: lab setup failed" >&2; exit 1; }
 STARTED=1
 RXE_LAB_MTU=9000 test/rxelab/vm start --dual --share "$SHARE" --max-life 1800 >> "$LOG" 2>&1 7>&- ||
   { echo "bench/lab.sh: VM did not start (see $LOG)" >&2; exit 1; }
 test/rxelab/vm exec --timeout 1500 -c "bash /mnt/host/lab-guest.sh /mnt/host/softroce $NBW $NLAT 4096" > "$OUT/lab.rows" 2>> "$LOG" 7>&-
 st=$?
-echo "   guest script exit $st" >&2
+echo "   guest script exit $st; host load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 # rows with ratios softroce/rxe: bandwidth higher is better, latency lower is better
 awk -F'|' '
   $1 == "ROW" { v[$2 "|" $3 "|" $4] = $6; m = $5; k[$3 "|" $4] = 1 }
@@ -48,10 +49,11 @@ awk -F'|' '
       split(t, a, "|"); test = a[1]; size = a[2]
       r = v["rxe-rxe|" t]; s = v["softroce-softroce|" t]; x = v["softroce-rxe|" t]; s2 = v["softroce-softroce-gmp2|" t]; sb = v["softroce-softroce-bp|" t]; xb = v["softroce-rxe-bp|" t]
       unit = (test ~ /_bw$/) ? "Gbit/s" : "us typical"
-      ratio = "?"
+      ratio = "?"; rb = ""
       if (r + 0 > 0 && s + 0 > 0) ratio = sprintf("%.2fx", (test ~ /_bw$/) ? s / r : r / s)
-      printf "lab|%s (TCG guest)|%s|%s|1|rxe<->rxe %s, softroce<->softroce %s%s%s, softroce<->rxe %s%s %s; softroce/rxe %s%s\n",
+      if (r + 0 > 0 && sb + 0 > 0) rb = sprintf(", --busy-poll %.2fx", (test ~ /_bw$/) ? sb / r : r / sb)
+      printf "lab|%s (TCG guest)|%s|%s|1|rxe<->rxe %s, softroce<->softroce %s%s%s, softroce<->rxe %s%s %s; softroce/rxe %s%s%s\n",
         test, size, m, r, s, (s2 != "") ? " (GOMAXPROCS=2: " s2 ")" : "", (sb != "") ? " (--busy-poll: " sb ")" : "",
-        x, (xb != "") ? " (--busy-poll: " xb ")" : "", unit, ratio, (test ~ /_lat$/) ? " (rxe latency / softroce latency)" : ""
+        x, (xb != "") ? " (--busy-poll: " xb ")" : "", unit, ratio, rb, (test ~ /_lat$/) ? " (rxe latency / softroce latency)" : ""
     }
   }' "$OUT/lab.rows" | sort
