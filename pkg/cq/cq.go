@@ -168,6 +168,9 @@ type Options struct {
 	Events event.Sink
 	// OnPush, if set, is offered each pushed completion before the CQ stores it (see PushHook).
 	OnPush PushHook
+	// AfterPush, if set with OnPush, runs after each completion the hook took, once the CQ's
+	// lock is released (see SetPushHooks).
+	AfterPush func()
 }
 
 // PushHook lets a consumer take completions as they are produced instead of polling them
@@ -200,6 +203,9 @@ type CQ struct {
 	ch     chan struct{}
 	sink   event.Sink
 	hook   PushHook
+	after  func()
+	// afterMu is read-held by each running AfterPush call, so SetPushHooks can wait for them.
+	afterMu sync.RWMutex
 }
 
 // New creates a CQ.
@@ -207,15 +213,25 @@ func New(o Options) (*CQ, error) {
 	if o.Capacity < 1 || o.Capacity > MaxCapacity {
 		return nil, ErrCapacity
 	}
-	return &CQ{ring: make([]WC, o.Capacity), ch: make(chan struct{}, 1), sink: o.Events, hook: o.OnPush}, nil
+	return &CQ{ring: make([]WC, o.Capacity), ch: make(chan struct{}, 1), sink: o.Events, hook: o.OnPush,
+		after: o.AfterPush}, nil
 }
 
-// SetOnPush installs (or, with nil, removes) the push hook of Options.OnPush. When it returns,
-// no call of the previous hook is running.
-func (c *CQ) SetOnPush(h PushHook) {
+// SetOnPush installs (or, with nil, removes) the push hook of Options.OnPush, with no
+// AfterPush. When it returns, no call of the previous hook is running.
+func (c *CQ) SetOnPush(h PushHook) { c.SetPushHooks(h, nil) }
+
+// SetPushHooks installs (or, with nils, removes) the push hook and its AfterPush: after, if
+// not nil, runs after each completion h took, outside the CQ's lock, so the hook owner can
+// wake its consumer (a system call) without holding the lock. h records what to do, after
+// does it. after must not block and must not call back into the CQ. When SetPushHooks
+// returns, no call of the previous h or after is running.
+func (c *CQ) SetPushHooks(h PushHook, after func()) {
 	c.mu.Lock()
-	c.hook = h
+	c.hook, c.after = h, after
 	c.mu.Unlock()
+	c.afterMu.Lock() // waits for the AfterPush calls already running
+	c.afterMu.Unlock()
 }
 
 // PollFunc offers the queued completions, oldest first, to f until f returns false or none is
@@ -283,7 +299,15 @@ func (c *CQ) Push(wc *WC, solicited bool) bool {
 	c.ring[i] = *wc
 	// The hook sees the CQ's own copy, so the caller's wc does not escape (no allocation).
 	if c.n == 0 && c.hook != nil && c.hook(&c.ring[i], solicited) {
+		after := c.after
+		if after == nil {
+			c.mu.Unlock()
+			return true
+		}
+		c.afterMu.RLock()
 		c.mu.Unlock()
+		after()
+		c.afterMu.RUnlock()
 		return true
 	}
 	c.n++

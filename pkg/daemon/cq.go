@@ -18,6 +18,7 @@ type cqObj struct {
 	ring *proto.Ring
 	mem  []byte
 	tail atomic.Uint64 // published tail (written under the engine CQ's lock)
+	wake atomic.Bool   // deliver took a sleeping client's arm: signal it outside the lock
 	refs int
 
 	notifyFD  int      // daemon -> client: completions (when armed)
@@ -76,7 +77,7 @@ func (ss *session) createCQ(r proto.CreateCQReq) (proto.CreateCQResp, []int, err
 	o := &cqObj{c: c, ring: ring, mem: mem, notifyFD: notify,
 		spaceFile: proto.EventFile(space, "softroce-cq-space"),
 		spaceDone: make(chan struct{})}
-	c.SetOnPush(o.onPush)
+	c.SetPushHooks(o.onPush, o.afterPush)
 	go o.readSpace()
 	ss.s.nCQ.Add(1)
 	ss.s.mapped.Add(int64(len(mem)))
@@ -114,7 +115,7 @@ func (ss *session) destroyCQ(h proto.Handle) error {
 
 func (ss *session) releaseCQ(o *cqObj) {
 	ss.s.disown(o.c)
-	o.c.SetOnPush(nil) // no hook call runs after this
+	o.c.SetPushHooks(nil, nil) // no hook or afterPush call runs after this
 	o.spaceFile.Close()
 	<-o.spaceDone
 	ss.s.dev.DestroyCQ(o.c)
@@ -134,11 +135,28 @@ func (o *cqObj) readSpace() {
 		if _, err := o.spaceFile.Read(b[:]); err != nil {
 			return
 		}
-		// The Solicited bit of a stored completion is not kept: a receive
-		// or an error completion counts as solicited here (a superset).
-		o.c.PollFunc(func(wc *cq.WC) bool {
-			return o.deliver(wc, wc.Status != cq.StatusSuccess || wc.Opcode >= cq.OpRecv)
-		})
+		o.moveKept()
+	}
+}
+
+// moveKept moves the completions the engine CQ kept (the ring was full)
+// into the ring, then signals the client if one of them took its arm.
+func (o *cqObj) moveKept() {
+	// The Solicited bit of a stored completion is not kept: a receive
+	// or an error completion counts as solicited here (a superset).
+	o.c.PollFunc(func(wc *cq.WC) bool {
+		return o.deliver(wc, wc.Status != cq.StatusSuccess || wc.Opcode >= cq.OpRecv)
+	})
+	o.afterPush()
+}
+
+// afterPush writes the client's notify eventfd if deliver asked for it;
+// the engine CQ calls it after a push the hook took, with the CQ's lock
+// released (cq.CQ.SetPushHooks), so the system call (and the wakeup of
+// another process it costs) does not hold the lock.
+func (o *cqObj) afterPush() {
+	if o.wake.Load() && o.wake.Swap(false) {
+		proto.Signal(o.notifyFD)
 	}
 }
 
@@ -153,9 +171,10 @@ func (o *cqObj) onPush(wc *cq.WC, solicited bool) bool {
 	return o.deliver(wc, solicited || wc.Status != cq.StatusSuccess)
 }
 
-// deliver writes wc at the ring's tail and publishes it, then signals the
-// client if it armed for it. Callers hold the engine CQ's lock (push hook,
-// PollFunc), so there is one producer at a time.
+// deliver writes wc at the ring's tail and publishes it, then takes the
+// client's arm if the completion matches it; afterPush signals outside the
+// lock. Callers hold the engine CQ's lock (push hook, PollFunc), so there
+// is one producer at a time.
 func (o *cqObj) deliver(wc *cq.WC, solicited bool) bool {
 	tail := o.tail.Load()
 	if o.ring.Space(tail) == 0 {
@@ -176,7 +195,7 @@ func (o *cqObj) deliver(wc *cq.WC, solicited bool) bool {
 	// The eventfd is written only if the client sleeps on it; an awake
 	// client sees the arm taken (proto.Ring's notification rule).
 	if o.ring.Fire(solicited) {
-		proto.Signal(o.notifyFD)
+		o.wake.Store(true)
 	}
 	return true
 }

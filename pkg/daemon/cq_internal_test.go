@@ -24,7 +24,7 @@ func TestPushSolicited(t *testing.T) {
 	defer proto.CloseFD(fd)
 	c, _ := cq.New(cq.Options{Capacity: 4})
 	o := &cqObj{c: c, ring: ring, notifyFD: fd}
-	c.SetOnPush(o.onPush)
+	c.SetPushHooks(o.onPush, o.afterPush)
 	signalled := func() bool {
 		var b [8]byte
 		n, _ := unix.Read(fd, b[:])
@@ -50,7 +50,7 @@ func TestPushSolicited(t *testing.T) {
 	// The client consumes; the mover (readSpace's body) delivers the kept one.
 	ring.Consume(2)
 	ring.Arm(proto.ArmSolicited, true)
-	c.PollFunc(func(wc *cq.WC) bool { return o.deliver(wc, wc.Status != cq.StatusSuccess || wc.Opcode >= cq.OpRecv) })
+	o.moveKept()
 	var wc cq.WC
 	if ring.Tail() != 3 || c.Len() != 0 || !signalled() {
 		t.Fatalf("after space: tail %d, engine CQ %d", ring.Tail(), c.Len())
