@@ -492,3 +492,25 @@ func TestCMDaemonCrashPendingRequest(t *testing.T) {
 		t.Fatalf("daemon B holds %d CM IDs", n)
 	}
 }
+
+// TestCMDaemonShutdown: the daemon shutting down with a client's connection up DREQs it: the
+// peer (a client of the other daemon) sees DISCONNECTED.
+func TestCMDaemonShutdown(t *testing.T) {
+	noLeaks(t)
+	da, db, _ := udpDaemons(t)
+	act := newCMEnd(t, da.dial(t), cm.PSTCP)
+	pas := newCMEnd(t, db.dial(t), cm.PSTCP)
+	dst := netip.AddrPortFrom(lo2, 7479)
+	pas.listen(t, dst)
+	act.dial(t, dst, nil)
+	req := pas.next(t, rdmacm.EventConnectRequest)
+	pas.createQP(t, req.ID)
+	if err := req.ID.Accept(nil); err != nil {
+		t.Fatal(err)
+	}
+	act.next(t, rdmacm.EventEstablished)
+	pas.next(t, rdmacm.EventEstablished)
+	da.stop(t)
+	pas.next(t, rdmacm.EventDisconnected)
+	req.ID.Destroy()
+}
