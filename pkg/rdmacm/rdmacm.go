@@ -21,6 +21,12 @@
 // without parameters answers with those values capped by the device's
 // limits, retry and RNR retry 7; 0xFF (MaxDepth) asks for the device limit.
 // The REQ's starting PSN is the PSN the passive side sends from (docs/cm.md).
+//
+// Two modes, one API: IDOptions.Device (or IDOptions.Verbs = Device.Verbs())
+// runs rdma_cm in this process on an embedded device; IDOptions.Verbs = a
+// softroce daemon client (pkg/roce/client, a Remote) runs it in the daemon,
+// bound to the client's own QPs (remote.go). CreateQPVerbs and QueuePair
+// work in both modes.
 package rdmacm
 
 import (
