@@ -91,85 +91,14 @@ func rpingInterop(t *testing.T, lab *rxelab.Lab, client bool, size, count int) {
 		guestCmd = fmt.Sprintf("rping -c -a %s -v -V -C %d -S %d", rxelab.HostIP, count, size)
 		ourArgs = []string{"rping", "-s", "-a", rxelab.HostIP, "-v", "-d", "-S", fmt.Sprint(size), "--timeout", "30s"}
 	}
-	ours := newLineWatch("rdma_listen")
-	var ourErr bytes.Buffer
-	cmd := lab.NSCommand(ctx, bin, ourArgs...)
-	cmd.Stdout, cmd.Stderr = ours, &ourErr
-	var job *rxelab.Job
-	var err error
-	if client {
-		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+guestCmd, rxelab.ExecOptions{Timeout: 60 * time.Second}); err != nil {
-			t.Fatalf("guest: %v", err)
-		}
-		// wait for the guest's "rdma_listen" debug line (printed before rdma_listen(3)
-		// returns; the CM answers REQs as soon as the listen call has registered)
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			out, _ := job.Log()
-			if bytes.Contains(out, []byte("rdma_listen")) {
-				break
-			}
-			if time.Now().After(deadline) {
-				_ = job.Kill()
-				t.Fatalf("guest rping never listened:\n%s", out)
-			}
-			select {
-			case <-time.After(200 * time.Millisecond):
-			case <-ctx.Done():
-				t.Fatal(ctx.Err())
-			}
-		}
-		// rdma_listen's debug line precedes the call by microseconds; the guest's 9p job
-		// log polling is far slower than that
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-	} else {
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-ours.seen:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			t.Fatalf("softroce rping server never listened:\n%s%s", ours.String(), ourErr.String())
-		}
-		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+guestCmd, rxelab.ExecOptions{Timeout: 60 * time.Second}); err != nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			t.Fatalf("guest: %v", err)
-		}
-	}
-	waited := false
-	defer func() {
-		if !waited {
-			_ = job.Kill()
-			out, st, _ := job.Wait(context.Background())
-			t.Logf("guest %s (killed) status %d:\n%s", guestCmd, st, out)
-		}
-	}()
-	ourStatus := 0
-	if err := cmd.Wait(); err != nil {
-		ourStatus = -1
-		if ee, ok := err.(*exec.ExitError); ok {
-			ourStatus = ee.ExitCode()
-		}
-	}
-	t.Logf("softroce %s (exit %d):\nstdout:\n%s\nstderr:\n%s", strings.Join(ourArgs, " "), ourStatus, ours.String(), ourErr.String())
-	guestOut, guestStatus, err := job.Wait(ctx)
-	waited = true
-	if err != nil {
-		t.Fatalf("guest job: %v", err)
-	}
-	t.Logf("guest %s (exit %d):\n%s", guestCmd, guestStatus, guestOut)
-	if ourStatus != 0 {
-		t.Errorf("softroce rping exit status %d, want 0", ourStatus)
-	}
-	if guestStatus != 0 {
-		t.Errorf("guest rping exit status %d, want 0", guestStatus)
-	}
-	cliOut, srvOut := ours.String(), string(guestOut)
+	// the guest's "rdma_listen" debug line is printed before rdma_listen(3) returns; the CM
+	// answers REQs as soon as the listen call has registered, and the job log is polled
+	// through 9p, far slower than that
+	r := runPair(ctx, t, lab, bin, pairSpec{Client: client, Ours: ourArgs, Guest: guestCmd,
+		OurReady: "rdma_listen", GuestReady: "rdma_listen"})
+	wantExit0(t, "softroce rping", r.OurStatus)
+	wantExit0(t, "guest rping", r.GuestStatus)
+	cliOut, srvOut := r.OurOut, r.GuestOut
 	if !client {
 		cliOut, srvOut = srvOut, cliOut
 	}
@@ -179,7 +108,7 @@ func rpingInterop(t *testing.T, lab *rxelab.Lab, client bool, size, count int) {
 	if got, want := rpingLines(srvOut, "server "), rpingExpect("server ", count, size); got != want {
 		t.Errorf("server ping lines:\n%s\nwant:\n%s", got, want)
 	}
-	if strings.Contains(ourErr.String(), "data mismatch") || strings.Contains(string(guestOut), "data mismatch") {
+	if strings.Contains(r.OurErr, "data mismatch") || strings.Contains(r.GuestOut, "data mismatch") {
 		t.Errorf("-V reported a data mismatch")
 	}
 	wire, lost := stopCapture()
@@ -298,82 +227,12 @@ func cmtInterop(t *testing.T, lab *rxelab.Lab, tool string, client bool, conns, 
 		guestCmd = tool + " -s " + rxelab.HostIP + " -b " + rxelab.GuestIP + opts
 		ourArgs = append([]string{tool, "-b", rxelab.HostIP, "--timeout", "30s"}, strings.Fields(opts)...)
 	}
-	ours := newLineWatch("starting server")
-	var ourErr bytes.Buffer
-	cmd := lab.NSCommand(ctx, bin, ourArgs...)
-	cmd.Stdout, cmd.Stderr = ours, &ourErr
-	var job *rxelab.Job
-	var err error
-	if client {
-		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+guestCmd, rxelab.ExecOptions{Timeout: 60 * time.Second}); err != nil {
-			t.Fatalf("guest: %v", err)
-		}
-		// "starting server" is printed just before rdma_bind_addr/rdma_listen; the job log
-		// is polled through 9p, far slower than that
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			out, _ := job.Log()
-			if bytes.Contains(out, []byte("starting server")) {
-				break
-			}
-			if time.Now().After(deadline) {
-				_ = job.Kill()
-				t.Fatalf("guest %s never started:\n%s", tool, out)
-			}
-			select {
-			case <-time.After(200 * time.Millisecond):
-			case <-ctx.Done():
-				t.Fatal(ctx.Err())
-			}
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-	} else {
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-ours.seen:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			t.Fatalf("softroce %s server never started:\n%s%s", tool, ours.String(), ourErr.String())
-		}
-		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+guestCmd, rxelab.ExecOptions{Timeout: 60 * time.Second}); err != nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			t.Fatalf("guest: %v", err)
-		}
-	}
-	waited := false
-	defer func() {
-		if !waited {
-			_ = job.Kill()
-			out, st, _ := job.Wait(context.Background())
-			t.Logf("guest %s (killed) status %d:\n%s", guestCmd, st, out)
-		}
-	}()
-	ourStatus := 0
-	if err := cmd.Wait(); err != nil {
-		ourStatus = -1
-		if ee, ok := err.(*exec.ExitError); ok {
-			ourStatus = ee.ExitCode()
-		}
-	}
-	t.Logf("softroce %s (exit %d):\n%s%s", strings.Join(ourArgs, " "), ourStatus, ours.String(), ourErr.String())
-	guestOut, guestStatus, err := job.Wait(ctx)
-	waited = true
-	if err != nil {
-		t.Fatalf("guest job: %v", err)
-	}
-	t.Logf("guest %s (exit %d):\n%s", guestCmd, guestStatus, guestOut)
-	for who, st := range map[string]int{"softroce": ourStatus, "guest": guestStatus} {
-		if st != 0 {
-			t.Errorf("%s %s exit status %d, want 0", who, tool, st)
-		}
-	}
-	for who, out := range map[string]string{"softroce": ours.String(), "guest": string(guestOut)} {
+	// "starting server" is printed just before rdma_bind_addr/rdma_listen
+	r := runPair(ctx, t, lab, bin, pairSpec{Client: client, Ours: ourArgs, Guest: guestCmd,
+		OurReady: "starting server", GuestReady: "starting server"})
+	wantExit0(t, "softroce "+tool, r.OurStatus)
+	wantExit0(t, "guest "+tool, r.GuestStatus)
+	for who, out := range map[string]string{"softroce": r.OurOut, "guest": r.GuestOut} {
 		if !strings.Contains(out, "data transfers complete\n") || !strings.Contains(out, "return status 0\n") {
 			t.Errorf("%s %s did not complete", who, tool)
 		}

@@ -15,7 +15,6 @@ package interop
 // every captured packet's ICRC must verify over its real IP header (IBTA A17.3.3).
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/netip"
@@ -275,70 +274,15 @@ func nmInterop(t *testing.T, lab *rxelab.Lab, c nmCase, client bool) {
 	} else {
 		guestCmd += " " + rxelab.HostIP
 	}
-	ours := newLineWatch(c.Marker)
-	var ourErr bytes.Buffer
-	cmd := lab.NSCommand(ctx, bin, ourArgs...)
-	cmd.Stdout, cmd.Stderr = ours, &ourErr
-	gopts := rxelab.ExecOptions{Timeout: 200 * time.Second}
-	var job *rxelab.Job
-	var err error
 	start := time.Now()
-	if client {
-		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+guestCmd, gopts); err != nil {
-			t.Fatalf("guest: %v", err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-	} else {
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-ours.seen:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			t.Fatalf("softroce server never listened:\n%s%s", ours.String(), ourErr.String())
-		}
-		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+guestCmd, gopts); err != nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			t.Fatalf("guest: %v", err)
-		}
-	}
-	waited := false
-	defer func() {
-		if !waited {
-			_ = job.Kill()
-			out, st, _ := job.Wait(context.Background())
-			t.Logf("guest %s (killed) status %d:\n%s", guestCmd, st, out)
-		}
-	}()
-	ourStatus := 0
-	if err := cmd.Wait(); err != nil {
-		ourStatus = -1
-		if ee, ok := err.(*exec.ExitError); ok {
-			ourStatus = ee.ExitCode()
-		}
-	}
-	t.Logf("softroce %s (exit %d):\n%s%s", strings.Join(ourArgs, " "), ourStatus, ours.String(), ourErr.String())
-	guestOut, guestStatus, err := job.Wait(ctx)
-	waited = true
+	r := runPair(ctx, t, lab, bin, pairSpec{Client: client, Ours: ourArgs, Guest: guestCmd,
+		OurReady: c.Marker, GuestTimeout: 200 * time.Second})
 	wall := time.Since(start)
-	if err != nil {
-		t.Fatalf("guest job: %v", err)
-	}
-	t.Logf("guest %s (exit %d):\n%s", guestCmd, guestStatus, guestOut)
 	after := rxeCounters(t, lab)
 	wire, lost := stopCapture()
-	if ourStatus != 0 {
-		t.Errorf("softroce exit status %d, want 0", ourStatus)
-	}
-	if guestStatus != 0 {
-		t.Errorf("guest exit status %d, want 0", guestStatus)
-	}
-	for who, out := range map[string]string{"softroce": ours.String(), "guest": string(guestOut)} {
+	wantExit0(t, "softroce", r.OurStatus)
+	wantExit0(t, "guest", r.GuestStatus)
+	for who, out := range map[string]string{"softroce": r.OurOut, "guest": r.GuestOut} {
 		if !strings.Contains(out, c.Result) {
 			t.Errorf("%s output has no %q result", who, c.Result)
 		}

@@ -16,10 +16,8 @@ package interop
 // packet, READ requests, atomics) in the number asked.
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -65,93 +63,23 @@ func pfcmInterop(t *testing.T, lab *rxelab.Lab, c pfCase, client bool) {
 		guestCmd += " " + rxelab.HostIP
 	}
 
-	ours := newLineWatch("Waiting for client to connect")
-	var ourErr bytes.Buffer
-	cmd := lab.NSCommand(ctx, bin, ourArgs...)
-	cmd.Stdout, cmd.Stderr = ours, &ourErr
-	var job *rxelab.Job
-	var err error
-	if client {
-		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+guestCmd, rxelab.ExecOptions{Timeout: 90 * time.Second}); err != nil {
-			t.Fatalf("guest: %v", err)
-		}
-		// perftest prints the waiting banner right before rdma_bind_addr/rdma_listen; our
-		// client retries a refused request 10 times 100 ms apart (as perftest's), far longer
-		// than that gap, but not as long as the guest tool takes to start
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			out, _ := job.Log()
-			if bytes.Contains(out, []byte("Waiting for client to connect")) {
-				break
-			}
-			if time.Now().After(deadline) {
-				_ = job.Kill()
-				t.Fatalf("guest %s never waited for a client:\n%s", c.tool(), out)
-			}
-			select {
-			case <-time.After(200 * time.Millisecond):
-			case <-ctx.Done():
-				t.Fatal(ctx.Err())
-			}
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-	} else {
-		// our server listens before it prints the waiting banner
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-ours.seen:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			t.Fatalf("softroce server never listened:\n%s%s", ours.String(), ourErr.String())
-		}
-		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+guestCmd, rxelab.ExecOptions{Timeout: 90 * time.Second}); err != nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			t.Fatalf("guest: %v", err)
-		}
+	// perftest prints the waiting banner right before rdma_bind_addr/rdma_listen; our
+	// client retries a refused request 10 times 100 ms apart (as perftest's), far longer
+	// than that gap, but not as long as the guest tool takes to start. Our server listens
+	// before it prints the banner.
+	r := runPair(ctx, t, lab, bin, pairSpec{Client: client, Ours: ourArgs, Guest: guestCmd,
+		OurReady: "Waiting for client to connect", GuestReady: "Waiting for client to connect", GuestTimeout: 90 * time.Second})
+	wantExit0(t, "softroce perf", r.OurStatus)
+	wantExit0(t, "guest "+c.tool(), r.GuestStatus)
+	if r.OurErr != "" {
+		t.Errorf("softroce stderr: %q", r.OurErr)
 	}
-	waited := false
-	defer func() {
-		if !waited {
-			_ = job.Kill()
-			out, st, _ := job.Wait(context.Background())
-			t.Logf("guest %s (killed) status %d:\n%s", guestCmd, st, out)
-		}
-	}()
-	ourStatus := 0
-	if err := cmd.Wait(); err != nil {
-		ourStatus = -1
-		if ee, ok := err.(*exec.ExitError); ok {
-			ourStatus = ee.ExitCode()
-		}
-	}
-	t.Logf("softroce %s (exit %d):\n%s%s", strings.Join(ourArgs, " "), ourStatus, ours.String(), ourErr.String())
-	guestOut, guestStatus, err := job.Wait(ctx)
-	waited = true
-	if err != nil {
-		t.Fatalf("guest job: %v", err)
-	}
-	t.Logf("guest %s (exit %d):\n%s", guestCmd, guestStatus, guestOut)
-	if ourStatus != 0 {
-		t.Errorf("softroce perf exit status %d, want 0", ourStatus)
-	}
-	if guestStatus != 0 {
-		t.Errorf("guest %s exit status %d, want 0", c.tool(), guestStatus)
-	}
-	if ourErr.Len() != 0 {
-		t.Errorf("softroce stderr: %q", ourErr.String())
-	}
-	for who, out := range map[string]string{"softroce": ours.String(), "rxe": string(guestOut)} {
+	for who, out := range map[string]string{"softroce": r.OurOut, "rxe": r.GuestOut} {
 		if !strings.Contains(out, "rdma_cm QPs\t : ON") || !strings.Contains(out, "Data ex. method : rdma_cm") {
 			t.Errorf("%s: no rdma_cm banner lines", who)
 		}
 	}
-	pfCheckOutputs(t, c, client, ours.String(), string(guestOut))
+	pfCheckOutputs(t, c, client, r.OurOut, r.GuestOut)
 	wire, lost := stopCapture()
 	pfcmCheckWire(t, c, client, wire, lost)
 }

@@ -18,11 +18,9 @@ package interop
 // of the test (IBTA 9.2.1 opcodes) in the number asked.
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/netip"
-	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
@@ -129,70 +127,16 @@ func pfInterop(t *testing.T, lab *rxelab.Lab, c pfCase, client bool) {
 		guestCmd += " " + rxelab.HostIP
 	}
 
-	ours := newLineWatch("Waiting for client to connect")
-	var ourErr bytes.Buffer
-	cmd := lab.NSCommand(ctx, bin, ourArgs...)
-	cmd.Stdout, cmd.Stderr = ours, &ourErr
-	var job *rxelab.Job
-	var err error
-	if client {
-		// the guest server first; our client retries its connection until it listens
-		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+guestCmd, rxelab.ExecOptions{Timeout: 90 * time.Second}); err != nil {
-			t.Fatalf("guest: %v", err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-	} else {
-		// our server first; it listens before it prints the waiting banner
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-ours.seen:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			t.Fatalf("softroce server never listened:\n%s%s", ours.String(), ourErr.String())
-		}
-		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+guestCmd, rxelab.ExecOptions{Timeout: 90 * time.Second}); err != nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			t.Fatalf("guest: %v", err)
-		}
+	// our server listens before it prints the waiting banner; our client retries its
+	// connection until the guest's server listens
+	r := runPair(ctx, t, lab, bin, pairSpec{Client: client, Ours: ourArgs, Guest: guestCmd,
+		OurReady: "Waiting for client to connect", GuestTimeout: 90 * time.Second})
+	wantExit0(t, "softroce perf", r.OurStatus)
+	wantExit0(t, "guest "+c.tool(), r.GuestStatus)
+	if r.OurErr != "" {
+		t.Errorf("softroce stderr: %q", r.OurErr)
 	}
-	waited := false
-	defer func() {
-		if !waited {
-			_ = job.Kill()
-			out, st, _ := job.Wait(context.Background())
-			t.Logf("guest %s (killed) status %d:\n%s", guestCmd, st, out)
-		}
-	}()
-	ourStatus := 0
-	if err := cmd.Wait(); err != nil {
-		ourStatus = -1
-		if ee, ok := err.(*exec.ExitError); ok {
-			ourStatus = ee.ExitCode()
-		}
-	}
-	t.Logf("softroce %s (exit %d):\n%s%s", strings.Join(ourArgs, " "), ourStatus, ours.String(), ourErr.String())
-	guestOut, guestStatus, err := job.Wait(ctx)
-	waited = true
-	if err != nil {
-		t.Fatalf("guest job: %v", err)
-	}
-	t.Logf("guest %s (exit %d):\n%s", guestCmd, guestStatus, guestOut)
-	if ourStatus != 0 {
-		t.Errorf("softroce perf exit status %d, want 0", ourStatus)
-	}
-	if guestStatus != 0 {
-		t.Errorf("guest %s exit status %d, want 0", c.tool(), guestStatus)
-	}
-	if ourErr.Len() != 0 {
-		t.Errorf("softroce stderr: %q", ourErr.String())
-	}
-	pfCheckOutputs(t, c, client, ours.String(), string(guestOut))
+	pfCheckOutputs(t, c, client, r.OurOut, r.GuestOut)
 	wire, lost := stopCapture()
 	pfCheckWire(t, c, client, wire, lost)
 }

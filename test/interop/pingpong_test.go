@@ -152,74 +152,19 @@ func ppInterop(t *testing.T, lab *rxelab.Lab, c ppCase, client bool) {
 		guestCmd += " " + rxelab.HostIP
 	}
 
-	ours := newLineWatch("local address:")
-	var ourErr bytes.Buffer
-	cmd := lab.NSCommand(ctx, bin, ourArgs...)
-	cmd.Stdout, cmd.Stderr = ours, &ourErr
-	var job *rxelab.Job
-	var err error
-	if client {
-		// the guest server first; our client retries its connection until it listens
-		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+guestCmd, rxelab.ExecOptions{Timeout: 60 * time.Second}); err != nil {
-			t.Fatalf("guest: %v", err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-	} else {
-		// our server first; it listens before it prints its local address
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-ours.seen:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			t.Fatalf("softroce server never printed its address:\n%s%s", ours.String(), ourErr.String())
-		}
-		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+guestCmd, rxelab.ExecOptions{Timeout: 60 * time.Second}); err != nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			t.Fatalf("guest: %v", err)
-		}
-	}
-	waited := false
-	defer func() {
-		if !waited {
-			_ = job.Kill()
-			out, st, _ := job.Wait(context.Background())
-			t.Logf("guest %s (killed) status %d:\n%s", guestCmd, st, out)
-		}
-	}()
-	ourStatus := 0
-	if err := cmd.Wait(); err != nil {
-		ourStatus = -1
-		if ee, ok := err.(*exec.ExitError); ok {
-			ourStatus = ee.ExitCode()
-		}
-	}
-	t.Logf("softroce %s (exit %d):\n%s%s", strings.Join(ourArgs, " "), ourStatus, ours.String(), ourErr.String())
-	guestOut, guestStatus, err := job.Wait(ctx)
-	waited = true
-	if err != nil {
-		t.Fatalf("guest job: %v", err)
-	}
-	t.Logf("guest %s (exit %d):\n%s", guestCmd, guestStatus, guestOut)
-	if ourStatus != 0 {
-		t.Errorf("softroce pingpong exit status %d, want 0", ourStatus)
-	}
-	if guestStatus != 0 {
-		t.Errorf("guest ibv_%s_pingpong exit status %d, want 0", c.Tool, guestStatus)
-	}
-	if ourErr.Len() != 0 {
-		t.Errorf("softroce stderr: %q", ourErr.String())
+	// our server listens before it prints its local address; our client retries its
+	// connection until the guest's server listens
+	r := runPair(ctx, t, lab, bin, pairSpec{Client: client, Ours: ourArgs, Guest: guestCmd, OurReady: "local address:"})
+	wantExit0(t, "softroce pingpong", r.OurStatus)
+	wantExit0(t, "guest ibv_"+c.Tool+"_pingpong", r.GuestStatus)
+	if r.OurErr != "" {
+		t.Errorf("softroce stderr: %q", r.OurErr)
 	}
 	numQP := 1
 	if c.Tool == "srq" {
 		numQP = 16 // srq_pingpong's default -q, on both sides
 	}
-	ourQPs, rxeQPs := ppCheckOutputs(t, c, numQP, ours.String(), string(guestOut))
+	ourQPs, rxeQPs := ppCheckOutputs(t, c, numQP, r.OurOut, r.GuestOut)
 	wire, lost := stopCapture()
 	ppCheckWire(t, c, wire, lost, ourQPs, rxeQPs)
 }

@@ -1,0 +1,150 @@
+//go:build interop
+
+package interop
+
+import (
+	"bytes"
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/softroce/softroce/test/rxelab"
+)
+
+// pairSpec is one softroce CLI command run against one tool in the guest: the server side
+// starts first and the client only once the server is ready (docs/interop.md).
+type pairSpec struct {
+	// Client: softroce is the client, so the guest's tool is the server and starts first.
+	Client bool
+	// Ours are the softroce binary's arguments (run in the lab netns).
+	Ours []string
+	// Guest is the guest's command line, run as "exec stdbuf -oL <Guest>".
+	Guest string
+	// OurReady: softroce as the server prints this once it listens; the guest starts then.
+	OurReady string
+	// GuestReady: the guest as the server prints this right before it listens; softroce's
+	// client starts once the guest's job log shows it. Empty: softroce starts at once (for
+	// clients that retry until the server listens).
+	GuestReady string
+	// GuestTimeout bounds the guest job (default 60 s).
+	GuestTimeout time.Duration
+}
+
+// pairResult is what both sides printed and their exit statuses.
+type pairResult struct {
+	OurStatus   int
+	OurOut      string // softroce's stdout
+	OurErr      string // softroce's stderr
+	GuestStatus int
+	GuestOut    string // the guest's stdout and stderr
+}
+
+// readyWait bounds how long either side may take to become ready as the server.
+const readyWait = 30 * time.Second
+
+// runPair starts both sides in order and waits for both to exit, logging their output. It
+// stops the test (Fatal) only when a side cannot be started or never gets ready; exit
+// statuses and outputs are the caller's to judge. Both processes are gone when it returns.
+func runPair(ctx context.Context, t *testing.T, lab *rxelab.Lab, bin string, p pairSpec) pairResult {
+	t.Helper()
+	gopts := rxelab.ExecOptions{Timeout: p.GuestTimeout}
+	if gopts.Timeout == 0 {
+		gopts.Timeout = 60 * time.Second
+	}
+	ourReady := p.OurReady
+	if ourReady == "" {
+		ourReady = "\x00never" // a watch needs a marker; nobody waits on this one
+	}
+	ours := newLineWatch(ourReady)
+	var ourErr bytes.Buffer
+	cmd := lab.NSCommand(ctx, bin, p.Ours...)
+	cmd.Stdout, cmd.Stderr = ours, &ourErr
+	stopOurs := func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}
+	var job *rxelab.Job
+	var err error
+	if p.Client {
+		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+p.Guest, gopts); err != nil {
+			t.Fatalf("guest %s: %v", p.Guest, err)
+		}
+		if p.GuestReady != "" {
+			// the job log is polled through 9p, far slower than the gap between the
+			// server's readiness line and its listen call
+			if err := waitGuestLine(ctx, job, p.GuestReady); err != nil {
+				_ = job.Kill()
+				out, _ := job.Log()
+				t.Fatalf("guest %s: %v:\n%s", p.Guest, err, out)
+			}
+		}
+		if err := cmd.Start(); err != nil {
+			_ = job.Kill()
+			t.Fatal(err)
+		}
+	} else {
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-ours.seen:
+		case <-time.After(readyWait):
+			stopOurs()
+			t.Fatalf("softroce %s never printed %q:\n%s%s", strings.Join(p.Ours, " "), p.OurReady, ours.String(), ourErr.String())
+		}
+		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+p.Guest, gopts); err != nil {
+			stopOurs()
+			t.Fatalf("guest %s: %v", p.Guest, err)
+		}
+	}
+	var r pairResult
+	if err := cmd.Wait(); err != nil {
+		r.OurStatus = -1
+		if ee, ok := err.(*exec.ExitError); ok {
+			r.OurStatus = ee.ExitCode()
+		}
+	}
+	r.OurOut, r.OurErr = ours.String(), ourErr.String()
+	t.Logf("softroce %s (exit %d):\nstdout:\n%s\nstderr:\n%s", strings.Join(p.Ours, " "), r.OurStatus, r.OurOut, r.OurErr)
+	out, st, err := job.Wait(ctx)
+	if err != nil {
+		_ = job.Kill()
+		out, st, _ = job.Wait(context.Background())
+		t.Fatalf("guest %s: %v (killed, status %d):\n%s", p.Guest, err, st, out)
+	}
+	r.GuestOut, r.GuestStatus = string(out), st
+	t.Logf("guest %s (exit %d):\n%s", p.Guest, st, out)
+	return r
+}
+
+// waitGuestLine polls a guest job's log until it contains line.
+func waitGuestLine(ctx context.Context, job *rxelab.Job, line string) error {
+	deadline := time.NewTimer(readyWait)
+	defer deadline.Stop()
+	for {
+		if out, _ := job.Log(); bytes.Contains(out, []byte(line)) {
+			return nil
+		}
+		select {
+		case <-time.After(200 * time.Millisecond):
+		case <-deadline.C:
+			return &lineTimeout{line}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+type lineTimeout struct{ line string }
+
+func (e *lineTimeout) Error() string { return "never printed " + `"` + e.line + `"` }
+
+// wantExit0 reports a side's non-zero exit status.
+func wantExit0(t *testing.T, who string, status int) {
+	t.Helper()
+	if status != 0 {
+		t.Errorf("%s exit status %d, want 0", who, status)
+	}
+}
