@@ -126,6 +126,8 @@ type perfConfig struct {
 	CPUProfile string
 	// RDMACM is -R: the exchange and the data QPs over rdma_cm (perf_cm.go).
 	RDMACM bool
+	// Stats prints the device's and its link's counters to stderr at the end (--stats).
+	Stats bool
 }
 
 // parsePerf parses "send|write|read|atomic [flags] [SERVER]" (flags and SERVER in any
@@ -192,6 +194,7 @@ func parsePerf(args []string, stderr io.Writer) (*perfConfig, error) {
 	fs.BoolVar(&c.Portable, "portable", false, "softroce: plain UDP sockets instead of sendmmsg/recvmmsg")
 	fs.BoolVar(&c.Loopback, "loopback", false, "softroce: both ends in this process (127.0.0.1 <-> 127.0.0.2), no exchange")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "softroce: write a pprof CPU profile of the run to `file`")
+	fs.BoolVar(&c.Stats, "stats", false, "softroce: print the device's and the link's counters to stderr at the end")
 	fs.BoolVar(&c.Mem, "mem", false, "softroce: with --loopback, the in-memory link instead of UDP")
 
 	var positional []string

@@ -34,6 +34,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"sort"
 	"strconv"
 	"time"
 
@@ -119,6 +120,9 @@ type perfRes struct {
 	timer      *time.Timer
 	// writesSeen is QP 0's RemoteWrites count when waitByte last looked at the buffer.
 	writesSeen uint64
+	// sleeps counts the waits that slept on a CQ channel, polls the CQ polls that returned
+	// completions (--stats).
+	sleeps, polls int
 }
 
 // newPerfRes creates the PD, the buffer and its MR, the CQs and c.QPs RC QPs in INIT, and the
@@ -362,6 +366,7 @@ func (r *perfRes) wait(c *cq.CQ, spin int) (int, error) {
 			return 0, fmt.Errorf("%w: no completion within %v", errPerfTimeout, r.c.RunTimeout)
 		}
 		r.timer.Reset(left)
+		r.sleeps++
 		select {
 		case <-c.Channel():
 		case <-r.timer.C:
@@ -419,6 +424,7 @@ func (r *perfRes) bwClient(size int) error {
 			}
 		}
 		now := r.since()
+		r.polls++
 		for j := 0; j < n; j++ {
 			w := &r.wcs[j]
 			if w.Status != cq.StatusSuccess {
@@ -710,6 +716,12 @@ func perfRun(c *perfConfig, env *perfEnv) (err error) {
 			err = errors.Join(err, r.close())
 		}
 		if ld != nil {
+			if c.Stats {
+				if r != nil {
+					fmt.Fprintf(env.Stderr, "stats: perf CQ polls with completions %d, sleeps on the CQ %d\n", r.polls, r.sleeps)
+				}
+				perfPrintStats(env.Stderr, ld.Dev)
+			}
 			err = errors.Join(err, ld.Dev.Close())
 		}
 	}()
@@ -947,4 +959,23 @@ func perfMeasure(ctx context.Context, r *perfRes, conn perfExchanger, role perft
 		fmt.Fprint(out, perftest.ResultLine)
 	}
 	return nil
+}
+
+// perfPrintStats writes the device's non-zero counters and its link's counters (--stats).
+func perfPrintStats(w io.Writer, d *roce.Device) {
+	m := d.Stats().Map()
+	keys := make([]string, 0, len(m))
+	for k, v := range m {
+		if v != 0 {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(w, "stats: %s %d\n", k, m[k])
+	}
+	if s, ok := d.LinkStats(); ok {
+		fmt.Fprintf(w, "stats: link sent %d (%d sendmmsg, %d GSO messages), received %d (%d recv calls, %d GRO reads), drops %d, truncated %d, fallbacks %d\n",
+			s.Sent, s.SendBatches, s.GSOSends, s.Received, s.RecvBatches, s.GROReceives, s.Drops, s.Truncated, s.Fallbacks)
+	}
 }

@@ -73,9 +73,18 @@ type resource struct {
 func (q *QP) Receive(now time.Time, p *bth.Packet, src, dst netip.AddrPort) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.receive(now, p, src, dst) {
+		q.flush()
+		q.armTimerAt(now)
+	}
+}
+
+// receive runs the responder or the completer for one packet under q.mu; false if the packet
+// was dropped before either ran.
+func (q *QP) receive(now time.Time, p *bth.Packet, src, dst netip.AddrPort) bool {
 	if q.dead || p.Info == nil || !q.accept(p, src, dst) {
 		q.cnt.RcvdDropped.Add(1)
-		return
+		return false
 	}
 	if p.Info.Request {
 		if q.state == StateRTR && !q.resp.commEst {
@@ -88,8 +97,7 @@ func (q *QP) Receive(now time.Time, p *bth.Packet, src, dst netip.AddrPort) {
 	} else {
 		q.complete(now, p)
 	}
-	q.flush()
-	q.armTimerAt(now)
+	return true
 }
 
 // accept applies the per-QP receive checks of rxe_recv.c: the QP state

@@ -552,6 +552,7 @@ func (d *Device) recvLoop(i int, l link.Link) {
 		for k := 0; k < n; k++ {
 			d.handle(rx, &batch[k])
 		}
+		rx.flushPending() // one burst per QP per batch (fastpath.go)
 	}
 }
 
@@ -609,7 +610,11 @@ func (d *Device) handle(rx *rxState, dg *link.Datagram) {
 		return
 	}
 	d.cnt.RcvdPkts.Add(1)
-	q.Receive(rx.now, p, src, dst)
+	if qpn == 1 {
+		q.Receive(rx.now, p, src, dst) // QP1: the GSI polls its CQ right after (afterReceive)
+	} else if q.ReceiveDeferred(rx.now, p, src, dst) {
+		rx.deferFlush(q.QP)
+	}
 	if d.g != nil {
 		d.g.afterReceive(qpn)
 	}

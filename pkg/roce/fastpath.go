@@ -7,6 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softroce/softroce/pkg/bth"
+	"github.com/softroce/softroce/pkg/qp"
 	"github.com/softroce/softroce/pkg/roce/link"
 )
 
@@ -59,6 +60,34 @@ type rxState struct {
 	}
 	ids  [2]idTable
 	next int // the idTable to replace next
+
+	// pending are the QPs that received packets of this batch with qp.ReceiveDeferred: each is
+	// flushed once after the batch (coalesced ACKs, one burst of requests per batch of ACKs).
+	pending  [8]*qp.QP
+	npending int
+}
+
+// deferFlush records that q must be flushed after the batch (once).
+func (rx *rxState) deferFlush(q *qp.QP) {
+	for i := rx.npending - 1; i >= 0; i-- {
+		if rx.pending[i] == q {
+			return
+		}
+	}
+	if rx.npending == len(rx.pending) {
+		rx.flushPending()
+	}
+	rx.pending[rx.npending] = q
+	rx.npending++
+}
+
+// flushPending flushes the QPs deferFlush recorded (qp.QP.FlushReceived).
+func (rx *rxState) flushPending() {
+	for i := 0; i < rx.npending; i++ {
+		rx.pending[i].FlushReceived(rx.now)
+		rx.pending[i] = nil
+	}
+	rx.npending = 0
 }
 
 // idTable lists, for one (endpoints, length), diff[k] = ICRC(ID k) ^ ICRC(ID 0) for k < 64: the

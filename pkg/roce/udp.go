@@ -125,3 +125,28 @@ func InterfaceAddrs(name string) ([]netip.Addr, error) {
 	}
 	return out, nil
 }
+
+// LinkStats returns the counters of the device's link (and of its receive shards, summed),
+// and false if the link does not count (link.StatsLink).
+func (d *Device) LinkStats() (link.Stats, bool) {
+	var s link.Stats
+	ok := false
+	for _, l := range d.links {
+		sl, is := l.(link.StatsLink)
+		if !is {
+			continue
+		}
+		ok = true
+		t := sl.Stats()
+		s.Sent += t.Sent
+		s.Received += t.Received
+		s.SendBatches += t.SendBatches
+		s.RecvBatches += t.RecvBatches
+		s.GSOSends += t.GSOSends
+		s.GROReceives += t.GROReceives
+		s.Drops += t.Drops
+		s.Truncated += t.Truncated
+		s.Fallbacks += t.Fallbacks
+	}
+	return s, ok
+}
