@@ -37,8 +37,8 @@ func init() {
 		c := c
 		name := fmt.Sprintf("rping-%dx%d", c.size, c.count)
 		pairings = append(pairings,
-			pairing{Name: name, Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, true, c.size, c.count) }},
-			pairing{Name: name, Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, false, c.size, c.count) }},
+			pairing{Name: name, Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, true, c.size, c.count, false) }},
+			pairing{Name: name, Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, false, c.size, c.count, false) }},
 		)
 	}
 }
@@ -76,10 +76,16 @@ func rpingLines(out, prefix string) string {
 	return b.String()
 }
 
-func rpingInterop(t *testing.T, lab *rxelab.Lab, client bool, size, count int) {
+// rpingInterop runs softroce rping against the guest's; client tells whether softroce is the
+// client, viaDaemon whether softroce's rping runs through a softroce daemon (cm_daemon_test.go).
+func rpingInterop(t *testing.T, lab *rxelab.Lab, client bool, size, count int, viaDaemon bool) {
 	bin := buildSoftroce(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
+	var sock string
+	if viaDaemon {
+		sock = startLabDaemon(t, ctx, lab, bin)
+	}
 	stopCapture := ppStartCapture(t, lab)
 
 	var guestCmd string
@@ -91,11 +97,15 @@ func rpingInterop(t *testing.T, lab *rxelab.Lab, client bool, size, count int) {
 		guestCmd = fmt.Sprintf("rping -c -a %s -v -V -C %d -S %d", rxelab.HostIP, count, size)
 		ourArgs = []string{"rping", "-s", "-a", rxelab.HostIP, "-v", "-d", "-S", fmt.Sprint(size), "--timeout", "30s"}
 	}
+	if viaDaemon {
+		// the rping program needs no netns of its own: it talks to the daemon's socket only
+		ourArgs = append(ourArgs, "--daemon", sock)
+	}
 	// the guest's "rdma_listen" debug line is printed before rdma_listen(3) returns; the CM
 	// answers REQs as soon as the listen call has registered, and the job log is polled
 	// through 9p, far slower than that
 	r := runPair(ctx, t, lab, bin, pairSpec{Client: client, Ours: ourArgs, Guest: guestCmd,
-		OurReady: "rdma_listen", GuestReady: "rdma_listen"})
+		OurReady: "rdma_listen", GuestReady: "rdma_listen", HostNetns: viaDaemon})
 	wantExit0(t, "softroce rping", r.OurStatus)
 	wantExit0(t, "guest rping", r.GuestStatus)
 	cliOut, srvOut := r.OurOut, r.GuestOut

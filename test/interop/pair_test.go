@@ -18,8 +18,11 @@ import (
 type pairSpec struct {
 	// Client: softroce is the client, so the guest's tool is the server and starts first.
 	Client bool
-	// Ours are the softroce binary's arguments (run in the lab netns).
+	// Ours are the softroce binary's arguments (run in the lab netns unless HostNetns).
 	Ours []string
+	// HostNetns runs softroce in the test's own network namespace (a program that talks
+	// only to a daemon's unix socket needs no address of its own).
+	HostNetns bool
 	// Guest is the guest's command line, run as "exec stdbuf -oL <Guest>".
 	Guest string
 	// OurReady: softroce as the server prints this once it listens; the guest starts then.
@@ -60,6 +63,9 @@ func runPair(ctx context.Context, t *testing.T, lab *rxelab.Lab, bin string, p p
 	ours := newLineWatch(ourReady)
 	var ourErr bytes.Buffer
 	cmd := lab.NSCommand(ctx, bin, p.Ours...)
+	if p.HostNetns {
+		cmd = exec.CommandContext(ctx, bin, p.Ours...)
+	}
 	cmd.Stdout, cmd.Stderr = ours, &ourErr
 	stopOurs := func() {
 		_ = cmd.Process.Kill()
