@@ -128,6 +128,9 @@ type perfConfig struct {
 	RDMACM bool
 	// Stats prints the device's and its link's counters to stderr at the end (--stats).
 	Stats bool
+	// Daemon is --daemon SOCKET: run through the softroce daemon (its device and address)
+	// instead of an embedded device (perf_verbs.go).
+	Daemon string
 }
 
 // parsePerf parses "send|write|read|atomic [flags] [SERVER]" (flags and SERVER in any
@@ -196,6 +199,7 @@ func parsePerf(args []string, stderr io.Writer) (*perfConfig, error) {
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "softroce: write a pprof CPU profile of the run to `file`")
 	fs.BoolVar(&c.Stats, "stats", false, "softroce: print the device's and the link's counters to stderr at the end")
 	fs.BoolVar(&c.Mem, "mem", false, "softroce: with --loopback, the in-memory link instead of UDP")
+	fs.StringVar(&c.Daemon, "daemon", "", "softroce: run through the softroce daemon listening on unix `socket` (its device; -d picks one of its addresses)")
 
 	var positional []string
 	for rest := args; ; {
@@ -219,7 +223,7 @@ func parsePerf(args []string, stderr io.Writer) (*perfConfig, error) {
 		return nil, fmt.Errorf("-R with the latency tests is %w: bandwidth only", errPerfUnsupported)
 	case c.RDMACM && c.Loopback:
 		return nil, fmt.Errorf("%w: -R and --loopback exclude each other", errPerfUsage)
-	case c.RDMACM && len(positional) == 0 && !c.Dev.IsSet():
+	case c.RDMACM && len(positional) == 0 && !c.Dev.IsSet() && c.Daemon == "":
 		return nil, fmt.Errorf("%w: -R server: name the local address with -d (softroce devices have one address)", errPerfUsage)
 	case conn != "RC":
 		return nil, fmt.Errorf("-c %s is %w: RC only", conn, errPerfUnsupported)
@@ -239,6 +243,9 @@ func parsePerf(args []string, stderr io.Writer) (*perfConfig, error) {
 		return nil, fmt.Errorf("%w: -A %s: CMP_AND_SWAP or FETCH_AND_ADD", errPerfUsage, c.Atomic)
 	case tx < 0 || rx < 0 || cqMod < 0 || outReads < 0 || inline < 0 || size < 0 || iters < 0:
 		return nil, fmt.Errorf("%w: negative value", errPerfUsage)
+	}
+	if err := perfCheckDaemon(c, fs); err != nil {
+		return nil, err
 	}
 	if len(positional) == 1 {
 		c.Server = positional[0]

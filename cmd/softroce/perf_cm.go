@@ -150,16 +150,16 @@ func perfCMEventError(what string, ev rdmacm.Event) error {
 // carrying every exchange step as a SEND.
 type perfCMComm struct {
 	c       *perfConfig
-	dev     *roce.Device
+	dev     roce.Verbs // the embedded device or the daemon (--daemon)
 	role    perftest.Role
 	ev      perfCMEvents
 	id      *rdmacm.ID
-	pd      *mr.PD
-	mr      *mr.MR
-	buf     []byte
-	scq     *cq.CQ
-	rcq     *cq.CQ
-	q       *roce.QP
+	pd      roce.ProtectionDomain
+	mr      roce.MemoryRegion
+	buf     []byte // from dev.AllocBuffer
+	scq     roce.CompletionQueue
+	rcq     roce.CompletionQueue
+	q       roce.QueuePair
 	wcs     [1]cq.WC
 	timer   *time.Timer
 	gidIdx  int
@@ -168,12 +168,14 @@ type perfCMComm struct {
 }
 
 // newPerfCMComm creates the exchange's verbs objects (not yet connected).
-func newPerfCMComm(c *perfConfig, dev *roce.Device, role perftest.Role, gidIdx int) (*perfCMComm, error) {
-	m := &perfCMComm{c: c, dev: dev, role: role, ev: perfCMEvents{ch: rdmacm.NewEventChannel()}, gidIdx: gidIdx,
-		buf: make([]byte, 2*perfCMSendOff)}
+func newPerfCMComm(c *perfConfig, dev roce.Verbs, role perftest.Role, gidIdx int) (*perfCMComm, error) {
+	m := &perfCMComm{c: c, dev: dev, role: role, ev: perfCMEvents{ch: rdmacm.NewEventChannel()}, gidIdx: gidIdx}
 	m.timer = time.NewTimer(time.Hour)
 	m.timer.Stop()
 	var err error
+	if m.buf, err = dev.AllocBuffer(2 * perfCMSendOff); err != nil {
+		return m, fmt.Errorf("%w: Couldn't allocate the buffer: %w", errPerfVerbs, err)
+	}
 	if m.pd, err = dev.AllocPD(); err != nil {
 		return m, fmt.Errorf("%w: Couldn't allocate PD: %w", errPerfVerbs, err)
 	}
@@ -191,7 +193,7 @@ func newPerfCMComm(c *perfConfig, dev *roce.Device, role perftest.Role, gidIdx i
 
 // createQP gives id the exchange's QP and posts its one receive (post_one_recv_wqe).
 func (m *perfCMComm) createQP(id *rdmacm.ID) error {
-	q, err := id.CreateQP(m.pd, roce.QPInit{Type: qp.TypeRC, SendCQ: m.scq, RecvCQ: m.rcq,
+	q, err := id.CreateQPVerbs(m.pd, roce.VerbsQPInit{Type: qp.TypeRC, SendCQ: m.scq, RecvCQ: m.rcq,
 		Cap: qp.Cap{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}})
 	if err != nil {
 		return fmt.Errorf("%w: Couldn't create the rdma_cm QP: %w", errPerfVerbs, err)
@@ -222,7 +224,7 @@ func (m *perfCMComm) dial(ctx context.Context, local netip.Addr, server netip.Ad
 		if try > 0 {
 			time.Sleep(perfCMRetryDelay)
 		}
-		id, q, err := perfCMConnect(ctx, &m.ev, m.c, m.dev, local, server, func(id *rdmacm.ID) (*roce.QP, error) {
+		id, q, err := perfCMConnect(ctx, &m.ev, m.c, m.dev, local, server, func(id *rdmacm.ID) (roce.QueuePair, error) {
 			if err := m.createQP(id); err != nil {
 				return nil, err
 			}
@@ -255,13 +257,13 @@ func (m *perfCMComm) dial(ctx context.Context, local netip.Addr, server netip.Ad
 
 // perfCMConnect creates an ID, resolves server from local, creates the QP with mk and sends
 // the connection request with p (rdma_client_connect up to rdma_connect).
-func perfCMConnect(ctx context.Context, ev *perfCMEvents, c *perfConfig, dev *roce.Device, local netip.Addr,
-	server netip.AddrPort, mk func(*rdmacm.ID) (*roce.QP, error), p rdmacm.ConnParam) (*rdmacm.ID, *roce.QP, error) {
-	id, err := rdmacm.CreateID(ev.ch, rdmacm.IDOptions{Device: dev, PortSpace: cm.PSTCP})
+func perfCMConnect(ctx context.Context, ev *perfCMEvents, c *perfConfig, dev roce.Verbs, local netip.Addr,
+	server netip.AddrPort, mk func(*rdmacm.ID) (roce.QueuePair, error), p rdmacm.ConnParam) (*rdmacm.ID, roce.QueuePair, error) {
+	id, err := rdmacm.CreateID(ev.ch, rdmacm.IDOptions{Verbs: dev, PortSpace: cm.PSTCP})
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: rdma_create_id: %w", errPerfCM, err)
 	}
-	fail := func(err error) (*rdmacm.ID, *roce.QP, error) { return id, nil, err }
+	fail := func(err error) (*rdmacm.ID, roce.QueuePair, error) { return id, nil, err }
 	if err := id.ResolveAddr(local, server, perfCMResolveTimeout); err != nil {
 		return fail(fmt.Errorf("%w: rdma_resolve_addr failed: %w", errPerfCM, err))
 	}
@@ -292,8 +294,8 @@ func perfCMConnect(ctx context.Context, ev *perfCMEvents, c *perfConfig, dev *ro
 }
 
 // listen binds and listens on the -p port of local (rdma_bind_addr, rdma_listen).
-func perfCMListen(ev *perfCMEvents, dev *roce.Device, local netip.Addr, port, backlog int) (*rdmacm.ID, error) {
-	l, err := rdmacm.CreateID(ev.ch, rdmacm.IDOptions{Device: dev, PortSpace: cm.PSTCP})
+func perfCMListen(ev *perfCMEvents, dev roce.Verbs, local netip.Addr, port, backlog int) (*rdmacm.ID, error) {
+	l, err := rdmacm.CreateID(ev.ch, rdmacm.IDOptions{Verbs: dev, PortSpace: cm.PSTCP})
 	if err != nil {
 		return nil, fmt.Errorf("%w: rdma_create_id: %w", errPerfCM, err)
 	}
@@ -342,13 +344,8 @@ func (m *perfCMComm) accept(ctx context.Context, l *rdmacm.ID) error {
 	return nil
 }
 
-// perfCMCQ is what the exchange's wait uses of a *cq.CQ (a seam for tests).
-type perfCMCQ interface {
-	Poll(dst []cq.WC) int
-	ReqNotify(solicitedOnly bool) error
-	Len() int
-	Channel() <-chan struct{}
-}
+// perfCMCQ is what the exchange's wait uses of a CQ (a seam for tests).
+type perfCMCQ = roce.CompletionQueue
 
 // wait waits for one completion of c within d. It sleeps on the CQ's channel but looks at
 // the CQ at least every perfCMRepoll (perfCMRepolled counts the completions found that way).
@@ -368,9 +365,11 @@ func (m *perfCMComm) wait(c perfCMCQ, d time.Duration, step string) error {
 		if err := c.ReqNotify(false); err != nil {
 			return fmt.Errorf("%w: Couldn't request CQ notification: %w", errPerfVerbs, err)
 		}
-		if c.Len() > 0 {
-			byTimer = false
-			continue
+		if n := c.Poll(m.wcs[:]); n > 0 { // arrived before the arm: the channel may stay quiet
+			if m.wcs[0].Status != cq.StatusSuccess {
+				return fmt.Errorf("%w: %s: Bad wc status %s (%d)", errPerfVerbs, step, m.wcs[0].Status, int(m.wcs[0].Status))
+			}
+			return nil
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
@@ -539,13 +538,20 @@ func (m *perfCMComm) close() error {
 			errs = append(errs, err)
 		}
 	}
-	for _, c := range []*cq.CQ{m.scq, m.rcq} {
+	for _, c := range []roce.CompletionQueue{m.scq, m.rcq} {
 		if c != nil {
-			m.dev.DestroyCQ(c)
+			errs = append(errs, m.dev.DestroyCQ(c))
 		}
 	}
+	bufFree := true
 	if m.mr != nil {
-		errs = append(errs, m.mr.Dereg())
+		err := m.mr.Dereg()
+		errs = append(errs, err)
+		bufFree = err == nil
+	}
+	if m.buf != nil && bufFree {
+		errs = append(errs, m.dev.FreeBuffer(m.buf))
+		m.buf = nil
 	}
 	if m.pd != nil {
 		errs = append(errs, m.pd.Dealloc())
@@ -600,7 +606,7 @@ func perfCMDataParam(c *perfConfig) rdmacm.ConnParam {
 // create the QP on its ID, accept it, and set perftest's min RNR timer (ibv_modify_qp after
 // rdma_accept). Requests are accepted in the order they arrive.
 func (d *perfCMData) serverCreate(ctx context.Context, c *perfConfig, l *rdmacm.ID) perfCreateQP {
-	return func(i int, in roce.QPInit) (*roce.QP, error) {
+	return func(i int, in roce.VerbsQPInit) (roce.QueuePair, error) {
 		ev, err := d.ev.next(ctx, c.Timeout, func(e rdmacm.Event) bool { return e.Listen == l || e.ID == l })
 		if err != nil {
 			return nil, err
@@ -609,7 +615,7 @@ func (d *perfCMData) serverCreate(ctx context.Context, c *perfConfig, l *rdmacm.
 			return nil, perfCMEventError("waiting for a data connection request", ev)
 		}
 		d.ids = append(d.ids, ev.ID)
-		q, err := ev.ID.CreateQP(in.PD, in)
+		q, err := ev.ID.CreateQPVerbs(in.PD, in)
 		if err != nil {
 			ev.ID.Reject(nil)
 			return nil, err
@@ -628,10 +634,10 @@ func (d *perfCMData) serverCreate(ctx context.Context, c *perfConfig, l *rdmacm.
 
 // clientCreate is the client's perfCreateQP: resolve, create the QP on a new ID and send the
 // request, without waiting for the answer (clientWait does).
-func (d *perfCMData) clientCreate(ctx context.Context, c *perfConfig, dev *roce.Device, local netip.Addr, server netip.AddrPort) perfCreateQP {
-	return func(i int, in roce.QPInit) (*roce.QP, error) {
-		id, q, err := perfCMConnect(ctx, &d.ev, c, dev, local, server, func(id *rdmacm.ID) (*roce.QP, error) {
-			return id.CreateQP(in.PD, in)
+func (d *perfCMData) clientCreate(ctx context.Context, c *perfConfig, dev roce.Verbs, local netip.Addr, server netip.AddrPort) perfCreateQP {
+	return func(i int, in roce.VerbsQPInit) (roce.QueuePair, error) {
+		id, q, err := perfCMConnect(ctx, &d.ev, c, dev, local, server, func(id *rdmacm.ID) (roce.QueuePair, error) {
+			return id.CreateQPVerbs(in.PD, in)
 		}, perfCMDataParam(c))
 		if id != nil {
 			d.ids = append(d.ids, id)
@@ -642,7 +648,7 @@ func (d *perfCMData) clientCreate(ctx context.Context, c *perfConfig, dev *roce.
 
 // clientWait waits for every data connection's ESTABLISHED; a refused or failed one is made
 // again with a new ID and QP, up to perfCMRetries attempts, perfCMRetryDelay apart.
-func (d *perfCMData) clientWait(ctx context.Context, r *perfRes, dev *roce.Device, local netip.Addr, server netip.AddrPort) error {
+func (d *perfCMData) clientWait(ctx context.Context, r *perfRes, dev roce.Verbs, local netip.Addr, server netip.AddrPort) error {
 	c := r.c
 	tries := make([]int, len(d.ids))
 	done := 0
@@ -680,8 +686,8 @@ func (d *perfCMData) clientWait(ctx context.Context, r *perfRes, dev *roce.Devic
 			return fmt.Errorf("%w: Couldn't destroy QP[%d]: %w", errPerfVerbs, i, err)
 		}
 		time.Sleep(perfCMRetryDelay)
-		id, q, err := perfCMConnect(ctx, &d.ev, c, dev, local, server, func(id *rdmacm.ID) (*roce.QP, error) {
-			return id.CreateQP(r.qpInit.PD, r.qpInit)
+		id, q, err := perfCMConnect(ctx, &d.ev, c, dev, local, server, func(id *rdmacm.ID) (roce.QueuePair, error) {
+			return id.CreateQPVerbs(r.qpInit.PD, r.qpInit)
 		}, perfCMDataParam(c))
 		d.ids[i] = id
 		if q != nil {
@@ -729,7 +735,7 @@ func perfRunCM(c *perfConfig, env *perfEnv) (err error) {
 		role = perftest.Server
 	}
 	var (
-		ld     *localDev
+		ld     *verbsDev
 		server netip.AddrPort
 		peer   netip.Addr
 	)
@@ -740,10 +746,10 @@ func perfRunCM(c *perfConfig, env *perfEnv) (err error) {
 		}
 		server, peer = netip.AddrPortFrom(host.Unmap(), uint16(c.Port)), host
 	}
-	if ld, err = openLocalDevice(&c.Dev, devOpenOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer, BusyPoll: c.linkBusyPoll()}); err != nil {
+	if ld, err = openVerbsDevice(c.Daemon, &c.Dev, devOpenOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer, BusyPoll: c.linkBusyPoll()}); err != nil {
 		return err
 	}
-	defer func() { err = errors.Join(err, ld.Dev.Close()) }()
+	defer func() { err = errors.Join(err, ld.Close()) }()
 	if c.MTU != 0 && c.MTU > ld.MTU {
 		return fmt.Errorf("%w: -m %d: requested MTU is larger than the port's active MTU %d", errPerfUsage, c.MTU.Bytes(), ld.MTU.Bytes())
 	}
@@ -754,7 +760,7 @@ func perfRunCM(c *perfConfig, env *perfEnv) (err error) {
 	if c.Verb == "read" || c.Verb == "atomic" {
 		fmt.Fprint(out, perftest.ResultLine) // ctx_set_max_inline's separator
 	}
-	comm, err := newPerfCMComm(c, ld.Dev, role, ld.GIDIndex)
+	comm, err := newPerfCMComm(c, ld.V, role, ld.GIDIndex)
 	defer func() { err = errors.Join(err, comm.close()) }()
 	if err != nil {
 		return err
@@ -783,7 +789,7 @@ func perfRunCM(c *perfConfig, env *perfEnv) (err error) {
 	data := &perfCMData{ev: perfCMEvents{ch: rdmacm.NewEventChannel()}}
 	var create perfCreateQP
 	if role == perftest.Server {
-		l, err := perfCMListen(&data.ev, ld.Dev, ld.Addr, c.Port, c.QPs)
+		l, err := perfCMListen(&data.ev, ld.V, ld.Addr, c.Port, c.QPs)
 		if err != nil {
 			data.ev.ch.Close()
 			return err
@@ -791,14 +797,14 @@ func perfRunCM(c *perfConfig, env *perfEnv) (err error) {
 		defer l.Destroy()
 		create = data.serverCreate(ctx, c, l)
 	} else {
-		create = data.clientCreate(ctx, c, ld.Dev, ld.Addr, server)
+		create = data.clientCreate(ctx, c, ld.V, ld.Addr, server)
 	}
 	var zero perftest.Dest
 	if _, err := comm.handShake(&zero, c.Timeout); err != nil {
 		data.ev.ch.Close()
 		return fmt.Errorf("Failed to sync between client and server before creating RDMA CM connection: %w", err)
 	}
-	r, err := newPerfResWith(c, ld.Dev, ld.Addr, ld.GIDIndex, create)
+	r, err := newPerfResWith(c, ld.V, ld.Addr, ld.GIDIndex, create)
 	defer func() {
 		data.close()
 		if r != nil {
@@ -809,7 +815,7 @@ func perfRunCM(c *perfConfig, env *perfEnv) (err error) {
 		return fmt.Errorf("Failed to create RDMA CM connection: %w", err)
 	}
 	if role == perftest.Client {
-		if err := data.clientWait(ctx, r, ld.Dev, ld.Addr, server); err != nil {
+		if err := data.clientWait(ctx, r, ld.V, ld.Addr, server); err != nil {
 			return fmt.Errorf("Failed to create RDMA CM connection: %w", err)
 		}
 	}
@@ -820,7 +826,7 @@ func perfRunCM(c *perfConfig, env *perfEnv) (err error) {
 		return fmt.Errorf("%w: peer's cycle buffer %d / cache line %d exceed ours", errPerfPeer, sd.CycleBuffer, sd.CacheLine)
 	}
 	r.cycle = int(sd.CycleBuffer)
-	banner := perftest.Banner{Test: c.Test, Role: role, Device: ld.Dev.Name(), QPs: c.QPs,
+	banner := perftest.Banner{Test: c.Test, Role: role, Device: ld.V.Name(), QPs: c.QPs,
 		Transport: "IB", Connection: "RC", LinkType: "Ethernet", PCIeRelaxOrder: "ON", TXDepth: c.TxDepth,
 		RXDepth: c.RxDepth, CQModeration: c.CQMod, MTU: agreed, GIDIndex: ld.GIDIndex, InlineSize: c.Inline,
 		Atomic: c.Atomic, OutReads: int(r.mine[0].OutReads)}

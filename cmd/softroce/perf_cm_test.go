@@ -221,12 +221,12 @@ func TestPerfCMWaitArmRace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := newPerfCMComm(&perfConfig{Timeout: time.Second}, d, perftest.Client, 1)
+	m, err := newPerfCMComm(&perfConfig{Timeout: time.Second}, d.Verbs(), perftest.Client, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer m.close()
-	q, err := d.CreateQP(roce.QPInit{Type: qp.TypeRC, PD: m.pd, SendCQ: m.scq, RecvCQ: m.rcq, Cap: qp.Cap{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	q, err := d.Verbs().CreateQP(roce.VerbsQPInit{Type: qp.TypeRC, PD: m.pd, SendCQ: m.scq, RecvCQ: m.rcq, Cap: qp.Cap{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}

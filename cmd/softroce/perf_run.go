@@ -87,17 +87,17 @@ func perfInc(size int) int {
 // preallocated work requests and time stamps.
 type perfRes struct {
 	c    *perfConfig
-	dev  *roce.Device
+	dev  roce.Verbs // the embedded device or the daemon (--daemon)
 	gidx int
 	addr netip.Addr
-	pd   *mr.PD
-	mr   *mr.MR
-	buf  []byte
-	scq  *cq.CQ
-	rcq  *cq.CQ
-	qps  []*roce.QP
+	pd   roce.ProtectionDomain
+	mr   roce.MemoryRegion
+	buf  []byte // from dev.AllocBuffer
+	scq  roce.CompletionQueue
+	rcq  roce.CompletionQueue
+	qps  []roce.QueuePair
 	// qpInit is how the QPs were created (-R recreates a QP whose connection was refused).
-	qpInit roce.QPInit
+	qpInit roce.VerbsQPInit
 	// area is the size of one QP's send or receive area (BUFF_SIZE rounded to the cache line):
 	// QP i sends from [i*area, ...) and receives at [(QPs+i)*area, ...).
 	area  int
@@ -127,20 +127,23 @@ type perfRes struct {
 
 // newPerfRes creates the PD, the buffer and its MR, the CQs and c.QPs RC QPs in INIT, and the
 // local key records.
-func newPerfRes(c *perfConfig, dev *roce.Device, addr netip.Addr, gidx int) (*perfRes, error) {
+func newPerfRes(c *perfConfig, dev roce.Verbs, addr netip.Addr, gidx int) (*perfRes, error) {
 	return newPerfResWith(c, dev, addr, gidx, nil)
 }
 
 // perfCreateQP creates QP i of a run from in (PD, CQs and capabilities filled in) and
 // returns it in INIT or later; -R creates the QPs through rdma_cm IDs (perf_cm.go).
-type perfCreateQP func(i int, in roce.QPInit) (*roce.QP, error)
+type perfCreateQP func(i int, in roce.VerbsQPInit) (roce.QueuePair, error)
 
 // newPerfResWith is newPerfRes with the QPs made by create (nil: dev.CreateQP, then INIT).
-func newPerfResWith(c *perfConfig, dev *roce.Device, addr netip.Addr, gidx int, create perfCreateQP) (*perfRes, error) {
+func newPerfResWith(c *perfConfig, dev roce.Verbs, addr netip.Addr, gidx int, create perfCreateQP) (*perfRes, error) {
 	r := &perfRes{c: c, dev: dev, addr: addr, gidx: gidx, cycle: perfCycleBuffer}
 	r.area = perfInc(max(c.Size, perfCycleBuffer))
-	r.buf = make([]byte, 2*c.QPs*r.area)
 	var err error
+	// AllocBuffer: memory the daemon can map too (embedded: plain memory)
+	if r.buf, err = dev.AllocBuffer(2 * c.QPs * r.area); err != nil {
+		return nil, fmt.Errorf("%w: Couldn't allocate the buffer: %w", errPerfVerbs, err)
+	}
 	if r.pd, err = dev.AllocPD(); err != nil {
 		return nil, fmt.Errorf("%w: Couldn't allocate PD: %w", errPerfVerbs, err)
 	}
@@ -159,7 +162,7 @@ func newPerfResWith(c *perfConfig, dev *roce.Device, addr netip.Addr, gidx int, 
 	if c.Verb == "read" || c.Verb == "atomic" {
 		outReads = uint16(min(c.OutReads, dev.Attr().MaxQPRDAtom))
 	}
-	r.qpInit = roce.QPInit{Type: qp.TypeRC, PD: r.pd, SendCQ: r.scq, RecvCQ: r.rcq, Cap: caps}
+	r.qpInit = roce.VerbsQPInit{Type: qp.TypeRC, PD: r.pd, SendCQ: r.scq, RecvCQ: r.rcq, Cap: caps}
 	for i := 0; i < c.QPs; i++ {
 		if create != nil {
 			q, err := create(i, r.qpInit)
@@ -220,19 +223,32 @@ func (r *perfRes) wcErr(w *cq.WC, recv bool) error {
 func (r *perfRes) close() error {
 	var errs []error
 	for i, q := range r.qps {
+		if q == nil { // -R: a refused connection's QP, destroyed already
+			continue
+		}
 		if err := q.Destroy(); err != nil {
 			errs = append(errs, fmt.Errorf("%w: Couldn't destroy QP[%d]: %w", errPerfVerbs, i, err))
 		}
 	}
-	for _, c := range []*cq.CQ{r.scq, r.rcq} {
+	for _, c := range []roce.CompletionQueue{r.scq, r.rcq} {
 		if c != nil {
-			r.dev.DestroyCQ(c)
+			if err := r.dev.DestroyCQ(c); err != nil {
+				errs = append(errs, fmt.Errorf("%w: Couldn't destroy CQ: %w", errPerfVerbs, err))
+			}
 		}
 	}
+	bufFree := true
 	if r.mr != nil {
 		if err := r.mr.Dereg(); err != nil {
 			errs = append(errs, fmt.Errorf("%w: Couldn't deregister MR: %w", errPerfVerbs, err))
+			bufFree = false // still registered: leave the memory mapped
 		}
+	}
+	if r.buf != nil && bufFree {
+		if err := r.dev.FreeBuffer(r.buf); err != nil {
+			errs = append(errs, fmt.Errorf("%w: Couldn't free the buffer: %w", errPerfVerbs, err))
+		}
+		r.buf = nil
 	}
 	if r.pd != nil {
 		if err := r.pd.Dealloc(); err != nil {
@@ -341,7 +357,7 @@ func (r *perfRes) postRecv(i, size int) error {
 
 // wait returns at least one completion of c: it polls, yields spin times, then sleeps on
 // the CQ's channel, for at most --run-timeout.
-func (r *perfRes) wait(c *cq.CQ, spin int) (int, error) {
+func (r *perfRes) wait(c roce.CompletionQueue, spin int) (int, error) {
 	if n := c.Poll(r.wcs); n > 0 {
 		return n, nil
 	}
@@ -573,11 +589,15 @@ func (r *perfRes) latWrite(size int) error {
 // messages moved (qp.RemoteWrites: its atomic load orders our read after the placement, and
 // the peer's next WRITE only follows our own next one, so nothing writes the byte while we
 // read it). Between looks we sleep on qp.RemoteWriteNotify (--busy-poll: yield first).
-func (r *perfRes) waitByte(q *roce.QP, off int, v byte) error {
-	notify := q.RemoteWriteNotify()
+func (r *perfRes) waitByte(q roce.QueuePair, off int, v byte) error {
+	rw, ok := q.(perfRemoteWrites)
+	if !ok { // through the daemon: no count of the QP's WRITEs (perf_verbs.go)
+		return r.pollByte(q, off, v)
+	}
+	notify := rw.RemoteWriteNotify()
 	deadline := time.Now().Add(r.c.RunTimeout)
 	for i := 0; ; i++ {
-		if w := q.RemoteWrites(); w != r.writesSeen {
+		if w := rw.RemoteWrites(); w != r.writesSeen {
 			r.writesSeen = w
 			if r.buf[off] == v {
 				return nil
@@ -647,7 +667,7 @@ func (r *perfRes) latSend(size int) error {
 }
 
 // waitOne waits for one completion (ibv_poll_cq(cq, 1, &wc) in a loop) and checks it.
-func (r *perfRes) waitOne(c *cq.CQ, recv bool) (int, error) {
+func (r *perfRes) waitOne(c roce.CompletionQueue, recv bool) (int, error) {
 	wcs := r.wcs
 	r.wcs = r.wcs[:1]
 	n, err := r.wait(c, perfSpinLat)
@@ -707,7 +727,7 @@ func perfRun(c *perfConfig, env *perfEnv) (err error) {
 	ctx := context.Background()
 	out := env.Stdout
 	var (
-		ld   *localDev
+		ld   *verbsDev
 		r    *perfRes
 		host netip.Addr
 	)
@@ -720,20 +740,20 @@ func perfRun(c *perfConfig, env *perfEnv) (err error) {
 				if r != nil {
 					fmt.Fprintf(env.Stderr, "stats: perf CQ polls with completions %d, sleeps on the CQ %d\n", r.polls, r.sleeps)
 				}
-				perfPrintStats(env.Stderr, ld.Dev)
+				perfPrintStats(env.Stderr, ld)
 			}
-			err = errors.Join(err, ld.Dev.Close())
+			err = errors.Join(err, ld.Close())
 		}
 	}()
 	open := func(peer netip.Addr) error {
 		var e error
-		if ld, e = openLocalDevice(&c.Dev, devOpenOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer, BusyPoll: c.linkBusyPoll()}); e != nil {
+		if ld, e = openVerbsDevice(c.Daemon, &c.Dev, devOpenOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer, BusyPoll: c.linkBusyPoll()}); e != nil {
 			return e
 		}
 		if c.MTU != 0 && c.MTU > ld.MTU {
 			return fmt.Errorf("%w: -m %d: requested MTU is larger than the port's active MTU %d", errPerfUsage, c.MTU.Bytes(), ld.MTU.Bytes())
 		}
-		r, e = newPerfRes(c, ld.Dev, ld.Addr, ld.GIDIndex)
+		r, e = newPerfRes(c, ld.V, ld.Addr, ld.GIDIndex)
 		return e
 	}
 	if c.Verb == "read" || c.Verb == "atomic" {
@@ -804,7 +824,7 @@ func perfRun(c *perfConfig, env *perfEnv) (err error) {
 	if c.Test == perftest.WriteLat {
 		relax = "OFF" // as ib_write_lat prints on rxe
 	}
-	banner := perftest.Banner{Test: c.Test, Role: role, Atomic: c.Atomic, Device: ld.Dev.Name(), QPs: c.QPs,
+	banner := perftest.Banner{Test: c.Test, Role: role, Atomic: c.Atomic, Device: ld.V.Name(), QPs: c.QPs,
 		Transport: "IB", Connection: "RC", LinkType: "Ethernet", PCIeRelaxOrder: relax, TXDepth: c.TxDepth,
 		RXDepth: c.RxDepth, CQModeration: c.CQMod, MTU: perftest.MTU(mtu), GIDIndex: ld.GIDIndex,
 		InlineSize: c.Inline, OutReads: int(r.mine[0].OutReads)}
@@ -962,8 +982,10 @@ func perfMeasure(ctx context.Context, r *perfRes, conn perfExchanger, role perft
 }
 
 // perfPrintStats writes the device's non-zero counters and its link's counters (--stats).
-func perfPrintStats(w io.Writer, d *roce.Device) {
-	m := d.Stats().Map()
+// Through the daemon the counters are the daemon device's (every client's traffic) and the
+// link's are not available.
+func perfPrintStats(w io.Writer, vd *verbsDev) {
+	m := vd.V.Stats().Map()
 	keys := make([]string, 0, len(m))
 	for k, v := range m {
 		if v != 0 {
@@ -974,7 +996,11 @@ func perfPrintStats(w io.Writer, d *roce.Device) {
 	for _, k := range keys {
 		fmt.Fprintf(w, "stats: %s %d\n", k, m[k])
 	}
-	if s, ok := d.LinkStats(); ok {
+	if vd.Dev == nil {
+		fmt.Fprintf(w, "stats: through the daemon: the counters above are its device's, all clients together; no link counters\n")
+		return
+	}
+	if s, ok := vd.Dev.LinkStats(); ok {
 		fmt.Fprintf(w, "stats: link sent %d (%d sendmmsg, %d GSO messages), received %d (%d recv calls, %d GRO reads), drops %d, truncated %d, fallbacks %d\n",
 			s.Sent, s.SendBatches, s.GSOSends, s.Received, s.RecvBatches, s.GROReceives, s.Drops, s.Truncated, s.Fallbacks)
 	}

@@ -453,7 +453,7 @@ func TestPerfDataPathAllocs(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { d.Close() })
-		r, err := newPerfRes(c, d, a, d.GIDIndex(a))
+		r, err := newPerfRes(c, d.Verbs(), a, d.GIDIndex(a))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -652,7 +652,7 @@ func BenchmarkPerfWriteBW(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer d.Close()
-		r, err := newPerfRes(cfg, d, a, d.GIDIndex(a))
+		r, err := newPerfRes(cfg, d.Verbs(), a, d.GIDIndex(a))
 		if err != nil {
 			b.Fatal(err)
 		}

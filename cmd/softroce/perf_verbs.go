@@ -1,0 +1,112 @@
+package main
+
+// softroce perf --daemon SOCKET: the perftest tools through the softroce daemon. perfRes and
+// the -R exchange are written on roce.Verbs (embedded: Device.Verbs(); daemon:
+// client.Dial), so the measurement loops are the same code in both modes. What differs:
+//
+//   - write latency (run_iter_lat_write) waits for the peer's WRITE by watching the last byte
+//     of its receive area, as perftest does. Embedded, the engine's per-QP count of executed
+//     WRITEs (roce.QP.RemoteWrites) says when to look and its notify channel lets the waiter
+//     sleep; through the daemon the WRITE lands in shared memory with no such signal (RDMA
+//     WRITE without immediate makes no completion at the target, IBTA 9.4.3), so pollByte
+//     polls the byte: yielding first, then sleeping with a growing back-off (at most
+//     perfPollMaxSleep), which adds up to that much to a sample once it starts sleeping;
+//   - --stats prints the daemon device's counters (all its clients together), no link
+//     counters;
+//   - the RoCE socket is the daemon's: --roce-port, --portable, --loopback and --mem are
+//     refused with --daemon, and --busy-poll spins on the CQ only (the daemon's receive loop
+//     is configured by the daemon).
+
+import (
+	"flag"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/pkg/roce"
+)
+
+// perfRemoteWrites is what waitByte uses of an embedded QP (*roce.QP): the count of WRITE
+// messages the responder executed and a channel signaled when it moves.
+type perfRemoteWrites interface {
+	roce.QueuePair
+	RemoteWrites() uint64
+	RemoteWriteNotify() <-chan struct{}
+}
+
+var _ perfRemoteWrites = (*roce.QP)(nil)
+
+const (
+	// perfPollSpin is how many yields pollByte polls before it starts sleeping.
+	perfPollSpin = 4000
+	// perfPollMinSleep and perfPollMaxSleep bound pollByte's back-off between looks.
+	perfPollMinSleep = 10 * time.Microsecond
+	perfPollMaxSleep = 500 * time.Microsecond
+	// perfPollStateEvery is how often pollByte asks for the QP's state (a round trip to
+	// the daemon) to notice a QP in error.
+	perfPollStateEvery = 100 * time.Millisecond
+)
+
+// perfCheckDaemon refuses the options that name the RoCE socket or the in-process device when
+// --daemon gives the device.
+func perfCheckDaemon(c *perfConfig, fs *flag.FlagSet) error {
+	if c.Daemon == "" {
+		return nil
+	}
+	var bad []string
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "roce-port", "portable", "loopback", "mem":
+			bad = append(bad, "--"+f.Name)
+		}
+	})
+	if len(bad) > 0 {
+		return fmt.Errorf("%w: %v with --daemon: the daemon owns the RoCE socket and the device", errPerfUsage, bad)
+	}
+	return nil
+}
+
+// pollByte waits until buf[off] == v by reading the byte (an atomic load of its aligned
+// word: another process writes it) until it matches, for at most --run-timeout.
+func (r *perfRes) pollByte(q roce.QueuePair, off int, v byte) error {
+	base := off &^ 3
+	if off < 0 || base+4 > len(r.buf) || uintptr(unsafe.Pointer(&r.buf[base]))&3 != 0 {
+		return fmt.Errorf("%w: byte %d of a %d-byte buffer cannot be polled", errPerfVerbs, off, len(r.buf))
+	}
+	word := (*uint32)(unsafe.Pointer(&r.buf[base]))
+	look := func() bool {
+		w := atomic.LoadUint32(word)
+		return (*[4]byte)(unsafe.Pointer(&w))[off-base] == v
+	}
+	start := time.Now()
+	deadline, nextState := start.Add(r.c.RunTimeout), start.Add(perfPollStateEvery)
+	sleep := perfPollMinSleep
+	for i := 0; ; i++ {
+		if look() {
+			return nil
+		}
+		if i < perfPollSpin {
+			runtime.Gosched()
+			continue
+		}
+		now := time.Now()
+		if now.After(nextState) {
+			nextState = now.Add(perfPollStateEvery)
+			if q.State() == qp.StateErr {
+				return fmt.Errorf("%w: QP %#x entered the error state while waiting for the peer's WRITE", errPerfVerbs, q.Num())
+			}
+		}
+		if now.After(deadline) {
+			if look() {
+				return nil
+			}
+			return fmt.Errorf("%w: no WRITE from the peer within %v", errPerfTimeout, r.c.RunTimeout)
+		}
+		r.sleeps++
+		time.Sleep(sleep)
+		sleep = min(2*sleep, perfPollMaxSleep)
+	}
+}
