@@ -218,6 +218,14 @@ type verbsDev struct {
 // Close releases the device (the daemon connection: the daemon destroys this client's objects).
 func (v *verbsDev) Close() error { return v.V.Close() }
 
+// GID returns the local address as a RoCEv2 GID (IPv4-mapped for IPv4, IBTA A17.8).
+func (v *verbsDev) GID() [16]byte { return v.Addr.As16() }
+
+// verbs returns the embedded device l as a verbsDev.
+func (l *localDev) verbs() *verbsDev {
+	return &verbsDev{V: l.Dev.Verbs(), Dev: l.Dev, Addr: l.Addr, GIDIndex: l.GIDIndex, MTU: l.MTU}
+}
+
 // openVerbsDevice opens the tool's device: through the daemon listening on sock when sock is
 // not empty (the local address is then one of the daemon device's: -d's if it names one of
 // them, else the one of Peer's family, IPv4 first), else an embedded device as
@@ -228,7 +236,7 @@ func openVerbsDevice(sock string, f *devFlag, o devOpenOptions) (*verbsDev, erro
 		if err != nil {
 			return nil, err
 		}
-		return &verbsDev{V: l.Dev.Verbs(), Dev: l.Dev, Addr: l.Addr, GIDIndex: l.GIDIndex, MTU: l.MTU}, nil
+		return l.verbs(), nil
 	}
 	c, err := client.Dial(sock)
 	if err != nil {

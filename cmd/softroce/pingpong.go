@@ -124,6 +124,8 @@ type ppConfig struct {
 	Timeout  time.Duration // bound of every step
 	RocePort uint16        // UDP port of RoCE (4791)
 	Portable bool          // plain sockets
+	// Daemon is --daemon SOCKET: run through the softroce daemon (its device and address).
+	Daemon string
 }
 
 // ppEnv is where a run writes, plus test seams.
@@ -224,6 +226,7 @@ func parsePingpong(args []string, stderr io.Writer) (*ppConfig, error) {
 	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "softroce: bound of every step (accept, connect, each exchange step, each wait for a completion)")
 	fs.UintVar(&rocePort, "roce-port", rocePort, "softroce: RoCE UDP port")
 	fs.BoolVar(&c.Portable, "portable", false, "softroce: plain UDP sockets instead of sendmmsg/recvmmsg")
+	fs.StringVar(&c.Daemon, "daemon", "", "softroce: run through the softroce daemon on this unix socket (-d picks one of its addresses)")
 	fs.Usage = func() { // the tools' usage(): one line per option this tool knows
 		w := fs.Output()
 		fmt.Fprintf(w, "Usage (%s):\n  softroce pingpong %s [options]          start a server and wait for connection\n", c.Tool, ppToolName(c.Tool))
@@ -243,6 +246,7 @@ func parsePingpong(args []string, stderr io.Writer) (*ppConfig, error) {
 			f := fs.Lookup(n)
 			fmt.Fprintf(w, "  --%-14s %s (default %s)\n", n, f.Usage, f.DefValue)
 		}
+		fmt.Fprintf(w, "  --%-14s %s\n", "daemon SOCKET", fs.Lookup("daemon").Usage)
 	}
 
 	var positional []string
@@ -285,6 +289,8 @@ func parsePingpong(args []string, stderr io.Writer) (*ppConfig, error) {
 		return nil, fmt.Errorf("%w: -roce-port %d", errPPUsage, rocePort)
 	case c.Timeout <= 0:
 		return nil, fmt.Errorf("%w: -timeout must be positive", errPPUsage)
+	case c.Daemon != "" && (set["roce-port"] || set["portable"]):
+		return nil, fmt.Errorf("%w: --roce-port and --portable with --daemon: the daemon owns the RoCE socket", errPPUsage)
 	}
 	if m := qp.MTUFromBytes(mtu); m.Valid() && m.Bytes() == mtu { // pp_mtu_to_enum
 		c.MTU = m
@@ -339,14 +345,14 @@ func pingpongMain(args []string, env *ppEnv) int {
 type ppCtx struct {
 	c    *ppConfig
 	env  *ppEnv
-	ld   *localDev
-	pd   *mr.PD
-	mr   *mr.MR
-	cq   *cq.CQ
-	srq  *qp.SRQ
-	qps  []*roce.QP
+	ld   *verbsDev // the embedded device or the daemon (--daemon)
+	pd   roce.ProtectionDomain
+	mr   roce.MemoryRegion
+	cq   roce.CompletionQueue
+	srq  roce.SharedReceiveQueue
+	qps  []roce.QueuePair
 	ah   *qp.AH
-	buf  []byte
+	buf  []byte // from ld.V.AllocBuffer
 	mine []pingpong.Dest
 	peer []pingpong.Dest
 
@@ -364,9 +370,9 @@ type ppCtx struct {
 }
 
 // newPPCtx is pp_init_ctx plus the initial receives and the local addresses.
-func newPPCtx(c *ppConfig, env *ppEnv, ld *localDev) (*ppCtx, error) {
+func newPPCtx(c *ppConfig, env *ppEnv, ld *verbsDev) (*ppCtx, error) {
 	p := &ppCtx{c: c, env: env, ld: ld}
-	d := ld.Dev
+	d := ld.V
 	n := c.Size
 	fill := byte(0x7b) // rc/uc/ud: memset(ctx->buf, 0x7b, size); srq: memset(ctx->buf, 0, size)
 	switch c.Tool {
@@ -391,11 +397,13 @@ func newPPCtx(c *ppConfig, env *ppEnv, ld *localDev) (*ppCtx, error) {
 		n = (c.NumQP + c.RxDepth) * c.Size
 		p.last = make([]byte, c.Size)
 	}
-	p.buf = make([]byte, n)
+	var err error
+	if p.buf, err = d.AllocBuffer(n); err != nil { // memory the daemon can map too
+		return nil, fmt.Errorf("%w: Couldn't allocate work buf: %w", errPPVerbs, err)
+	}
 	for i := range p.buf {
 		p.buf[i] = fill
 	}
-	var err error
 	if p.pd, err = d.AllocPD(); err != nil {
 		return nil, fmt.Errorf("%w: Couldn't allocate PD: %w", errPPVerbs, err)
 	}
@@ -423,7 +431,7 @@ func newPPCtx(c *ppConfig, env *ppEnv, ld *localDev) (*ppCtx, error) {
 		caps.MaxRecvWR, caps.MaxRecvSGE = 0, 0
 	}
 	for i := 0; i < c.NumQP; i++ {
-		q, err := d.CreateQP(roce.QPInit{Type: typ, PD: p.pd, SendCQ: p.cq, RecvCQ: p.cq, SRQ: p.srq, Cap: caps})
+		q, err := d.CreateQP(roce.VerbsQPInit{Type: typ, PD: p.pd, SendCQ: p.cq, RecvCQ: p.cq, SRQ: p.srq, Cap: caps})
 		if err != nil {
 			return nil, fmt.Errorf("%w: Couldn't create QP[%d]: %w", errPPVerbs, i, err)
 		}
@@ -476,15 +484,27 @@ func (p *ppCtx) close() error {
 		}
 	}
 	if p.srq != nil {
-		p.srq.Destroy()
+		if err := p.ld.V.DestroySRQ(p.srq); err != nil {
+			errs = append(errs, fmt.Errorf("%w: Couldn't destroy SRQ: %w", errPPVerbs, err))
+		}
 	}
 	if p.cq != nil {
-		p.ld.Dev.DestroyCQ(p.cq)
+		if err := p.ld.V.DestroyCQ(p.cq); err != nil {
+			errs = append(errs, fmt.Errorf("%w: Couldn't destroy CQ: %w", errPPVerbs, err))
+		}
 	}
+	bufFree := true
 	if p.mr != nil {
 		if err := p.mr.Dereg(); err != nil {
 			errs = append(errs, fmt.Errorf("%w: Couldn't deregister MR: %w", errPPVerbs, err))
+			bufFree = false // still registered: leave the memory mapped
 		}
+	}
+	if p.buf != nil && bufFree {
+		if err := p.ld.V.FreeBuffer(p.buf); err != nil {
+			errs = append(errs, fmt.Errorf("%w: Couldn't free work buf: %w", errPPVerbs, err))
+		}
+		p.buf = nil
 	}
 	if p.pd != nil {
 		if err := p.pd.Dealloc(); err != nil {
@@ -560,7 +580,7 @@ func (p *ppCtx) connect(remote []pingpong.Dest, tcpPeer netip.Addr) error {
 			return fmt.Errorf("%w: Failed to modify QP to RTS: %w", errPPVerbs, err)
 		}
 		var err error
-		if p.ah, err = p.ld.Dev.CreateAH(p.pd, ah); err != nil {
+		if p.ah, err = p.ld.V.CreateAH(p.pd, ah); err != nil {
 			return fmt.Errorf("%w: Failed to create AH: %w", errPPVerbs, err)
 		}
 		return nil
@@ -689,7 +709,7 @@ func (l *ppLoop) wait() (int, error) {
 			}
 			continue // completions queued before the re-arm are polled now
 		}
-		if err := p.cq.Err(); err != nil {
+		if err := ppCQErr(p.cq); err != nil {
 			return 0, fmt.Errorf("%w: poll CQ failed: %w", errPPVerbs, err)
 		}
 		l.spins++
@@ -713,14 +733,16 @@ func (l *ppLoop) wait() (int, error) {
 		if err := p.cq.ReqNotify(false); err != nil {
 			return 0, fmt.Errorf("%w: Couldn't request CQ notification: %w", errPPVerbs, err)
 		}
-		if p.cq.Len() == 0 {
-			t := time.NewTimer(time.Until(l.deadline))
-			select {
-			case <-p.cq.Channel():
-			case <-t.C:
-			}
-			t.Stop()
+		if ne := p.cq.Poll(l.wcs); ne > 0 { // arrived before the arm
+			l.deadline, l.spinSince = time.Now().Add(p.c.Timeout), time.Time{}
+			return ne, nil
 		}
+		t := time.NewTimer(time.Until(l.deadline))
+		select {
+		case <-p.cq.Channel():
+		case <-t.C:
+		}
+		t.Stop()
 		l.spinSince = time.Time{}
 	}
 }
@@ -841,7 +863,7 @@ func ppCheckPages(w io.Writer, b []byte) int {
 func pingpongRun(ctx context.Context, c *ppConfig, env *ppEnv) (err error) {
 	oo := pingpong.Options{Options: oob.Options{Timeout: c.Timeout}, Records: c.Tool.Records()}
 	var (
-		ld *localDev
+		ld *verbsDev
 		p  *ppCtx
 	)
 	defer func() {
@@ -849,12 +871,12 @@ func pingpongRun(ctx context.Context, c *ppConfig, env *ppEnv) (err error) {
 			err = errors.Join(err, p.close())
 		}
 		if ld != nil {
-			err = errors.Join(err, ld.Dev.Close())
+			err = errors.Join(err, ld.Close())
 		}
 	}()
 	open := func(peer netip.Addr) error {
 		var e error
-		if ld, e = openLocalDevice(&c.Dev, devOpenOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer}); e != nil {
+		if ld, e = openVerbsDevice(c.Daemon, &c.Dev, devOpenOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer}); e != nil {
 			return e
 		}
 		if p, e = newPPCtx(c, env, ld); e != nil {
@@ -996,4 +1018,13 @@ func ppDial(ctx context.Context, to netip.AddrPort, timeout time.Duration) (net.
 			t.Stop()
 		}
 	}
+}
+
+// ppCQErr is the CQ's overrun error (ibv_poll_cq failing): the embedded CQ's Err; through the
+// daemon an overrun arrives as an asynchronous event instead (nil here).
+func ppCQErr(c roce.CompletionQueue) error {
+	if e, ok := c.(interface{ Err() error }); ok {
+		return e.Err()
+	}
+	return nil
 }

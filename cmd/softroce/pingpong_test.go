@@ -485,7 +485,7 @@ func TestPingpongLoopAllocs(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if ctxs[i], err = newPPCtx(c, &ppEnv{Stdout: &eb, Stderr: &eb}, ld); err != nil {
+				if ctxs[i], err = newPPCtx(c, &ppEnv{Stdout: &eb, Stderr: &eb}, ld.verbs()); err != nil {
 					t.Fatal(err)
 				}
 				defer ctxs[i].close()
@@ -521,7 +521,7 @@ func TestPingpongLoopAllocs(t *testing.T) {
 						t.Fatalf("no progress: client %d/%d, server %d/%d (sent/received)", loops[0].scnt, loops[0].rcnt, loops[1].scnt, loops[1].rcnt)
 					}
 					// sleep on both CQs (armed, then checked, as ibverbs consumers do)
-					c0, c1 := ctxs[0].cq, ctxs[1].cq
+					c0, c1 := ctxs[0].cq.(*cq.CQ), ctxs[1].cq.(*cq.CQ)
 					_, _ = c0.ReqNotify(false), c1.ReqNotify(false)
 					if c0.Len() == 0 && c1.Len() == 0 {
 						timer.Reset(5 * time.Millisecond)
