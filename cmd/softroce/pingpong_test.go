@@ -55,13 +55,26 @@ type ppSide struct {
 // client's send pattern (the echo of the client's buffer, the GRH included for UD).
 func ppPair(t *testing.T, tool string, extra ...string) (srv, cli ppSide) {
 	t.Helper()
+	return ppPairVia(t, tool, freeUDPPort(t), "", "", extra...)
+}
+
+// ppPairVia is ppPair on RoCE UDP port roce, with a side going through the softroce daemon
+// listening on srvDaemon or cliDaemon when that is not empty (the daemon's device must be on
+// the side's address, 127.0.0.1 for the server, 127.0.0.2 for the client, port roce).
+func ppPairVia(t *testing.T, tool string, roce uint16, srvDaemon, cliDaemon string, extra ...string) (srv, cli ppSide) {
+	t.Helper()
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	tcpPort := ln.Addr().(*net.TCPAddr).Port
-	roce := strconv.Itoa(int(freeUDPPort(t)))
-	common := append([]string{tool, "-p", strconv.Itoa(tcpPort), "-roce-port", roce, "-timeout", "20s"}, extra...)
+	sideArgs := func(daemon string) []string {
+		a := []string{tool, "-p", strconv.Itoa(tcpPort), "-timeout", "20s"}
+		if daemon != "" {
+			return append(append(a, "--daemon", daemon), extra...)
+		}
+		return append(append(a, "-roce-port", strconv.Itoa(int(roce))), extra...)
+	}
 
 	// The client fills its buffer with random bytes, keeping the -c pattern (a zero at each
 	// page start); every message either side receives must be exactly that.
@@ -106,11 +119,11 @@ func ppPair(t *testing.T, tool string, extra ...string) (srv, cli ppSide) {
 	go func() {
 		defer wg.Done()
 		env := &ppEnv{Stdout: &sOut, Stderr: &sErr, Listener: ln, OnRecv: check(&srv, lo2)}
-		srv.status = pingpongMain(append(append([]string{}, common...), "-d", "127.0.0.1"), env)
+		srv.status = pingpongMain(append(sideArgs(srvDaemon), "-d", "127.0.0.1"), env)
 	}()
 	env := &ppEnv{Stdout: &cOut, Stderr: &cErr, OnRecv: check(&cli, lo1),
 		Fill: func(b []byte) { copy(b, pattern) }}
-	cli.status = pingpongMain(append(append([]string{}, common...), "-d", "127.0.0.2", "127.0.0.1"), env)
+	cli.status = pingpongMain(append(sideArgs(cliDaemon), "-d", "127.0.0.2", "127.0.0.1"), env)
 	wg.Wait()
 	srv.stdout, srv.stderr, cli.stdout, cli.stderr = sOut.String(), sErr.String(), cOut.String(), cErr.String()
 	return srv, cli
