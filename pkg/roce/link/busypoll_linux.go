@@ -3,6 +3,8 @@ package link
 import (
 	"runtime"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Busy polling (UDPOptions.BusyPoll): the receive side of a latency mode, the idea of Linux's
@@ -24,10 +26,27 @@ func (s *udpSock) setBusyPoll(d time.Duration) {
 		return
 	}
 	s.busy = d
+	s.raw = true
 	s.recvFn = s.busyRecv
 	if s.gro {
 		s.groFn = s.busyGRORecv
 	}
+}
+
+// sys6 makes the socket's sendmmsg/recvmmsg system calls (on a non-blocking socket: they
+// never block). With busy polling they are raw system calls, invisible to the scheduler: a
+// system call the runtime knows of and that lasts longer than one sysmon tick (20 us, and in
+// the TCG lab guest a sendmmsg takes 100-500 us) gets its P retaken and handed to another
+// thread, which with GOMAXPROCS=1 happens even when there is nothing else to run
+// (handoffp starts a spinning M); the calling thread then finds its P gone and sleeps, and
+// the goroutine continues on a thread that first has to be scheduled — a futex wake and a
+// context switch per packet, milliseconds when the guest's CPUs are busy polling. A raw
+// system call keeps the P, as a busy poll means to.
+func (s *udpSock) sys6(trap, a1, a2, a3 uintptr) (r1, r2 uintptr, err unix.Errno) {
+	if s.raw {
+		return unix.RawSyscall6(trap, a1, a2, a3, 0, 0, 0)
+	}
+	return unix.Syscall6(trap, a1, a2, a3, 0, 0, 0)
 }
 
 // busyRecv is doRecv with busy polling; it runs inside RawConn.Read (false = park).

@@ -185,3 +185,22 @@ func TestBusyPollZeroAlloc(t *testing.T) {
 		}
 	}
 }
+
+// TestBusyPollRawSyscalls: a busy-polling link makes its sendmmsg/recvmmsg as raw system calls
+// (the scheduler must not hand its P to another thread during them), a plain link as ordinary
+// ones; both move datagrams.
+func TestBusyPollRawSyscalls(t *testing.T) {
+	for _, busy := range []time.Duration{0, time.Hour} {
+		a := listenTB(t, UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}, AnyPort: true, BusyPoll: busy})
+		b := listenTB(t, UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr("127.0.0.2")}, AnyPort: true, BusyPoll: busy})
+		if a.socks[0].raw != (busy > 0) || b.socks[0].raw != (busy > 0) {
+			t.Fatalf("BusyPoll %v: raw system calls %v/%v", busy, a.socks[0].raw, b.socks[0].raw)
+		}
+		p := &pair{a: a, b: b, aAddr: a.LocalAddrPorts()[0], bAddr: b.LocalAddrPorts()[0], maxPayload: 65507, real: true}
+		out := p.mkBatch(5, 300, 9)
+		if err := a.Send(out); err != nil {
+			t.Fatal(err)
+		}
+		p.check(t, out, recvN(t, b, len(out), 4))
+	}
+}

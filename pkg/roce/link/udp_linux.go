@@ -168,6 +168,7 @@ type udpSock struct {
 	groFn  func(uintptr) bool
 	gtryFn func(uintptr)
 	busy   time.Duration // UDPOptions.BusyPoll (busypoll_linux.go)
+	raw    bool          // busy polling: sendmmsg/recvmmsg as raw system calls (busypoll_linux.go)
 }
 
 // ListenUDP opens one unconnected UDP socket per address, bound to ADDR:Port, with DF set
@@ -559,8 +560,8 @@ func (s *udpSock) clear() {
 // doSend runs inside RawConn.Write: sendmmsg until every message is sent; false = wait writable.
 func (s *udpSock) doSend(fd uintptr) bool {
 	for s.sidx < s.scount {
-		r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&s.smsgs[s.sidx])),
-			uintptr(s.scount-s.sidx), 0, 0, 0)
+		r, _, e := s.sys6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&s.smsgs[s.sidx])),
+			uintptr(s.scount-s.sidx))
 		switch e {
 		case 0:
 			s.sidx += int(r)
@@ -608,8 +609,8 @@ func (s *udpSock) prepRecv(batch []Datagram) {
 func (s *udpSock) recvmmsg(fd uintptr, msgs []mmsghdr) int {
 	s.again, s.rerr = false, nil
 	for {
-		r, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&msgs[0])),
-			uintptr(len(msgs)), 0, 0, 0)
+		r, _, e := s.sys6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&msgs[0])),
+			uintptr(len(msgs)))
 		switch e {
 		case 0:
 			return int(r)
