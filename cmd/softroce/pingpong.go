@@ -462,6 +462,9 @@ func newPPCtx(c *ppConfig, env *ppEnv, ld *verbsDev) (*ppCtx, error) {
 	if posted := p.postRecv(c.RxDepth); posted < c.RxDepth {
 		return nil, fmt.Errorf("%w: Couldn't post receive (%d)", errPPVerbs, posted)
 	}
+	for _, q := range p.qps { // the receives are in place before the peer learns our QPN
+		postFence(q)
+	}
 	if c.Events {
 		if err := p.cq.ReqNotify(false); err != nil {
 			return nil, fmt.Errorf("%w: Couldn't request CQ notification: %w", errPPVerbs, err)
