@@ -34,7 +34,8 @@ func (s *udpSock) setBusyPoll(d time.Duration) {
 }
 
 // sys6 makes the socket's sendmmsg/recvmmsg system calls (on a non-blocking socket: they
-// never block). With busy polling they are raw system calls, invisible to the scheduler: a
+// never block). By default (UDPOptions.SchedSyscalls off) and always with busy polling they are
+// raw system calls, invisible to the scheduler: a
 // system call the runtime knows of and that lasts longer than one sysmon tick (20 us, and in
 // the TCG lab guest a sendmmsg takes 100-500 us) gets its P retaken and handed to another
 // thread, which with GOMAXPROCS=1 happens even when there is nothing else to run

@@ -186,15 +186,22 @@ func TestBusyPollZeroAlloc(t *testing.T) {
 	}
 }
 
-// TestBusyPollRawSyscalls: a busy-polling link makes its sendmmsg/recvmmsg as raw system calls
-// (the scheduler must not hand its P to another thread during them), a plain link as ordinary
-// ones; both move datagrams.
+// TestBusyPollRawSyscalls: a link makes its sendmmsg/recvmmsg as raw system calls (the scheduler
+// must not hand its P to another thread during them) by default and always when busy polling,
+// as ordinary ones only with SchedSyscalls and no busy polling; all move datagrams.
 func TestBusyPollRawSyscalls(t *testing.T) {
-	for _, busy := range []time.Duration{0, time.Hour} {
-		a := listenTB(t, UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}, AnyPort: true, BusyPoll: busy})
-		b := listenTB(t, UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr("127.0.0.2")}, AnyPort: true, BusyPoll: busy})
-		if a.socks[0].raw != (busy > 0) || b.socks[0].raw != (busy > 0) {
-			t.Fatalf("BusyPoll %v: raw system calls %v/%v", busy, a.socks[0].raw, b.socks[0].raw)
+	for _, tc := range []struct {
+		busy  time.Duration
+		sched bool
+	}{{0, false}, {0, true}, {time.Hour, false}, {time.Hour, true}} {
+		busy := tc.busy
+		o := UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}, AnyPort: true, BusyPoll: busy, SchedSyscalls: tc.sched}
+		a := listenTB(t, o)
+		o.Addrs = []netip.Addr{netip.MustParseAddr("127.0.0.2")}
+		b := listenTB(t, o)
+		want := busy > 0 || !tc.sched
+		if a.socks[0].raw != want || b.socks[0].raw != want {
+			t.Fatalf("BusyPoll %v SchedSyscalls %v: raw system calls %v/%v, want %v", busy, tc.sched, a.socks[0].raw, b.socks[0].raw, want)
 		}
 		p := &pair{a: a, b: b, aAddr: a.LocalAddrPorts()[0], bAddr: b.LocalAddrPorts()[0], maxPayload: 65507, real: true}
 		out := p.mkBatch(5, 300, 9)

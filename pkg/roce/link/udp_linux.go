@@ -87,6 +87,15 @@ type UDPOptions struct {
 	// recvmmsg, yielding between attempts) for up to BusyPoll before parking in the network
 	// poller: lower latency for a CPU spent polling (busypoll_linux.go).
 	BusyPoll time.Duration
+	// SchedSyscalls makes the sockets' sendmmsg/recvmmsg ordinary system calls (syscall.Syscall:
+	// the runtime may hand the goroutine's P to another thread while one runs) instead of raw
+	// ones (the default; always raw with BusyPoll). The sockets are non-blocking, so a raw call
+	// never blocks; an ordinary one that runs longer than a sysmon tick (20 us: a loopback
+	// sendmmsg of GSO messages runs the receiver's UDP input too) has its P retaken, and the
+	// goroutine then continues on another thread after a futex wake and a context switch.
+	// docs/performance.md, fast path: raw calls cut the two-process 64 KiB WRITE's CPU per
+	// message by ~20%.
+	SchedSyscalls bool
 
 	// reusePort sets SO_REUSEPORT before binding (ListenUDPShards, shard_linux.go).
 	reusePort bool
@@ -168,7 +177,7 @@ type udpSock struct {
 	groFn  func(uintptr) bool
 	gtryFn func(uintptr)
 	busy   time.Duration // UDPOptions.BusyPoll (busypoll_linux.go)
-	raw    bool          // busy polling: sendmmsg/recvmmsg as raw system calls (busypoll_linux.go)
+	raw    bool          // sendmmsg/recvmmsg as raw system calls (!SchedSyscalls or BusyPoll; busypoll_linux.go)
 }
 
 // ListenUDP opens one unconnected UDP socket per address, bound to ADDR:Port, with DF set
@@ -327,6 +336,7 @@ func openSock(l *UDPLink, a netip.Addr, o *UDPOptions) (*udpSock, error) {
 		s.groFn = s.doGRORecv
 		s.gtryFn = s.tryGRORecv
 	}
+	s.raw = !o.SchedSyscalls
 	s.setBusyPoll(o.BusyPoll)
 	return s, nil
 }
