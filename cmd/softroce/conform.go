@@ -27,11 +27,17 @@ func init() {
 const conformUsage = `usage: softroce conform --dut rxe|softroce|HOST:PORT [--run PATTERN] [--json] [flags]
 
   --dut softroce    in-process softroce on loopback (127.0.79.1, bench 127.0.79.2)
+  --dut softroce --daemon SOCKET
+                    the softroce DUT through the softroce daemon on SOCKET: its objects made
+                    through a client connection; --roce ADDR[:PORT] picks the daemon's address
+                    (default its first IPv4 one) and RoCE port (default 4791), --bench ADDR the
+                    bench socket's address (default 127.0.79.2 for a loopback DUT)
   --dut rxe         kernel rxe in the lab VM (test/rxelab; root): attaches to a running
                     VM or boots one (and stops it afterwards), builds and starts the C
                     agent in the guest (test/conform/agent)
   --serve HOST:PORT run the softroce DUT as an agent (RoCE on --roce, default HOST:4791)
-                    for one bench connection, e.g. in another netns or machine
+                    for one bench connection, e.g. in another netns or machine; with
+                    --daemon SOCKET the DUT is the daemon's device (--roce as above)
   --dut HOST:PORT   a running agent (test/conform/agent/softroce-dut, or --serve) at HOST:PORT; the
                     bench binds --bench:4791 and sends to --roce (default HOST:4791);
                     add --rxe when the agent drives kernel rxe (its deviations apply)
@@ -47,6 +53,7 @@ type conformFlags struct {
 	rxe                   bool
 	serve                 string
 	reply, quiet          time.Duration
+	daemon                string // --daemon SOCKET: the softroce DUT through the daemon
 }
 
 func runConform(args []string, stdout, stderr io.Writer) int {
@@ -65,6 +72,7 @@ func runConform(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&f.rxe, "rxe", false, "with --dut HOST:PORT: the agent's device is kernel rxe (expect its documented deviations)")
 	fs.DurationVar(&f.reply, "reply", 0, "how long to wait for an expected packet (default 2s, rxe 3s)")
 	fs.DurationVar(&f.quiet, "quiet", 0, "how long a silence must last (default 300ms, rxe 400ms)")
+	fs.StringVar(&f.daemon, "daemon", "", "with --dut softroce or --serve: the softroce DUT through the softroce daemon listening on this unix `socket`")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return 0
@@ -92,6 +100,10 @@ func runConform(args []string, stdout, stderr io.Writer) int {
 	}
 	if fs.NArg() != 0 || f.dut == "" {
 		fs.Usage()
+		return 2
+	}
+	if f.daemon != "" && f.dut != "softroce" {
+		fmt.Fprintf(stderr, "softroce conform: --daemon goes with --dut softroce or --serve, not --dut %s\n", f.dut)
 		return 2
 	}
 	var match *regexp.Regexp
@@ -155,16 +167,25 @@ func serveSoftroce(f *conformFlags, stdout io.Writer) error {
 		return err
 	}
 	roce := netip.AddrPortFrom(ctl.Addr(), bth.UDPPort)
-	if f.roce != "" {
+	if f.roce != "" && f.daemon == "" {
 		if roce, err = netip.ParseAddrPort(f.roce); err != nil {
 			return fmt.Errorf("--roce: %v", err)
 		}
 	}
-	dut, err := conform.NewSoftroce(conform.SoftroceOptions{Addr: roce.Addr(), Port: roce.Port()})
-	if err != nil {
-		return err
+	var dut *conform.Softroce
+	if f.daemon != "" {
+		d, done, err := conformDaemonDUT(f)
+		if err != nil {
+			return err
+		}
+		defer done()
+		dut, roce = d, d.Addr()
+	} else {
+		if dut, err = conform.NewSoftroce(conform.SoftroceOptions{Addr: roce.Addr(), Port: roce.Port()}); err != nil {
+			return err
+		}
+		defer dut.Close()
 	}
-	defer dut.Close()
 	ln, err := net.Listen("tcp", ctl.String())
 	if err != nil {
 		return err
@@ -183,6 +204,9 @@ func serveSoftroce(f *conformFlags, stdout io.Writer) error {
 func openDUT(f *conformFlags, stderr io.Writer) (*conform.Bench, func() error, error) {
 	switch f.dut {
 	case "softroce":
+		if f.daemon != "" {
+			return openDaemonBench(f)
+		}
 		b, err := conform.NewLoopback(conform.LoopbackOptions{})
 		if err != nil {
 			return nil, nil, err

@@ -1,6 +1,7 @@
 package conform
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
@@ -9,7 +10,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/mr"
 	"github.com/softroce/softroce/pkg/qp"
 	"github.com/softroce/softroce/pkg/roce"
 )
@@ -23,31 +23,41 @@ type SoftroceOptions struct {
 	Port uint16
 	// MTU is the device's active MTU in bytes (0 = 1024, as rxe on a 1500-byte link).
 	MTU int
+	// Verbs, if set, is the device the DUT's objects are created on instead of opening one:
+	// an embedded device (roce.Device.Verbs) or a client of the softroce daemon
+	// (pkg/roce/client.Dial). Addr must then be one of its addresses and Port its UDP port;
+	// MTU is ignored (the device's). Close releases the DUT's objects, not the device.
+	Verbs roce.Verbs
 }
 
-// Softroce is the in-process DUT: a pkg/roce device on a UDP link.
+// Softroce is the softroce DUT: a pkg/roce device on a UDP link, opened in process or given
+// as a roce.Verbs (SoftroceOptions.Verbs: e.g. the softroce daemon).
 type Softroce struct {
-	dev  *roce.Device
-	pd   *mr.PD
+	v    roce.Verbs
+	dev  *roce.Device // the device NewSoftroce opened (nil with SoftroceOptions.Verbs)
+	pd   roce.ProtectionDomain
 	addr netip.AddrPort
 	gid  uint8 // GID index of addr
 
 	mu   sync.Mutex
-	mrs  map[int]*mr.MR
+	mrs  map[int]roce.MemoryRegion
 	bufs map[int][]byte
 	next int
 	qps  map[uint32]*softQP
 }
 
 type softQP struct {
-	qp    *roce.QP
-	cq    *cq.CQ
+	qp    roce.QueuePair
+	cq    roce.CompletionQueue
 	bench netip.Addr
 	ah    *qp.AH
 }
 
 // NewSoftroce opens the softroce DUT.
 func NewSoftroce(o SoftroceOptions) (*Softroce, error) {
+	if o.Verbs != nil {
+		return newSoftroceOn(o.Verbs, nil, o)
+	}
 	mtu := o.MTU
 	if mtu == 0 {
 		mtu = 1024
@@ -56,22 +66,30 @@ func NewSoftroce(o SoftroceOptions) (*Softroce, error) {
 	if err != nil {
 		return nil, err
 	}
-	pd, err := dev.AllocPD()
+	s, err := newSoftroceOn(dev.Verbs(), dev, o)
 	if err != nil {
 		dev.Close()
 		return nil, err
 	}
+	return s, nil
+}
+
+// newSoftroceOn makes the DUT on v (dev: the device NewSoftroce opened, else nil).
+func newSoftroceOn(v roce.Verbs, dev *roce.Device, o SoftroceOptions) (*Softroce, error) {
 	port := o.Port
 	if port == 0 {
 		port = 4791
 	}
-	gid := dev.GIDIndex(o.Addr)
+	gid := v.GIDIndex(o.Addr)
 	if gid < 0 {
-		dev.Close()
-		return nil, fmt.Errorf("%w: %v is not in the device's GID table %v", ErrDUT, o.Addr, dev.GIDs())
+		return nil, fmt.Errorf("%w: %v is not in the device's GID table %v", ErrDUT, o.Addr, v.GIDs())
 	}
-	return &Softroce{dev: dev, pd: pd, addr: netip.AddrPortFrom(o.Addr, port), gid: uint8(gid),
-		mrs: map[int]*mr.MR{}, bufs: map[int][]byte{}, next: 1, qps: map[uint32]*softQP{}}, nil
+	pd, err := v.AllocPD()
+	if err != nil {
+		return nil, fmt.Errorf("%w: alloc_pd: %w", ErrDUT, err)
+	}
+	return &Softroce{v: v, dev: dev, pd: pd, addr: netip.AddrPortFrom(o.Addr, port), gid: uint8(gid),
+		mrs: map[int]roce.MemoryRegion{}, bufs: map[int][]byte{}, next: 1, qps: map[uint32]*softQP{}}, nil
 }
 
 // Name implements DUT.
@@ -80,8 +98,12 @@ func (s *Softroce) Name() string { return "softroce" }
 // Addr implements DUT.
 func (s *Softroce) Addr() netip.AddrPort { return s.addr }
 
-// Device returns the underlying device (counters, for diagnostics).
+// Device returns the device NewSoftroce opened (counters, for diagnostics); nil when the DUT
+// runs on SoftroceOptions.Verbs (see Verbs).
 func (s *Softroce) Device() *roce.Device { return s.dev }
+
+// Verbs returns the device the DUT's objects live on.
+func (s *Softroce) Verbs() roce.Verbs { return s.v }
 
 // RegMR implements DUT: a zeroed region. Region k lives at IOVA 0x1000_0000 * k (never 0, page aligned).
 func (s *Softroce) RegMR(c MRConfig) (MRInfo, error) {
@@ -91,20 +113,13 @@ func (s *Softroce) RegMR(c MRConfig) (MRInfo, error) {
 		return MRInfo{}, fmt.Errorf("%w: MR size %d", ErrDUT, c.Size)
 	}
 	id := s.next
-	// The region is anonymous mmap'd memory, like the memory a NIC DMAs into: the device's
-	// receive goroutine writes it while the bench (through this DUT) reads it back, ordered
-	// by the network exchange (ACK first, then ReadMR), which the race detector cannot
-	// see; memory outside the Go heap is not instrumented.
-	buf := []byte{}
-	if c.Size > 0 {
-		var err error
-		if buf, err = unix.Mmap(-1, 0, c.Size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE); err != nil {
-			return MRInfo{}, fmt.Errorf("%w: mmap %d bytes: %w", ErrDUT, c.Size, err)
-		}
-	}
-	m, err := s.dev.RegMR(s.pd, buf, uint64(id)<<28, c.Access)
+	buf, err := s.alloc(c.Size)
 	if err != nil {
-		unmap(buf)
+		return MRInfo{}, err
+	}
+	m, err := s.v.RegMR(s.pd, buf, uint64(id)<<28, c.Access)
+	if err != nil {
+		s.free(buf)
 		return MRInfo{}, fmt.Errorf("%w: reg_mr: %w", ErrDUT, err)
 	}
 	s.next++
@@ -157,14 +172,46 @@ func (s *Softroce) DeregMR(id int) error {
 	if err := m.Dereg(); err != nil {
 		return fmt.Errorf("%w: dereg_mr: %w", ErrDUT, err)
 	}
-	unmap(s.bufs[id])
+	s.free(s.bufs[id])
 	delete(s.mrs, id)
 	delete(s.bufs, id)
 	return nil
 }
 
-func unmap(b []byte) {
-	if len(b) > 0 {
+// alloc returns a zeroed region of n bytes. On the device NewSoftroce opened it is anonymous
+// mmap'd memory, like the memory a NIC DMAs into: the device's receive goroutine writes it
+// while the bench (through this DUT) reads it back, ordered by the network exchange (ACK
+// first, then ReadMR), which the race detector cannot see; memory outside the Go heap is not
+// instrumented. On SoftroceOptions.Verbs it comes from Verbs.AllocBuffer (the daemon maps
+// it), which has no empty buffers.
+func (s *Softroce) alloc(n int) ([]byte, error) {
+	if s.dev == nil {
+		if n == 0 {
+			return nil, fmt.Errorf("%w: an empty MR needs the DUT's own device (Verbs.AllocBuffer has no empty buffers)", ErrDUT)
+		}
+		b, err := s.v.AllocBuffer(n)
+		if err != nil {
+			return nil, fmt.Errorf("%w: alloc %d bytes: %w", ErrDUT, n, err)
+		}
+		return b, nil
+	}
+	if n == 0 {
+		return []byte{}, nil
+	}
+	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return nil, fmt.Errorf("%w: mmap %d bytes: %w", ErrDUT, n, err)
+	}
+	return b, nil
+}
+
+// free releases a region from alloc (deregistered).
+func (s *Softroce) free(b []byte) {
+	switch {
+	case len(b) == 0:
+	case s.dev == nil:
+		_ = s.v.FreeBuffer(b)
+	default:
 		_ = unix.Munmap(b)
 	}
 }
@@ -184,19 +231,19 @@ func (s *Softroce) CreateQP(c QPConfig) (uint32, error) {
 	default:
 		return 0, fmt.Errorf("%w: QP type %v", ErrDUT, c.Type)
 	}
-	ccq, err := s.dev.CreateCQ(1024)
+	ccq, err := s.v.CreateCQ(1024)
 	if err != nil {
 		return 0, fmt.Errorf("%w: create_cq: %w", ErrDUT, err)
 	}
-	q, err := s.dev.CreateQP(roce.QPInit{Type: typ, PD: s.pd, SendCQ: ccq, RecvCQ: ccq,
+	q, err := s.v.CreateQP(roce.VerbsQPInit{Type: typ, PD: s.pd, SendCQ: ccq, RecvCQ: ccq,
 		Cap: qp.Cap{MaxSendWR: 64, MaxRecvWR: 256, MaxSendSGE: 1, MaxRecvSGE: 1}})
 	if err != nil {
-		s.dev.DestroyCQ(ccq)
+		s.v.DestroyCQ(ccq)
 		return 0, fmt.Errorf("%w: create_qp: %w", ErrDUT, err)
 	}
 	fail := func(step string, err error) (uint32, error) {
 		q.Destroy()
-		s.dev.DestroyCQ(ccq)
+		s.v.DestroyCQ(ccq)
 		return 0, fmt.Errorf("%w: modify_qp %s: %w", ErrDUT, step, err)
 	}
 	mtu := qp.MTUFromBytes(c.MTU)
@@ -231,7 +278,7 @@ func (s *Softroce) CreateQP(c QPConfig) (uint32, error) {
 	}
 	sq := &softQP{qp: q, cq: ccq, bench: c.BenchAddr}
 	if c.Type == UD {
-		if sq.ah, err = s.dev.CreateAH(s.pd, av); err != nil {
+		if sq.ah, err = s.v.CreateAH(s.pd, av); err != nil {
 			return fail("AH", err)
 		}
 	}
@@ -282,6 +329,12 @@ func (s *Softroce) PostRecv(qpn uint32, r RecvConfig) error {
 	}
 	if _, err := q.qp.PostRecv(wrs); err != nil {
 		return fmt.Errorf("%w: post_recv: %w", ErrDUT, err)
+	}
+	if _, embedded := q.qp.(*roce.QP); !embedded {
+		// Through the daemon the receives may still sit in its post ring, and the bench
+		// sends right after this returns; the daemon serves a request only after draining
+		// the ring, so one query puts them on the queue first (ibv_post_recv semantics).
+		q.qp.State()
 	}
 	return nil
 }
@@ -375,19 +428,46 @@ func (s *Softroce) DestroyQP(qpn uint32) error {
 	if err := q.qp.Destroy(); err != nil {
 		return fmt.Errorf("%w: destroy_qp: %w", ErrDUT, err)
 	}
-	s.dev.DestroyCQ(q.cq)
+	if err := s.v.DestroyCQ(q.cq); err != nil {
+		return fmt.Errorf("%w: destroy_cq: %w", ErrDUT, err)
+	}
 	return nil
 }
 
-// Close closes the device and unmaps the regions still registered.
+// Close closes the device NewSoftroce opened and unmaps the regions still registered; on
+// SoftroceOptions.Verbs it destroys the DUT's QPs, CQs, MRs and PD and frees their memory,
+// leaving the device open.
 func (s *Softroce) Close() error {
-	err := s.dev.Close()
+	if s.dev != nil {
+		err := s.dev.Close()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for id, b := range s.bufs {
+			s.free(b)
+			delete(s.bufs, id)
+			delete(s.mrs, id)
+		}
+		return err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for id, b := range s.bufs {
-		unmap(b)
+	var errs []error
+	for n, q := range s.qps {
+		errs = append(errs, q.qp.Destroy(), s.v.DestroyCQ(q.cq))
+		delete(s.qps, n)
+	}
+	for id, m := range s.mrs {
+		err := m.Dereg()
+		if err == nil { // a region still registered stays allocated
+			s.free(s.bufs[id])
+		}
+		errs = append(errs, err)
 		delete(s.bufs, id)
 		delete(s.mrs, id)
 	}
-	return err
+	if s.pd != nil {
+		errs = append(errs, s.pd.Dealloc())
+		s.pd = nil
+	}
+	return errors.Join(errs...)
 }
