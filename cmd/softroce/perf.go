@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"strings"
 	"time"
@@ -131,6 +132,8 @@ type perfConfig struct {
 	// Daemon is --daemon SOCKET: run through the softroce daemon (its device and address)
 	// instead of an embedded device (perf_verbs.go).
 	Daemon string
+	// Procs is --procs: GOMAXPROCS for a two-process run (perfProcs).
+	Procs int
 }
 
 // parsePerf parses "send|write|read|atomic [flags] [SERVER]" (flags and SERVER in any
@@ -197,6 +200,7 @@ func parsePerf(args []string, stderr io.Writer) (*perfConfig, error) {
 	fs.BoolVar(&c.Portable, "portable", false, "softroce: plain UDP sockets instead of sendmmsg/recvmmsg")
 	fs.BoolVar(&c.Loopback, "loopback", false, "softroce: both ends in this process (127.0.0.1 <-> 127.0.0.2), no exchange")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "softroce: write a pprof CPU profile of the run to `file`")
+	fs.IntVar(&c.Procs, "procs", -1, "softroce: `GOMAXPROCS` of the run (default: 1, like perftest's one thread, unless the GOMAXPROCS environment variable is set; 0: Go's default; --loopback keeps Go's default)")
 	fs.BoolVar(&c.Stats, "stats", false, "softroce: print the device's and the link's counters to stderr at the end")
 	fs.BoolVar(&c.Mem, "mem", false, "softroce: with --loopback, the in-memory link instead of UDP")
 	fs.StringVar(&c.Daemon, "daemon", "", "softroce: run through the softroce daemon listening on unix `socket` (its device; -d picks one of its addresses)")
@@ -341,9 +345,25 @@ func perfTest(verb string, lat bool) perftest.Test {
 	return t
 }
 
+// perfProcs is the GOMAXPROCS a two-process run sets (0: leave it): --procs if given, else 1
+// unless the environment sets GOMAXPROCS. One P, like perftest's single thread: the receive
+// goroutine and the posting loop take turns on one OS thread instead of handing work between
+// two Ps, whose spinning and stealing (futex wakes, usleeps, context switches) cost more CPU
+// than they save when two perf processes share two cores (docs/performance.md, fast path: 64 KiB
+// WRITE +20-30%, 64 B +10-150% in interleaved runs).
+func perfProcs(flag int, env string) int {
+	switch {
+	case flag >= 0:
+		return flag
+	case env != "":
+		return 0
+	}
+	return 1
+}
+
 // runPerf is the command.
 func runPerf(args []string, stdout, stderr io.Writer) int {
-	return perfMain(args, &perfEnv{Stdout: stdout, Stderr: stderr})
+	return perfMain(args, &perfEnv{Stdout: stdout, Stderr: stderr, SetProcs: true})
 }
 
 // perfMain parses args and runs; the exit status is 0 on success, 1 on any error (as
@@ -376,6 +396,9 @@ func perfMain(args []string, env *perfEnv) int {
 	}
 	if c.Loopback {
 		return perfLoopback(c, env.Stdout, env.Stderr)
+	}
+	if n := perfProcs(c.Procs, os.Getenv("GOMAXPROCS")); n > 0 && env.SetProcs {
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(n))
 	}
 	run := perfRun
 	if c.RDMACM {

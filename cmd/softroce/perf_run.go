@@ -51,6 +51,9 @@ type perfEnv struct {
 	Stdout, Stderr io.Writer
 	// Listener, if set, is used by the server instead of listening on -p.
 	Listener net.Listener
+	// SetProcs applies --procs (perfProcs): the command does, tests that run perfMain in their
+	// own process leave GOMAXPROCS alone.
+	SetProcs bool
 }
 
 const (
