@@ -85,7 +85,7 @@ func (ss *session) drainLoop(pr *postRing) {
 	// Each doorbell is an edge in the Go poller; the eventfd is not read
 	// (proto.WaitLoop: no system call per wakeup). It returns when
 	// stopRing closes the doorbell, or here on a corrupt ring.
-	proto.WaitLoop(pr.bell, func() bool {
+	proto.WaitLoop(pr.bell, func(bool) bool {
 		for {
 			ss.postMu.Lock()
 			pr.r.SetAwake(1)

@@ -75,6 +75,7 @@ func TestProcessThroughput(t *testing.T) {
 	}
 	n, depth, runs := knob("N", 20000), knob("DEPTH", 16), knob("RUNS", 5)
 	layout := os.Getenv("SOFTROCE_DAEMON_BENCH_LAYOUT")
+	cpu := map[string][]float64{} // CPU microseconds per WRITE, all processes
 	measure := func(mode string) float64 {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		a, b := dA, dB
@@ -95,6 +96,7 @@ func TestProcessThroughput(t *testing.T) {
 		acpu, bcpu := procCPU(pa.cmd.Process.Pid)-a0, procCPU(pb.cmd.Process.Pid)-b0
 		ccpu := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 		t.Logf("one process, %s: program CPU %v, daemon CPU A %v B %v, output %s", mode, ccpu, acpu, bcpu, strings.TrimSpace(string(out)))
+		cpu["one "+mode] = append(cpu["one "+mode], float64(ccpu+acpu+bcpu)/float64(time.Microsecond)/float64(n))
 		var mbps float64
 		if _, err := fmt.Sscanf(strings.TrimSpace(string(out)), "MBPS %f", &mbps); err != nil {
 			t.Fatalf("%s output %q", mode, out)
@@ -127,6 +129,7 @@ func TestProcessThroughput(t *testing.T) {
 		scpu := snd.cmd.ProcessState.UserTime() + snd.cmd.ProcessState.SystemTime()
 		rcpu := rcv.cmd.ProcessState.UserTime() + rcv.cmd.ProcessState.SystemTime()
 		t.Logf("split, %s: sender CPU %v, receiver CPU %v, daemon CPU A %v B %v, %s", mode, scpu, rcpu, acpu, bcpu, line)
+		cpu["split "+mode] = append(cpu["split "+mode], float64(scpu+rcpu+acpu+bcpu)/float64(time.Microsecond)/float64(n))
 		var mbps float64
 		fmt.Sscanf(line, "MBPS %f", &mbps)
 		return mbps
@@ -147,6 +150,11 @@ func TestProcessThroughput(t *testing.T) {
 	if layout != "one" {
 		t.Logf("split (sender and receiver programs in two processes), 64 KiB WRITE, %d in flight, %d per run, MB/s: embedded %v (median %.0f), daemon %v (median %.0f): daemon/embedded = %.0f%%",
 			depth, n, embS, med(embS), dmnS, med(dmnS), 100*med(dmnS)/med(embS))
+	}
+	for _, k := range []string{"split embedded", "split daemon", "one embedded", "one daemon"} {
+		if len(cpu[k]) > 0 {
+			t.Logf("CPU per WRITE (programs + daemons), %s: median %.1f us %v", k, med(cpu[k]), cpu[k])
+		}
 	}
 	if layout != "split" {
 		t.Logf("one program process (both ends), 64 KiB WRITE, %d in flight, %d per run, MB/s: embedded %v (median %.0f), daemon %v (median %.0f): daemon/embedded = %.0f%%",
@@ -234,9 +242,10 @@ func benchChild() int {
 // (daemon mode; "" embedded): completion notifies (daemon -> program) and
 // drainer doorbell wakeups (program -> daemon).
 type wakeCount struct {
-	c  *client.Conn
-	n  int
-	s0 client.DataPathStats
+	c   *client.Conn
+	n   int
+	s0  client.DataPathStats
+	rx0 uint64 // the daemon's received packets (in the split layout: the ACKs)
 }
 
 func wakeStats(v roce.Verbs, n int) *wakeCount {
@@ -247,6 +256,7 @@ func wakeStats(v roce.Verbs, n int) *wakeCount {
 func (w *wakeCount) start() {
 	if w.c != nil {
 		w.s0 = w.c.DataPathStats()
+		w.rx0 = w.c.Stats().RcvdPkts
 	}
 }
 
@@ -256,7 +266,8 @@ func (w *wakeCount) String() string {
 	}
 	s := w.c.DataPathStats()
 	per := func(a, b uint64) float64 { return float64(a-b) / float64(w.n) }
-	return fmt.Sprintf(" per WRITE: notifies %.3f doorbells %.3f", per(s.Notifies, w.s0.Notifies), per(s.Doorbells, w.s0.Doorbells))
+	return fmt.Sprintf(" per WRITE: notifies %.3f doorbells %.3f, packets received by the daemon %.3f",
+		per(s.Notifies, w.s0.Notifies), per(s.Doorbells, w.s0.Doorbells), per(w.c.Stats().RcvdPkts, w.rx0))
 }
 
 // procCPU is a process's user+system CPU time from /proc/PID/stat.

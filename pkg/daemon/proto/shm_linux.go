@@ -120,18 +120,31 @@ func EventFile(fd int, name string) *os.File {
 
 // WaitLoop calls fn, then again each time the eventfd f is written, until
 // fn returns true or f is closed (then it returns the poller's error). It
-// waits in the Go poller and never reads the counter: Go registers fds
-// edge-triggered and every eventfd write is a new edge, so a wakeup costs
-// no system call here (a read, then a read failing with EAGAIN, before).
-// Writes while fn runs are not lost: the poller records the edge and the
-// next wait returns at once; writes close together coalesce into one call.
-// The counter is never drained (it saturates only after 2^64-2 writes).
-func WaitLoop(f *os.File, fn func() (stop bool)) error {
+// waits in the Go poller and never reads the counter after the first call:
+// Go registers fds edge-triggered and every eventfd write is a new edge, so
+// a wakeup costs no system call here (a read, then a read failing with
+// EAGAIN, before). woken tells whether the eventfd was written: on the
+// first call, whether its counter was non-zero (read once, so writes made
+// before WaitLoop started waiting, whose edges the poller may have
+// dropped, are not lost); later always true. Writes while fn runs are not
+// lost either: the poller records the edge and the next wait returns at
+// once; writes close together coalesce into one call. After the first
+// call the counter is never drained (it saturates only after 2^64-2 writes).
+func WaitLoop(f *os.File, fn func(woken bool) (stop bool)) error {
 	rc, err := f.SyscallConn()
 	if err != nil {
 		return err
 	}
-	return rc.Read(func(uintptr) bool { return fn() })
+	first := true
+	return rc.Read(func(fd uintptr) bool {
+		if first {
+			first = false
+			var b [8]byte
+			n, _ := unix.Read(int(fd), b[:])
+			return fn(n == len(b))
+		}
+		return fn(true)
+	})
 }
 
 // Rights builds an SCM_RIGHTS control message carrying fds.

@@ -29,15 +29,13 @@ func edges(t *testing.T, fd int) (<-chan struct{}, func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		first := true
-		WaitLoop(f, func() bool {
-			if !first {
+		WaitLoop(f, func(woken bool) bool {
+			if woken {
 				select {
 				case ch <- struct{}{}:
 				default:
 				}
 			}
-			first = false
 			return false
 		})
 	}()
@@ -259,7 +257,7 @@ func TestDoorbellNoLostWakeup(t *testing.T) {
 	go func() { // the drainer: daemon/postring.go's drainLoop
 		defer close(done)
 		var buf []byte
-		WaitLoop(bell, func() bool {
+		WaitLoop(bell, func(bool) bool {
 			wakeups++
 			for {
 				c.SetAwake(1)
@@ -368,5 +366,53 @@ func TestArmRules(t *testing.T) {
 	le.PutUint32(mem[ringArmed:], 0xFFFFFFFF)
 	if r.Fire(true) {
 		t.Fatal("kind 3 fired")
+	}
+}
+
+// TestWaitLoopEarlyWrite: a write made before WaitLoop waits is reported
+// by its first call (woken), not lost with the edge the poller saw before
+// the wait began (the client's notify goroutine starts at the first
+// ReqNotify; a completion may be signalled before it runs); with no write,
+// the first call is not woken; later writes each wake it.
+func TestWaitLoopEarlyWrite(t *testing.T) {
+	for _, early := range []bool{true, false} {
+		fd, err := NewEventFD()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := EventFile(fd, "test-early")
+		if early {
+			Signal(fd)
+		}
+		calls := make(chan bool, 4)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			WaitLoop(f, func(woken bool) bool {
+				calls <- woken
+				return false
+			})
+		}()
+		timer := time.NewTimer(wakeTimeout)
+		select {
+		case w := <-calls:
+			if w != early {
+				t.Fatalf("early write %v: first call woken %v", early, w)
+			}
+		case <-timer.C:
+			t.Fatal("WaitLoop did not call fn")
+		}
+		Signal(fd)
+		select {
+		case w := <-calls:
+			if !w {
+				t.Fatal("a later write: woken false")
+			}
+		case <-timer.C:
+			t.Fatal("a later write was not reported")
+		}
+		timer.Stop()
+		f.Close()
+		<-done
 	}
 }

@@ -161,13 +161,11 @@ func (q *cqc) startNotify() {
 			defer close(q.done)
 			// Each daemon signal is an edge in the Go poller; the eventfd
 			// is not read (proto.WaitLoop: no system call per event).
-			first := true
-			proto.WaitLoop(q.notifyFile, func() bool {
-				if !first {
+			proto.WaitLoop(q.notifyFile, func(woken bool) bool {
+				if woken {
 					q.notifies.Add(1)
 					q.raise()
 				}
-				first = false
 				return false
 			})
 		}()
