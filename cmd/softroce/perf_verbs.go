@@ -9,8 +9,8 @@ package main
 //     WRITEs (roce.QP.RemoteWrites) says when to look and its notify channel lets the waiter
 //     sleep; through the daemon the WRITE lands in shared memory with no such signal (RDMA
 //     WRITE without immediate makes no completion at the target, IBTA 9.4.3), so pollByte
-//     polls the byte: yielding first, then sleeping with a growing back-off (at most
-//     perfPollMaxSleep), which adds up to that much to a sample once it starts sleeping;
+//     polls the byte: yielding for perfPollSpin, then sleeping with a growing back-off (at
+//     most perfPollMaxSleep), which adds up to that much to a sample once it sleeps;
 //   - --stats prints the daemon device's counters (all its clients together), no link
 //     counters;
 //   - the RoCE socket is the daemon's: --roce-port, --portable, --loopback and --mem are
@@ -40,11 +40,12 @@ type perfRemoteWrites interface {
 var _ perfRemoteWrites = (*roce.QP)(nil)
 
 const (
-	// perfPollSpin is how many yields pollByte polls before it starts sleeping.
-	perfPollSpin = 4000
+	// perfPollSpin is how long pollByte polls (yielding) before it starts sleeping: longer
+	// than a round trip through the daemon, as perftest spins through the whole test.
+	perfPollSpin = 100 * time.Microsecond
 	// perfPollMinSleep and perfPollMaxSleep bound pollByte's back-off between looks.
 	perfPollMinSleep = 10 * time.Microsecond
-	perfPollMaxSleep = 500 * time.Microsecond
+	perfPollMaxSleep = 100 * time.Microsecond
 	// perfPollStateEvery is how often pollByte asks for the QP's state (a round trip to
 	// the daemon) to notice a QP in error.
 	perfPollStateEvery = 100 * time.Millisecond
@@ -82,13 +83,13 @@ func (r *perfRes) pollByte(q roce.QueuePair, off int, v byte) error {
 		return (*[4]byte)(unsafe.Pointer(&w))[off-base] == v
 	}
 	start := time.Now()
-	deadline, nextState := start.Add(r.c.RunTimeout), start.Add(perfPollStateEvery)
+	deadline, nextState, spinUntil := start.Add(r.c.RunTimeout), start.Add(perfPollStateEvery), start.Add(perfPollSpin)
 	sleep := perfPollMinSleep
 	for i := 0; ; i++ {
 		if look() {
 			return nil
 		}
-		if i < perfPollSpin {
+		if i&63 != 0 || time.Now().Before(spinUntil) {
 			runtime.Gosched()
 			continue
 		}
