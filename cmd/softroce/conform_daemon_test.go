@@ -76,6 +76,8 @@ func TestConformDaemon(t *testing.T) {
 // TestConformDaemonServe: `--serve HOST:PORT --daemon SOCKET` is an agent whose DUT is the
 // daemon's device, driven by a --dut HOST:PORT bench.
 func TestConformDaemonServe(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) }) // after the daemon's cleanup
 	port := uint16(20000 + rand.IntN(40000))
 	sock, srv := startConformDaemon(t, netip.MustParseAddr("127.0.79.3"), port)
 	ln, err := net.Listen("tcp", "127.0.79.3:0")
