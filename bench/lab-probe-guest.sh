@@ -4,7 +4,9 @@
 # Evidence for docs/performance.md "rxe lab": the guest's timekeeping, what a clock read, a
 # short sleep and an 8-byte UDP round trip cost in C and in Go, and softroce's 8-byte WRITE
 # latency next to kernel rxe's, for every clocksource the guest offers (CLOCKSOURCES, or all);
-# PROBE_TRACE=0 skips the strace/schedtrace runs.
+# PROBE_TRACE=0 skips the strace/schedtrace runs, PROBE_MICRO=0 the C/Go micro-benchmarks,
+# PROBE_LAT=0 the latency rows; PROBE_BW=1 adds 64 KiB WRITE bandwidth rows and CPU profiles;
+# PROBE_PROF=1 a CPU-profiled busy-poll latency run.
 # usage: lab-probe-guest.sh DIR N_LAT
 set -u
 D=$1 NLAT=${2:-300}
@@ -45,6 +47,34 @@ lat() { awk '/#bytes/ {getline; printf "t_min %s t_typical %s t_avg %s 99%% %s\n
 probe_all() {
   local cs=$1
   say "---- clocksource $cs"
+  [ "${PROBE_MICRO:-1}" = 1 ] && micro
+  [ "${PROBE_LAT:-1}" = 1 ] && softroce_rows
+  [ "${PROBE_BW:-0}" = 1 ] && bw_rows
+}
+
+bwres() { awk '/#bytes/ {getline; print $4; exit}'; }
+# 64 KiB WRITE bandwidth: rxe, softroce (variants), and CPU profiles of softroce (to $D)
+bw_rows() {
+  $P crc 65536 200; GODEBUG=cpu.pclmulqdq=off $P crc 65536 200; $P copy 65536 200
+  PORT=$((PORT + 1))
+  timeout 120 ib_write_bw -d rxe2 -x "$G2" -s 65536 -n 1000 -F -p $PORT --report_gbits > /tmp/srv.out 2>&1 &
+  sleep 1.5
+  echo "rxe<->rxe write_bw 64 KiB: $(timeout 120 ib_write_bw -d rxe1 -x "$G1" -s 65536 -n 1000 -F -p $PORT --report_gbits 198.19.0.2 2>&1 | bwres) Gbit/s"
+  wait
+  for v in "GOMAXPROCS=1" "GOMAXPROCS=1 GODEBUG=cpu.pclmulqdq=off" "GOMAXPROCS=2" "GOMAXPROCS=1 BP" "GOMAXPROCS=1 PROF"; do
+    PORT=$((PORT + 1))
+    local e=${v% BP}; e=${e% PROF} x=""
+    [ "${v% BP}" != "$v" ] && x=--busy-poll
+    f="perf write -s 65536 -n 1000 -m 4096 -F -p $PORT --report_gbits --timeout 60s --run-timeout 100s $x"
+    if [ "${v% PROF}" != "$v" ]; then
+      echo "softroce<->softroce write_bw 64 KiB $v: $(srvcli "env $e $SR $f --cpuprofile $D/prof.bw.srv -d 198.22.0.2" "env $e $SR $f --cpuprofile $D/prof.bw.cli -d 198.22.0.1 198.22.0.2" | bwres) Gbit/s"
+    else
+      echo "softroce<->softroce write_bw 64 KiB $v: $(srvcli "env $e $SR $f -d 198.22.0.2" "env $e $SR $f -d 198.22.0.1 198.22.0.2" | bwres) Gbit/s"
+    fi
+  done
+}
+
+micro() {
   $C clock 200000
   $P clock 200000
   GOMAXPROCS=1 $P clock 200000
@@ -62,6 +92,9 @@ probe_all() {
       timeout 60 $A env GOMAXPROCS=$g $P client -mode $m 198.22.0.2 $PORT 2000; wait
     done
   done
+}
+
+softroce_rows() {
   # kernel rxe <-> rxe (init_net, --dual veth) and softroce <-> softroce: 8-byte WRITE latency
   PORT=$((PORT + 1))
   timeout 120 ib_write_lat -d rxe2 -x "$G2" -s 8 -n $NLAT -F -p $PORT > /tmp/srv.out 2>&1 &
@@ -73,19 +106,28 @@ probe_all() {
     f="perf write --lat -s 8 -n $NLAT -m 4096 -F -p $PORT --timeout 60s --run-timeout 100s"
     echo "softroce<->softroce write_lat 8 B GOMAXPROCS=$g: $(srvcli "env GOMAXPROCS=$g $SR $f -d 198.22.0.2" "env GOMAXPROCS=$g $SR $f -d 198.22.0.1 198.22.0.2" | lat)"
   done
-  PORT=$((PORT + 1))
-  f="perf write --lat -s 8 -n $NLAT -m 4096 -F -p $PORT --timeout 60s --run-timeout 100s --busy-poll"
-  echo "softroce<->softroce write_lat 8 B --busy-poll GOMAXPROCS=2: $(srvcli "env GOMAXPROCS=2 $SR $f -d 198.22.0.2" "env GOMAXPROCS=2 $SR $f -d 198.22.0.1 198.22.0.2" | lat)"
+  for g in 1 2; do
+    PORT=$((PORT + 1))
+    f="perf write --lat -s 8 -n $NLAT -m 4096 -F -p $PORT --timeout 60s --run-timeout 100s --busy-poll"
+    echo "softroce<->softroce write_lat 8 B --busy-poll GOMAXPROCS=$g: $(srvcli "env GOMAXPROCS=$g $SR $f -d 198.22.0.2" "env GOMAXPROCS=$g $SR $f -d 198.22.0.1 198.22.0.2" | lat)"
+  done
+  if [ "${PROBE_PROF:-0}" = 1 ]; then
+    PORT=$((PORT + 1))
+    f="perf write --lat -s 8 -n 2000 -m 4096 -F -p $PORT --timeout 60s --run-timeout 100s --busy-poll"
+    echo "softroce<->softroce write_lat 8 B --busy-poll GOMAXPROCS=1, profiled: $(srvcli "env GOMAXPROCS=1 $SR $f --cpuprofile $D/prof.lat.srv -d 198.22.0.2" "env GOMAXPROCS=1 $SR $f --cpuprofile $D/prof.lat.cli -d 198.22.0.1 198.22.0.2" | lat)"
+  fi
   [ "${PROBE_TRACE:-1}" = 1 ] || return 0
   # system calls of one softroce latency run (server side; strace slows it, counts matter)
-  PORT=$((PORT + 1))
-  f="perf write --lat -s 8 -n 200 -m 4096 -F -p $PORT --timeout 60s --run-timeout 100s"
-  timeout 120 $B strace -f -c -o /tmp/strace.srv env GOMAXPROCS=1 $SR $f -d 198.22.0.2 > /dev/null 2>&1 &
-  sleep 2.5
-  timeout 120 $A env GOMAXPROCS=1 $SR $f -d 198.22.0.1 198.22.0.2 > /dev/null 2>&1
-  wait
-  echo "strace -c -f of the softroce server, 200 x 8 B WRITE ping-pong (GOMAXPROCS=1):"
-  head -25 /tmp/strace.srv | sed 's/^/   /'
+  for bp in "" --busy-poll; do
+    PORT=$((PORT + 1))
+    f="perf write --lat -s 8 -n 200 -m 4096 -F -p $PORT --timeout 60s --run-timeout 100s $bp"
+    timeout 120 $B strace -f -c -o /tmp/strace.srv env GOMAXPROCS=1 $SR $f -d 198.22.0.2 > /dev/null 2>&1 &
+    sleep 2.5
+    timeout 120 $A env GOMAXPROCS=1 $SR $f -d 198.22.0.1 198.22.0.2 > /dev/null 2>&1
+    wait
+    echo "strace -c -f of the softroce server, 200 x 8 B WRITE ping-pong (GOMAXPROCS=1) $bp:"
+    head -14 /tmp/strace.srv | sed 's/^/   /'
+  done
   # scheduler view of one run
   PORT=$((PORT + 1))
   f="perf write --lat -s 8 -n $NLAT -m 4096 -F -p $PORT --timeout 60s --run-timeout 100s"

@@ -6,7 +6,11 @@
 # (clocksource, timers, clock/sleep/UDP costs in C and Go, rxe vs softroce 8-byte latency per
 # clocksource), prints its output and always stops the VM. Root only.
 # Environment: RXE_LAB_APPEND (extra guest kernel command line, e.g. "tsc=reliable"),
-# CLOCKSOURCES (which to try; default every one the guest offers), PROBE_TRACE=0 (no strace).
+# CLOCKSOURCES (which to try; default every one the guest offers), PROBE_TRACE=0 (no strace),
+# PROBE_MICRO=0 (no C/Go micro-benchmarks), PROBE_LAT=0 (no latency rows), PROBE_BW=1
+# (64 KiB WRITE bandwidth rows, one pair CPU-profiled), PROBE_PROF=1 (a CPU-profiled busy-poll
+# latency run). Profiles go to $PROBE_OUT (default /tmp/softroce-probe-prof) with the softroce
+# binary, for `go tool pprof`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PATH:/usr/local/go/bin
@@ -40,12 +44,18 @@ if test/rxelab/vm status > /dev/null 2>&1; then
   exit 1
 fi
 STARTED=0
-cleanup() { [ "$STARTED" = 1 ] && test/rxelab/vm stop >> "$LOG" 2>&1 7>&-; rm -rf "$SHARE"; }
+cleanup() {
+  [ "$STARTED" = 1 ] && test/rxelab/vm stop >> "$LOG" 2>&1 7>&-
+  if ls "$SHARE"/prof.* > /dev/null 2>&1; then
+    mkdir -p "${PROBE_OUT:-/tmp/softroce-probe-prof}" && cp "$SHARE"/prof.* "$SHARE/softroce" "${PROBE_OUT:-/tmp/softroce-probe-prof}/"
+  fi
+  rm -rf "$SHARE"
+}
 trap cleanup EXIT
 echo "   $(date -u +%H:%M:%S) host load: $(cut -d' ' -f1-3 /proc/loadavg); RXE_LAB_APPEND='${RXE_LAB_APPEND:-}'" >&2
 test/rxelab/setup --no-install >> "$LOG" 2>&1 || { echo "bench/lab-probe.sh: lab setup failed" >&2; exit 1; }
 STARTED=1
 RXE_LAB_MTU=9000 test/rxelab/vm start --dual --share "$SHARE" --max-life 1200 >> "$LOG" 2>&1 7>&- ||
   { echo "bench/lab-probe.sh: VM did not start (see $LOG)" >&2; exit 1; }
-test/rxelab/vm exec --timeout 1000 -c "CLOCKSOURCES='${CLOCKSOURCES:-}' PROBE_TRACE='${PROBE_TRACE:-1}' bash /mnt/host/lab-probe-guest.sh /mnt/host $NLAT" 7>&-
+test/rxelab/vm exec --timeout 1000 -c "CLOCKSOURCES='${CLOCKSOURCES:-}' PROBE_TRACE='${PROBE_TRACE:-1}' PROBE_MICRO='${PROBE_MICRO:-1}' PROBE_LAT='${PROBE_LAT:-1}' PROBE_BW='${PROBE_BW:-0}' PROBE_PROF='${PROBE_PROF:-0}' bash /mnt/host/lab-probe-guest.sh /mnt/host $NLAT" 7>&-
 echo "   guest script exit $?; $(date -u +%H:%M:%S) host load: $(cut -d' ' -f1-3 /proc/loadavg)" >&2

@@ -5,6 +5,9 @@
 //
 //	probe clock N                       ns per time.Now (the runtime's nanotime path)
 //	probe sleep N US                    actual duration of time.Sleep(US): median, p99
+//	probe crc SIZE N                    CRC-32 (IEEE, the ICRC's) throughput over SIZE bytes
+//	                                    (GODEBUG=cpu.pclmulqdq=off: the table version)
+//	probe copy SIZE N                   copy throughput (memmove) of SIZE bytes
 //	probe server [-mode M] ADDR PORT    UDP echo; M = netpoll (net.UDPConn) or spin
 //	                                    (non-blocking recvfrom in a loop)
 //	probe client [-mode M] ADDR PORT N  8-byte round trips; M = netpoll (net.UDPConn),
@@ -18,6 +21,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"hash/crc32"
 	"net"
 	"os"
 	"runtime"
@@ -34,7 +38,7 @@ func main() {
 	}
 }
 
-var errUsage = errors.New("usage: probe clock N | sleep N US | server [-mode netpoll|spin] ADDR PORT | client [-mode netpoll|block|spin] ADDR PORT N")
+var errUsage = errors.New("usage: probe clock N | sleep N US | crc SIZE N | copy SIZE N | server [-mode netpoll|spin] ADDR PORT | client [-mode netpoll|block|spin] ADDR PORT N")
 
 func atoi(s string) (int, error) {
 	n, err := strconv.Atoi(s)
@@ -78,6 +82,32 @@ func run(args []string) error {
 			v[i] = time.Since(t0)
 		}
 		report(fmt.Sprintf("go time.Sleep(%dus)", us), v)
+		return nil
+	case "crc", "copy":
+		if len(args) != 3 {
+			return errUsage
+		}
+		size, err := atoi(args[1])
+		if err != nil {
+			return err
+		}
+		n, err := atoi(args[2])
+		if err != nil {
+			return err
+		}
+		src, dst := make([]byte, size), make([]byte, size)
+		var sum uint32
+		t0 := time.Now()
+		for range n {
+			if args[0] == "crc" {
+				sum = crc32.Update(sum, crc32.IEEETable, src)
+			} else {
+				copy(dst, src)
+			}
+		}
+		d := time.Since(t0)
+		fmt.Printf("go %s %d B: %.1f MB/s (%.2f us per op; %x)\n", args[0], size,
+			float64(size)*float64(n)/d.Seconds()/1e6, float64(d.Nanoseconds())/float64(n)/1e3, sum&0)
 		return nil
 	case "server":
 		fs := flag.NewFlagSet("server", flag.ContinueOnError)
