@@ -29,6 +29,10 @@ package main
 // the loop polls, then sleeps on the CQ after 200 us without a completion (the device shares
 // the CPUs). srq gives each receive and each QP its own buffer slot instead of one shared
 // buffer (a data race in Go; the bytes on the wire are the same). docs/interop.md has more.
+//
+// --daemon SOCKET runs the tool through the softroce daemon: the same code on roce.Verbs (the
+// daemon's device and address; memory from AllocBuffer), the initial receives fenced into the
+// device before the exchange (postFence, docs/oob.md).
 
 import (
 	"context"
