@@ -463,6 +463,9 @@ func (w *sendWQE) reset() {
 func (q *QP) Destroy() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	// A deferred receive (ReceiveDeferred) completed its requests before their ACKs leave at
+	// FlushReceived: send them now, the program may destroy the QP as soon as it polled.
+	q.flush()
 	q.dead = true
 	q.state = StateReset
 	if q.tmr.t != nil {
