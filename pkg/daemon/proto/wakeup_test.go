@@ -15,8 +15,11 @@ import (
 const wakeTimeout = 20 * time.Second
 
 func wakeRounds() int {
-	if testing.Short() {
+	switch {
+	case testing.Short():
 		return 2000
+	case raceOn:
+		return 5000
 	}
 	return 20000
 }
