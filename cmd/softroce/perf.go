@@ -188,7 +188,7 @@ func parsePerf(args []string, stderr io.Writer) (*perfConfig, error) {
 	both("D", "duration", func(n string) { fs.IntVar(&dur, n, 0, "run for `seconds` (not supported)") })
 	both("b", "bidirectional", func(n string) { fs.BoolVar(&bidir, n, false, "bidirectional (not supported)") })
 	both("R", "rdma_cm", func(n string) {
-		fs.BoolVar(&c.RDMACM, n, false, "connect the QPs and run the exchange over rdma_cm (BW tests; server: needs -d)")
+		fs.BoolVar(&c.RDMACM, n, false, "connect the QPs and run the exchange over rdma_cm (BW tests; server: needs -d, or --daemon)")
 	})
 	both("c", "connection", func(n string) { fs.StringVar(&conn, n, "RC", "connection `type` (RC only)") })
 	fs.BoolVar(&c.BusyPoll, "busy-poll", false, "softroce: poll completions in a loop (yielding) before sleeping on the CQ, as perftest does")
