@@ -134,6 +134,10 @@ type Device struct {
 	events   chan event.Event
 	userSink event.Sink
 	wg       sync.WaitGroup
+	// batchMu is read-held by a receive worker while it handles one batch and flushes it;
+	// Close takes it before closing the link, so the ACKs of requests whose completions a
+	// program may already have polled leave before the socket goes (IBTA 9.7.5.1).
+	batchMu sync.RWMutex
 }
 
 // QP is a queue pair of a Device: the pkg/qp engine object (Modify, Query,
@@ -490,10 +494,12 @@ func (d *Device) Close() error {
 	if d.g != nil {
 		d.g.mgr.Close()
 	}
+	d.batchMu.Lock() // a batch being handled flushes its deferred ACKs first
 	err := d.link.Close()
 	for _, l := range d.links[1:] {
 		l.Close()
 	}
+	d.batchMu.Unlock()
 	d.wg.Wait()
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -548,11 +554,13 @@ func (d *Device) recvLoop(i int, l link.Link) {
 			d.cnt.LinkDowned.Add(1)
 			continue
 		}
+		d.batchMu.RLock()
 		rx.now = d.clock.Now() // one clock read per batch (fastpath.go)
 		for k := 0; k < n; k++ {
 			d.handle(rx, &batch[k])
 		}
 		rx.flushPending() // one burst per QP per batch (fastpath.go)
+		d.batchMu.RUnlock()
 	}
 }
 
