@@ -194,6 +194,7 @@ func (q *QP) ensureRQ() {
 // rxe sends them: the replay tests compare them with rxe's byte for byte), and the requests that a
 // batch of ACKs lets through leave in one burst: fewer system calls per packet on both sides.
 func (q *QP) ReceiveDeferred(now time.Time, p *bth.Packet, src, dst netip.AddrPort) bool {
+	q.maybeRefill(p) // before the lock (refill.go)
 	q.mu.Lock()
 	ok := q.receive(now, p, src, dst)
 	q.mu.Unlock()

@@ -117,6 +117,13 @@ type Config struct {
 	// MTU is the port's active MTU: the UD message limit and the RC/UC
 	// default before a path MTU is set (0 = MTU1024).
 	MTU MTU
+	// RecvRefill, if set, is called by Receive and ReceiveDeferred on the
+	// receiving goroutine, with no QP lock held, before a packet that
+	// consumes a receive WQE (SEND FIRST/ONLY, RDMA WRITE with immediate
+	// LAST/ONLY) is executed while the QP's own receive queue is empty: the
+	// owner posts receives it has accepted but not yet handed to the engine
+	// (refill.go). Not called on QPs with an SRQ.
+	RecvRefill func()
 }
 
 // Engine tunables (rxe values: RXE_MAX_UNACKED_PSNS, RXE_MAX_PKT_PER_ACK).
@@ -187,6 +194,7 @@ type QP struct {
 	sqTail           uint32
 	rq               []recvWQE
 	rqHead, rqTail   uint32
+	rqLen            atomic.Uint32 // rqTail-rqHead for RecvRefill (refill.go)
 	rdAtomicInFlight int
 
 	req  requester
@@ -426,6 +434,7 @@ func (q *QP) resetLocked() {
 	}
 	q.sqHead, q.sqReq, q.sqTail = 0, 0, 0
 	q.rqHead, q.rqTail = 0, 0
+	q.rqNote()
 	q.rdAtomicInFlight = 0
 	q.req = requester{}
 	res, sge := q.resp.res, q.resp.wqe.sge
@@ -518,6 +527,7 @@ func (q *QP) flushQueues() {
 		q.cfg.RecvCQ.Push(&wc, false)
 		q.rqHead++
 	}
+	q.rqNote()
 	if q.resp.haveWQE && q.cfg.SRQ != nil {
 		wc := cq.WC{WRID: q.resp.wqe.wrid, Status: cq.StatusWRFlushErr, Opcode: cq.OpRecv, QPNum: q.num}
 		q.cfg.RecvCQ.Push(&wc, false)
@@ -677,6 +687,7 @@ func (q *QP) PostRecv(wrs []RecvWR) (int, error) {
 		r.wrid = wr.WRID
 		r.n = copy(r.sge, wr.SGL)
 		q.rqTail++
+		q.rqNote()
 	}
 	if q.state == StateErr {
 		q.flushQueues()
@@ -707,6 +718,7 @@ func (q *QP) popRecv(dst *recvWQE) bool {
 	dst.sge = dst.sge[:cap(dst.sge)]
 	dst.n = copy(dst.sge, r.sge[:r.n])
 	q.rqHead++
+	q.rqNote()
 	return true
 }
 

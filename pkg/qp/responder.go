@@ -71,6 +71,7 @@ type resource struct {
 // the timer. Remote input never panics: anything malformed is dropped or
 // NAKed.
 func (q *QP) Receive(now time.Time, p *bth.Packet, src, dst netip.AddrPort) {
+	q.maybeRefill(p) // before the lock (refill.go)
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.receive(now, p, src, dst) {

@@ -359,6 +359,11 @@ type QPInit struct {
 	Cap    qp.Cap
 	// SigAll: every send WR generates a completion (sq_sig_all).
 	SigAll bool
+	// RecvRefill is qp.Config.RecvRefill: called on the receive goroutine,
+	// with no QP lock held, before a packet that consumes a receive WQE
+	// finds the QP's receive queue empty (the daemon drains the client's
+	// post ring there, docs/daemon.md). nil = none.
+	RecvRefill func()
 }
 
 // CreateQP creates a QP in RESET (ibv_create_qp). QP numbers are
@@ -404,7 +409,7 @@ func (d *Device) CreateQP(in QPInit) (*QP, error) {
 		Type: in.Type, QPN: qpn, PD: in.PD, MRs: d.tbl, SendCQ: in.SendCQ, RecvCQ: in.RecvCQ,
 		SRQ: in.SRQ, Cap: in.Cap, SigAll: in.SigAll, Out: d.links[qpn%uint32(len(d.links))], Clock: d.clock,
 		Resolve: d.resolve, DstPort: d.port, Device: &d.attr, Counters: &d.cnt,
-		AtomicMu: &d.atomicMu, Events: d.sink, MTU: d.mtu,
+		AtomicMu: &d.atomicMu, Events: d.sink, MTU: d.mtu, RecvRefill: in.RecvRefill,
 	})
 	if err != nil {
 		return nil, err
