@@ -2,10 +2,7 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -14,41 +11,19 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
+	"github.com/softroce/softroce/internal/daemontest"
 	"github.com/softroce/softroce/pkg/conform"
 	"github.com/softroce/softroce/pkg/daemon"
 	"github.com/softroce/softroce/pkg/qp"
 	"github.com/softroce/softroce/pkg/roce"
+	"go.uber.org/goleak"
 )
 
 // startConformDaemon serves a device on addr:port with the in-process DUT's MTU (1024) on a
 // socket in a temporary directory.
 func startConformDaemon(t *testing.T, addr netip.Addr, port uint16) (string, *daemon.Server) {
 	t.Helper()
-	dev, err := roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{addr}, Port: port, Portable: true, MTU: qp.MTU1024, Name: "softroce0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := daemon.New(daemon.Options{Device: dev, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sock := filepath.Join(t.TempDir(), "d.sock")
-	ln, err := daemon.Listen(sock, 0o600, -1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-		<-done
-		dev.Close()
-	})
-	return sock, srv
+	return daemontest.ServeUDP(t, roce.UDPOptions{Addrs: []netip.Addr{addr}, Port: port, Portable: true, MTU: qp.MTU1024, Name: "softroce0"})
 }
 
 // TestConformDaemon runs every scenario with `softroce conform --dut softroce --daemon SOCKET`

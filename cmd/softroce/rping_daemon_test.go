@@ -4,14 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net/netip"
-	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/internal/daemontest"
 	"github.com/softroce/softroce/pkg/daemon"
 	"github.com/softroce/softroce/pkg/roce"
 )
@@ -20,29 +18,7 @@ import (
 // temporary directory, as `softroce daemon` does.
 func startRpingDaemon(t *testing.T, addr netip.Addr, port uint16) (string, *daemon.Server) {
 	t.Helper()
-	dev, err := roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{addr}, Port: port, Portable: true, Name: "softroce0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := daemon.New(daemon.Options{Device: dev, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sock := filepath.Join(t.TempDir(), "d.sock")
-	ln, err := daemon.Listen(sock, 0o600, -1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-		<-done
-		dev.Close()
-	})
-	return sock, srv
+	return daemontest.ServeUDP(t, roce.UDPOptions{Addrs: []netip.Addr{addr}, Port: port, Portable: true, Name: "softroce0"})
 }
 
 // TestRpingDaemon runs softroce rping through the daemon against an embedded softroce rping:

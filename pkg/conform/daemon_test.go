@@ -1,17 +1,13 @@
 package conform
 
 import (
-	"context"
-	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net/netip"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/softroce/softroce/pkg/daemon"
+	"github.com/softroce/softroce/internal/daemontest"
 	"github.com/softroce/softroce/pkg/qp"
 	"github.com/softroce/softroce/pkg/roce"
 	"github.com/softroce/softroce/pkg/roce/client"
@@ -29,28 +25,7 @@ var daemonNotThrough = map[string]string{}
 func TestSoftroceDaemon(t *testing.T) {
 	dutAddr := LoopbackDUT
 	port := uint16(20000 + rand.IntN(40000))
-	dev, err := roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{dutAddr}, Port: port, Portable: true, MTU: qp.MTU1024, Name: "softroce0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := daemon.New(daemon.Options{Device: dev, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sock := filepath.Join(t.TempDir(), "d.sock")
-	ln, err := daemon.Listen(sock, 0o600, -1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-		<-done
-		dev.Close()
-	}()
+	sock, _ := daemontest.ServeUDP(t, roce.UDPOptions{Addrs: []netip.Addr{dutAddr}, Port: port, Portable: true, MTU: qp.MTU1024, Name: "softroce0"})
 	conn, err := client.Dial(sock)
 	if err != nil {
 		t.Fatal(err)

@@ -1,17 +1,13 @@
 package client
 
 import (
-	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"net/netip"
-	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/internal/daemontest"
 	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/daemon"
 	"github.com/softroce/softroce/pkg/daemon/proto"
 	"github.com/softroce/softroce/pkg/mr"
 	"github.com/softroce/softroce/pkg/qp"
@@ -24,19 +20,7 @@ func serve(t *testing.T, l link.Link) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, _ := daemon.New(daemon.Options{Device: dev, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	sock := filepath.Join(t.TempDir(), "d.sock")
-	ln, err := daemon.Listen(sock, 0o600, -1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-		dev.Close()
-	})
+	sock, _ := daemontest.Serve(t, dev)
 	return sock
 }
 
