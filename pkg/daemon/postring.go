@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"sync/atomic"
 	"time"
 
 	"github.com/softroce/softroce/pkg/daemon/proto"
@@ -198,4 +199,29 @@ func (ss *session) pushEvent(e proto.Event) {
 		return
 	}
 	proto.Signal(ss.ev.fd)
+}
+
+// recvRefillOff disables the RecvRefill hook (a test knob: SetRecvRefillDisabled in
+// export_test.go).
+var recvRefillOff atomic.Bool
+
+// refill is the engine's RecvRefill hook (qp.Config) on every QP of the session without an
+// SRQ: a packet that consumes a receive WQE found the QP's receive queue empty. The client may
+// have published receives in the post ring before its peer sent that packet (PostRecv returned,
+// then the program told the peer to send), so the ring is drained here, synchronously, before
+// the engine decides "no receive WQE" (RNR NAK on RC, a dropped message on UC and UD). postMu
+// serializes this with the drainer goroutine and with socket requests: a drain in progress
+// (a record taken from the ring but not yet posted) is waited for. Called on the device's
+// receive goroutine with no QP lock held (the drain posts to this session's QPs and takes
+// their locks); a stopped session has no ring (nothing to do).
+func (ss *session) refill() {
+	if recvRefillOff.Load() {
+		return
+	}
+	ss.postMu.Lock()
+	if ss.ring != nil {
+		ss.s.refills.Add(1)
+		ss.drainLocked()
+	}
+	ss.postMu.Unlock()
 }

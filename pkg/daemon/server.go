@@ -65,6 +65,7 @@ type Server struct {
 	nCMID                    atomic.Int64 // rdma_cm IDs (cm.go)
 	mapped                   atomic.Int64
 	ringPosts, socketPosts   atomic.Uint64
+	refills                  atomic.Uint64 // session.refill drains (postring.go)
 
 	// owners maps engine objects (*cq.CQ, *qp.SRQ, QPN) to the client
 	// session and handle their asynchronous events go to.
@@ -278,6 +279,7 @@ func (s *Server) Debug() proto.Debug {
 	d.CMIDs = int(s.nCMID.Load())
 	d.MappedBytes = s.mapped.Load()
 	d.RingPosts, d.SocketPosts = s.ringPosts.Load(), s.socketPosts.Load()
+	d.Refills = s.refills.Load()
 	d.FDs = countFDs()
 	d.Goroutines = runtime.NumGoroutine()
 	return d

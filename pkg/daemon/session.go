@@ -473,7 +473,9 @@ func (ss *session) createQP(r proto.CreateQPReq) (proto.CreateQPResp, error) {
 	}
 	var srq *srqObj
 	in := roce.QPInit{Type: r.Type, PD: pd.pd, SendCQ: scq.c, RecvCQ: rcq.c, Cap: r.Cap, SigAll: r.SigAll}
-	if r.SRQ != 0 {
+	if r.SRQ == 0 {
+		in.RecvRefill = ss.refill // receives posted through the ring are visible at once (postring.go)
+	} else {
 		if srq, err = get[*srqObj](ss, r.SRQ); err != nil {
 			return proto.CreateQPResp{}, err
 		}

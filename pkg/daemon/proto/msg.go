@@ -177,6 +177,10 @@ type Debug struct {
 	// RingPosts counts post messages drained from post rings, SocketPosts
 	// post messages read from sockets (both since the daemon started).
 	RingPosts, SocketPosts uint64
+	// Refills counts the post-ring drains the engine asked for because a
+	// packet needing a receive WQE found a client QP's receive queue empty
+	// (the RecvRefill hook, docs/daemon.md).
+	Refills uint64
 	// Mine counts this client's own objects.
 	Mine struct{ PDs, MRs, CQs, SRQs, QPs, CMIDs int }
 }

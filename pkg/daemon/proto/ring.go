@@ -194,7 +194,9 @@ func (r *Ring) Armed() uint32 { return atomic.LoadUint32(r.u32(ringArmed)) & arm
 func (r *Ring) Sleeping() bool { return atomic.LoadUint32(r.u32(ringArmed))&ArmSleeping != 0 }
 
 // SetWaiting records that the producer waits for space (1) or not (0).
-func (r *Ring) SetWaiting(v uint32) { atomic.StoreUint32(r.u32(ringWait), v) }
+// An exchange, not a store: the producer then re-reads the head (a store followed by a load,
+// which must not pass it, even under the race detector: fenceStore in postring.go).
+func (r *Ring) SetWaiting(v uint32) { atomic.SwapUint32(r.u32(ringWait), v) }
 
 // TakeWaiting clears the producer-waiting flag and reports whether it was set.
 func (r *Ring) TakeWaiting() bool { return atomic.SwapUint32(r.u32(ringWait), 0) != 0 }
