@@ -284,16 +284,3 @@ func daemonLocalAddr(v roce.Verbs, f *devFlag, peer netip.Addr) (netip.Addr, err
 	}
 	return best, nil
 }
-
-// postFence returns once the work requests posted so far on q have reached the device. Through
-// the daemon a post the client could vouch for is a record in the shared post ring, drained by
-// the daemon a moment later (docs/daemon.md); a tool that posts receives and then tells its
-// peer to send (the out-of-band exchange) must wait for them, or the peer's first SEND can
-// arrive first (RC: an RNR NAK and a retry; UC: the message is lost). Every request on the
-// daemon's socket is served after the ring is drained, so one QP query is the fence. An
-// embedded QP posts synchronously: nothing to do.
-func postFence(q roce.QueuePair) {
-	if _, embedded := q.(*roce.QP); !embedded && q != nil {
-		q.State()
-	}
-}

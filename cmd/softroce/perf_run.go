@@ -340,7 +340,6 @@ func (r *perfRes) postRecvs(size int) error {
 				return err
 			}
 		}
-		postFence(r.qps[i]) // in place before the sync that lets the peer send
 	}
 	return nil
 }

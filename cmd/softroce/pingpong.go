@@ -31,8 +31,8 @@ package main
 // buffer (a data race in Go; the bytes on the wire are the same). docs/interop.md has more.
 //
 // --daemon SOCKET runs the tool through the softroce daemon: the same code on roce.Verbs (the
-// daemon's device and address; memory from AllocBuffer), the initial receives fenced into the
-// device before the exchange (postFence, docs/oob.md).
+// daemon's device and address; memory from AllocBuffer). A receive posted through the daemon is
+// on the queue when PostRecv returns (docs/daemon.md), so the exchange may follow at once.
 
 import (
 	"context"
@@ -465,9 +465,6 @@ func newPPCtx(c *ppConfig, env *ppEnv, ld *verbsDev) (*ppCtx, error) {
 	p.sendWR[0] = qp.SendWR{WRID: ppSendWRID, Opcode: qp.WRSend, SGL: p.sendSGE[:], Flags: qp.SendSignaled}
 	if posted := p.postRecv(c.RxDepth); posted < c.RxDepth {
 		return nil, fmt.Errorf("%w: Couldn't post receive (%d)", errPPVerbs, posted)
-	}
-	for _, q := range p.qps { // the receives are in place before the peer learns our QPN
-		postFence(q)
 	}
 	if c.Events {
 		if err := p.cq.ReqNotify(false); err != nil {

@@ -330,12 +330,6 @@ func (s *Softroce) PostRecv(qpn uint32, r RecvConfig) error {
 	if _, err := q.qp.PostRecv(wrs); err != nil {
 		return fmt.Errorf("%w: post_recv: %w", ErrDUT, err)
 	}
-	if _, embedded := q.qp.(*roce.QP); !embedded {
-		// Through the daemon the receives may still sit in its post ring, and the bench
-		// sends right after this returns; the daemon serves a request only after draining
-		// the ring, so one query puts them on the queue first (ibv_post_recv semantics).
-		q.qp.State()
-	}
 	return nil
 }
 
