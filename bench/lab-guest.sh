@@ -31,6 +31,10 @@ G1=$(rxelab-gid rxe1 198.19.0.1) G2=$(rxelab-gid rxe2 198.19.0.2) G3=$(rxelab-gi
 log "gids rxe1=$G1 rxe2=$G2 rxe3=$G3; $(nproc) CPUs; clocksource $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource); cmdline $(cat /proc/cmdline)"
 for d in rxe1 rxe2 rxe3; do log "$d active_mtu $(ibv_devinfo -d $d | awk '/active_mtu/ {print $2}')"; done
 
+# LAB_PIN=1: every server on CPU 1 and every client on CPU 0 (taskset; rxe and softroce alike),
+# so the guest scheduler never puts both ends of a pairing on one vCPU.
+PIN_SRV="" PIN_CLI=""
+[ "${LAB_PIN:-0}" = 1 ] && PIN_SRV="taskset -c 1" PIN_CLI="taskset -c 0" && log "pinned: servers on CPU 1, clients on CPU 0"
 # result line after the "#bytes" header
 res() { awk '/#bytes/ {getline; print; exit}'; }
 PORT=19000
@@ -40,10 +44,10 @@ pair() {
   PORT=$((PORT + 1))
   local f="-s $size -n $n -m $MTU -p $PORT -F"
   [ "${test%_bw}" != "$test" ] && f="$f --report_gbits"
-  timeout 300 bash -c "$srv $f" > /tmp/srv.out 2>&1 &
+  timeout 300 $PIN_SRV bash -c "$srv $f" > /tmp/srv.out 2>&1 &
   local sp=$!
   sleep 1.5
-  out=$(timeout 300 bash -c "$cli $f" 2>/tmp/cli.err | res)
+  out=$(timeout 300 $PIN_CLI bash -c "$cli $f" 2>/tmp/cli.err | res)
   wait $sp
   if [ "${test%_bw}" != "$test" ]; then v=$(echo "$out" | awk '{print $4}'); else v=$(echo "$out" | awk '{print $5}'); fi
   [ -n "$v" ] || { log "$name $test $size: no result"; tail -3 /tmp/srv.out /tmp/cli.err >&2; v=FAIL; }
