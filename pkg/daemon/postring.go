@@ -87,6 +87,9 @@ func (ss *session) drainLoop(pr *postRing) {
 	// (proto.WaitLoop: no system call per wakeup). It returns when
 	// stopRing closes the doorbell, or here on a corrupt ring.
 	proto.WaitLoop(pr.bell, func(bool) bool {
+		if ss.s.drainPaused.Load() {
+			return false
+		}
 		for {
 			ss.postMu.Lock()
 			pr.r.SetAwake(1)

@@ -38,8 +38,11 @@ func TestPostRecvVisible(t *testing.T) {
 		defer daemon.SetRecvRefillDisabled(false)
 	}
 	for i, typ := range []qp.Type{qp.TypeRC, qp.TypeUC} {
-		t.Run(typ.String(), func(t *testing.T) { testPostRecvVisible(t, typ, 30+i) })
+		t.Run(typ.String(), func(t *testing.T) { testPostRecvVisible(t, typ, 30+i, false) })
 	}
+	// The receiver's drainer ignores its doorbell: only the hook puts the receives on the queue
+	// (deterministic: without it every message is lost).
+	t.Run("RC-hook-only", func(t *testing.T) { testPostRecvVisible(t, qp.TypeRC, 33, true) })
 }
 
 func udpDaemon(t *testing.T, ip netip.Addr, name string, spin time.Duration) *testDaemon {
@@ -145,7 +148,7 @@ func (e *visEnd) word(off int) uint64 {
 
 const visFlag = 4096 // the offset of the UC round flag in the receiver's buffer
 
-func testPostRecvVisible(t *testing.T, typ qp.Type, pair int) {
+func testPostRecvVisible(t *testing.T, typ qp.Type, pair int, paused bool) {
 	ipA, ipB := loopbackPair(pair)
 	da := udpDaemon(t, ipA, "a", 50*time.Microsecond) // the sender's
 	db := udpDaemon(t, ipB, "b", 0)                   // the receiver's: a sleeping drainer (default)
@@ -156,6 +159,7 @@ func testPostRecvVisible(t *testing.T, typ qp.Type, pair int) {
 		r.connect(t, ipA, s.q.Num())
 	}
 	link()
+	db.srv.PauseDrainers(paused)
 	base, statsA, statsB := db.srv.Debug(), s.v.Stats(), r.v.Stats()
 
 	// the sender: one round per value from go, its completions to done
@@ -246,6 +250,9 @@ func testPostRecvVisible(t *testing.T, typ qp.Type, pair int) {
 	}
 	d := db.srv.Debug()
 	t.Logf("%s: %d rounds, %d lost, %d hook drains in the receiver's daemon", typ, visRounds, lost, d.Refills-base.Refills)
+	if paused && rebuilt == 0 && d.Refills-base.Refills != visRounds {
+		t.Errorf("%d refills with the drainer paused, want one per round (%d)", d.Refills-base.Refills, visRounds)
+	}
 	if got := d.RingPosts - base.RingPosts; rebuilt == 0 && got != visRounds {
 		t.Errorf("receiver's ring posts %d, want %d (the receives must take the post ring)", got, visRounds)
 	}
@@ -261,5 +268,60 @@ func testPostRecvVisible(t *testing.T, typ qp.Type, pair int) {
 		if n := c.m[c.name] - c.o[c.name]; n != 0 {
 			t.Errorf("%s: %d", c.name, n)
 		}
+	}
+}
+
+// TestRecvRefillZeroAlloc: the refill path allocates nothing. The receiver's daemon ignores
+// its doorbell (PauseDrainers), so each step's receive, posted through the ring, reaches the
+// engine only when the peer's SEND finds the queue empty and RecvRefill drains the ring from
+// the receive goroutine. The whole process (both daemons, both clients) is measured; the
+// refill count shows the path ran once per step.
+func TestRecvRefillZeroAlloc(t *testing.T) {
+	ipA, ipB := loopbackPair(32)
+	da := udpDaemon(t, ipA, "a", 50*time.Microsecond)
+	db := udpDaemon(t, ipB, "b", 0)
+	s := newVisEnd(t, da.dial(t), qp.TypeRC)
+	r := newVisEnd(t, db.dial(t), qp.TypeRC)
+	s.connect(t, ipB, r.q.Num())
+	r.connect(t, ipA, s.q.Num())
+	send := []qp.SendWR{{WRID: 1, Opcode: qp.WRSend, Flags: qp.SendSignaled, SGL: []qp.SGE{{Addr: s.iova, Length: 64, LKey: s.m.LKey()}}}}
+	recv := []qp.RecvWR{{WRID: 2, SGL: []qp.SGE{{Addr: r.iova, Length: 64, LKey: r.m.LKey()}}}}
+	wait := func(e *visEnd) { // completion channel, as alloc_test.go
+		for {
+			k := e.cq.Poll(e.wc[:1])
+			if k == 0 {
+				e.cq.ReqNotify(false)
+				if k = e.cq.Poll(e.wc[:1]); k == 0 {
+					<-e.cq.Channel()
+					continue
+				}
+			}
+			if e.wc[0].Status != cq.StatusSuccess {
+				t.Fatalf("completion %+v", e.wc[0])
+			}
+			return
+		}
+	}
+	db.srv.PauseDrainers(true) // every receive reaches the engine through RecvRefill
+	step := func() {
+		if _, err := r.q.PostRecv(recv); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.q.PostSend(send); err != nil {
+			t.Fatal(err)
+		}
+		wait(s)
+		wait(r)
+	}
+	for i := 0; i < 50; i++ {
+		step()
+	}
+	base := db.srv.Debug().Refills
+	if n := testing.AllocsPerRun(300, step); n > 0.05 {
+		t.Fatalf("%.2f allocations per SEND/RECV through the daemons", n)
+	}
+	refills := db.srv.Debug().Refills - base
+	if refills < 300 {
+		t.Fatalf("%d refills in 300 steps: the refill path was not measured", refills)
 	}
 }

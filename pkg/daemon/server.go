@@ -66,6 +66,10 @@ type Server struct {
 	mapped                   atomic.Int64
 	ringPosts, socketPosts   atomic.Uint64
 	refills                  atomic.Uint64 // session.refill drains (postring.go)
+	// drainPaused makes the post rings' drainer goroutines ignore doorbells (a test knob,
+	// export_test.go): records then reach the engine only through RecvRefill or a socket
+	// request.
+	drainPaused atomic.Bool
 
 	// owners maps engine objects (*cq.CQ, *qp.SRQ, QPN) to the client
 	// session and handle their asynchronous events go to.
