@@ -45,6 +45,15 @@ type nmCase struct {
 	Marker string
 	// Result must appear in both outputs.
 	Result string
+	// LastACKRace, when set, is the line (e.g. "300 iters in") by which a side reports it
+	// completed every iteration, for tools with no closing handshake (ibv_rc_pingpong): when
+	// one side printed it and exited 0 and the other failed ONLY with "transport retry counter
+	// exceeded" on its send, the failed side's last SEND reached the peer (the peer needed it to
+	// count its last iteration; an earlier failed SEND would have moved the QP to the error
+	// state and flushed the rest), the peer's ACK of it was lost on the lossy wire, and the peer
+	// had destroyed its QP before the retransmission came. Real RNICs do the same; the run is
+	// accepted and logged as such.
+	LastACKRace string
 }
 
 func init() {
@@ -54,7 +63,7 @@ func init() {
 		{Name: "netem-pingpong-rc-3000x300",
 			Guest:  "ibv_rc_pingpong -d " + rxelab.GuestDev + " -g " + gid + " -m " + mtu + " -s 3000 -n 300 -c",
 			Ours:   []string{"pingpong", "rc", "-d", rxelab.HostIP, "-timeout", "60s", "-m", mtu, "-s", "3000", "-n", "300", "-c"},
-			Marker: "local address:", Result: "iters in"},
+			Marker: "local address:", Result: "iters in", LastACKRace: "300 iters in"},
 	}
 	for _, verb := range []string{"write", "read"} {
 		f := []string{"-x", gid, "-m", mtu, "-F", "-n", "300", "-s", "16384"}
@@ -280,9 +289,17 @@ func nmInterop(t *testing.T, lab *rxelab.Lab, c nmCase, client bool) {
 	wall := time.Since(start)
 	after := rxeCounters(t, lab)
 	wire, lost := stopCapture()
-	wantExit0(t, "softroce", r.OurStatus)
-	wantExit0(t, "guest", r.GuestStatus)
-	for who, out := range map[string]string{"softroce": r.OurOut, "guest": r.GuestOut} {
+	excused := lastACKRace(t, c, r)
+	if excused != "softroce" {
+		wantExit0(t, "softroce", r.OurStatus)
+	}
+	if excused != "guest" {
+		wantExit0(t, "guest", r.GuestStatus)
+	}
+	for who, out := range map[string]string{"softroce": r.OurOut + r.OurErr, "guest": r.GuestOut} {
+		if who == excused {
+			continue
+		}
 		if !strings.Contains(out, c.Result) {
 			t.Errorf("%s output has no %q result", who, c.Result)
 		}
@@ -305,4 +322,29 @@ func nmInterop(t *testing.T, lab *rxelab.Lab, c nmCase, client bool) {
 	t.Logf("NETEM %s %s: wall %v, guest ingress netem %v, softroce->rxe loss %s\n  rxe counters:%s\n  wire softroce (198.18.0.1): %s\n  wire rxe (198.18.0.2): %s",
 		c.Name, map[bool]string{true: SoftroceToRxe, false: RxeToSoftroce}[client], wall.Round(time.Millisecond), ingress, host,
 		counterDelta(before, after), f(w[hostIP]), f(w[guestIP]))
+}
+
+// retryExcLast is the only failure lastACKRace excuses: ibv_rc_pingpong's (and softroce
+// pingpong's) report of a send (wr_id 2) completing with IBV_WC_RETRY_EXC_ERR.
+const retryExcLast = "Failed status transport retry counter exceeded (12) for wr_id 2"
+
+// lastACKRace returns which side ("softroce" or "guest") failed only because the ACK of its
+// last SEND was lost after the peer had finished (nmCase.LastACKRace), or "".
+func lastACKRace(t *testing.T, c nmCase, r pairResult) string {
+	t.Helper()
+	if c.LastACKRace == "" || (r.OurStatus == 0) == (r.GuestStatus == 0) {
+		return ""
+	}
+	failed, failedOut, peerOut := "softroce", r.OurOut+r.OurErr, r.GuestOut
+	if r.GuestStatus != 0 {
+		failed, failedOut, peerOut = "guest", r.GuestOut, r.OurOut+r.OurErr
+	}
+	if !strings.Contains(peerOut, c.LastACKRace) || strings.Contains(peerOut, "Failed status") ||
+		strings.Count(failedOut, "Failed status") != 1 || !strings.Contains(failedOut, retryExcLast) ||
+		strings.Contains(failedOut, "invalid data") || strings.Contains(peerOut, "invalid data") {
+		return ""
+	}
+	t.Logf("LAST-ACK RACE: the peer of %s completed every iteration (%q) and exited; %s's last SEND got no ACK (lost on the lossy wire) before the peer's QP was gone: %q — accepted (nmCase.LastACKRace)",
+		failed, c.LastACKRace, failed, retryExcLast)
+	return failed
 }
