@@ -4,7 +4,9 @@
 # --dual, runs bench/lab-guest.sh in the guest (kernel rxe<->rxe, softroce<->softroce and
 # softroce<->rxe on veth pairs inside the guest, ib_write_bw/ib_write_lat and `softroce perf`),
 # always stops the VM, and prints table rows "lab|..." with the softroce/rxe ratio per row.
-# LAB_PIN=1 pins every server to guest CPU 1 and every client to CPU 0 (bench/lab-guest.sh).
+# Every server runs on guest CPU 1 and every client on CPU 0 (taskset, rxe and softroce alike;
+# LAB_PIN=0 lets the guest scheduler place them): unpinned, softroce's 64 KiB rounds were
+# bimodal (docs/performance.md "rxe lab").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SR=$1 OUT=$2 QUICK=${3:-0}
@@ -39,7 +41,7 @@ test/rxelab/setup --no-install >> "$LOG" 2>&1 || { echo "bench/lab.sh: lab setup
 STARTED=1
 RXE_LAB_MTU=9000 test/rxelab/vm start --dual --share "$SHARE" --max-life 1800 >> "$LOG" 2>&1 7>&- ||
   { echo "bench/lab.sh: VM did not start (see $LOG)" >&2; exit 1; }
-test/rxelab/vm exec --timeout 1500 -c "LAB_PIN=${LAB_PIN:-0} bash /mnt/host/lab-guest.sh /mnt/host/softroce $NBW $NLAT 4096" > "$OUT/lab.rows" 2>> "$LOG" 7>&-
+test/rxelab/vm exec --timeout 1500 -c "LAB_PIN=${LAB_PIN:-1} bash /mnt/host/lab-guest.sh /mnt/host/softroce $NBW $NLAT 4096" > "$OUT/lab.rows" 2>> "$LOG" 7>&-
 st=$?
 echo "   guest script exit $st; host load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 # rows with ratios softroce/rxe: bandwidth higher is better, latency lower is better
