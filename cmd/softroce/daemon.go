@@ -147,6 +147,8 @@ func runDaemon(args []string, stdout, stderr io.Writer) int {
 			log.Error("bad --mtu", "mtu", *mtu)
 			return 2
 		}
+	} else if uo.Interface == "" {
+		uo.MTU = listenMTU(uo.Addrs, interfaceMTU) // (an interface gives its own: gid.FromInterface)
 	}
 	gid := -1
 	if *group != "" {
@@ -289,4 +291,22 @@ func lookupGroup(g string) (int, error) {
 		return -1, err
 	}
 	return strconv.Atoi(gr.Gid)
+}
+
+// listenMTU is the port's active MTU for a device on addrs, as rxe derives it from the netdev
+// (activeMTU): the smallest over the interfaces holding them, so no path MTU the CM or a tool
+// picks from the port exceeds what any of them carries (a 4096 MTU on a 1500-byte Ethernet
+// makes every multi-packet message leave as datagrams the kernel refuses). 0 (the device's
+// default) when no address's interface MTU is known. ifMTU returns an address's interface MTU
+// (0 if unknown).
+func listenMTU(addrs []netip.Addr, ifMTU func(netip.Addr) int) qp.MTU {
+	var m qp.MTU
+	for _, a := range addrs {
+		if n := ifMTU(a); n > 0 {
+			if am := activeMTU(n); m == 0 || am < m {
+				m = am
+			}
+		}
+	}
+	return m
 }

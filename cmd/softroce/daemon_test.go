@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/softroce/softroce/pkg/daemon"
+	"github.com/softroce/softroce/pkg/qp"
 	"github.com/softroce/softroce/pkg/roce"
 	"github.com/softroce/softroce/pkg/roce/link"
 )
@@ -129,5 +130,32 @@ func TestStatsDaemon(t *testing.T) {
 	// Without --daemon the stats command is stats.go's (usage error without a file).
 	if rc := run([]string{"stats"}, io.Discard, io.Discard); rc != 2 {
 		t.Fatalf("stats without arguments: exit %d", rc)
+	}
+}
+
+// TestListenMTU: `softroce daemon --listen ADDR` takes the port MTU from the interfaces holding
+// the addresses, the smallest one, as rxe does (1500 -> 1024, loopback's 65536 -> 4096); none
+// known leaves the device default.
+func TestListenMTU(t *testing.T) {
+	a, b, c := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("192.0.2.9")
+	mtus := map[netip.Addr]int{a: 1500, b: 65536}
+	look := func(x netip.Addr) int { return mtus[x] }
+	for _, tc := range []struct {
+		addrs []netip.Addr
+		want  qp.MTU
+	}{
+		{[]netip.Addr{a}, qp.MTU1024},
+		{[]netip.Addr{b}, qp.MTU4096},
+		{[]netip.Addr{b, a}, qp.MTU1024},
+		{[]netip.Addr{c}, 0},
+		{[]netip.Addr{c, b}, qp.MTU4096},
+		{nil, 0},
+	} {
+		if got := listenMTU(tc.addrs, look); got != tc.want {
+			t.Errorf("listenMTU(%v) = %v, want %v", tc.addrs, got, tc.want)
+		}
+	}
+	if got := listenMTU([]netip.Addr{netip.MustParseAddr("127.0.0.1")}, interfaceMTU); got != qp.MTU4096 {
+		t.Errorf("listenMTU(127.0.0.1) on this host = %v, want 4096 (loopback)", got)
 	}
 }

@@ -66,3 +66,15 @@ func startLabDaemon(t *testing.T, ctx context.Context, lab *rxelab.Lab, bin stri
 	}
 	return sock
 }
+
+// labDaemonArgs starts a softroce daemon in the lab netns when viaDaemon and returns the
+// `--daemon SOCKET` arguments that send a softroce tool through it (nil otherwise). A tool
+// through the daemon still runs in the lab netns when it has an out-of-band exchange
+// (pingpong, perf): a unix socket path is reachable from any netns.
+func labDaemonArgs(t *testing.T, ctx context.Context, lab *rxelab.Lab, bin string, viaDaemon bool) []string {
+	t.Helper()
+	if !viaDaemon {
+		return nil
+	}
+	return []string{"--daemon", startLabDaemon(t, ctx, lab, bin)}
+}

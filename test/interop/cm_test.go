@@ -82,10 +82,7 @@ func rpingInterop(t *testing.T, lab *rxelab.Lab, client bool, size, count int, v
 	bin := buildSoftroce(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	var sock string
-	if viaDaemon {
-		sock = startLabDaemon(t, ctx, lab, bin)
-	}
+	daemonArgs := labDaemonArgs(t, ctx, lab, bin, viaDaemon)
 	stopCapture := ppStartCapture(t, lab)
 
 	var guestCmd string
@@ -97,10 +94,9 @@ func rpingInterop(t *testing.T, lab *rxelab.Lab, client bool, size, count int, v
 		guestCmd = fmt.Sprintf("rping -c -a %s -v -V -C %d -S %d", rxelab.HostIP, count, size)
 		ourArgs = []string{"rping", "-s", "-a", rxelab.HostIP, "-v", "-d", "-S", fmt.Sprint(size), "--timeout", "30s"}
 	}
-	if viaDaemon {
-		// the rping program needs no netns of its own: it talks to the daemon's socket only
-		ourArgs = append(ourArgs, "--daemon", sock)
-	}
+	// through the daemon the rping program needs no netns of its own: it talks to the
+	// daemon's socket only
+	ourArgs = append(ourArgs, daemonArgs...)
 	// the guest's "rdma_listen" debug line is printed before rdma_listen(3) returns; the CM
 	// answers REQs as soon as the listen call has registered, and the job log is polled
 	// through 9p, far slower than that
@@ -198,11 +194,17 @@ func rpingCheckWire(t *testing.T, wire []rocetest.IPv4UDP, lost, softroceClient 
 
 func init() {
 	for _, tool := range []string{"ucmatose", "udaddy"} {
-		tool := tool
-		pairings = append(pairings,
-			pairing{Name: tool + "-100x10", Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { cmtInterop(t, lab, tool, true, 1, 10, 100) }},
-			pairing{Name: tool + "-100x10", Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { cmtInterop(t, lab, tool, false, 1, 10, 100) }},
-		)
+		for _, viaDaemon := range []bool{false, true} {
+			tool, viaDaemon := tool, viaDaemon
+			name := tool + "-100x10"
+			if viaDaemon {
+				name = tool + "-daemon-100x10" // softroce's tool through a softroce daemon
+			}
+			pairings = append(pairings,
+				pairing{Name: name, Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { cmtInterop(t, lab, tool, true, 1, 10, 100, viaDaemon) }},
+				pairing{Name: name, Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { cmtInterop(t, lab, tool, false, 1, 10, 100, viaDaemon) }},
+			)
+		}
 	}
 	// several connections; ucmatose with multi-packet SENDs (path MTU 1024)
 	for _, c := range []struct {
@@ -212,8 +214,12 @@ func init() {
 		c := c
 		name := fmt.Sprintf("%s-c%d-%dx%d", c.tool, c.conns, c.size, c.count)
 		pairings = append(pairings,
-			pairing{Name: name, Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { cmtInterop(t, lab, c.tool, true, c.conns, c.count, c.size) }},
-			pairing{Name: name, Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { cmtInterop(t, lab, c.tool, false, c.conns, c.count, c.size) }},
+			pairing{Name: name, Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) {
+				cmtInterop(t, lab, c.tool, true, c.conns, c.count, c.size, false)
+			}},
+			pairing{Name: name, Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) {
+				cmtInterop(t, lab, c.tool, false, c.conns, c.count, c.size, false)
+			}},
 		)
 	}
 }
@@ -221,11 +227,13 @@ func init() {
 // cmtInterop runs softroce ucmatose/udaddy against the guest's tool (default 10 messages of
 // 100 bytes): both must print "return status 0" after "data transfers complete", and the
 // capture's ICRCs verify; ucmatose's CM exchange is REQ, REP, RTU, DREQ (server), DREP;
-// udaddy's is SIDR_REQ, SIDR_REP, with 10 UD SEND-with-immediate packets each way.
-func cmtInterop(t *testing.T, lab *rxelab.Lab, tool string, client bool, conns, count, size int) {
+// udaddy's is SIDR_REQ, SIDR_REP, with 10 UD SEND-with-immediate packets each way. viaDaemon
+// runs softroce's tool through a softroce daemon (cm_daemon_test.go).
+func cmtInterop(t *testing.T, lab *rxelab.Lab, tool string, client bool, conns, count, size int, viaDaemon bool) {
 	bin := buildSoftroce(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
+	daemonArgs := labDaemonArgs(t, ctx, lab, bin, viaDaemon)
 	stopCapture := ppStartCapture(t, lab)
 	var guestCmd string
 	var ourArgs []string
@@ -237,6 +245,7 @@ func cmtInterop(t *testing.T, lab *rxelab.Lab, tool string, client bool, conns, 
 		guestCmd = tool + " -s " + rxelab.HostIP + " -b " + rxelab.GuestIP + opts
 		ourArgs = append([]string{tool, "-b", rxelab.HostIP, "--timeout", "30s"}, strings.Fields(opts)...)
 	}
+	ourArgs = append(ourArgs, daemonArgs...)
 	// "starting server" is printed just before rdma_bind_addr/rdma_listen
 	r := runPair(ctx, t, lab, bin, pairSpec{Client: client, Ours: ourArgs, Guest: guestCmd,
 		OurReady: "starting server", GuestReady: "starting server"})

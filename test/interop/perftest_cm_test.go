@@ -35,7 +35,9 @@ func init() {
 		}
 	}
 	cases = append(cases, pfCase{Verb: "write", Size: 3000, Iters: 100, QPs: 2}, pfCase{Verb: "send", Size: 3000, Iters: 100, QPs: 2},
-		pfCase{Verb: "read", Size: 3000, Iters: 200}, pfCase{Verb: "atomic", Iters: 200, Atomic: "FETCH_AND_ADD"})
+		pfCase{Verb: "read", Size: 3000, Iters: 200}, pfCase{Verb: "atomic", Iters: 200, Atomic: "FETCH_AND_ADD"},
+		// softroce's side through a softroce daemon
+		pfCase{Verb: "write", Size: 3000, Iters: 200, Daemon: true}, pfCase{Verb: "send", Size: 3000, Iters: 200, Daemon: true})
 	for _, c := range cases {
 		c := c
 		name := "perftest-R-" + strings.TrimPrefix(c.name(), "perftest-")
@@ -51,12 +53,14 @@ func pfcmInterop(t *testing.T, lab *rxelab.Lab, c pfCase, client bool) {
 	bin := buildSoftroce(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
+	daemonArgs := labDaemonArgs(t, ctx, lab, bin, c.Daemon)
 	stopCapture := ppStartCapture(t, lab)
 
 	flags := "-R " + c.flags()
 	guestCmd := fmt.Sprintf("%s -d %s %s", c.tool(), rxelab.GuestDev, flags)
 	ourArgs := []string{"perf", c.Verb, "-d", rxelab.HostIP, "--timeout", "30s", "--run-timeout", "60s"}
 	ourArgs = append(ourArgs, strings.Fields(flags)...)
+	ourArgs = append(ourArgs, daemonArgs...)
 	if client {
 		ourArgs = append(ourArgs, rxelab.GuestIP)
 	} else {

@@ -40,6 +40,7 @@ type pfCase struct {
 	Iters  int
 	Atomic string // atomics: CMP_AND_SWAP or FETCH_AND_ADD
 	QPs    int    // -q (BW tests; 0 = 1)
+	Daemon bool   // softroce's side through a softroce daemon (--daemon)
 }
 
 func (c pfCase) tool() string {
@@ -59,6 +60,9 @@ func (c pfCase) size() int {
 
 func (c pfCase) name() string {
 	n := "perftest-" + strings.TrimPrefix(c.tool(), "ib_")
+	if c.Daemon {
+		n = "perftest-daemon-" + strings.TrimPrefix(c.tool(), "ib_")
+	}
 	if c.Verb == "atomic" {
 		return n + "-" + map[string]string{"CMP_AND_SWAP": "cas", "FETCH_AND_ADD": "faa"}[c.Atomic]
 	}
@@ -97,7 +101,13 @@ func init() {
 		pfCase{Verb: "atomic", Iters: 200, Atomic: "CMP_AND_SWAP"},
 		pfCase{Verb: "atomic", Lat: true, Iters: 100, Atomic: "FETCH_AND_ADD"},
 		pfCase{Verb: "write", Size: 3000, Iters: 100, QPs: 2}, // N key records per round
-		pfCase{Verb: "send", Size: 3000, Iters: 100, QPs: 2})
+		pfCase{Verb: "send", Size: 3000, Iters: 100, QPs: 2},
+		// softroce's side through a softroce daemon
+		pfCase{Verb: "write", Size: 3000, Iters: 200, Daemon: true},
+		pfCase{Verb: "read", Size: 3000, Iters: 200, Daemon: true},
+		pfCase{Verb: "send", Size: 3000, Iters: 200, Daemon: true},
+		pfCase{Verb: "write", Lat: true, Size: 64, Iters: 100, Daemon: true},
+		pfCase{Verb: "atomic", Iters: 200, Atomic: "FETCH_AND_ADD", Daemon: true})
 	for _, c := range cases {
 		c := c
 		pairings = append(pairings,
@@ -112,6 +122,7 @@ func pfInterop(t *testing.T, lab *rxelab.Lab, c pfCase, client bool) {
 	bin := buildSoftroce(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
+	daemonArgs := labDaemonArgs(t, ctx, lab, bin, c.Daemon)
 	stopCapture := ppStartCapture(t, lab) // snaplen 9000, 32 MiB buffer: BW bursts fit
 
 	guestCmd := fmt.Sprintf("%s -d %s %s", c.tool(), rxelab.GuestDev, c.flags())
@@ -120,6 +131,7 @@ func pfInterop(t *testing.T, lab *rxelab.Lab, c pfCase, client bool) {
 		ourArgs = append(ourArgs, "--lat")
 	}
 	ourArgs = append(ourArgs, "-d", rxelab.HostIP, "--timeout", "30s", "--run-timeout", "60s")
+	ourArgs = append(ourArgs, daemonArgs...)
 	ourArgs = append(ourArgs, strings.Fields(c.flags())...)
 	if client {
 		ourArgs = append(ourArgs, rxelab.GuestIP)

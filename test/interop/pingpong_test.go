@@ -42,6 +42,8 @@ type ppCase struct {
 	Iters int
 	// Events runs both sides with -e (sleep on the completion channel instead of polling).
 	Events bool
+	// Daemon runs softroce's side through a softroce daemon (--daemon).
+	Daemon bool
 }
 
 func (c ppCase) name() string {
@@ -49,15 +51,21 @@ func (c ppCase) name() string {
 	if c.Events {
 		e = "-e"
 	}
-	return fmt.Sprintf("pingpong-%s-%dx%d%s", c.Tool, c.Size, c.Iters, e)
+	d := ""
+	if c.Daemon {
+		d = "daemon-"
+	}
+	return fmt.Sprintf("pingpong-%s%s-%dx%d%s", d, c.Tool, c.Size, c.Iters, e)
 }
 
 func init() {
 	for _, c := range []ppCase{
-		{"rc", 64, 20, false}, {"rc", 3000, 20, false},
-		{"uc", 64, 20, false}, {"uc", 3000, 20, true},
-		{"ud", 512, 20, true},
-		{"srq", 64, 32, false}, {"srq", 3000, 32, true},
+		{"rc", 64, 20, false, false}, {"rc", 3000, 20, false, false},
+		{"uc", 64, 20, false, false}, {"uc", 3000, 20, true, false},
+		{"ud", 512, 20, true, false},
+		{"srq", 64, 32, false, false}, {"srq", 3000, 32, true, false},
+		// softroce's side through a softroce daemon
+		{"rc", 3000, 20, false, true}, {"uc", 3000, 20, true, true}, {"ud", 512, 20, true, true}, {"srq", 3000, 32, true, true},
 	} {
 		c := c
 		pairings = append(pairings,
@@ -135,6 +143,7 @@ func ppInterop(t *testing.T, lab *rxelab.Lab, c ppCase, client bool) {
 	bin := buildSoftroce(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
+	daemonArgs := labDaemonArgs(t, ctx, lab, bin, c.Daemon)
 	stopCapture := ppStartCapture(t, lab)
 
 	common := fmt.Sprintf("-s %d -n %d -c", c.Size, c.Iters)
@@ -146,6 +155,7 @@ func ppInterop(t *testing.T, lab *rxelab.Lab, c ppCase, client bool) {
 	}
 	guestCmd := fmt.Sprintf("ibv_%s_pingpong -d %s -g %d %s", c.Tool, rxelab.GuestDev, rxelab.GuestGIDIndex, common)
 	ourArgs := append([]string{"pingpong", c.Tool, "-d", rxelab.HostIP, "-timeout", "30s"}, strings.Fields(common)...)
+	ourArgs = append(ourArgs, daemonArgs...)
 	if client {
 		ourArgs = append(ourArgs, rxelab.GuestIP)
 	} else {
