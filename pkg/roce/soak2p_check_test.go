@@ -108,22 +108,7 @@ func (p *s2pPlan) next() s2pOp {
 	if r.IntN(8) == 0 {
 		o.n = r.IntN(64)
 	}
-	switch k := r.IntN(100); {
-	case k < 22:
-		o.op = qp.WRSend
-	case k < 30:
-		o.op = qp.WRSendWithImm
-	case k < 52:
-		o.op = qp.WRRDMAWrite
-	case k < 60:
-		o.op = qp.WRRDMAWriteWithImm
-	case k < 80:
-		o.op = qp.WRRDMARead
-	case k < 90:
-		o.op = qp.WRAtomicFetchAndAdd
-	default:
-		o.op = qp.WRAtomicCmpAndSwp
-	}
+	o.op = soakOpcode(r.IntN(100))
 	switch o.op {
 	case qp.WRSend, qp.WRSendWithImm:
 	case qp.WRRDMAWrite, qp.WRRDMAWriteWithImm:

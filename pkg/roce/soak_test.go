@@ -336,22 +336,7 @@ func (s *soakDir) post() error {
 	if s.rng.IntN(8) == 0 {
 		size = s.rng.IntN(64) // many tiny messages too
 	}
-	switch r := s.rng.IntN(100); {
-	case r < 22:
-		wr.Opcode = qp.WRSend
-	case r < 30:
-		wr.Opcode = qp.WRSendWithImm
-	case r < 52:
-		wr.Opcode = qp.WRRDMAWrite
-	case r < 60:
-		wr.Opcode = qp.WRRDMAWriteWithImm
-	case r < 80:
-		wr.Opcode = qp.WRRDMARead
-	case r < 90:
-		wr.Opcode = qp.WRAtomicFetchAndAdd
-	default:
-		wr.Opcode = qp.WRAtomicCmpAndSwp
-	}
+	wr.Opcode = soakOpcode(s.rng.IntN(100))
 	w.op = wr.Opcode
 	switch wr.Opcode {
 	case qp.WRSend, qp.WRSendWithImm, qp.WRRDMAWrite, qp.WRRDMAWriteWithImm:
@@ -654,4 +639,26 @@ func runSoak(t *testing.T, c soakConfig) soakResult {
 		t.Logf("%s", res)
 	}
 	return res
+}
+
+// soakOpcode is the soaks' operation mix for a percentile r in [0, 100): SEND 22%,
+// SEND_WITH_IMM 8%, WRITE 22%, WRITE_WITH_IMM 8%, READ 20%, FETCH_ADD 10%, CMP_SWP 10%
+// (TestSoak and the two-process soak draw from the same mix).
+func soakOpcode(r int) qp.WROpcode {
+	switch {
+	case r < 22:
+		return qp.WRSend
+	case r < 30:
+		return qp.WRSendWithImm
+	case r < 52:
+		return qp.WRRDMAWrite
+	case r < 60:
+		return qp.WRRDMAWriteWithImm
+	case r < 80:
+		return qp.WRRDMARead
+	case r < 90:
+		return qp.WRAtomicFetchAndAdd
+	default:
+		return qp.WRAtomicCmpAndSwp
+	}
 }
