@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/internal/rocetest"
 	"github.com/softroce/softroce/pkg/cq"
 	"github.com/softroce/softroce/pkg/oob/perftest"
 	"github.com/softroce/softroce/pkg/qp"
@@ -86,7 +87,7 @@ func perfCMPair(t *testing.T, args ...string) (srvOut, cliOut string) {
 	common := append(append([]string{}, args...), "-R", "-p", "18515", "--roce-port", strconv.Itoa(int(freeUDPPort(t))),
 		"--timeout", "20s", "--run-timeout", "20s")
 	var se, co, ce bytes.Buffer
-	so := newPerfWatch(perftest.WaitingBanner)
+	so := rocetest.NewWatch(perftest.WaitingBanner)
 	var wg sync.WaitGroup
 	var srvStatus int
 	wg.Add(1)
@@ -98,7 +99,7 @@ func perfCMPair(t *testing.T, args ...string) (srvOut, cliOut string) {
 	// waits for the CM's retransmission, seconds); until its listener exists the client's
 	// requests are refused and retried (rdma_cm_client_connection)
 	select {
-	case <-so.seen:
+	case <-so.Seen():
 	case <-time.After(20 * time.Second):
 		t.Fatal("the server did not start")
 	}

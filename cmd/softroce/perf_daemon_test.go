@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/softroce/softroce/internal/rocetest"
 	"github.com/softroce/softroce/pkg/oob/perftest"
 	"github.com/softroce/softroce/pkg/qp"
 	"github.com/softroce/softroce/pkg/roce/client"
@@ -78,7 +79,7 @@ func perfPairDaemon(t *testing.T, s perfDaemonSides, args ...string) (srvOut, cl
 		return append(append(a, "-d", dev), tail...)
 	}
 	var se, co, ce bytes.Buffer
-	so := newPerfWatch(perftest.WaitingBanner)
+	so := rocetest.NewWatch(perftest.WaitingBanner)
 	var wg sync.WaitGroup
 	var srvStatus int
 	wg.Add(1)
@@ -88,7 +89,7 @@ func perfPairDaemon(t *testing.T, s perfDaemonSides, args ...string) (srvOut, cl
 	}()
 	if s.RDMACM { // the client's requests need the server's device (perfCMPair)
 		select {
-		case <-so.seen:
+		case <-so.Seen():
 		case <-time.After(20 * time.Second):
 			t.Fatal("the server did not start")
 		}

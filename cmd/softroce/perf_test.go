@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/internal/rocetest"
 	"github.com/softroce/softroce/pkg/oob/perftest"
 	"github.com/softroce/softroce/pkg/qp"
 	"github.com/softroce/softroce/pkg/roce"
@@ -552,14 +553,14 @@ func TestPerfTwoProcesses(t *testing.T) {
 		ln.Close()
 		common := append(append([]string{}, args...), "-p", port, "--roce-port", strconv.Itoa(int(freeUDPPort(t))), "--timeout", "20s")
 		srv := exec.CommandContext(ctx, bin, append(append([]string{"perf"}, common...), "-d", "127.0.0.1")...)
-		sw := newPerfWatch("Waiting for client")
+		sw := rocetest.NewWatch("Waiting for client")
 		var se bytes.Buffer
 		srv.Stdout, srv.Stderr = sw, &se
 		if err := srv.Start(); err != nil {
 			t.Fatal(err)
 		}
 		select {
-		case <-sw.seen: // the server listens before it prints the banner
+		case <-sw.Seen(): // the server listens before it prints the banner
 		case <-ctx.Done():
 			t.Fatal("server never listened")
 		}
@@ -583,35 +584,6 @@ func TestPerfTwoProcesses(t *testing.T) {
 	if st != 1 || time.Since(start) > 15*time.Second || !strings.Contains(serr, "Couldn't connect") {
 		t.Errorf("client without server: exit %d after %v, stderr %q", st, time.Since(start), serr)
 	}
-}
-
-// perfWatch collects a process's output and signals the first time it contains marker.
-type perfWatch struct {
-	mu     sync.Mutex
-	buf    bytes.Buffer
-	marker string
-	seen   chan struct{}
-	once   sync.Once
-}
-
-func newPerfWatch(marker string) *perfWatch {
-	return &perfWatch{marker: marker, seen: make(chan struct{})}
-}
-
-func (w *perfWatch) Write(b []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.buf.Write(b)
-	if strings.Contains(w.buf.String(), w.marker) {
-		w.once.Do(func() { close(w.seen) })
-	}
-	return len(b), nil
-}
-
-func (w *perfWatch) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.String()
 }
 
 // TestPerfLoopback runs the in-process mode (the former tool) briefly on the in-memory link.

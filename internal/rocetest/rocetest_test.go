@@ -288,3 +288,25 @@ func TestDecodeIPv4UDPRejects(t *testing.T) {
 		t.Error("fragment decoded")
 	}
 }
+
+// TestWatch: Seen closes once the output contains the marker, also across writes, and the
+// output is kept whole.
+func TestWatch(t *testing.T) {
+	w := NewWatch("ready now")
+	w.Write([]byte("starting...\nready "))
+	select {
+	case <-w.Seen():
+		t.Fatal("Seen before the marker")
+	default:
+	}
+	w.Write([]byte("now\n"))
+	select {
+	case <-w.Seen():
+	default:
+		t.Fatal("Seen not closed after the marker")
+	}
+	w.Write([]byte("ready now\n")) // a second marker: no double close
+	if got := w.String(); got != "starting...\nready now\nready now\n" {
+		t.Fatalf("output %q", got)
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/internal/rocetest"
 	"github.com/softroce/softroce/test/rxelab"
 )
 
@@ -39,7 +40,7 @@ func init() {
 func startLabDaemon(t *testing.T, ctx context.Context, lab *rxelab.Lab, bin string) string {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "softroce.sock")
-	log := newLineWatch("softroce daemon ready")
+	log := rocetest.NewWatch("softroce daemon ready")
 	cmd := lab.NSCommand(ctx, bin, "daemon", "--listen", rxelab.HostIP, "--socket", sock)
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
@@ -58,7 +59,7 @@ func startLabDaemon(t *testing.T, ctx context.Context, lab *rxelab.Lab, bin stri
 		t.Logf("softroce daemon log:\n%s", log.String())
 	})
 	select {
-	case <-log.seen:
+	case <-log.Seen():
 	case <-time.After(30 * time.Second):
 		t.Fatalf("softroce daemon never became ready:\n%s", log.String())
 	case <-ctx.Done():

@@ -354,7 +354,7 @@ func rpingRejected(t *testing.T, lab *rxelab.Lab, client bool) {
 		return
 	}
 	// our device listens on 7175 only; the guest asks for 7174
-	ours := newLineWatch("rdma_listen")
+	ours := rocetest.NewWatch("rdma_listen")
 	cmd := lab.NSCommand(ctx, bin, "rping", "-s", "-a", rxelab.HostIP, "-p", "7175", "-d", "--timeout", "30s")
 	cmd.Stdout, cmd.Stderr = ours, ours
 	if err := cmd.Start(); err != nil {
@@ -365,7 +365,7 @@ func rpingRejected(t *testing.T, lab *rxelab.Lab, client bool) {
 		_ = cmd.Wait()
 	}()
 	select {
-	case <-ours.seen:
+	case <-ours.Seen():
 	case <-time.After(30 * time.Second):
 		t.Fatalf("softroce rping server never listened:\n%s", ours.String())
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/internal/rocetest"
 	"github.com/softroce/softroce/test/rxelab"
 )
 
@@ -60,7 +61,7 @@ func runPair(ctx context.Context, t *testing.T, lab *rxelab.Lab, bin string, p p
 	if ourReady == "" {
 		ourReady = "\x00never" // a watch needs a marker; nobody waits on this one
 	}
-	ours := newLineWatch(ourReady)
+	ours := rocetest.NewWatch(ourReady)
 	var ourErr bytes.Buffer
 	cmd := lab.NSCommand(ctx, bin, p.Ours...)
 	if p.HostNetns {
@@ -95,7 +96,7 @@ func runPair(ctx context.Context, t *testing.T, lab *rxelab.Lab, bin string, p p
 			t.Fatal(err)
 		}
 		select {
-		case <-ours.seen:
+		case <-ours.Seen():
 		case <-time.After(readyWait):
 			stopOurs()
 			t.Fatalf("softroce %s never printed %q:\n%s%s", strings.Join(p.Ours, " "), p.OurReady, ours.String(), ourErr.String())

@@ -16,7 +16,6 @@ package interop
 // A17.3.3), with the transport (RC/UC/UD opcodes, IBTA 9.2.1) and message count expected.
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/netip"
@@ -106,36 +105,6 @@ func buildSoftroce(t *testing.T) string {
 		t.Fatal(softroceBinErr)
 	}
 	return softroceBin
-}
-
-// lineWatch is an io.Writer collecting a process's output and signalling the first line
-// containing a marker.
-type lineWatch struct {
-	mu     sync.Mutex
-	buf    bytes.Buffer
-	marker string
-	seen   chan struct{}
-	once   sync.Once
-}
-
-func newLineWatch(marker string) *lineWatch {
-	return &lineWatch{marker: marker, seen: make(chan struct{})}
-}
-
-func (w *lineWatch) Write(b []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.buf.Write(b)
-	if strings.Contains(w.buf.String(), w.marker) {
-		w.once.Do(func() { close(w.seen) })
-	}
-	return len(b), nil
-}
-
-func (w *lineWatch) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.String()
 }
 
 // ppInterop runs one pairing; client tells whether softroce is the client.
