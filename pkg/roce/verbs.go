@@ -4,6 +4,7 @@ import (
 	"net/netip"
 
 	"github.com/softroce/softroce/pkg/cq"
+	"github.com/softroce/softroce/pkg/event"
 	"github.com/softroce/softroce/pkg/mr"
 	"github.com/softroce/softroce/pkg/qp"
 )
@@ -30,6 +31,10 @@ type Verbs interface {
 	GIDIndex(addr netip.Addr) int
 	// Stats returns the device counters (rxe names via Stats.Map).
 	Stats() qp.Stats
+	// Events delivers the asynchronous events of this device's objects
+	// (ibv_get_async_event: QP fatal, CQ error, SRQ limit, port events);
+	// through the daemon, those of this client's objects only.
+	Events() <-chan event.Event
 
 	// AllocBuffer returns n bytes of zeroed memory that RegMR accepts.
 	AllocBuffer(n int) ([]byte, error)
@@ -137,6 +142,7 @@ func (e embedded) GIDs() []netip.Addr           { return e.d.GIDs() }
 func (e embedded) GIDIndex(addr netip.Addr) int { return e.d.GIDIndex(addr) }
 func (e embedded) Stats() qp.Stats              { return e.d.Stats() }
 func (e embedded) Close() error                 { return e.d.Close() }
+func (e embedded) Events() <-chan event.Event   { return e.d.Events() }
 func (e embedded) FreeBuffer(b []byte) error    { return nil }
 func (e embedded) AllocPD() (ProtectionDomain, error) {
 	pd, err := e.d.AllocPD()
