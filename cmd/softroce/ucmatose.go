@@ -222,6 +222,7 @@ type cmtNode struct {
 	scq, rcq  roce.CompletionQueue // udaddy: one CQ (scq == rcq)
 	q         roce.QueuePair
 	mem       []byte
+	slot      int // UD: a receive slot's size (message + GRH); the first receive's slot follows the shared one
 	mr        roce.MemoryRegion
 	connected bool
 	ah        *qp.AH
@@ -365,10 +366,15 @@ func (t *cmTest) initNode(n *cmtNode) error {
 		return nil
 	}
 	size := c.Size
+	bufSize := size
 	if c.UD {
 		size += 40 // struct ibv_grh
+		// one more slot for the first receive alone: its GRH is read for the reply AH
+		// (create_reply_ah) while later messages land in the shared slot
+		bufSize = 2 * size
+		n.slot = size
 	}
-	if n.mem, err = d.AllocBuffer(size); err != nil { // the daemon maps it (memfd)
+	if n.mem, err = d.AllocBuffer(bufSize); err != nil { // the daemon maps it (memfd)
 		fmt.Fprintf(t.out, "failed to reg MR\n")
 		return err
 	}
@@ -377,7 +383,11 @@ func (t *cmTest) initNode(n *cmtNode) error {
 		return err
 	}
 	for i := 0; i < c.Count; i++ {
-		if _, err := n.q.PostRecv([]qp.RecvWR{{SGL: []qp.SGE{{Addr: cmtIOVA, Length: uint32(size), LKey: n.mr.LKey()}}}}); err != nil {
+		addr := uint64(cmtIOVA)
+		if c.UD && i == 0 {
+			addr += uint64(size) // firstRecvGRH
+		}
+		if _, err := n.q.PostRecv([]qp.RecvWR{{SGL: []qp.SGE{{Addr: addr, Length: uint32(size), LKey: n.mr.LKey()}}}}); err != nil {
 			fmt.Fprintf(t.out, "failed to post receives: %d\n", -1)
 			return err
 		}
@@ -440,9 +450,10 @@ func (t *cmTest) pollCQs(recv bool) error {
 				}
 			}
 			if t.c.UD && n.ah == nil && wc[0].Opcode == cq.OpRecv && wc[0].Status == cq.StatusSuccess {
-				src := netip.AddrFrom4([4]byte(n.mem[32:36])) // the IPv4 header in the GRH's last 20 bytes
-				if n.mem[0]>>4 == 6 {
-					src = netip.AddrFrom16([16]byte(n.mem[8:24])).Unmap()
+				grh := n.firstRecvGRH()                     // the first receive's own slot: nothing writes it again
+				src := netip.AddrFrom4([4]byte(grh[32:36])) // the IPv4 header in the GRH's last 20 bytes
+				if grh[0]>>4 == 6 {
+					src = netip.AddrFrom16([16]byte(grh[8:24])).Unmap()
 				}
 				idx := t.v.GIDIndex(n.id.LocalAddr().Addr())
 				ah, err := t.v.CreateAH(n.pd, qp.AHAttr{DGID: src, SGIDIndex: uint8(max(idx, 1)), HopLimit: 64})
@@ -703,3 +714,9 @@ func (t *cmTest) client(local netip.Addr) int {
 
 // cmtOnListen, if set (tests), is called once a ucmatose/udaddy server listens.
 var cmtOnListen func()
+
+// firstRecvGRH is the GRH of a UD node's first receive, which has a slot of its own after the
+// shared one (initNode).
+func (n *cmtNode) firstRecvGRH() []byte {
+	return n.mem[n.slot : n.slot+40]
+}
