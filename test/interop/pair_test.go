@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/softroce/softroce/internal/rocetest"
+	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/test/rxelab"
 )
 
@@ -154,4 +155,22 @@ func wantExit0(t *testing.T, who string, status int) {
 	if status != 0 {
 		t.Errorf("%s exit status %d, want 0", who, status)
 	}
+}
+
+// checkICRC verifies a captured packet's ICRC over its real IP header (IPv4 ID included),
+// reporting the first 5 mismatches of a capture (*bad counts them all); false if the IP
+// header could not be read (reported), so the caller skips the packet.
+func checkICRC(t *testing.T, d rocetest.IPv4UDP, bad *int) bool {
+	t.Helper()
+	want, err := bth.ICRCFromIP(d.IP)
+	if err != nil {
+		t.Errorf("ICRCFromIP: %v", err)
+		return false
+	}
+	if got := bth.GetICRC(d.Payload); got != want {
+		if *bad++; *bad <= 5 {
+			t.Errorf("captured %v -> %v id %d: ICRC %#08x, computed over the real header %#08x", d.Src, d.Dst, d.ID, got, want)
+		}
+	}
+	return true
 }
