@@ -10,6 +10,7 @@ package cq
 import (
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/softroce/softroce/pkg/event"
 )
@@ -171,7 +172,60 @@ type Options struct {
 	// AfterPush, if set with OnPush, runs after each completion the hook took, once the CQ's
 	// lock is released (see SetPushHooks).
 	AfterPush func()
+	// Clock times the moderation period (SetModeration); nil = the real clock.
+	Clock Clock
 }
+
+// Clock is the source of time for event moderation (the engine's qp.Clock has the same
+// methods; tests inject a fake one).
+type Clock interface {
+	// Now returns the current time.
+	Now() time.Time
+	// AfterFunc calls f once d has elapsed (a fake clock: when advanced past it).
+	AfterFunc(d time.Duration, f func()) Timer
+}
+
+// Timer is a stoppable, resettable one-shot timer made by a Clock (*time.Timer is one).
+type Timer interface {
+	// Stop prevents the timer from firing; it reports whether it was pending.
+	Stop() bool
+	// Reset re-arms the timer to fire after d; it reports whether it was pending.
+	Reset(d time.Duration) bool
+}
+
+// RealClock is the Clock backed by package time.
+type RealClock struct{}
+
+// Now returns time.Now().
+func (RealClock) Now() time.Time { return time.Now() }
+
+// AfterFunc wraps time.AfterFunc.
+func (RealClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
+
+// Moderation is completion event moderation (ibv_modify_cq with IBV_CQ_ATTR_MODERATE,
+// struct ibv_moderate_cq): instead of at the first completion that matches its arm, an armed
+// CQ fires its event once Count completions are queued (unpolled) or PeriodUS microseconds
+// after the first matching completion that did not fire it, whichever comes first. The zero
+// value (and Count 1) is no moderation: the first matching completion fires, as IBTA
+// 11.4.2.2 describes. Count > 1 with PeriodUS 0 has no time bound: the event waits for Count
+// completions.
+//
+// What a completion "matches" is unchanged (ReqNotify: any completion when armed for the
+// next one; a solicited or unsuccessful one when armed for solicited): a matching completion
+// starts the moderation, and from then on every completion counts towards Count.
+type Moderation struct {
+	// Count is cq_count: the event fires when this many completions are queued.
+	Count uint16
+	// PeriodUS is cq_period in microseconds: the event fires at the latest this long after
+	// the first matching completion that did not fire it.
+	PeriodUS uint16
+}
+
+// Active reports whether m delays events (Count > 1).
+func (m Moderation) Active() bool { return m.Count > 1 }
+
+// Period is PeriodUS as a duration.
+func (m Moderation) Period() time.Duration { return time.Duration(m.PeriodUS) * time.Microsecond }
 
 // PushHook lets a consumer take completions as they are produced instead of polling them
 // (the softroce daemon writes them straight into a client's shared-memory ring). It is called
@@ -201,9 +255,18 @@ type CQ struct {
 	err    bool
 	closed bool
 	ch     chan struct{}
+	done   chan struct{} // closed by Destroy (ends Wait)
 	sink   event.Sink
-	hook   PushHook
-	after  func()
+	// Moderation state (SetModeration): trig = a matching completion arrived since the arm
+	// and did not fire the event; timing = the period timer runs, due at deadline.
+	mod      Moderation
+	clock    Clock
+	timer    Timer
+	deadline time.Time
+	trig     bool
+	timing   bool
+	hook     PushHook
+	after    func()
 	// afterMu is read-held by each running AfterPush call, so SetPushHooks can wait for them.
 	afterMu sync.RWMutex
 }
@@ -213,8 +276,86 @@ func New(o Options) (*CQ, error) {
 	if o.Capacity < 1 || o.Capacity > MaxCapacity {
 		return nil, ErrCapacity
 	}
-	return &CQ{ring: make([]WC, o.Capacity), ch: make(chan struct{}, 1), sink: o.Events, hook: o.OnPush,
-		after: o.AfterPush}, nil
+	clock := o.Clock
+	if clock == nil {
+		clock = RealClock{}
+	}
+	return &CQ{ring: make([]WC, o.Capacity), ch: make(chan struct{}, 1), done: make(chan struct{}),
+		sink: o.Events, hook: o.OnPush, after: o.AfterPush, clock: clock}, nil
+}
+
+// SetModeration sets the CQ's event moderation (ibv_modify_cq, IBV_CQ_ATTR_MODERATE); the
+// zero Moderation turns it off. It applies from the next completion on. Completions a push
+// hook takes are the hook owner's to moderate (the softroce daemon moderates its client's
+// ring the same way).
+func (c *CQ) SetModeration(m Moderation) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	c.mod = m
+	if !m.Active() || m.PeriodUS == 0 {
+		c.stopTimerLocked()
+	}
+	return nil
+}
+
+// Moderation returns the CQ's event moderation.
+func (c *CQ) Moderation() Moderation {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mod
+}
+
+// stopTimerLocked stops the period timer (c.mu held).
+func (c *CQ) stopTimerLocked() {
+	if c.timing {
+		c.timer.Stop()
+		c.timing = false
+	}
+}
+
+// startTimerLocked starts the period timer (c.mu held). The timer is made once and reset
+// afterwards, so moderation allocates nothing per event.
+func (c *CQ) startTimerLocked() {
+	d := c.mod.Period()
+	c.deadline = c.clock.Now().Add(d)
+	c.timing = true
+	if c.timer == nil {
+		c.timer = c.clock.AfterFunc(d, c.expire)
+		return
+	}
+	c.timer.Reset(d)
+}
+
+// expire is the period timer: the moderated event is due if the CQ is still armed with a
+// matching completion unreported. A stale call (the event already fired, or the timer was
+// reset meanwhile) changes nothing.
+func (c *CQ) expire() {
+	c.mu.Lock()
+	if !c.timing || c.clock.Now().Before(c.deadline) {
+		c.mu.Unlock()
+		return
+	}
+	c.timing = false
+	fire := c.notify != notifyNone && c.trig
+	if fire {
+		c.notify = notifyNone
+		c.trig = false
+	}
+	c.mu.Unlock()
+	if fire {
+		c.raise()
+	}
+}
+
+// raise sends the event (events coalesce like a completion channel).
+func (c *CQ) raise() {
+	select {
+	case c.ch <- struct{}{}:
+	default: // an event is already pending
+	}
 }
 
 // SetOnPush installs (or, with nil, removes) the push hook of Options.OnPush, with no
@@ -314,21 +455,27 @@ func (c *CQ) Push(wc *WC, solicited bool) bool {
 	fire := false
 	switch c.notify {
 	case notifyNext:
-		fire = true
+		c.trig = true
 	case notifySolicited:
 		// IBTA 11.4.2.2: in solicited mode the next solicited completion, or the next
 		// unsuccessful one, generates the event.
-		fire = solicited || wc.Status != StatusSuccess
+		c.trig = c.trig || solicited || wc.Status != StatusSuccess
 	}
-	if fire {
-		c.notify = notifyNone
+	if c.trig {
+		// Moderation (ibv_modify_cq): Count queued completions, or the period.
+		switch {
+		case !c.mod.Active() || c.n >= int(c.mod.Count):
+			fire = true
+			c.notify = notifyNone
+			c.trig = false
+			c.stopTimerLocked()
+		case c.mod.PeriodUS > 0 && !c.timing:
+			c.startTimerLocked()
+		}
 	}
 	c.mu.Unlock()
 	if fire {
-		select {
-		case c.ch <- struct{}{}:
-		default: // an event is already pending; events coalesce like a completion channel.
-		}
+		c.raise()
 	}
 	return true
 }
@@ -364,6 +511,9 @@ func (c *CQ) ReqNotify(solicitedOnly bool) error {
 	if c.err {
 		return ErrCQError
 	}
+	if c.notify == notifyNone {
+		c.trig = false // a new arm: completions already queued do not count as its trigger
+	}
 	if solicitedOnly {
 		if c.notify == notifyNone {
 			c.notify = notifySolicited
@@ -378,11 +528,27 @@ func (c *CQ) ReqNotify(solicitedOnly bool) error {
 // ibv_comp_channel with ibv_get_cq_event). Receive from it in a select; events coalesce.
 func (c *CQ) Channel() <-chan struct{} { return c.ch }
 
+// Wait blocks the calling goroutine until the CQ's completion event (ibv_get_cq_event on a
+// channel of its own): the event ReqNotify armed, consumed from Channel. It returns ErrClosed
+// once the CQ is destroyed. Use either Wait or Channel for a CQ, not both at once.
+func (c *CQ) Wait() error {
+	select {
+	case <-c.ch:
+		return nil
+	case <-c.done:
+		return ErrClosed
+	}
+}
+
 // Destroy marks the CQ destroyed: later Push and ReqNotify fail. The channel is not closed,
 // so a select on it simply never fires again.
 func (c *CQ) Destroy() {
 	c.mu.Lock()
+	if !c.closed {
+		close(c.done)
+	}
 	c.closed = true
 	c.notify = notifyNone
+	c.stopTimerLocked()
 	c.mu.Unlock()
 }
