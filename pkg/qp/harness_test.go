@@ -135,11 +135,13 @@ func (n *net) newSide(addr string, o sideOpts) *side {
 
 // connOpts are the RC/UC connection parameters.
 type connOpts struct {
-	mtu                MTU
-	psnA, psnB         uint32
-	timeout, retry     uint8
-	rnrRetry, minRNR   uint8
-	rdAtomic           uint8
+	mtu              MTU
+	psnA, psnB       uint32
+	timeout, retry   uint8
+	rnrRetry, minRNR uint8
+	rdAtomic         uint8
+	// destRDAtomic is both sides' max_dest_rd_atomic (0 = 16).
+	destRDAtomic       uint8
 	accessA, accessB   mr.Access
 	noAccessA, noAcces bool
 	// noTimer sets timeout 0 (no ACK timer); timeout 0 above means 14.
@@ -181,12 +183,16 @@ func (n *net) bringUp(s, peer *side, acc mr.Access, rq, sq uint32, o connOpts) {
 		}
 	}
 	must(&Attr{State: StateInit, Port: 1, AccessFlags: acc}, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags)
+	dest := o.destRDAtomic
+	if dest == 0 {
+		dest = 16
+	}
 	m := AttrState | AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN
 	if q.Type() == TypeRC {
 		m |= AttrMaxDestRDAtomic | AttrMinRNRTimer
 	}
 	must(&Attr{State: StateRTR, AH: AHAttr{DGID: peer.addr, Port: 1}, PathMTU: o.mtu,
-		DestQPN: peer.qp.Num(), RQPSN: rq, MaxDestRDAtomic: 16, MinRNRTimer: o.minRNR}, m)
+		DestQPN: peer.qp.Num(), RQPSN: rq, MaxDestRDAtomic: dest, MinRNRTimer: o.minRNR}, m)
 	m = AttrState | AttrSQPSN
 	if q.Type() == TypeRC {
 		m |= AttrTimeout | AttrRetryCnt | AttrRNRRetry | AttrMaxQPRDAtomic
