@@ -383,6 +383,7 @@ func TestSuite(t *testing.T) {
 					ops(t, a, b, 256*20+1)
 				}
 			})
+			t.Run("SendWithInv", func(t *testing.T) { sendWithInv(t, da, db) })
 			t.Run("UD", func(t *testing.T) { udSuite(t, da, db) })
 			t.Run("UCLoss", func(t *testing.T) { ucLoss(t, da, db, dl) })
 			t.Run("RCLoss", func(t *testing.T) { rcLoss(t, da, db, dl) })
