@@ -100,6 +100,11 @@ type Options struct {
 	// Pin locks each receive worker to its own OS thread, pinned to CPU
 	// (worker index mod the CPUs this process may use).
 	Pin bool
+	// Polled starts no receive goroutine: the application receives by
+	// calling Device.Poll from its own goroutine, and the packets a Poll
+	// makes (ACKs, READ responses, requests) leave at the next post or
+	// Poll on their QP (poll.go). Every link must be a link.PollReceiver.
+	Polled bool
 }
 
 // Device is an open softroce device. Its methods are safe for concurrent use.
@@ -138,6 +143,9 @@ type Device struct {
 	// Close takes it before closing the link, so the ACKs of requests whose completions a
 	// program may already have polled leave before the socket goes (IBTA 9.7.5.1).
 	batchMu sync.RWMutex
+
+	// pl is the polled mode's receive state (Options.Polled; poll.go); nil otherwise.
+	pl *pollState
 }
 
 // QP is a queue pair of a Device: the pkg/qp engine object (Modify, Query,
@@ -192,10 +200,18 @@ func Open(o Options) (*Device, error) {
 	}
 	d.qps = make([]atomic.Pointer[QP], size)
 	d.qpMask = size - 1
+	if o.Polled {
+		if err := d.initPoll(); err != nil {
+			return nil, err
+		}
+	}
 	if err := d.openGSI(o.CM); err != nil {
 		return nil, err
 	}
 	for i, l := range d.links {
+		if d.pl != nil {
+			break // polled mode: the application's Poll reads the links
+		}
 		d.wg.Add(1)
 		go d.recvLoop(i, l)
 	}
@@ -500,6 +516,7 @@ func (d *Device) Close() error {
 		d.g.mgr.Close()
 	}
 	d.batchMu.Lock() // a batch being handled flushes its deferred ACKs first
+	d.closePoll()    // polled mode: the last Poll's deferred packets leave (poll.go)
 	err := d.link.Close()
 	for _, l := range d.links[1:] {
 		l.Close()

@@ -31,6 +31,9 @@ type UDPOptions struct {
 	// FastPath selects GSO runs and GRO (fastpath.go); the zero value
 	// enables both.
 	FastPath FastPathOptions
+	// Polled opens the device in polled mode (Options.Polled, poll.go):
+	// no receive goroutine; the application calls Device.Poll.
+	Polled bool
 	// Clock, MTU, Attr, Events and Name as in Options.
 	Clock  qp.Clock
 	MTU    qp.MTU
@@ -86,7 +89,7 @@ func OpenUDP(o UDPOptions) (*Device, error) {
 		return nil, err
 	}
 	d, err := Open(Options{Link: l, Shards: shards, Pin: o.FastPath.Pin, Clock: o.Clock, Port: o.Port, MTU: o.MTU,
-		Attr: o.Attr, Events: o.Events, Name: o.Name, GIDs: table})
+		Attr: o.Attr, Events: o.Events, Name: o.Name, GIDs: table, Polled: o.Polled})
 	if err != nil {
 		l.Close()
 		for _, s := range shards {

@@ -210,6 +210,12 @@ func (l *memLink) Recv(batch []Datagram) (int, error) {
 		l.mu.Unlock()
 		return 0, net.ErrClosed
 	}
+	return l.takeLocked(batch), nil
+}
+
+// takeLocked moves up to len(batch) queued datagrams (at least one is queued) into the callers'
+// buffers, counts them and unlocks l.mu.
+func (l *memLink) takeLocked(batch []Datagram) int {
 	n := 0
 	trunc := 0
 	for n < len(batch) && l.count > 0 {
@@ -233,7 +239,7 @@ func (l *memLink) Recv(batch []Datagram) (int, error) {
 	if trunc > 0 {
 		l.truncated.Add(uint64(trunc))
 	}
-	return n, nil
+	return n
 }
 
 // BatchSize returns MemOptions.BatchSize.

@@ -1,0 +1,32 @@
+package link
+
+import "net"
+
+// PollReceiver is implemented by links that can be read without blocking: the receive side of
+// a device in polled mode (roce.Options.Polled), where the application's own goroutine reads
+// the link instead of a receive goroutine (perftest's model: one thread polls everything and
+// never sleeps). Both implementations here have it.
+type PollReceiver interface {
+	// TryRecv is one non-blocking read: it fills batch[0:n] as Recv does and returns 0, nil at
+	// once when nothing is queued. The caller provides batch[i].Buf with cap >= MaxDatagram;
+	// an implementation may instead point batch[i].Buf into its own receive memory (a UDP GRO
+	// buffer, as ViewReceiver does), valid only until the next TryRecv, Recv or RecvView call.
+	// Returns net.ErrClosed after Close.
+	TryRecv(batch []Datagram) (n int, err error)
+}
+
+var _ PollReceiver = (*memLink)(nil)
+
+// TryRecv implements PollReceiver: Recv without waiting for a datagram.
+func (l *memLink) TryRecv(batch []Datagram) (int, error) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return 0, net.ErrClosed
+	}
+	if l.count == 0 || len(batch) == 0 {
+		l.mu.Unlock()
+		return 0, nil
+	}
+	return l.takeLocked(batch), nil
+}

@@ -1,0 +1,49 @@
+package link
+
+import "net"
+
+var _ PollReceiver = (*UDPLink)(nil)
+
+// TryRecv implements PollReceiver: one non-blocking recvmmsg per socket (the first that has
+// datagrams wins; sockets are tried round-robin), made through RawConn.Control, so the calling
+// goroutine never parks in the network poller. With GRO, segments are views of the link's GRO
+// buffers (as RecvView), valid until the next receive call. The system calls are raw unless
+// UDPOptions.SchedSyscalls is set (busypoll_linux.go explains why).
+func (l *UDPLink) TryRecv(batch []Datagram) (int, error) {
+	if l.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	if len(batch) == 0 {
+		return 0, nil
+	}
+	l.rmu.Lock()
+	defer l.rmu.Unlock()
+	for k := range l.socks {
+		s := l.socks[(l.next+k)%len(l.socks)]
+		n, err := s.tryRecvOnce(batch)
+		if err != nil || s.rerr != nil {
+			return l.recvResult(s, n, err)
+		}
+		if n > 0 {
+			l.next = (l.next + k + 1) % len(l.socks)
+			return n, nil
+		}
+	}
+	return 0, nil
+}
+
+// tryRecvOnce is one non-blocking attempt on s (held GRO segments first).
+func (s *udpSock) tryRecvOnce(batch []Datagram) (int, error) {
+	if s.gro {
+		if !s.groPending() {
+			s.prepGRO()
+			if err := s.rc.Control(s.gtryFn); err != nil || s.rerr != nil || s.again {
+				return 0, err
+			}
+		}
+		return s.viewGRO(batch), nil
+	}
+	s.prepRecv(batch)
+	err := s.rc.Control(s.tryFn)
+	return s.finishRecv(batch), err
+}

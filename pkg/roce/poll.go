@@ -1,0 +1,124 @@
+package roce
+
+import (
+	"errors"
+	"net"
+	"sync"
+
+	"github.com/softroce/softroce/pkg/roce/link"
+)
+
+// Polled mode (Options.Polled, UDPOptions.Polled): run to completion on the application's
+// goroutine, the model of perftest and of kernel rxe's softirq (docs/api.md "Polled mode").
+//
+// The device starts no receive goroutine. Device.Poll makes one non-blocking read of each link
+// (link.PollReceiver: one recvmmsg on a UDP socket), and checks and dispatches what it read on
+// the caller's goroutine exactly as a receive worker does (handle: parse, GID, ICRC, QPN, then
+// qp.QP.ReceiveDeferred). What the batch produced — the responder's ACKs, READ responses, the
+// requests a received ACK let through — stays queued in each QP's burst instead of leaving at
+// the end of the batch: the next PostSend on that QP sends it together with the new request
+// (an ACK of the peer's WRITE and our next WRITE in one sendmmsg), and the next Poll sends
+// whatever is still queued before it reads (qp.QP.FlushReceived). IBTA 9.7.5.1 lets a
+// responder delay its ACK (and coalesce ACKs); here the delay is at most one turn of the
+// application's poll loop, microseconds against the peer's millisecond ACK timeout. Destroy
+// and Close send what is queued.
+//
+// One goroutine polls at a time (Poll serialises callers). An application that stops calling
+// Poll stops receiving: nothing is read, and deferred packets wait for its next post or Poll
+// (or the QP's timer). The transport timers still run on the clock's goroutines.
+//
+// The loop itself reads the clock once per non-empty read (the ACK timer's "now"), allocates
+// nothing, and never parks or yields: when the links are empty Poll returns 0.
+
+// ErrNotPolled: Poll was called on a device opened without Options.Polled.
+var ErrNotPolled = errors.New("roce: device not in polled mode")
+
+// pollState is the polled mode's receive scratch (one per device, used under mu).
+type pollState struct {
+	mu    sync.Mutex
+	rx    rxState
+	links []link.PollReceiver // d.links as PollReceivers
+	batch []link.Datagram
+	bufs  [][]byte
+}
+
+// initPoll checks that every link can be polled and allocates the receive batch.
+func (d *Device) initPoll() error {
+	p := &pollState{}
+	bs := 1
+	for _, l := range d.links {
+		pr, ok := l.(link.PollReceiver)
+		if !ok {
+			return errors.Join(ErrInvalidArg, errors.New("roce: polled mode needs links that implement link.PollReceiver"))
+		}
+		p.links = append(p.links, pr)
+		bs = max(bs, l.BatchSize())
+	}
+	p.batch = make([]link.Datagram, bs)
+	p.bufs = make([][]byte, bs)
+	for i := range p.bufs {
+		p.bufs[i] = make([]byte, link.MaxDatagram)
+	}
+	d.pl = p
+	return nil
+}
+
+// Polled reports whether the device was opened in polled mode (Options.Polled).
+func (d *Device) Polled() bool { return d.pl != nil }
+
+// Poll is the polled mode's receive step (Options.Polled), called in a loop by the
+// application's goroutine: it sends what the previous Poll's packets left queued on their QPs
+// (deferred ACKs and responses), makes one non-blocking read of each link, and checks and
+// hands every datagram read to its QP on the calling goroutine. Completions are then in the
+// CQs, RDMA WRITEs in memory (qp.QP.RemoteWrites), and the ACKs and responses they produced
+// queued on their QPs until the QP's next PostSend or the next Poll. It returns the number of
+// datagrams read (0: the links were empty; Poll never waits). Concurrent calls are serialised.
+// Errors: ErrNotPolled, ErrClosed (after Close), or a link's read error.
+func (d *Device) Poll() (int, error) {
+	p := d.pl
+	if p == nil {
+		return 0, ErrNotPolled
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if d.closed.Load() {
+		return 0, ErrClosed
+	}
+	p.rx.flushPending() // the previous Poll's deferred packets
+	total := 0
+	for _, l := range p.links {
+		batch := p.batch
+		for k := range batch {
+			batch[k].Buf = p.bufs[k]
+		}
+		n, err := l.TryRecv(batch)
+		if err != nil {
+			if d.closed.Load() || errors.Is(err, net.ErrClosed) {
+				return total, ErrClosed
+			}
+			d.cnt.LinkDowned.Add(1)
+			return total, err
+		}
+		if n == 0 {
+			continue
+		}
+		p.rx.now = d.clock.Now() // one clock read per non-empty read
+		for k := 0; k < n; k++ {
+			d.handle(&p.rx, &batch[k])
+		}
+		total += n
+	}
+	return total, nil
+}
+
+// closePoll sends what the last Poll left queued (Close, before the links close; the device
+// is marked closed already, so no Poll starts after this).
+func (d *Device) closePoll() {
+	p := d.pl
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.rx.flushPending()
+	p.mu.Unlock()
+}

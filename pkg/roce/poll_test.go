@@ -1,0 +1,359 @@
+package roce
+
+import (
+	"errors"
+	"math/rand"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/softroce/softroce/pkg/bth"
+	"github.com/softroce/softroce/pkg/cq"
+	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/pkg/roce/link"
+)
+
+// pollLink records the opcodes of every Send batch and passes TryRecv through (with the
+// happens-before edge hbLink gives the race detector for UDP sockets).
+type pollLink struct {
+	link.Link
+	record  bool // set before traffic: record the opcodes of each Send
+	mu      sync.Mutex
+	batches [][]bth.Opcode
+}
+
+func (l *pollLink) Send(b []link.Datagram) error {
+	if !l.record {
+		wire.Add(1)
+		return l.Link.Send(b)
+	}
+	ops := make([]bth.Opcode, 0, len(b))
+	for i := range b {
+		if len(b[i].Buf) > 0 {
+			ops = append(ops, bth.Opcode(b[i].Buf[0]))
+		}
+	}
+	l.mu.Lock()
+	l.batches = append(l.batches, ops)
+	l.mu.Unlock()
+	wire.Add(1)
+	return l.Link.Send(b)
+}
+
+func (l *pollLink) TryRecv(b []link.Datagram) (int, error) {
+	n, err := l.Link.(link.PollReceiver).TryRecv(b)
+	wire.Load()
+	return n, err
+}
+
+// sends returns the Send batches so far and forgets them.
+func (l *pollLink) sends() [][]bth.Opcode {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b := l.batches
+	l.batches = nil
+	return b
+}
+
+// polledPair opens two polled devices ("mem": the in-memory network; "udp": link.ListenUDP on
+// 127.0.0.1 / 127.0.0.2) on a manual clock (no timer fires unless a test advances it).
+func polledPair(t *testing.T, kind string) (a, b *Device, la, lb *pollLink) {
+	t.Helper()
+	var l1, l2 link.Link
+	var port uint16
+	switch kind {
+	case "mem":
+		// a short ring: every slot keeps the buffer of the first datagram it held, so a
+		// few round trips reach the steady state TestPolledZeroAlloc measures
+		nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 16})
+		var err error
+		if l1, err = nw.Attach(addrA); err != nil {
+			t.Fatal(err)
+		}
+		if l2, err = nw.Attach(addrB); err != nil {
+			t.Fatal(err)
+		}
+	case "udp":
+		for try := 0; ; try++ {
+			port = bth.UDPPort
+			if try > 0 {
+				port = uint16(20000 + rand.Intn(40000))
+			}
+			var err error
+			l1, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{addrA}, Port: port})
+			if err == nil {
+				l2, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{addrB}, Port: port})
+				if err == nil {
+					break
+				}
+				l1.Close()
+			}
+			if try == 20 {
+				t.Fatalf("no free UDP port: %v", err)
+			}
+		}
+	}
+	la, lb = &pollLink{Link: l1}, &pollLink{Link: l2}
+	clk := qp.NewManualClock(time.Unix(1000, 0))
+	var err error
+	if a, err = Open(Options{Link: la, Port: port, Name: "a", Clock: clk, Polled: true}); err != nil {
+		t.Fatal(err)
+	}
+	if b, err = Open(Options{Link: lb, Port: port, Name: "b", Clock: clk, Polled: true}); err != nil {
+		a.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		a.Close()
+		b.Close()
+	})
+	return a, b, la, lb
+}
+
+// pollUntil polls the devices in turn (the test's goroutine is the only one receiving) until
+// done holds; it fails after many rounds without it.
+func pollUntil(t *testing.T, done func() bool, devs ...*Device) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for i := 0; !done(); i++ {
+		for _, d := range devs {
+			if _, err := d.Poll(); err != nil {
+				t.Fatalf("Poll: %v", err)
+			}
+		}
+		if i%1024 == 1023 && time.Now().After(deadline) {
+			t.Fatal("condition not reached by polling")
+		}
+	}
+}
+
+// pollWC polls the devices until c has a completion and returns it.
+func pollWC(t *testing.T, c *cq.CQ, devs ...*Device) cq.WC {
+	t.Helper()
+	var wc [1]cq.WC
+	pollUntil(t, func() bool { return c.Poll(wc[:]) == 1 }, devs...)
+	return wc[0]
+}
+
+// writeWR is an 8-byte RDMA WRITE from e's offset off to the same offset at peer.
+func writeWR(e, peer *end, id uint64, off int) qp.SendWR {
+	return qp.SendWR{WRID: id, Opcode: qp.WRRDMAWrite, SGL: []qp.SGE{e.sge(off, 8)}, Flags: qp.SendSignaled,
+		RemoteAddr: peer.va(off), RKey: peer.mr.RKey()}
+}
+
+// TestPolledPingPong: ib_write_lat's loop on two polled devices, both ways, over the in-memory
+// link and UDP loopback: each side waits for the peer's WRITE by polling (RemoteWrites), then
+// writes back. The data arrives, every WRITE completes, and from the second WRITE on each one
+// leaves in the same Send batch as the ACK of the WRITE it answers (the ACK first): the ACK
+// the responder's Poll deferred waits for the application's next post.
+func TestPolledPingPong(t *testing.T) {
+	for _, kind := range []string{"mem", "udp"} {
+		t.Run(kind, func(t *testing.T) {
+			da, db, la, lb := polledPair(t, kind)
+			la.record, lb.record = true, true
+			a, b := newEnd(t, da, qp.TypeRC, 1<<12), newEnd(t, db, qp.TypeRC, 1<<12)
+			connect(t, a, b, qp.MTU1024, 100, 200)
+			const iters = 50
+			for i := 1; i <= iters; i++ {
+				off := 8 * (i % 64)
+				a.fill(off, 8, byte(i))
+				post(t, a, writeWR(a, b, uint64(i), off)) // from i = 2 with a's ACK of b's WRITE i-1
+				want := b.qp.RemoteWrites() + 1
+				pollUntil(t, func() bool { return b.qp.RemoteWrites() == want }, db)
+				same(t, "a->b", b.buf[off:off+8], a.buf[off:off+8])
+				if i > 1 {
+					if w := pollWC(t, b.scq, db); w.Status != cq.StatusSuccess || w.WRID != uint64(i-1) {
+						t.Fatalf("b's completion %+v at iteration %d", w, i)
+					}
+				}
+				b.fill(2048+off, 8, byte(i)^0x5a)
+				post(t, b, writeWR(b, a, uint64(i), 2048+off)) // with b's ACK of a's WRITE i
+				want = a.qp.RemoteWrites() + 1
+				pollUntil(t, func() bool { return a.qp.RemoteWrites() == want }, da)
+				same(t, "b->a", a.buf[2048+off:2048+off+8], b.buf[2048+off:2048+off+8])
+				if w := pollWC(t, a.scq, da); w.Status != cq.StatusSuccess || w.WRID != uint64(i) {
+					t.Fatalf("a's completion %+v at iteration %d", w, i)
+				}
+			}
+			// a's next Poll sends the ACK of b's last WRITE
+			if w := pollWC(t, b.scq, db, da); w.Status != cq.StatusSuccess || w.WRID != iters {
+				t.Fatalf("b's last completion %+v", w)
+			}
+			for _, l := range []*pollLink{la, lb} {
+				joined, other := 0, 0
+				for _, s := range l.sends() {
+					if len(s) == 2 && s[0] == bth.OpRCAck && s[1] == bth.OpRCWriteOnly {
+						joined++
+					} else {
+						other++
+					}
+				}
+				if joined < iters-1 || other > 2 {
+					t.Fatalf("%d Sends carried an ACK and the next WRITE, %d others; want >= %d and <= 2", joined, other, iters-1)
+				}
+			}
+		})
+	}
+}
+
+// TestPolledNothingWithoutPoll: a polled device reads nothing by itself — a WRITE sent to it
+// stays in its link until its Poll reads it — and starts no goroutine (goleak: none beyond
+// those running before the devices opened). The deferred ACK leaves at the responder's next
+// Poll when the application posts nothing, and only then does the requester complete.
+func TestPolledNothingWithoutPoll(t *testing.T) {
+	opts := goleak.IgnoreCurrent()
+	da, db, _, lb := polledPair(t, "mem")
+	lb.record = true
+	if err := goleak.Find(opts); err != nil {
+		t.Fatalf("polled devices started goroutines: %v", err)
+	}
+	a, b := newEnd(t, da, qp.TypeRC, 1<<12), newEnd(t, db, qp.TypeRC, 1<<12)
+	connect(t, a, b, qp.MTU1024, 1, 2)
+	a.fill(0, 8, 9)
+	post(t, a, writeWR(a, b, 1, 0))
+	if b.qp.RemoteWrites() != 0 || b.buf[0] != 0 || b.buf[7] != 0 {
+		t.Fatal("the WRITE was placed without Poll")
+	}
+	if n, err := db.Poll(); n != 1 || err != nil {
+		t.Fatalf("b's Poll read %d datagrams (%v), want the 1 WRITE still queued", n, err)
+	}
+	same(t, "written", b.buf[:8], a.buf[:8])
+	if s := lb.sends(); len(s) != 0 {
+		t.Fatalf("b sent %v during the Poll that read the WRITE; its ACK must wait", s)
+	}
+	for i := 0; i < 3; i++ { // a polls: nothing to read, no completion
+		if n, err := da.Poll(); n != 0 || err != nil {
+			t.Fatalf("a's Poll read %d (%v) before b's ACK left", n, err)
+		}
+	}
+	var wc [1]cq.WC
+	if a.scq.Poll(wc[:]) != 0 {
+		t.Fatal("a's WRITE completed before b sent its ACK")
+	}
+	if n, err := db.Poll(); n != 0 || err != nil { // nothing to read; sends the deferred ACK
+		t.Fatalf("b's second Poll: %d, %v", n, err)
+	}
+	if s := lb.sends(); len(s) != 1 || len(s[0]) != 1 || s[0][0] != bth.OpRCAck {
+		t.Fatalf("b's second Poll sent %v, want one batch with the ACK", s)
+	}
+	if w := pollWC(t, a.scq, da); w.Status != cq.StatusSuccess || w.WRID != 1 {
+		t.Fatalf("a's completion %+v", w)
+	}
+}
+
+// TestPolledCloseAndDestroySendDeferredACK: the ACK a Poll deferred leaves when the application
+// destroys the QP or closes the device instead of polling again (IBTA 9.7.5.1: the requester's
+// WRITE completes successfully).
+func TestPolledCloseAndDestroySendDeferredACK(t *testing.T) {
+	for _, how := range []string{"destroy", "close"} {
+		t.Run(how, func(t *testing.T) {
+			da, db, _, lb := polledPair(t, "mem")
+			lb.record = true
+			a, b := newEnd(t, da, qp.TypeRC, 1<<12), newEnd(t, db, qp.TypeRC, 1<<12)
+			connect(t, a, b, qp.MTU1024, 1, 2)
+			post(t, a, writeWR(a, b, 1, 0))
+			if n, err := db.Poll(); n != 1 || err != nil {
+				t.Fatalf("b's Poll: %d, %v", n, err)
+			}
+			if s := lb.sends(); len(s) != 0 {
+				t.Fatalf("ACK sent at once: %v", s)
+			}
+			if how == "destroy" {
+				if err := b.qp.Destroy(); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := db.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if w := pollWC(t, a.scq, da); w.Status != cq.StatusSuccess || w.WRID != 1 {
+				t.Fatalf("a's completion %+v", w)
+			}
+			if how == "close" {
+				if _, err := db.Poll(); !errors.Is(err, ErrClosed) {
+					t.Fatalf("Poll after Close: %v, want ErrClosed", err)
+				}
+			}
+		})
+	}
+}
+
+// TestPollNotPolled: Poll on a device with a receive goroutine is refused, and a link that
+// cannot be polled is refused at Open.
+func TestPollNotPolled(t *testing.T) {
+	nw := link.NewMemNetwork(link.MemOptions{})
+	l, err := nw.Attach(addrA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := Open(Options{Link: l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if _, err := d.Poll(); !errors.Is(err, ErrNotPolled) || d.Polled() {
+		t.Fatalf("Poll without polled mode: %v", err)
+	}
+	l2, err := nw.Attach(addrB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	if _, err := Open(Options{Link: hbLink{l2}, Polled: true}); !errors.Is(err, ErrInvalidArg) {
+		t.Fatalf("polled Open on a link without TryRecv: %v", err)
+	}
+}
+
+// TestPolledZeroAlloc: a polled WRITE round trip (post, Poll the peer until it lands, write
+// back, Poll until it lands, reap both completions) allocates nothing.
+func TestPolledZeroAlloc(t *testing.T) {
+	da, db, _, _ := polledPair(t, "mem")
+	a, b := newEnd(t, da, qp.TypeRC, 1<<12), newEnd(t, db, qp.TypeRC, 1<<12)
+	connect(t, a, b, qp.MTU1024, 1, 2)
+	wa, wb := []qp.SendWR{writeWR(a, b, 1, 0)}, []qp.SendWR{writeWR(b, a, 2, 64)}
+	var wc [4]cq.WC
+	var failed error
+	poll := func(d *Device) {
+		if _, err := d.Poll(); err != nil && failed == nil {
+			failed = err
+		}
+	}
+	round := func() {
+		if _, err := a.qp.PostSend(wa); err != nil && failed == nil {
+			failed = err
+		}
+		w := b.qp.RemoteWrites() + 1
+		for i := 0; b.qp.RemoteWrites() != w && i < 1000; i++ {
+			poll(db)
+		}
+		if _, err := b.qp.PostSend(wb); err != nil && failed == nil {
+			failed = err
+		}
+		w = a.qp.RemoteWrites() + 1
+		for i := 0; a.qp.RemoteWrites() != w && i < 1000; i++ {
+			poll(da)
+		}
+		poll(da) // the ACK of b's WRITE
+		for i := 0; a.scq.Poll(wc[:]) == 0 && i < 1000; i++ {
+			poll(da)
+		}
+		for i := 0; b.scq.Poll(wc[:]) == 0 && i < 1000; i++ {
+			poll(db)
+		}
+	}
+	for i := 0; i < 20; i++ {
+		round()
+	}
+	n := testing.AllocsPerRun(100, round)
+	if failed != nil {
+		t.Fatal(failed)
+	}
+	if a.qp.RemoteWrites() != 121 || b.qp.RemoteWrites() != 121 {
+		t.Fatalf("remote writes %d / %d, want 121 each (20 + a warm-up run + 100)", a.qp.RemoteWrites(), b.qp.RemoteWrites())
+	}
+	if n != 0 {
+		t.Fatalf("%v allocations per polled round trip, want 0", n)
+	}
+}
