@@ -7,6 +7,7 @@ import (
 	"context"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -67,6 +68,7 @@ func runPair(ctx context.Context, t *testing.T, lab *rxelab.Lab, bin string, p p
 	cmd := lab.NSCommand(ctx, bin, p.Ours...)
 	if p.HostNetns {
 		cmd = exec.CommandContext(ctx, bin, p.Ours...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // as Lab.NSCommand's
 	}
 	cmd.Stdout, cmd.Stderr = ours, &ourErr
 	stopOurs := func() {

@@ -33,6 +33,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -292,8 +293,20 @@ func (j *Job) Log() ([]byte, error) {
 
 // NSCommand returns a command that runs a host program inside the lab netns
 // (ip netns exec rxelab ...).
+// The program is killed (SIGKILL) when the test process ends, whatever the way: a test that
+// fails or panics in the middle leaves no host process behind (test/rxelab/leftover-check).
 func (l *Lab) NSCommand(ctx context.Context, name string, args ...string) *exec.Cmd {
-	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", Netns, name}, args...)...)
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", Netns, name}, args...)...)
+	cmd.SysProcAttr = dieWithParent()
+	return cmd
+}
+
+// dieWithParent makes a child get SIGKILL when the process that started it ends (the
+// parent-death signal survives the exec of `ip netns exec`, which execs its program; it is
+// delivered when the starting OS thread ends, and Go does not end a thread except a
+// goroutine's locked one, which no command is started from here).
+func dieWithParent() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }
 
 // InNetns runs fn on a locked OS thread that has entered the lab netns, then returns the
@@ -374,6 +387,7 @@ func (l *Lab) Tcpdump(ctx context.Context, path string, filter ...string) (*Capt
 	args := append([]string{"-Z", "root", "-n", "-U", "--immediate-mode", "-i", Tap, "-w", path}, filter...)
 	c := &Capture{Path: path, done: make(chan error, 1), errb: &lockedBuffer{}}
 	c.cmd = exec.Command("ip", append([]string{"netns", "exec", Netns, "tcpdump"}, args...)...)
+	c.cmd.SysProcAttr = dieWithParent()
 	c.cmd.Stderr = c.errb
 	if err := c.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("rxelab: tcpdump: %w", err)
