@@ -50,7 +50,7 @@ func TestConformSoftrocePass(t *testing.T) {
 		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
 			t.Fatalf("line %q: %v", sc.Text(), err)
 		}
-		if m["name"] != "rc-send-only-ack" || m["section"] == "" || m["result"] != "pass" || len(m) != 4 {
+		if m["name"] != "rc-send-only-ack" || m["section"] != "9.7.5.1.1" || m["result"] != "pass" || !jsonKeysExactly(m) {
 			t.Errorf("JSON line %v", m)
 		}
 		n++
@@ -98,6 +98,32 @@ func TestConformFailExit(t *testing.T) {
 	if !strings.Contains(out.String(), "fail") {
 		t.Errorf("table without the failure:\n%s", out.String())
 	}
+	// --json: the same failure as one object with exactly the four keys, exit 1
+	out.Reset()
+	errb.Reset()
+	if st := run([]string{"conform", "--dut", ln.Addr().String(), "--roce", "127.0.79.5:14791", "--bench", "127.0.79.6:14791",
+		"--run", "^rc-send-only-ack$", "--quiet", "100ms", "--reply", "300ms", "--json"}, &out, &errb); st != 1 {
+		t.Fatalf("--json exit %d, want 1\n%s\n%s", st, out.String(), errb.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	var m map[string]string
+	if len(lines) != 1 || json.Unmarshal([]byte(lines[0]), &m) != nil || !jsonKeysExactly(m) ||
+		m["name"] != "rc-send-only-ack" || m["result"] != "fail" || m["detail"] == "" {
+		t.Errorf("--json output on failure %q", out.String())
+	}
+}
+
+// jsonKeysExactly: the --json object has the keys name, section, result, detail and no other.
+func jsonKeysExactly(m map[string]string) bool {
+	if len(m) != 4 {
+		return false
+	}
+	for _, k := range []string{"name", "section", "result", "detail"} {
+		if _, ok := m[k]; !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // TestConformServe: a --serve agent (softroce DUT) driven by a --dut HOST:PORT bench.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -367,6 +368,19 @@ func TestPingpongFlags(t *testing.T) {
 	c, err = parsePingpong([]string{"-m", "4096", "-d", "lo", "h"}, &eb)
 	if err != nil || c.Tool != pingpong.ToolRC || c.MTU != qp.MTU4096 || c.Dev.Interface != "lo" || c.Server != "h" || c.NumQP != 1 || c.Size != 4096 {
 		t.Errorf("rc %+v, %v", c, err)
+	}
+	c, err = parsePingpong([]string{"uc", "-l", "5", "--sl", "7", "-p", "18999", "-r", "9", "-n", "3", "h"}, &eb)
+	if err != nil || c.SL != 7 || c.Port != 18999 || c.RxDepth != 9 || c.Iters != 3 {
+		t.Errorf("uc -l/--sl -p -r -n: %+v, %v", c, err)
+	}
+	c, err = parsePingpong([]string{"ud", "-l", "15"}, &eb)
+	if err != nil || c.SL != 15 {
+		t.Errorf("ud -l 15: %+v, %v", c, err)
+	}
+	for _, args := range [][]string{{"rc", "-l", "16"}, {"srq", "--sl", "-1"}} {
+		if _, err := parsePingpong(args, &eb); !errors.Is(err, errPPUsage) || !strings.Contains(err.Error(), "service levels are 0..15") {
+			t.Errorf("%q: %v, want the service level refusal", args, err)
+		}
 	}
 	bad := map[string][]string{
 		"unsupported":  {"rc", "-o"},
