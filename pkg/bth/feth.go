@@ -53,3 +53,21 @@ func (f FETH) SetPlacement(p uint8) { f[3] = f[3]&^fethPlacementMask | p&fethPla
 func (f FETH) SetSelectivity(s uint8) {
 	f[3] = f[3]&^fethSelectivityMask | (s<<fethSelectivityShift)&fethSelectivityMask
 }
+
+// FETHFields is the decoded FETH (IBTA Vol 1 release 1.5 FLUSH). Resv keeps the reserved
+// bits 31..6 so that Fields then Encode reproduces the word exactly.
+type FETHFields struct {
+	Placement   uint8  // placement type, bits 3..0 (FlushGlobal, FlushPersistent)
+	Selectivity uint8  // selectivity level, bits 5..4 (FlushRange, FlushMR)
+	Resv        uint32 // reserved bits 31..6, right-aligned (26 bits)
+}
+
+// Encode writes every field of f into the header.
+func (f FETH) Encode(v *FETHFields) {
+	f.SetRaw(v.Resv<<6 | uint32(v.Selectivity&3)<<fethSelectivityShift | uint32(v.Placement&fethPlacementMask))
+}
+
+// Fields returns every field of the header.
+func (f FETH) Fields() FETHFields {
+	return FETHFields{Placement: f.Placement(), Selectivity: f.Selectivity(), Resv: f.Raw() >> 6}
+}

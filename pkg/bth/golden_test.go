@@ -63,7 +63,8 @@ func reencode(t testing.TB, p *Packet) []byte {
 		out[len(out)-XRCETHSize] = p.XRCETH[0]
 	}
 	if p.FETH != nil {
-		FETH(grow(FETHSize)).SetRaw(p.FETH.Raw())
+		f := p.FETH.Fields()
+		FETH(grow(FETHSize)).Encode(&f)
 	}
 	if p.RETH != nil {
 		f := p.RETH.Fields()
@@ -82,10 +83,12 @@ func reencode(t testing.TB, p *Packet) []byte {
 		AtomicAckETH(grow(AtomicAckETHSize)).Encode(&f)
 	}
 	if p.ImmDt != nil {
-		ImmDt(grow(ImmDtSize)).SetImm(p.ImmDt.Imm())
+		f := p.ImmDt.Fields()
+		ImmDt(grow(ImmDtSize)).Encode(&f)
 	}
 	if p.IETH != nil {
-		IETH(grow(IETHSize)).SetRKey(p.IETH.RKey())
+		f := p.IETH.Fields()
+		IETH(grow(IETHSize)).Encode(&f)
 	}
 	if info.Kind == KindCNP {
 		grow(CNPResvSize) // reserved bytes are not parsed; the test copies them below

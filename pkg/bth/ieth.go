@@ -19,3 +19,14 @@ func (i IETH) RKey() uint32 { return be.Uint32(i) }
 
 // SetRKey sets the R_Key to invalidate.
 func (i IETH) SetRKey(k uint32) { be.PutUint32(i, k) }
+
+// IETHFields is the decoded IETH (IBTA 9.3.8).
+type IETHFields struct {
+	RKey uint32 // the R_Key to invalidate
+}
+
+// Encode writes every field of f into the header.
+func (i IETH) Encode(f *IETHFields) { i.SetRKey(f.RKey) }
+
+// Fields returns every field of the header.
+func (i IETH) Fields() IETHFields { return IETHFields{RKey: i.RKey()} }

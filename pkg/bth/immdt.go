@@ -20,3 +20,14 @@ func (i ImmDt) Imm() uint32 { return be.Uint32(i) }
 
 // SetImm sets the immediate data, written big-endian.
 func (i ImmDt) SetImm(v uint32) { be.PutUint32(i, v) }
+
+// ImmDtFields is the decoded ImmDt (IBTA 9.3.7).
+type ImmDtFields struct {
+	Imm uint32 // immediate data, as read big-endian
+}
+
+// Encode writes every field of f into the header.
+func (i ImmDt) Encode(f *ImmDtFields) { i.SetImm(f.Imm) }
+
+// Fields returns every field of the header.
+func (i ImmDt) Fields() ImmDtFields { return ImmDtFields{Imm: i.Imm()} }
