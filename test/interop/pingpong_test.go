@@ -370,6 +370,7 @@ func ppStartCapture(t *testing.T, lab *rxelab.Lab) func() ([]rocetest.IPv4UDP, b
 			b, _ := os.ReadFile(path)
 			_ = os.WriteFile(filepath.Join(keep, strings.NewReplacer("/", "_", ">", "").Replace(t.Name())+".pcap"), b, 0o644)
 		}
+		decodeClean(t, path, len(out)) // the same capture through `softroce decode`
 		return out, lost != nil && lost[1] != "0"
 	}
 }

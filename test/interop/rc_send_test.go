@@ -288,6 +288,7 @@ func startCapture(t *testing.T, lab *rxelab.Lab) func() []rocetest.IPv4UDP {
 			b, _ := os.ReadFile(path)
 			_ = os.WriteFile(filepath.Join(keep, strings.NewReplacer("/", "_", ">", "").Replace(t.Name())+".pcap"), b, 0o644)
 		}
+		decodeClean(t, path, len(out)) // the same capture through `softroce decode`
 		return out
 	}
 }
