@@ -84,6 +84,9 @@ type devOpenOptions struct {
 	// BusyPoll is link.UDPOptions.BusyPoll (perf --busy-poll): how long the receive loop polls
 	// an empty socket before it sleeps.
 	BusyPoll time.Duration
+	// Polled opens the device in polled mode (roce.UDPOptions.Polled: no receive goroutine;
+	// the tool calls Device.Poll; perf --lat --busy-poll, perf_poll.go).
+	Polled bool
 }
 
 // localDev is an opened device and the local address it speaks from.
@@ -115,7 +118,7 @@ func openLocalDevice(f *devFlag, o devOpenOptions) (*localDev, error) {
 		name = "softroce0"
 	}
 	d, err := roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{addr}, Port: o.Port, Portable: o.Portable, MTU: mtu, Name: name,
-		Link: link.UDPOptions{BusyPoll: o.BusyPoll}})
+		Link: link.UDPOptions{BusyPoll: o.BusyPoll}, Polled: o.Polled})
 	if err != nil {
 		return nil, fmt.Errorf("%w on %v: %w", errDevFlag, addr, err)
 	}

@@ -126,6 +126,9 @@ type perfRes struct {
 	// sleeps counts the waits that slept on a CQ channel, polls the CQ polls that returned
 	// completions (--stats).
 	sleeps, polls int
+	// poller drives the device in polled mode (perf --lat --busy-poll, perf_poll.go); nil
+	// when the device has a receive goroutine.
+	poller *perfPoller
 }
 
 // newPerfRes creates the PD, the buffer and its MR, the CQs and c.QPs RC QPs in INIT, and the
@@ -361,6 +364,9 @@ func (r *perfRes) postRecv(i, size int) error {
 // wait returns at least one completion of c: it polls, yields spin times, then sleeps on
 // the CQ's channel, for at most --run-timeout.
 func (r *perfRes) wait(c roce.CompletionQueue, spin int) (int, error) {
+	if r.poller != nil {
+		return r.waitPolled(c)
+	}
 	if n := c.Poll(r.wcs); n > 0 {
 		return n, nil
 	}
@@ -597,6 +603,9 @@ func (r *perfRes) waitByte(q roce.QueuePair, off int, v byte) error {
 	if !ok { // through the daemon: no count of the QP's WRITEs (perf_verbs.go)
 		return r.pollByte(q, off, v)
 	}
+	if r.poller != nil {
+		return r.waitBytePolled(rw, off, v)
+	}
 	notify := rw.RemoteWriteNotify()
 	deadline := time.Now().Add(r.c.RunTimeout)
 	for i := 0; ; i++ {
@@ -737,6 +746,9 @@ func perfRun(c *perfConfig, env *perfEnv) (err error) {
 	defer func() {
 		if r != nil {
 			err = errors.Join(err, r.close())
+			if r.poller != nil {
+				r.poller.close()
+			}
 		}
 		if ld != nil {
 			if c.Stats {
@@ -750,13 +762,17 @@ func perfRun(c *perfConfig, env *perfEnv) (err error) {
 	}()
 	open := func(peer netip.Addr) error {
 		var e error
-		if ld, e = openVerbsDevice(c.Daemon, &c.Dev, devOpenOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer, BusyPoll: c.linkBusyPoll()}); e != nil {
+		if ld, e = openVerbsDevice(c.Daemon, &c.Dev, devOpenOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer,
+			BusyPoll: c.linkBusyPoll(), Polled: c.polled()}); e != nil {
 			return e
 		}
 		if c.MTU != 0 && c.MTU > ld.MTU {
 			return fmt.Errorf("%w: -m %d: requested MTU is larger than the port's active MTU %d", errPerfUsage, c.MTU.Bytes(), ld.MTU.Bytes())
 		}
 		r, e = newPerfRes(c, ld.V, ld.Addr, ld.GIDIndex)
+		if r != nil && ld.Dev != nil && ld.Dev.Polled() {
+			r.poller = newPerfPoller(ld.Dev)
+		}
 		return e
 	}
 	if c.Verb == "read" || c.Verb == "atomic" {
@@ -943,7 +959,7 @@ func perfMeasure(ctx context.Context, r *perfRes, conn perfExchanger, role perft
 			var err error
 			switch c.Test {
 			case perftest.WriteLat:
-				err = r.latWrite(s)
+				err = r.measure(r.latWrite, s)
 			case perftest.SendLat:
 				if k > 0 {
 					if err := r.postRecvs(s); err != nil {
@@ -953,9 +969,9 @@ func perfMeasure(ctx context.Context, r *perfRes, conn perfExchanger, role perft
 						return fmt.Errorf("Failed to exchange data between server and clients: %w", err)
 					}
 				}
-				err = r.latSend(s)
+				err = r.measure(r.latSend, s)
 			default:
-				err = r.latReadAtomic(s)
+				err = r.measure(r.latReadAtomic, s)
 			}
 			if err != nil {
 				return fmt.Errorf("Test exited with Error: %w", err)
