@@ -3,6 +3,7 @@ package daemon_test
 import (
 	"net/netip"
 	"os"
+	"strconv"
 	"testing"
 
 	"github.com/softroce/softroce/pkg/cq"
@@ -51,9 +52,34 @@ func writeLoop(tb testing.TB, va, vb roce.Verbs, ipA, ipB netip.Addr, size, dept
 	writeStream(tb, a, p.iova, p.m.RKey(), size, depth, n, start)
 }
 
+// benchWait is how writeStream waits for its completions, from the
+// environment (the same in the benchmark's child processes):
+// SOFTROCE_DAEMON_BENCH_MOD = the moderation count (cq.Moderation.Count;
+// default depth/2, "half the window"; 1 = no moderation),
+// SOFTROCE_DAEMON_BENCH_PERIOD = its period in microseconds (default
+// 1000: only the run's last WRITEs, fewer than the count, wait for it),
+// SOFTROCE_DAEMON_BENCH_WAIT=channel waits on Channel instead of Wait.
+func benchWait(depth int) (m cq.Moderation, channel bool) {
+	count, period := max(depth/2, 1), 1000
+	if v, err := strconv.Atoi(os.Getenv("SOFTROCE_DAEMON_BENCH_MOD")); err == nil && v > 0 {
+		count = v
+	}
+	if v, err := strconv.Atoi(os.Getenv("SOFTROCE_DAEMON_BENCH_PERIOD")); err == nil && v >= 0 {
+		period = v
+	}
+	return cq.Moderation{Count: uint16(min(count, 65535)), PeriodUS: uint16(min(period, 65535))},
+		os.Getenv("SOFTROCE_DAEMON_BENCH_WAIT") == "channel"
+}
+
 // writeStream is writeLoop's sending half: a's QP is connected; the peer's
-// buffer is at piova/prkey (depth*size bytes).
+// buffer is at piova/prkey (depth*size bytes). Completions are waited for
+// as benchWait says: ReqNotify, poll, Wait (or the channel), with the CQ's
+// event moderated to half the window by default.
 func writeStream(tb testing.TB, a *end, piova uint64, prkey uint32, size, depth, n int, start func()) {
+	mod, useChannel := benchWait(depth)
+	if err := a.v.ModifyCQ(a.cq, mod); err != nil {
+		tb.Fatal("ModifyCQ:", err)
+	}
 	wrs := make([]qp.SendWR, depth)
 	for i := range wrs {
 		wrs[i] = qp.SendWR{WRID: uint64(i), Opcode: qp.WRRDMAWrite, Flags: qp.SendSignaled,
@@ -72,7 +98,11 @@ func writeStream(tb testing.TB, a *end, piova uint64, prkey uint32, size, depth,
 		if k == 0 {
 			a.cq.ReqNotify(false)
 			if k = a.cq.Poll(wcs); k == 0 {
-				<-a.cq.Channel()
+				if useChannel {
+					<-a.cq.Channel()
+				} else if err := a.cq.Wait(); err != nil {
+					tb.Fatal("Wait:", err)
+				}
 				continue
 			}
 		}

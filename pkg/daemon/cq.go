@@ -3,7 +3,9 @@ package daemon
 import (
 	"fmt"
 	"os"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -24,6 +26,21 @@ type cqObj struct {
 	notifyFD  int      // daemon -> client: completions (when armed)
 	spaceFile *os.File // client -> daemon: ring space after a full ring
 	spaceDone chan struct{}
+
+	// Event moderation (OpModifyCQ, ibv_modify_cq): moderated tells deliver to take the
+	// client's arm through moderate. modMu guards the rest; deliver takes it under the
+	// engine CQ's lock, the period timer on its own. trig: a matching completion arrived
+	// since the client armed and did not fire the event; timing: the period timer runs, due
+	// at deadline; closed: the CQ is being released (the timer must not signal).
+	moderated atomic.Bool
+	modMu     sync.Mutex
+	mod       cq.Moderation
+	clock     cq.Clock
+	timer     cq.Timer
+	deadline  time.Time
+	trig      bool
+	timing    bool
+	closed    bool
 }
 
 // createCQ creates the engine CQ, the ring memfd and both eventfds. The
@@ -74,7 +91,7 @@ func (ss *session) createCQ(r proto.CreateCQReq) (proto.CreateCQResp, []int, err
 		proto.Unmap(mem)
 		return resp, nil, err
 	}
-	o := &cqObj{c: c, ring: ring, mem: mem, notifyFD: notify,
+	o := &cqObj{c: c, ring: ring, mem: mem, notifyFD: notify, clock: ss.s.cqClock,
 		spaceFile: proto.EventFile(space, "softroce-cq-space"),
 		spaceDone: make(chan struct{})}
 	c.SetPushHooks(o.onPush, o.afterPush)
@@ -116,6 +133,10 @@ func (ss *session) destroyCQ(h proto.Handle) error {
 func (ss *session) releaseCQ(o *cqObj) {
 	ss.s.disown(o.c)
 	o.c.SetPushHooks(nil, nil) // no hook or afterPush call runs after this
+	o.modMu.Lock()             // and no period timer signals after this
+	o.closed = true
+	o.stopTimerLocked()
+	o.modMu.Unlock()
 	o.spaceFile.Close()
 	<-o.spaceDone
 	ss.s.dev.DestroyCQ(o.c)
@@ -194,10 +215,111 @@ func (o *cqObj) deliver(wc *cq.WC, solicited bool) bool {
 	// tail): one of the two sides sees the other, so no wakeup is lost.
 	// The eventfd is written only if the client sleeps on it; an awake
 	// client sees the arm taken (proto.Ring's notification rule).
-	if o.ring.Fire(solicited) {
+	if o.moderated.Load() {
+		o.moderate(tail, solicited)
+	} else if o.ring.Fire(solicited) {
 		o.wake.Store(true)
 	}
 	return true
+}
+
+// setModeration is OpModifyCQ (ibv_modify_cq): the engine CQ records it (and refuses it
+// once destroyed), and deliver applies it to the client's ring arm from the next completion
+// on — the same rule as cq.Moderation on an embedded CQ, with "queued" meaning in the ring
+// and not yet consumed by the client.
+func (o *cqObj) setModeration(m cq.Moderation) error {
+	if err := o.c.SetModeration(m); err != nil {
+		return err
+	}
+	o.modMu.Lock()
+	o.mod = m
+	if !m.Active() || m.PeriodUS == 0 {
+		o.stopTimerLocked()
+	}
+	if !m.Active() && o.trig {
+		// A moderated arm already triggered: unmoderated, it fires now.
+		o.trig = false
+		if o.ring.Fire(true) {
+			o.wake.Store(true)
+		}
+	}
+	o.moderated.Store(m.Active())
+	o.modMu.Unlock()
+	o.afterPush()
+	return nil
+}
+
+// moderate is deliver's arm step under moderation (cq.Moderation): a completion matching
+// the client's arm (solicited: an unsolicited success does not) starts the moderation; the
+// arm is taken once the ring holds Count unconsumed completions, or by the period timer.
+// Called under the engine CQ's lock after the completion at tail-1 was published.
+func (o *cqObj) moderate(tail uint64, solicited bool) {
+	o.modMu.Lock()
+	defer o.modMu.Unlock()
+	if !o.mod.Active() { // turned off meanwhile
+		if o.ring.Fire(solicited) {
+			o.wake.Store(true)
+		}
+		return
+	}
+	switch o.ring.Armed() {
+	case proto.ArmNone:
+		return
+	case proto.ArmNext:
+		o.trig = true
+	default:
+		o.trig = o.trig || solicited
+	}
+	if !o.trig {
+		return
+	}
+	queued := tail - o.ring.Head() // the client's head is not trusted: a corrupt one reads as full
+	if queued >= uint64(o.mod.Count) {
+		o.trig = false
+		o.stopTimerLocked()
+		if o.ring.Fire(true) {
+			o.wake.Store(true)
+		}
+		return
+	}
+	if o.mod.PeriodUS > 0 && !o.timing {
+		d := o.mod.Period()
+		o.deadline = o.clock.Now().Add(d)
+		o.timing = true
+		if o.timer == nil {
+			o.timer = o.clock.AfterFunc(d, o.expire)
+		} else {
+			o.timer.Reset(d)
+		}
+	}
+}
+
+// stopTimerLocked stops the period timer (modMu held).
+func (o *cqObj) stopTimerLocked() {
+	if o.timing {
+		o.timer.Stop()
+		o.timing = false
+	}
+}
+
+// expire is the period timer: the moderated event is due; it takes the client's arm and
+// writes the notify eventfd if the client sleeps. The write happens under modMu, so
+// releaseCQ (which sets closed under modMu before closing the eventfd) never races it. A
+// stale call (the count fired first, or the timer was reset) changes nothing.
+func (o *cqObj) expire() {
+	o.modMu.Lock()
+	defer o.modMu.Unlock()
+	if o.closed || !o.timing || o.clock.Now().Before(o.deadline) {
+		return
+	}
+	o.timing = false
+	if !o.trig {
+		return
+	}
+	o.trig = false
+	if o.ring.Fire(true) {
+		proto.Signal(o.notifyFD)
+	}
 }
 
 func dupCloexec(fd int) (int, error) {

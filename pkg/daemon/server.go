@@ -41,6 +41,9 @@ type Options struct {
 	PostSpin time.Duration
 	// Quota limits each client's objects (zero fields: unlimited).
 	Quota Quota
+	// CQClock times the clients' CQ moderation periods (OpModifyCQ); nil = the real clock.
+	// Tests inject a fake one.
+	CQClock cq.Clock
 }
 
 // Server serves clients of one device.
@@ -50,6 +53,7 @@ type Server struct {
 	log      *slog.Logger
 	postSpin time.Duration
 	quota    Quota
+	cqClock  cq.Clock
 
 	mu       sync.Mutex
 	sessions map[*session]struct{}
@@ -109,8 +113,13 @@ func New(o Options) (*Server, error) {
 		l = slog.Default()
 	}
 	spin := max(o.PostSpin, 0)
+	clock := o.CQClock
+	if clock == nil {
+		clock = cq.RealClock{}
+	}
 	return &Server{dev: o.Device, verb: o.Device.Verbs(), log: l, sessions: map[*session]struct{}{},
-		changed: make(chan struct{}), postSpin: spin, quota: o.Quota}, nil
+		changed: make(chan struct{}), postSpin: spin, quota: o.Quota,
+		cqClock: clock}, nil
 }
 
 // ErrServerClosed is returned by Serve after Shutdown.

@@ -212,6 +212,14 @@ func (ss *session) handle(b []byte, fds *[]int) (rights []byte) {
 		}
 	case proto.OpDestroyCQ:
 		err = withReq(body, func(r proto.HandleReq) error { return ss.destroyCQ(r.H) })
+	case proto.OpModifyCQ:
+		var r proto.ModifyCQReq
+		if err = unmarshal(body, &r); err == nil {
+			var o *cqObj
+			if o, err = get[*cqObj](ss, r.H); err == nil {
+				err = o.setModeration(r.Mod)
+			}
+		}
 	case proto.OpCreateSRQ:
 		var r proto.CreateSRQReq
 		if err = unmarshal(body, &r); err == nil {

@@ -48,6 +48,11 @@ type Verbs interface {
 	RegMR(pd ProtectionDomain, buf []byte, iova uint64, acc mr.Access) (MemoryRegion, error)
 	// CreateCQ is ibv_create_cq.
 	CreateCQ(cqe int) (CompletionQueue, error)
+	// ModifyCQ is ibv_modify_cq with IBV_CQ_ATTR_MODERATE: c's completion
+	// event waits for m.Count queued completions or m.PeriodUS
+	// microseconds after the first matching one (cq.Moderation; the zero
+	// value turns moderation off).
+	ModifyCQ(c CompletionQueue, m cq.Moderation) error
 	// DestroyCQ is ibv_destroy_cq.
 	DestroyCQ(c CompletionQueue) error
 	// CreateSRQ is ibv_create_srq (SRQOptions.Events and .Device are
@@ -81,11 +86,17 @@ type MemoryRegion interface {
 }
 
 // CompletionQueue is an ibv_cq (*cq.CQ in embedded mode): Poll never
-// blocks; ReqNotify arms Channel for the next completion.
+// blocks; ReqNotify arms the CQ's event for the next completion, which
+// Wait (ibv_get_cq_event, in the calling goroutine) or Channel delivers.
+// Use Wait or Channel for a CQ, not both at once.
 type CompletionQueue interface {
 	Poll(dst []cq.WC) int
 	ReqNotify(solicitedOnly bool) error
 	Channel() <-chan struct{}
+	// Wait blocks until the event ReqNotify armed (cq.ErrClosed once the
+	// CQ is destroyed). Through the daemon the calling goroutine itself
+	// waits on the notify eventfd (no goroutine, no channel between).
+	Wait() error
 }
 
 // SharedReceiveQueue is an ibv_srq (*qp.SRQ in embedded mode).
@@ -177,6 +188,14 @@ func (e embedded) CreateCQ(cqe int) (CompletionQueue, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+func (e embedded) ModifyCQ(c CompletionQueue, m cq.Moderation) error {
+	x, ok := c.(*cq.CQ)
+	if !ok || x == nil {
+		return ErrInvalidArg
+	}
+	return x.SetModeration(m)
 }
 
 func (e embedded) DestroyCQ(c CompletionQueue) error {

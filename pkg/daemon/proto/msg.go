@@ -17,6 +17,7 @@ import (
 	"errors"
 	"net/netip"
 
+	"github.com/softroce/softroce/pkg/cq"
 	"github.com/softroce/softroce/pkg/qp"
 )
 
@@ -61,6 +62,8 @@ const (
 	// OpOpenPostRing creates the connection's post ring (postring.go);
 	// response PostRingResp + 2 fds: the ring memfd and the doorbell eventfd.
 	OpOpenPostRing
+	// OpModifyCQ is ibv_modify_cq (event moderation): ModifyCQReq, no body back.
+	OpModifyCQ
 	opMax
 )
 
@@ -115,6 +118,13 @@ type CreateCQResp struct {
 	H        Handle
 	Capacity int // ring entries (power of two)
 	Bytes    int // memfd size
+}
+
+// ModifyCQReq is ibv_modify_cq with IBV_CQ_ATTR_MODERATE: the completion event of CQ H
+// waits for Mod.Count completions in the ring or Mod.PeriodUS microseconds.
+type ModifyCQReq struct {
+	H   Handle
+	Mod cq.Moderation
 }
 
 // PostRingResp describes the post ring passed with the OpOpenPostRing response.

@@ -5,6 +5,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -14,8 +15,9 @@ import (
 )
 
 // cqc is a client CQ: a view of the daemon's completion ring. Poll and
-// ReqNotify touch only shared memory; Channel is fed by a goroutine
-// waiting on the notify eventfd in the Go poller.
+// ReqNotify touch only shared memory. Wait parks the calling goroutine on
+// the notify eventfd in the Go poller; Channel, once used, is fed by a
+// goroutine waiting there instead.
 type cqc struct {
 	c    *Conn
 	h    proto.Handle
@@ -31,6 +33,18 @@ type cqc struct {
 	chOnce     sync.Once
 	done       chan struct{}
 	destroyed  bool
+	// chStarted: Channel was called, its goroutine waits on the eventfd
+	// (arms are then sleeping ones); armPending: ReqNotify armed since.
+	chStarted  atomic.Bool
+	armPending bool
+
+	// Wait: the eventfd's raw conn and readiness check, made once (Wait
+	// allocates nothing); waitMu is read-held by a Wait touching the ring,
+	// gone is set by release before it closes the eventfd.
+	rc     syscall.RawConn
+	taken  func(fd uintptr) bool
+	waitMu sync.RWMutex
+	gone   atomic.Bool
 
 	notifies atomic.Uint64 // eventfd wakeups (DataPathStats)
 }
@@ -63,6 +77,13 @@ func (c *Conn) CreateCQ(cqe int) (roce.CompletionQueue, error) {
 		notifyFile: proto.EventFile(fds[1], "softroce-cq-notify"),
 		ch:         make(chan struct{}, 1), done: make(chan struct{})}
 	q.head = ring.Head()
+	if q.rc, err = q.notifyFile.SyscallConn(); err != nil {
+		q.notifyFile.Close()
+		proto.Unmap(mem)
+		proto.CloseFD(fds[2])
+		return nil, err
+	}
+	q.taken = func(uintptr) bool { return q.ring.Taken() }
 	c.bmu.Lock()
 	c.cqs[q] = struct{}{}
 	c.bmu.Unlock()
@@ -103,15 +124,51 @@ func (q *cqc) ReqNotify(solicitedOnly bool) error {
 	if q.destroyed {
 		return cq.ErrClosed
 	}
-	q.startNotify()
 	kind := uint32(proto.ArmNext)
 	if solicitedOnly {
 		kind = proto.ArmSolicited
 	}
-	// Armed sleeping: the notify goroutine waits on the eventfd. (Watching
-	// the arm a few microseconds first, awake, was measured: it caught a
-	// completion for under 4% of the arms and cost CPU; docs/performance.md.)
-	q.ring.Arm(kind, true)
+	// With Channel's goroutine: armed sleeping, it waits on the eventfd.
+	// Otherwise armed awake: Wait marks it sleeping (Ring.Sleep) just
+	// before it blocks, so an arm the daemon takes while the program still
+	// polls costs no eventfd write and no wakeup. (Watching the arm a few
+	// microseconds before sleeping was measured not to pay on 2 cores;
+	// docs/performance.md.)
+	q.ring.Arm(kind, q.chStarted.Load())
+	q.armPending = true
+	return nil
+}
+
+// Wait blocks until the armed event (ibv_get_cq_event): the daemon took
+// the arm ReqNotify set. The calling goroutine parks in the Go poller on
+// the notify eventfd (no goroutine or channel between): it marks the arm
+// sleeping with one compare-and-swap that fails if the arm is already
+// taken (then it returns at once), so the daemon either sees the mark and
+// writes the eventfd or took the arm before it (proto.Ring). The eventfd
+// is never read (every write is an edge; a stale edge only makes the wait
+// look at the arm once more). It returns at once if no arm is pending, and
+// cq.ErrClosed once the CQ is destroyed. No allocation.
+func (q *cqc) Wait() error {
+	if q.chStarted.Load() {
+		select {
+		case <-q.ch:
+			return nil
+		case <-q.done:
+			return cq.ErrClosed
+		}
+	}
+	q.waitMu.RLock()
+	defer q.waitMu.RUnlock()
+	if q.gone.Load() {
+		return cq.ErrClosed
+	}
+	if !q.ring.Sleep() {
+		return nil // taken (or never armed): the completions are in the ring
+	}
+	if err := q.rc.Read(q.taken); err != nil {
+		return cq.ErrClosed
+	}
+	q.notifies.Add(1)
 	return nil
 }
 
@@ -149,9 +206,23 @@ func (c *Conn) DataPathStats() DataPathStats {
 	return s
 }
 
-// Channel returns the completion event channel (one buffered event).
+// Channel returns the completion event channel (one buffered event); the
+// first call starts the goroutine that feeds it.
 func (q *cqc) Channel() <-chan struct{} {
-	q.startNotify()
+	if !q.chStarted.Load() {
+		q.mu.Lock()
+		if !q.destroyed && !q.chStarted.Load() {
+			q.startNotify()
+			q.chStarted.Store(true)
+			// An arm set awake before this must now be a sleeping one (the
+			// goroutine waits on the eventfd); if the daemon took it
+			// already, its event is raised here.
+			if q.armPending && !q.ring.Sleep() {
+				q.raise()
+			}
+		}
+		q.mu.Unlock()
+	}
 	return q.ch
 }
 
@@ -170,6 +241,18 @@ func (q *cqc) startNotify() {
 			})
 		}()
 	})
+}
+
+// ModifyCQ is ibv_modify_cq (IBV_CQ_ATTR_MODERATE): one request; the
+// daemon moderates the ring's arm (cq.Moderation, "queued" = in the ring,
+// not yet polled).
+func (c *Conn) ModifyCQ(x roce.CompletionQueue, m cq.Moderation) error {
+	q, ok := x.(*cqc)
+	if !ok || q == nil || q.c != c {
+		return roce.ErrInvalidArg
+	}
+	_, err := c.call(proto.OpModifyCQ, proto.ModifyCQReq{H: q.h, Mod: m}, nil)
+	return err
 }
 
 // DestroyCQ is ibv_destroy_cq; the ring is unmapped and the eventfds closed.
@@ -195,7 +278,10 @@ func (q *cqc) release() error {
 		return nil
 	}
 	q.destroyed = true
-	q.notifyFile.Close()
+	q.gone.Store(true)
+	q.notifyFile.Close() // ends a Wait parked on it
+	q.waitMu.Lock()      // and a Wait still looking at the ring
+	q.waitMu.Unlock()
 	q.chOnce.Do(func() { close(q.done) }) // no reader was started
 	<-q.done
 	proto.CloseFD(q.spaceFD)
