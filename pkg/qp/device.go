@@ -85,21 +85,24 @@ type DeviceAttr struct {
 	MaxMsgSize uint32
 }
 
-// Defaults, from rxe_param.h (kernel 6.x) unless noted; docs/objects.md explains each.
+// Defaults: what kernel rxe 6.1 (rxe_param.h with DEFAULT_MAX_VALUE = 1<<20, as the lab
+// kernel reports it) sets, except MaxQP (a device preallocates its QPN table: 1 MiB at 64 Ki
+// QPs, 8 MiB at rxe's 1 Mi) and MaxPKeys (one P_Key table entry, as rxe's pkey_tbl_len);
+// docs/objects.md explains each.
 const (
 	DefaultMaxQP         = 0x10000
-	DefaultMaxQPWR       = 0x4000
-	DefaultMaxInlineData = 400
+	DefaultMaxQPWR       = 0x100000
+	DefaultMaxInlineData = 512
 	DefaultMaxSGE        = 32
-	DefaultMaxCQ         = 16384
+	DefaultMaxCQ         = 0x100000
 	DefaultMaxCQE        = 1<<15 - 1
-	DefaultMaxMR         = 256 * 1024
-	DefaultMaxPD         = 0x7ffc
+	DefaultMaxMR         = 0x7ffff
+	DefaultMaxPD         = 0x100000
 	DefaultMaxQPRDAtom   = 128
 	DefaultMaxResRDAtom  = 0x3f000
-	DefaultMaxMW         = 0x10000
-	DefaultMaxSRQ        = 960
-	DefaultMaxSRQWR      = 0x4000
+	DefaultMaxMW         = 0x7ffff
+	DefaultMaxSRQ        = 0xdffff
+	DefaultMaxSRQWR      = 0x100000
 	DefaultMaxSRQSGE     = 27
 	DefaultMaxPKeys      = 1
 	DefaultMaxMsgSize    = 0x800000

@@ -17,10 +17,17 @@ func recvWR(id uint64, nsge int) RecvWR {
 }
 
 func TestSRQCreateLimits(t *testing.T) {
-	dev := DefaultDeviceAttr()
+	def := DefaultDeviceAttr()
+	if _, err := NewSRQ(SRQOptions{MaxWR: def.MaxSRQWR + 1, MaxSGE: 1}); !errors.Is(err, ErrSRQArg) {
+		t.Fatalf("default limit: %v", err)
+	}
+	// The SRQ at the limit is built with a smaller device limit (the default, 1 Mi WRs of
+	// 27 SGEs, would allocate ~450 MB).
+	dev := def
+	dev.MaxSRQWR = 1024
 	bad := []SRQOptions{
 		{MaxWR: 0, MaxSGE: 1},
-		{MaxWR: dev.MaxSRQWR + 1, MaxSGE: 1},
+		{MaxWR: dev.MaxSRQWR + 1, MaxSGE: 1, Device: &dev},
 		{MaxWR: 4, MaxSGE: 0},
 		{MaxWR: 4, MaxSGE: dev.MaxSRQSGE + 1},
 		{MaxWR: 4, MaxSGE: 1, Limit: 5},
@@ -31,7 +38,7 @@ func TestSRQCreateLimits(t *testing.T) {
 			t.Fatalf("case %d: %v", i, err)
 		}
 	}
-	s, err := NewSRQ(SRQOptions{MaxWR: dev.MaxSRQWR, MaxSGE: dev.MaxSRQSGE})
+	s, err := NewSRQ(SRQOptions{MaxWR: dev.MaxSRQWR, MaxSGE: dev.MaxSRQSGE, Device: &dev})
 	if err != nil {
 		t.Fatal(err)
 	}
