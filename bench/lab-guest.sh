@@ -70,7 +70,14 @@ X_CLI="ip netns exec sc env $SR_ENV $SR perf write -d 198.21.0.1 --timeout 120s 
 # bench/lab.sh reports each pairing's best round (highest bandwidth, lowest latency) and lists
 # all of them. The other rows run once.
 ROUNDS=${ROUNDS:-3}
-for size in 65536 4096; do
+# LAB_ONLY=lat8: only the 8-byte write_lat rows (ROUNDS interleaved rounds, softroce<->rxe once)
+# for a short session; /mnt/host/softroce-old (bench/lab.sh LAB_OLD_BIN=...), if present, adds
+# a "softroce-softroce-bp-old" pairing to each round: the same test with an older build, for a
+# before/after in one session.
+OLD=""
+[ -x /mnt/host/softroce-old ] && cp /mnt/host/softroce-old /tmp/softroce-old && chmod +x /tmp/softroce-old && OLD=/tmp/softroce-old
+LAB_ONLY=${LAB_ONLY:-}
+[ "$LAB_ONLY" = lat8 ] || for size in 65536 4096; do
   n=1; [ $size = 65536 ] && n=$ROUNDS
   for _ in $(seq 1 $n); do
     pair rxe-rxe ib_write_bw $size $NBW "$RXE_SRV" "$RXE_CLI"
@@ -80,22 +87,25 @@ for size in 65536 4096; do
   pair softroce-rxe ib_write_bw $size $NBW "$X_SRV" "$X_CLI"
   pair softroce-rxe-bp ib_write_bw $size $NBW "$X_SRV" "$X_CLI $BP"
 done
-pair softroce-softroce-gmp2 ib_write_bw 65536 $NBW "${SR_SRV/env $SR_ENV/env GOMAXPROCS=2}" "${SR_CLI/env $SR_ENV/env GOMAXPROCS=2}"
+[ "$LAB_ONLY" = lat8 ] || pair softroce-softroce-gmp2 ib_write_bw 65536 $NBW "${SR_SRV/env $SR_ENV/env GOMAXPROCS=2}" "${SR_CLI/env $SR_ENV/env GOMAXPROCS=2}"
 RXE_SRV="ib_write_lat -d rxe2 -x $G2"; RXE_CLI="ib_write_lat -d rxe1 -x $G1 198.19.0.2"
 SR_SRV="ip netns exec sb env $SR_ENV $SR perf write --lat -d 198.20.0.2 --timeout 120s --run-timeout 240s"
 SR_CLI="ip netns exec sa env $SR_ENV $SR perf write --lat -d 198.20.0.1 --timeout 120s --run-timeout 240s 198.20.0.2"
 X_SRV="ib_write_lat -d rxe3 -x $G3"
 X_CLI="ip netns exec sc env $SR_ENV $SR perf write --lat -d 198.21.0.1 --timeout 120s --run-timeout 240s 198.21.0.2"
-for size in 8 4096; do
+LSIZES="8 4096"; [ "$LAB_ONLY" = lat8 ] && LSIZES=8
+for size in $LSIZES; do
   n=1; [ $size = 8 ] && n=$ROUNDS
   for _ in $(seq 1 $n); do
     pair rxe-rxe ib_write_lat $size $NLAT "$RXE_SRV" "$RXE_CLI"
-    pair softroce-softroce ib_write_lat $size $NLAT "$SR_SRV" "$SR_CLI"
+    [ "$LAB_ONLY" = lat8 ] || pair softroce-softroce ib_write_lat $size $NLAT "$SR_SRV" "$SR_CLI"
     pair softroce-softroce-bp ib_write_lat $size $NLAT "$SR_SRV $BP" "$SR_CLI $BP"
+    [ -n "$OLD" ] && [ $size = 8 ] && pair softroce-softroce-bp-old ib_write_lat $size $NLAT "${SR_SRV/ $SR / $OLD } $BP" "${SR_CLI/ $SR / $OLD } $BP"
   done
   pair softroce-rxe ib_write_lat $size $NLAT "$X_SRV" "$X_CLI"
   pair softroce-rxe-bp ib_write_lat $size $NLAT "$X_SRV" "$X_CLI $BP"
 done
+[ "$LAB_ONLY" = lat8 ] && exit 0
 pair softroce-softroce-gmp2 ib_write_lat 8 $NLAT "${SR_SRV/env $SR_ENV/env GOMAXPROCS=2}" "${SR_CLI/env $SR_ENV/env GOMAXPROCS=2}"
 # the fast path's counters on the softroce<->softroce pair (GSO sends, GRO reads, fallbacks)
 ip netns exec sb env $SR_ENV $SR perf write -d 198.20.0.2 --timeout 60s -s 65536 -n 200 -m $MTU -p 19900 -F > /dev/null 2>&1 &

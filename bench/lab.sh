@@ -15,6 +15,9 @@ NBW=1000 NLAT=500
 [ "$QUICK" = 1 ] && { NBW=200; NLAT=200; }
 SHARE=$(mktemp -d /tmp/softroce-bench-share.XXXXXX)
 cp "$SR" "$SHARE/softroce" && cp bench/lab-guest.sh "$SHARE/lab-guest.sh" || exit 1
+# LAB_OLD_BIN: an older softroce build, run as "softroce-softroce-bp-old" next to the new one;
+# LAB_ONLY=lat8: only the 8-byte write_lat rows (lab-guest.sh)
+[ -n "${LAB_OLD_BIN:-}" ] && { cp "$LAB_OLD_BIN" "$SHARE/softroce-old" || exit 1; }
 LOG=$OUT/lab.log
 # The lab lock: scripts/interop and `softroce conform --dut rxe` hold it for their whole run.
 # Long-lived children (the VM and its watchdog) get it closed.
@@ -41,7 +44,7 @@ test/rxelab/setup --no-install >> "$LOG" 2>&1 || { echo "bench/lab.sh: lab setup
 STARTED=1
 RXE_LAB_MTU=9000 test/rxelab/vm start --dual --share "$SHARE" --max-life 1800 >> "$LOG" 2>&1 7>&- ||
   { echo "bench/lab.sh: VM did not start (see $LOG)" >&2; exit 1; }
-test/rxelab/vm exec --timeout 1500 -c "LAB_PIN=${LAB_PIN:-1} bash /mnt/host/lab-guest.sh /mnt/host/softroce $NBW $NLAT 4096" > "$OUT/lab.rows" 2>> "$LOG" 7>&-
+test/rxelab/vm exec --timeout 1500 -c "LAB_PIN=${LAB_PIN:-1} LAB_ONLY=${LAB_ONLY:-} ROUNDS=${ROUNDS:-3} bash /mnt/host/lab-guest.sh /mnt/host/softroce $NBW $NLAT 4096" > "$OUT/lab.rows" 2>> "$LOG" 7>&-
 st=$?
 echo "   guest script exit $st; host load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 # rows with ratios softroce/rxe: bandwidth higher is better, latency lower is better
@@ -58,7 +61,7 @@ awk -F'|' '
       split(t, a, "|"); test = a[1]; size = a[2]
       r = v["rxe-rxe|" t]; s = v["softroce-softroce|" t]; x = v["softroce-rxe|" t]; s2 = v["softroce-softroce-gmp2|" t]; sb = v["softroce-softroce-bp|" t]; xb = v["softroce-rxe-bp|" t]
       rounds = ""
-      if (cnt["rxe-rxe|" t] > 1) rounds = sprintf(" [best of rounds: rxe %s, softroce %s, --busy-poll %s]", all["rxe-rxe|" t], all["softroce-softroce|" t], all["softroce-softroce-bp|" t])
+      if (cnt["rxe-rxe|" t] > 1) rounds = sprintf(" [best of rounds: rxe %s, softroce %s, --busy-poll %s%s]", all["rxe-rxe|" t], all["softroce-softroce|" t], all["softroce-softroce-bp|" t], ("softroce-softroce-bp-old|" t in all) ? ", --busy-poll with LAB_OLD_BIN " all["softroce-softroce-bp-old|" t] : "")
       unit = (test ~ /_bw$/) ? "Gbit/s" : "us typical"
       ratio = "?"; rb = ""
       if (r + 0 > 0 && s + 0 > 0) ratio = sprintf("%.2fx", (test ~ /_bw$/) ? s / r : r / s)
