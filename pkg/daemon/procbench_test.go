@@ -30,7 +30,10 @@ import (
 // _LAYOUT (split, one or both), _DEPTH (16), _N (WRITEs per run, 20000),
 // _PROFILE (prefix: daemon CPU profiles PREFIX.a and PREFIX.b),
 // _DAEMONPROCS / _CLIENTPROCS (GOMAXPROCS of the daemons / daemon-mode
-// programs), _DAEMONARGS (extra `softroce daemon` flags, space-separated).
+// programs), _DAEMONARGS (extra `softroce daemon` flags, space-separated),
+// _MOD, _PERIOD, _WAIT (how the programs wait: benchWait), and _VARIANTS:
+// a comma-separated list of WAIT:MOD pairs (e.g. "channel:1,wait:1,channel:8,wait:8")
+// measured interleaved within each run, each reported on its own.
 func TestProcessThroughput(t *testing.T) {
 	if os.Getenv("SOFTROCE_DAEMON_BENCH") == "" {
 		t.Skip("set SOFTROCE_DAEMON_BENCH=1 to measure")
@@ -76,6 +79,8 @@ func TestProcessThroughput(t *testing.T) {
 	n, depth, runs := knob("N", 20000), knob("DEPTH", 16), knob("RUNS", 5)
 	layout := os.Getenv("SOFTROCE_DAEMON_BENCH_LAYOUT")
 	cpu := map[string][]float64{} // CPU microseconds per WRITE, all processes
+	variant := []string{} // the current variant's environment (_VARIANTS)
+	vname := ""           // and its name (a prefix of the cpu keys)
 	measure := func(mode string) float64 {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		a, b := dA, dB
@@ -86,6 +91,7 @@ func TestProcessThroughput(t *testing.T) {
 		if mode == "daemon" && os.Getenv("SOFTROCE_DAEMON_BENCH_CLIENTPROCS") != "" {
 			env = append(env, "GOMAXPROCS="+os.Getenv("SOFTROCE_DAEMON_BENCH_CLIENTPROCS"))
 		}
+		env = append(env, variant...)
 		cmd.Env = append(env, "SOFTROCE_DAEMON_CHILD=bench", "SRC_MODE="+mode, "SRC_SOCK="+sockA+","+sockB,
 			"SRC_LOCAL="+a.String(), "SRC_PEER="+b.String(), "SRC_ARGS="+strconv.Itoa(n)+","+strconv.Itoa(depth))
 		a0, b0 := procCPU(pa.cmd.Process.Pid), procCPU(pb.cmd.Process.Pid)
@@ -96,7 +102,8 @@ func TestProcessThroughput(t *testing.T) {
 		acpu, bcpu := procCPU(pa.cmd.Process.Pid)-a0, procCPU(pb.cmd.Process.Pid)-b0
 		ccpu := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 		t.Logf("one process, %s: program CPU %v, daemon CPU A %v B %v, output %s", mode, ccpu, acpu, bcpu, strings.TrimSpace(string(out)))
-		cpu["one "+mode] = append(cpu["one "+mode], float64(ccpu+acpu+bcpu)/float64(time.Microsecond)/float64(n))
+		cpu[vname+"program one "+mode] = append(cpu[vname+"program one "+mode], float64(ccpu)/float64(time.Microsecond)/float64(n))
+		cpu[vname+"one "+mode] = append(cpu[vname+"one "+mode], float64(ccpu+acpu+bcpu)/float64(time.Microsecond)/float64(n))
 		var mbps float64
 		if _, err := fmt.Sscanf(strings.TrimSpace(string(out)), "MBPS %f", &mbps); err != nil {
 			t.Fatalf("%s output %q", mode, out)
@@ -108,7 +115,7 @@ func TestProcessThroughput(t *testing.T) {
 	measureSplit := func(mode string) float64 {
 		mk := func(role string, sock string, local, peer netip.Addr) *proc {
 			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), "SOFTROCE_DAEMON_CHILD="+role, "SRC_MODE="+mode, "SRC_SOCK="+sock,
+			cmd.Env = append(append(os.Environ(), variant...), "SOFTROCE_DAEMON_CHILD="+role, "SRC_MODE="+mode, "SRC_SOCK="+sock,
 				"SRC_LOCAL="+local.String(), "SRC_PEER="+peer.String(), "SRC_ARGS="+strconv.Itoa(n)+","+strconv.Itoa(depth))
 			return startProc(t, mode+" "+role, cmd, false)
 		}
@@ -129,10 +136,50 @@ func TestProcessThroughput(t *testing.T) {
 		scpu := snd.cmd.ProcessState.UserTime() + snd.cmd.ProcessState.SystemTime()
 		rcpu := rcv.cmd.ProcessState.UserTime() + rcv.cmd.ProcessState.SystemTime()
 		t.Logf("split, %s: sender CPU %v, receiver CPU %v, daemon CPU A %v B %v, %s", mode, scpu, rcpu, acpu, bcpu, line)
-		cpu["split "+mode] = append(cpu["split "+mode], float64(scpu+rcpu+acpu+bcpu)/float64(time.Microsecond)/float64(n))
+		cpu[vname+"program split "+mode] = append(cpu[vname+"program split "+mode], float64(scpu+rcpu)/float64(time.Microsecond)/float64(n))
+		cpu[vname+"split "+mode] = append(cpu[vname+"split "+mode], float64(scpu+rcpu+acpu+bcpu)/float64(time.Microsecond)/float64(n))
 		var mbps float64
 		fmt.Sscanf(line, "MBPS %f", &mbps)
 		return mbps
+	}
+	variants := strings.Split(os.Getenv("SOFTROCE_DAEMON_BENCH_VARIANTS"), ",")
+	med := func(v []float64) float64 { s := append([]float64(nil), v...); sort.Float64s(s); return s[len(s)/2] }
+	if len(variants) > 1 {
+		type res struct{ emb, dmn, embS, dmnS []float64 }
+		rs := make([]res, len(variants))
+		for i := 0; i < runs; i++ {
+			for k, v := range variants {
+				w, m, _ := strings.Cut(v, ":")
+				variant = []string{"SOFTROCE_DAEMON_BENCH_WAIT=" + w, "SOFTROCE_DAEMON_BENCH_MOD=" + m}
+				vname = v + " "
+				if layout != "split" {
+					rs[k].emb = append(rs[k].emb, measure("embedded"))
+					rs[k].dmn = append(rs[k].dmn, measure("daemon"))
+				}
+				if layout != "one" {
+					rs[k].embS = append(rs[k].embS, measureSplit("embedded"))
+					rs[k].dmnS = append(rs[k].dmnS, measureSplit("daemon"))
+				}
+			}
+			t.Logf("run %d done, load average %s", i, loadAvg())
+		}
+		for k, v := range variants {
+			r := rs[k]
+			for _, key := range []string{"split embedded", "split daemon", "program split daemon", "one embedded", "one daemon", "program one daemon"} {
+				if c := cpu[v+" "+key]; len(c) > 0 {
+					t.Logf("variant %s CPU per WRITE (programs + daemons), %s: median %.1f us %.1f", v, key, med(c), c)
+				}
+			}
+			if layout != "one" {
+				t.Logf("variant %s split MB/s: embedded %v (median %.0f) daemon %v (median %.0f): %.0f%%",
+					v, r.embS, med(r.embS), r.dmnS, med(r.dmnS), 100*med(r.dmnS)/med(r.embS))
+			}
+			if layout != "split" {
+				t.Logf("variant %s one MB/s: embedded %v (median %.0f) daemon %v (median %.0f): %.0f%%",
+					v, r.emb, med(r.emb), r.dmn, med(r.dmn), 100*med(r.dmn)/med(r.emb))
+			}
+		}
+		return
 	}
 	var emb, dmn, embS, dmnS []float64
 	for i := 0; i < runs; i++ { // interleaved, so load changes hit both
@@ -146,7 +193,6 @@ func TestProcessThroughput(t *testing.T) {
 		}
 	}
 	t.Logf("load average %s", loadAvg())
-	med := func(v []float64) float64 { s := append([]float64(nil), v...); sort.Float64s(s); return s[len(s)/2] }
 	if layout != "one" {
 		t.Logf("split (sender and receiver programs in two processes), 64 KiB WRITE, %d in flight, %d per run, MB/s: embedded %v (median %.0f), daemon %v (median %.0f): daemon/embedded = %.0f%%",
 			depth, n, embS, med(embS), dmnS, med(dmnS), 100*med(dmnS)/med(embS))
