@@ -86,3 +86,40 @@ func TestPostInEveryState(t *testing.T) {
 		}
 	}
 }
+
+// TestQPModifyRefusesNamingAttr: QP.Modify (the object, not only CheckModify) refuses a
+// transition missing a required attribute with a *ModifyError naming it and leaves the QP in
+// its state; an illegal transition is refused the same way.
+func TestQPModifyRefusesNamingAttr(t *testing.T) {
+	for _, typ := range []Type{TypeRC, TypeUC, TypeUD, TypeGSI} {
+		n := newNet(t)
+		qpn := uint32(0x11)
+		if typ == TypeGSI {
+			qpn = 1
+		}
+		a := n.newSide("10.0.0.1", sideOpts{qpn: qpn, typ: typ})
+		steps := []struct{ from, to State }{{StateReset, StateInit}, {StateInit, StateRTR}, {StateRTR, StateRTS}}
+		for _, s := range steps {
+			_, req, _ := Allowed(typ, s.from, s.to)
+			for bit := AttrMask(1); bit != 0 && bit <= req; bit <<= 1 {
+				if req&bit == 0 {
+					continue
+				}
+				err := a.qp.Modify(goodAttr(s.to, s.from), AttrState|req&^bit)
+				wantModifyErr(t, err, bit, "requires", typ.String()+" "+s.from.String()+"->"+s.to.String())
+				if got := a.qp.Query().State; got != s.from {
+					t.Fatalf("%v: refused modify moved the QP to %v", typ, got)
+				}
+			}
+			// RESET -> RTS (skipping states) is illegal.
+			if s.from == StateReset {
+				wantModifyErr(t, a.qp.Modify(goodAttr(StateRTS, s.from), AttrState), 0, "illegal transition", typ.String()+" RESET->RTS")
+			}
+			ga := goodAttr(s.to, s.from)
+			ga.MaxRDAtomic, ga.MaxDestRDAtomic = 16, 16
+			if err := a.qp.Modify(ga, AttrState|req); err != nil {
+				t.Fatalf("%v %v->%v minimal mask: %v", typ, s.from, s.to, err)
+			}
+		}
+	}
+}
