@@ -52,12 +52,12 @@ type rxState struct {
 	pkt bth.Packet
 	now time.Time // read once per received batch
 
-	icrc struct {
-		ep    bth.Endpoints
-		n     int
-		state uint32
-		ok    bool
-	}
+	// phc holds the pseudo-header CRC states of the last two (endpoints, length) seen, most
+	// recent first: a ping-pong's WRITEs and ACKs alternate between two lengths (pseudoHeader).
+	phc [2]icrcEntry
+	// icrc is the former one-entry cache (unused since pseudoHeader; removed with the next
+	// device.go change)
+	icrc icrcEntry
 	ids  [2]idTable
 	next int // the idTable to replace next
 
@@ -65,6 +65,32 @@ type rxState struct {
 	// flushed once after the batch (coalesced ACKs, one burst of requests per batch of ACKs).
 	pending  [8]*qp.QP
 	npending int
+}
+
+// icrcEntry is one cached pseudo-header CRC state (bth.PseudoHeaderCRC of ep and n bytes).
+type icrcEntry struct {
+	ep    bth.Endpoints
+	n     int
+	state uint32
+	ok    bool
+}
+
+// pseudoHeader returns bth.PseudoHeaderCRC(ep, n) (IBTA A17.3.3: the ICRC's masked IP and UDP
+// headers depend only on the endpoints and the length), from the two-entry cache when it holds
+// it: a bulk flow's full-MTU packets and a latency test's alternating requests and ACKs both
+// skip the 36-byte CRC.
+func (rx *rxState) pseudoHeader(ep *bth.Endpoints, n int) uint32 {
+	c := &rx.phc
+	if c[0].ok && c[0].n == n && c[0].ep == *ep {
+		return c[0].state
+	}
+	if c[1].ok && c[1].n == n && c[1].ep == *ep {
+		c[0], c[1] = c[1], c[0]
+		return c[0].state
+	}
+	c[1] = c[0]
+	c[0] = icrcEntry{ep: *ep, n: n, state: bth.PseudoHeaderCRC(ep, n), ok: true}
+	return c[0].state
 }
 
 // deferFlush records that q must be flushed after the batch (once).
