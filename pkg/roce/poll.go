@@ -40,6 +40,10 @@ type pollState struct {
 	links []link.PollReceiver // d.links as PollReceivers
 	batch []link.Datagram
 	bufs  [][]byte
+	// used is how many batch entries the last read filled (a link may have pointed them at its
+	// own memory): only those are pointed back at bufs before the next read, so an empty Poll
+	// touches no entry.
+	used int
 }
 
 // initPoll checks that every link can be polled and allocates the receive batch.
@@ -58,6 +62,7 @@ func (d *Device) initPoll() error {
 	p.bufs = make([][]byte, bs)
 	for i := range p.bufs {
 		p.bufs[i] = make([]byte, link.MaxDatagram)
+		p.batch[i].Buf = p.bufs[i]
 	}
 	d.pl = p
 	return nil
@@ -88,10 +93,12 @@ func (d *Device) Poll() (int, error) {
 	total := 0
 	for _, l := range p.links {
 		batch := p.batch
-		for k := range batch {
+		for k := 0; k < p.used; k++ {
 			batch[k].Buf = p.bufs[k]
 		}
+		p.used = 0
 		n, err := l.TryRecv(batch)
+		p.used = n
 		if err != nil {
 			if d.closed.Load() || errors.Is(err, net.ErrClosed) {
 				return total, ErrClosed
