@@ -93,6 +93,32 @@ SR_SRV="ip netns exec sb env $SR_ENV $SR perf write --lat -d 198.20.0.2 --timeou
 SR_CLI="ip netns exec sa env $SR_ENV $SR perf write --lat -d 198.20.0.1 --timeout 120s --run-timeout 240s 198.20.0.2"
 X_SRV="ib_write_lat -d rxe3 -x $G3"
 X_CLI="ip netns exec sc env $SR_ENV $SR perf write --lat -d 198.21.0.1 --timeout 120s --run-timeout 240s 198.21.0.2"
+# The floor of any user-space stack here (LAB_PROBE=1 in bench/lab.sh copies bench/cprobe and
+# bench/probe): half the median 8-byte UDP round trip between sa and sb, spinning (MSG_DONTWAIT),
+# in C and in Go (GOMAXPROCS=1), pinned like the pairs, once per round: "udp-*-spin-half" rows.
+CPP="" GPP=""
+[ -x /mnt/host/pingpong ] && cp /mnt/host/pingpong /tmp/pingpong && CPP=/tmp/pingpong
+[ -x /mnt/host/probe ] && cp /mnt/host/probe /tmp/probe && GPP=/tmp/probe
+half() { sed -n 's/.*median=\([0-9.]*\).*/\1/p' | awk '{printf "%.2f", $1 / 2}'; }
+floor() {
+  local v
+  if [ -n "$CPP" ]; then
+    PORT=$((PORT + 1))
+    timeout 60 $PIN_SRV ip netns exec sb $CPP server 198.20.0.2 $PORT spin > /dev/null 2>&1 &
+    sleep 1
+    v=$(timeout 60 $PIN_CLI ip netns exec sa $CPP client 198.20.0.2 $PORT 2000 spin 2>/dev/null | half)
+    wait
+    echo "ROW|udp-c-spin-half|ib_write_lat|8|$MTU|${v:-FAIL}"
+  fi
+  if [ -n "$GPP" ]; then
+    PORT=$((PORT + 1))
+    timeout 60 $PIN_SRV ip netns exec sb env GOMAXPROCS=1 $GPP server -mode spin 198.20.0.2 $PORT > /dev/null 2>&1 &
+    sleep 1
+    v=$(timeout 60 $PIN_CLI ip netns exec sa env GOMAXPROCS=1 $GPP client -mode spin 198.20.0.2 $PORT 2000 2>/dev/null | half)
+    wait
+    echo "ROW|udp-go-spin-half|ib_write_lat|8|$MTU|${v:-FAIL}"
+  fi
+}
 LSIZES="8 4096"; [ "$LAB_ONLY" = lat8 ] && LSIZES=8
 for size in $LSIZES; do
   n=1; [ $size = 8 ] && n=$ROUNDS
@@ -100,6 +126,7 @@ for size in $LSIZES; do
     pair rxe-rxe ib_write_lat $size $NLAT "$RXE_SRV" "$RXE_CLI"
     [ "$LAB_ONLY" = lat8 ] || pair softroce-softroce ib_write_lat $size $NLAT "$SR_SRV" "$SR_CLI"
     pair softroce-softroce-bp ib_write_lat $size $NLAT "$SR_SRV $BP" "$SR_CLI $BP"
+    [ $size = 8 ] && floor
     [ -n "$OLD" ] && [ $size = 8 ] && pair softroce-softroce-bp-old ib_write_lat $size $NLAT "${SR_SRV/ $SR / $OLD } $BP" "${SR_CLI/ $SR / $OLD } $BP"
   done
   pair softroce-rxe ib_write_lat $size $NLAT "$X_SRV" "$X_CLI"

@@ -18,6 +18,11 @@ cp "$SR" "$SHARE/softroce" && cp bench/lab-guest.sh "$SHARE/lab-guest.sh" || exi
 # LAB_OLD_BIN: an older softroce build, run as "softroce-softroce-bp-old" next to the new one;
 # LAB_ONLY=lat8: only the 8-byte write_lat rows (lab-guest.sh)
 [ -n "${LAB_OLD_BIN:-}" ] && { cp "$LAB_OLD_BIN" "$SHARE/softroce-old" || exit 1; }
+# LAB_PROBE=1: the spinning 8-byte UDP round trip in C and Go in every 8-byte round (the floor)
+if [ "${LAB_PROBE:-0}" = 1 ]; then
+  CGO_ENABLED=0 /usr/local/go/bin/go build -trimpath -o "$SHARE/probe" ./bench/probe &&
+    gcc -O2 -static -o "$SHARE/pingpong" bench/cprobe/pingpong.c || { echo "bench/lab.sh: probe build failed" >&2; exit 1; }
+fi
 LOG=$OUT/lab.log
 # The lab lock: scripts/interop and `softroce conform --dut rxe` hold it for their whole run.
 # Long-lived children (the VM and its watchdog) get it closed.
@@ -71,3 +76,6 @@ awk -F'|' '
         x, (xb != "") ? " (--busy-poll: " xb ")" : "", unit, ratio, rb, (test ~ /_lat$/) ? " (rxe latency / softroce latency)" : "", rounds
     }
   }' "$OUT/lab.rows" | sort
+# every pairing's rounds, in session order (including LAB_OLD_BIN and LAB_PROBE rows)
+awk -F'|' '$1 == "ROW" { k = $2 "|" $3 "|" $4; all[k] = (k in all) ? all[k] "/" $6 : $6; if (!(k in seen)) { seen[k] = 1; order[++n] = k } }
+  END { for (i = 1; i <= n; i++) printf "labrounds|%s|%s\n", order[i], all[order[i]] }' "$OUT/lab.rows"
