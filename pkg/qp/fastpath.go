@@ -97,7 +97,11 @@ func (q *QP) releaseTx() {
 
 // runIndex places the next packet (n bytes, src -> dst) in the burst's GSO runs and returns its
 // index in its run: the IPv4 ID it will carry on the wire (0 without GSO runs).
-func (q *QP) runIndex(t *txSet, n int, src, dst netip.AddrPort) uint16 {
+func (q *QP) runIndex(t *txSet, n int, src, dst netip.AddrPort, tclass uint8) uint16 {
+	if k := len(t.batch); k > 0 && t.batch[k-1].TClass != tclass {
+		// a run shares one IP header: another traffic class (UD AHs) starts afresh
+		t.rule.Join(0, src, dst)
+	}
 	if q.runs == nil || !src.Addr().Is4() || !q.runs.RunGSO(src.Addr()) {
 		// plain datagram: a run of one
 		t.rule.Join(0, src, dst) // closes any open run

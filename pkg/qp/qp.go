@@ -53,9 +53,12 @@ type Output interface {
 	SourcePort(local netip.Addr, entropy uint16) uint16
 }
 
-// Path is a resolved address vector: the local and the remote IP address.
+// Path is a resolved address vector: the local and the remote IP address,
+// and the traffic class the packets carry (AHAttr.TrafficClass; IBTA
+// A17.4.5: the GRH TClass is the IP TOS / Traffic Class byte).
 type Path struct {
 	Src, Dst netip.Addr
+	TClass   uint8
 }
 
 // Resolver turns an address vector into a Path (the device resolves
@@ -611,7 +614,7 @@ func (q *QP) enqueueSend(wr *SendWR) error {
 		if total > q.mtu {
 			return ErrMsgTooLong // IBTA 9.8.3: a UD message is one packet
 		}
-		p := Path{Src: wr.AH.SGID.Unmap(), Dst: wr.AH.DGID.Unmap()}
+		p := Path{Src: wr.AH.SGID.Unmap(), Dst: wr.AH.DGID.Unmap(), TClass: wr.AH.TrafficClass}
 		if !p.Src.IsValid() {
 			if q.cfg.Resolve == nil {
 				return ErrWRNoAH

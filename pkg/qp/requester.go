@@ -462,12 +462,12 @@ func (q *QP) finish(buf []byte, op bth.Opcode, se, ackReq bool, dqpn uint32, psn
 	t := q.txSetFor()
 	src, dst := netip.AddrPortFrom(path.Src, sport), netip.AddrPortFrom(path.Dst, q.cfg.DstPort)
 	state := q.icrc.state
-	if k := q.runIndex(t, end, src, dst); k > 0 {
+	if k := q.runIndex(t, end, src, dst, path.TClass); k > 0 {
 		// segment k of a GSO run carries IPv4 ID k (fastpath.go)
 		state = t.runICRCState(&q.icrc.ep, end, k)
 	}
 	bth.SetICRC(pkt, bth.ICRCContinue(state, pkt))
-	t.batch = append(t.batch, link.Datagram{Buf: pkt, Src: src, Dst: dst})
+	t.batch = append(t.batch, link.Datagram{Buf: pkt, Src: src, Dst: dst, TClass: path.TClass})
 }
 
 // flush hands the pending batch to the Output.

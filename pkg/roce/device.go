@@ -488,7 +488,7 @@ func (d *Device) resolve(ah *qp.AHAttr) (qp.Path, error) {
 	if !dst.IsValid() || src.Is4() != dst.Is4() || src.IsLinkLocalUnicast() {
 		return qp.Path{}, fmt.Errorf("%w: DGID %v from GID %v", ErrInvalidArg, ah.DGID, src)
 	}
-	return qp.Path{Src: src, Dst: dst}, nil
+	return qp.Path{Src: src, Dst: dst, TClass: ah.TrafficClass}, nil
 }
 
 // CreateAH creates an address handle for UD sends (ibv_create_ah); the

@@ -21,7 +21,8 @@ import (
 // as rxe builds it (index 0 the link-local GID from the MAC, then
 // IPv4-mapped and IPv6 GIDs, IBTA A17.8), the port's active MTU from the
 // interface MTU less 80 bytes of headers (1500 -> 1024, 9000 -> 4096),
-// and an RC WRITE at that path MTU moves between the two devices.
+// and an RC WRITE at that path MTU moves between the two devices. (The portable sockets:
+// they tell the race detector that a send happens before its receive, see stdUDP.)
 func TestOpenUDPInterface(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (network namespace)")
@@ -91,12 +92,12 @@ func TestOpenUDPInterface(t *testing.T) {
 				return
 			}
 		}
-		a, err := OpenUDP(UDPOptions{Interface: "srv0", Name: "a"})
+		a, err := OpenUDP(UDPOptions{Interface: "srv0", Name: "a", Portable: true})
 		if err != nil {
 			fail("OpenUDP srv0", err)
 			return
 		}
-		b, err := OpenUDP(UDPOptions{Interface: "srv1", Name: "b"})
+		b, err := OpenUDP(UDPOptions{Interface: "srv1", Name: "b", Portable: true})
 		if err != nil {
 			a.Close()
 			fail("OpenUDP srv1", err)

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -124,11 +125,31 @@ func (l *stdUDP) Send(batch []link.Datagram) error {
 		if c == nil {
 			return link.ErrNoLocalAddr
 		}
-		if _, err := c.WriteToUDPAddrPort(d.Buf, d.Dst); err != nil && first == nil {
+		var err error
+		if d.TClass != 0 {
+			_, _, err = c.WriteMsgUDPAddrPort(d.Buf, tclassCmsg(d.TClass, !d.Dst.Addr().Unmap().Is4()), d.Dst)
+		} else {
+			_, err = c.WriteToUDPAddrPort(d.Buf, d.Dst)
+		}
+		if err != nil && first == nil {
 			first = err
 		}
 	}
 	return first
+}
+
+// tclassCmsg is the IP_TOS (IPv4) or IPV6_TCLASS (IPv6) ancillary data that sends a datagram
+// with traffic class tc (link.Datagram.TClass; IBTA A17.4.5).
+func tclassCmsg(tc uint8, dst6 bool) []byte {
+	b := make([]byte, unix.CmsgSpace(4))
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
+	h.Level, h.Type = unix.IPPROTO_IP, unix.IP_TOS
+	if dst6 {
+		h.Level, h.Type = unix.IPPROTO_IPV6, unix.IPV6_TCLASS
+	}
+	h.SetLen(unix.CmsgLen(4))
+	*(*int32)(unsafe.Pointer(&b[unix.CmsgLen(0)])) = int32(tc)
+	return b
 }
 
 func (l *stdUDP) conn(a netip.Addr) *net.UDPConn {

@@ -6,8 +6,6 @@ import (
 	"net/netip"
 	"unsafe"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/softroce/softroce/pkg/bth"
 )
 
@@ -146,25 +144,20 @@ func (s *udpSock) fillRuns(batch []Datagram, runs []uint8, plain int) (int, int)
 	return d, r
 }
 
-// msg fills message m: iovecs [iov, iov+n) to dg.Dst, with a UDP_SEGMENT cmsg of seg if n > 1.
+// msg fills message m: iovecs [iov, iov+n) to dg.Dst, with a UDP_SEGMENT cmsg of seg if n > 1,
+// and dg's traffic class (a run's datagrams share one IP header: the engine starts a new run
+// when the class changes).
 func (s *udpSock) msg(m int, dg *Datagram, iov, n, seg int) {
 	h := &s.smsgs[m].hdr
 	h.Name = (*byte)(unsafe.Pointer(&s.ssa[m]))
 	h.Namelen = putSockaddr(&s.ssa[m], dg.Dst, s.v6)
 	h.Iov = &s.siov[iov]
 	h.SetIovlen(n)
-	h.Control, h.Controllen, h.Flags = nil, 0, 0
-	if n > 1 {
-		space := unix.CmsgSpace(2)
-		c := s.scmsg[m*space : (m+1)*space]
-		ch := (*unix.Cmsghdr)(unsafe.Pointer(&c[0]))
-		ch.Level = unix.SOL_UDP
-		ch.Type = unix.UDP_SEGMENT
-		ch.SetLen(unix.CmsgLen(2))
-		*(*uint16)(unsafe.Pointer(&c[unix.CmsgLen(0)])) = uint16(seg)
-		h.Control = &c[0]
-		h.SetControllen(space)
+	h.Flags = 0
+	if n <= 1 {
+		seg = 0
 	}
+	putControl(h, s.scmsg, m, seg, dg.TClass, !dg.Dst.Addr().Unmap().Is4())
 	s.smsgs[m].len = 0
 }
 

@@ -33,6 +33,11 @@ type Datagram struct {
 	Src netip.AddrPort
 	// Dst, on Send, is the peer (port 4791); on Recv, the local address it arrived on.
 	Dst netip.AddrPort
+	// TClass, on Send, is the IPv4 TOS / IPv6 Traffic Class byte to send with: the address
+	// vector's GRH TClass, which RoCEv2 carries in the IP header (IBTA A17.4.5; rxe puts
+	// grh.traffic_class there). 0 is the socket's default, 0. Links that cannot set it per
+	// datagram (the in-memory network) ignore it; Recv leaves it 0.
+	TClass uint8
 }
 
 // Link moves batches of datagrams. Implementations: the in-memory network (tests) and UDP sockets.

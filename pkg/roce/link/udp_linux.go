@@ -315,7 +315,7 @@ func openSock(l *UDPLink, a netip.Addr, o *UDPOptions) (*udpSock, error) {
 	s.smsgs = make([]mmsghdr, n)
 	s.siov = make([]unix.Iovec, n)
 	s.ssa = make([]unix.RawSockaddrInet6, n)
-	s.scmsg = make([]byte, n*unix.CmsgSpace(2))
+	s.scmsg = make([]byte, n*sendCtlSpace)
 	s.rmsgs = make([]mmsghdr, n)
 	s.riov = make([]unix.Iovec, n)
 	s.rsa = make([]unix.RawSockaddrInet6, n)
@@ -494,7 +494,6 @@ func (s *udpSock) flush() (done int, refused bool, err error) {
 // shorter) share one message with a UDP_SEGMENT cmsg carrying that length.
 func (s *udpSock) fill(run []Datagram, gso bool) int {
 	m, d := 0, 0
-	space := unix.CmsgSpace(2)
 	for m < len(s.smsgs) && d < len(run) && d < len(s.siov) {
 		first := d
 		size := len(run[d].Buf)
@@ -502,7 +501,7 @@ func (s *udpSock) fill(run []Datagram, gso bool) int {
 		d++
 		if gso && size > 0 {
 			for d < len(run) && d < len(s.siov) && d-first < s.l.maxSegs &&
-				run[d].Dst == run[first].Dst && len(run[d].Buf) <= size && len(run[d].Buf) > 0 &&
+				run[d].Dst == run[first].Dst && run[d].TClass == run[first].TClass && len(run[d].Buf) <= size && len(run[d].Buf) > 0 &&
 				total+len(run[d].Buf) <= maxGSOBytes {
 				total += len(run[d].Buf)
 				short := len(run[d].Buf) < size
@@ -526,17 +525,12 @@ func (s *udpSock) fill(run []Datagram, gso bool) int {
 		h.Namelen = putSockaddr(&s.ssa[m], run[first].Dst, s.v6)
 		h.Iov = &s.siov[first]
 		h.SetIovlen(d - first)
-		h.Control, h.Controllen, h.Flags = nil, 0, 0
+		h.Flags = 0
+		seg := 0
 		if d-first > 1 {
-			c := s.scmsg[m*space : (m+1)*space]
-			ch := (*unix.Cmsghdr)(unsafe.Pointer(&c[0]))
-			ch.Level = unix.SOL_UDP
-			ch.Type = unix.UDP_SEGMENT
-			ch.SetLen(unix.CmsgLen(2))
-			*(*uint16)(unsafe.Pointer(&c[unix.CmsgLen(0)])) = uint16(size)
-			h.Control = &c[0]
-			h.SetControllen(space)
+			seg = size
 		}
+		putControl(h, s.scmsg, m, seg, run[first].TClass, !run[first].Dst.Addr().Unmap().Is4())
 		s.smsgs[m].len = 0
 		m++
 	}
@@ -550,7 +544,7 @@ func (s *udpSock) sentDatagrams() int {
 	n, gso := 0, 0
 	for m := 0; m < s.sidx; m++ {
 		n += int(s.smsgs[m].hdr.Iovlen)
-		if s.smsgs[m].hdr.Controllen != 0 {
+		if s.smsgs[m].hdr.Iovlen > 1 {
 			gso++
 		}
 	}
@@ -579,7 +573,7 @@ func (s *udpSock) doSend(fd uintptr) bool {
 			return false
 		case unix.EINTR:
 		default:
-			if s.smsgs[s.sidx].hdr.Controllen != 0 {
+			if s.smsgs[s.sidx].hdr.Iovlen > 1 {
 				s.sgsoEr = e // a GSO message refused: the caller resends from here
 				return true
 			}
