@@ -609,13 +609,9 @@ func (d *Device) handle(rx *rxState, dg *link.Datagram) {
 	}
 	// ICRC (IBTA A17.3.3). IPv4: the ID the sender's kernel chose is not
 	// visible to a UDP socket; ID 0 (DF senders like us) first, then the
-	// solver (kernel rxe's counting IDs). The pseudo-header state of the
-	// last (endpoints, length) is reused (per receive worker).
-	if !rx.icrc.ok || rx.icrc.n != len(dg.Buf) || rx.icrc.ep != ep {
-		rx.icrc.ep, rx.icrc.n, rx.icrc.ok = ep, len(dg.Buf), true
-		rx.icrc.state = bth.PseudoHeaderCRC(&rx.icrc.ep, len(dg.Buf))
-	}
-	if diff := bth.ICRCContinue(rx.icrc.state, dg.Buf) ^ bth.GetICRC(dg.Buf); diff != 0 {
+	// solver (kernel rxe's counting IDs). The pseudo-header states of the
+	// last two (endpoints, length) are reused (per receive worker).
+	if diff := bth.ICRCContinue(rx.pseudoHeader(&ep, len(dg.Buf)), dg.Buf) ^ bth.GetICRC(dg.Buf); diff != 0 {
 		if !src.Addr().Is4() {
 			d.cnt.RcvdDropped.Add(1)
 			return

@@ -55,9 +55,6 @@ type rxState struct {
 	// phc holds the pseudo-header CRC states of the last two (endpoints, length) seen, most
 	// recent first: a ping-pong's WRITEs and ACKs alternate between two lengths (pseudoHeader).
 	phc [2]icrcEntry
-	// icrc is the former one-entry cache (unused since pseudoHeader; removed with the next
-	// device.go change)
-	icrc icrcEntry
 	ids  [2]idTable
 	next int // the idTable to replace next
 
