@@ -150,6 +150,24 @@ func (q *QP) sendBurst(t *txSet) error {
 	return q.cfg.Out.Send(t.batch)
 }
 
+// pseudoHeader returns the cache entry holding bth.PseudoHeaderCRC(ep, n) (IBTA A17.3.3: the
+// masked IP and UDP headers the ICRC covers depend only on the endpoints and the length). The
+// QP keeps the last two: a bulk flow's full-MTU packets and last packet, and a latency test's
+// alternating ACKs and requests, each skip the 36-byte CRC.
+func (q *QP) pseudoHeader(ep *bth.Endpoints, n int) *icrcCache {
+	c := &q.icrc
+	if c[0].ok && c[0].n == n && c[0].ep == *ep {
+		return &c[0]
+	}
+	if c[1].ok && c[1].n == n && c[1].ep == *ep {
+		c[0], c[1] = c[1], c[0]
+		return &c[0]
+	}
+	c[1] = c[0]
+	c[0] = icrcCache{ep: *ep, n: n, state: bth.PseudoHeaderCRC(ep, n), ok: true}
+	return &c[0]
+}
+
 // ensureSQ allocates the send ring at the first PostSend (Cap.MaxSendWR slots).
 func (q *QP) ensureSQ() {
 	if q.sq != nil {

@@ -209,14 +209,14 @@ type QP struct {
 	// Output's GSO run interface (nil if it has none)
 	out  *txSet
 	runs link.RunSender
-	icrc icrcCache
+	icrc [2]icrcCache // most recent first (pseudoHeader, fastpath.go)
 	// resN is the number of responder resources (max_dest_rd_atomic) to
 	// allocate at the first READ/atomic
 	resN int
 }
 
-// icrcCache holds the pseudo-header CRC state of the last (endpoints,
-// length) a packet was sent with.
+// icrcCache holds the pseudo-header CRC state of one (endpoints, length)
+// a packet was sent with.
 type icrcCache struct {
 	ep    bth.Endpoints
 	n     int

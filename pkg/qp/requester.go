@@ -453,18 +453,13 @@ func (q *QP) finish(buf []byte, op bth.Opcode, se, ackReq bool, dqpn uint32, psn
 	}
 	sport := q.cfg.Out.SourcePort(path.Src, entropy)
 	ep := bth.Endpoints{Src: path.Src, Dst: path.Dst, SrcPort: sport, DstPort: q.cfg.DstPort}
-	if !q.icrc.ok || q.icrc.n != end || q.icrc.ep != ep {
-		// the pseudo-header CRC depends only on (endpoints, length):
-		// full-MTU packets of a flow reuse it
-		q.icrc.ep, q.icrc.n, q.icrc.ok = ep, end, true
-		q.icrc.state = bth.PseudoHeaderCRC(&q.icrc.ep, end)
-	}
+	ph := q.pseudoHeader(&ep, end) // cached per (endpoints, length) (fastpath.go)
 	t := q.txSetFor()
 	src, dst := netip.AddrPortFrom(path.Src, sport), netip.AddrPortFrom(path.Dst, q.cfg.DstPort)
-	state := q.icrc.state
+	state := ph.state
 	if k := q.runIndex(t, end, src, dst, path.TClass); k > 0 {
 		// segment k of a GSO run carries IPv4 ID k (fastpath.go)
-		state = t.runICRCState(&q.icrc.ep, end, k)
+		state = t.runICRCState(&ph.ep, end, k)
 	}
 	bth.SetICRC(pkt, bth.ICRCContinue(state, pkt))
 	t.batch = append(t.batch, link.Datagram{Buf: pkt, Src: src, Dst: dst, TClass: path.TClass})
