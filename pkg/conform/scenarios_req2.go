@@ -69,7 +69,7 @@ var req2Scenarios = []Scenario{
 		Name: "req-rnr-retry-exceeded", Section: "9.7.5.2.8, 9.9.2",
 		Summary: "rnr_retry 0 and an RNR NAK for the DUT's SEND: no retry, the WR completes with IBV_WC_RNR_RETRY_EXC_ERR, QP to ERR",
 		Run: func(c *Case) {
-			c.Setup(func(q *QPConfig) { q.Timeout, q.RetryCnt, q.RNRRetry = 10, 3, 0 })
+			c.Setup(func(q *QPConfig) { q.Timeout, q.RetryCnt, q.RNRRetry = reqAckTimeout, 3, 0 })
 			m := c.MR(256, AllAccess, 0xd1)
 			postSend(c, SendConfig{Op: SendSend, MR: m.ID, Len: 16, WRID: 77})
 			d := c.Cfg.DUTPSN
@@ -83,7 +83,7 @@ var req2Scenarios = []Scenario{
 		Name: "req-retry-exceeded", Section: "9.7.6.1.1, 9.9.2",
 		Summary: "retry_cnt 1 and no answer: the DUT sends its SEND twice (original + 1 retry after the ACK timeout), then completes it with IBV_WC_RETRY_EXC_ERR, QP to ERR",
 		Run: func(c *Case) {
-			c.Setup(func(q *QPConfig) { q.Timeout, q.RetryCnt, q.RNRRetry = 10, 1, 3 })
+			c.Setup(func(q *QPConfig) { q.Timeout, q.RetryCnt, q.RNRRetry = reqTimerTimeout, 1, 3 })
 			m := c.MR(256, AllAccess, 0xd2)
 			postSend(c, SendConfig{Op: SendSend, MR: m.ID, Len: 16, WRID: 77})
 			d := c.Cfg.DUTPSN
