@@ -258,13 +258,19 @@ type CQ struct {
 	done   chan struct{} // closed by Destroy (ends Wait)
 	sink   event.Sink
 	// Moderation state (SetModeration): trig = a matching completion arrived since the arm
-	// and did not fire the event; timing = the period timer runs, due at deadline.
+	// and did not fire the event; timing = a moderated event is due at deadline; timerSet =
+	// the timer is scheduled (for timerAt). The timer is lazy: an event the count fires
+	// leaves it scheduled (no Stop), and a period that ends after timerAt does not move it
+	// (expire re-schedules for the rest), so a busy CQ pays about one timer operation per
+	// period instead of a Reset and a Stop per event (each may wake the runtime's poller).
 	mod      Moderation
 	clock    Clock
 	timer    Timer
 	deadline time.Time
 	trig     bool
 	timing   bool
+	timerSet bool
+	timerAt  time.Time
 	hook     PushHook
 	after    func()
 	// afterMu is read-held by each running AfterPush call, so SetPushHooks can wait for them.
@@ -308,20 +314,20 @@ func (c *CQ) Moderation() Moderation {
 	return c.mod
 }
 
-// stopTimerLocked stops the period timer (c.mu held).
-func (c *CQ) stopTimerLocked() {
-	if c.timing {
-		c.timer.Stop()
-		c.timing = false
-	}
-}
+// stopTimerLocked cancels the due moderated event (c.mu held); the timer itself stays
+// scheduled, and finds nothing to do when it fires.
+func (c *CQ) stopTimerLocked() { c.timing = false }
 
-// startTimerLocked starts the period timer (c.mu held). The timer is made once and reset
-// afterwards, so moderation allocates nothing per event.
+// startTimerLocked makes the moderated event due one period from now (c.mu held). The timer
+// is made once and reset afterwards, so moderation allocates nothing per event.
 func (c *CQ) startTimerLocked() {
 	d := c.mod.Period()
 	c.deadline = c.clock.Now().Add(d)
 	c.timing = true
+	if c.timerSet && !c.timerAt.After(c.deadline) {
+		return // fires by then; expire re-schedules for the rest
+	}
+	c.timerSet, c.timerAt = true, c.deadline
 	if c.timer == nil {
 		c.timer = c.clock.AfterFunc(d, c.expire)
 		return
@@ -329,12 +335,19 @@ func (c *CQ) startTimerLocked() {
 	c.timer.Reset(d)
 }
 
-// expire is the period timer: the moderated event is due if the CQ is still armed with a
-// matching completion unreported. A stale call (the event already fired, or the timer was
-// reset meanwhile) changes nothing.
+// expire is the period timer: the moderated event fires if it is due and the CQ is still
+// armed with a matching completion unreported; a period not yet over is re-scheduled. A
+// stale call (the event already fired) changes nothing.
 func (c *CQ) expire() {
 	c.mu.Lock()
-	if !c.timing || c.clock.Now().Before(c.deadline) {
+	c.timerSet = false
+	if !c.timing || c.closed {
+		c.mu.Unlock()
+		return
+	}
+	if now := c.clock.Now(); now.Before(c.deadline) {
+		c.timerSet, c.timerAt = true, c.deadline
+		c.timer.Reset(c.deadline.Sub(now))
 		c.mu.Unlock()
 		return
 	}
@@ -550,5 +563,9 @@ func (c *CQ) Destroy() {
 	c.closed = true
 	c.notify = notifyNone
 	c.stopTimerLocked()
+	if c.timer != nil {
+		c.timer.Stop()
+		c.timerSet = false
+	}
 	c.mu.Unlock()
 }

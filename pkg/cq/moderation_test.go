@@ -16,10 +16,11 @@ type fakeClock struct {
 }
 
 type fakeTimer struct {
-	c     *fakeClock
-	f     func()
-	when  time.Time
-	armed bool
+	c      *fakeClock
+	f      func()
+	when   time.Time
+	armed  bool
+	resets int // Reset calls (AfterFunc's first arming included)
 }
 
 func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1000, 0)} }
@@ -52,6 +53,7 @@ func (t *fakeTimer) Reset(d time.Duration) bool {
 	defer t.c.mu.Unlock()
 	was := t.armed
 	t.armed, t.when = true, t.c.now.Add(d)
+	t.resets++
 	return was
 }
 
@@ -119,10 +121,7 @@ func TestModerationCount(t *testing.T) {
 	if !pending(c) {
 		t.Fatal("no event at 4 queued completions")
 	}
-	if clk.armed() != 0 {
-		t.Fatal("period timer still armed after the count fired the event")
-	}
-	clk.Advance(time.Second)
+	clk.Advance(time.Second) // the lazy timer, still scheduled, fires nothing
 	if pending(c) {
 		t.Fatal("a second event without a new arm")
 	}
@@ -258,6 +257,51 @@ func TestModerationStaleTimer(t *testing.T) {
 	clk.Advance(50 * time.Microsecond)
 	if !pending(c) {
 		t.Fatal("no event at the period")
+	}
+}
+
+// TestModerationLazyTimer: an event the count fires leaves the timer scheduled, and the next
+// arm's period (ending later) does not move it: the timer, firing early, re-schedules itself
+// for the rest, and the event still comes exactly at the end of the new period. Many events
+// by count within one period cost one timer operation, not two each.
+func TestModerationLazyTimer(t *testing.T) {
+	c, clk := modCQ(t, Moderation{Count: 2, PeriodUS: 100})
+	var got [8]WC
+	c.ReqNotify(false)
+	c.Push(&WC{WRID: 1}, false) // t=0: timer for t=100
+	c.Push(&WC{WRID: 2}, false) // count: event
+	if !pending(c) {
+		t.Fatal("no event at Count")
+	}
+	c.Poll(got[:])
+	for i := 0; i < 20; i++ { // 20 events by count, 1 us apart
+		clk.Advance(time.Microsecond)
+		c.ReqNotify(false)
+		c.Push(&WC{WRID: 3}, false)
+		c.Push(&WC{WRID: 4}, false)
+		if !pending(c) {
+			t.Fatalf("event %d: none at Count", i)
+		}
+		c.Poll(got[:])
+	}
+	if r := clk.timers[0].resets; r != 1 {
+		t.Fatalf("%d timer operations for 21 events by count within one period, want 1", r)
+	}
+	// t=50: a new arm's period ends at t=150; the timer (t=100) must not fire it early.
+	clk.Advance(30 * time.Microsecond)
+	c.ReqNotify(false)
+	c.Push(&WC{WRID: 5}, false)
+	clk.Advance(50 * time.Microsecond) // t=100: the timer fires, re-schedules
+	if pending(c) {
+		t.Fatal("event before the period ended (timer scheduled for an earlier period)")
+	}
+	clk.Advance(49 * time.Microsecond)
+	if pending(c) {
+		t.Fatal("event before the period ended")
+	}
+	clk.Advance(time.Microsecond)
+	if !pending(c) {
+		t.Fatal("no event at the end of the period")
 	}
 }
 

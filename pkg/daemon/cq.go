@@ -30,8 +30,10 @@ type cqObj struct {
 	// Event moderation (OpModifyCQ, ibv_modify_cq): moderated tells deliver to take the
 	// client's arm through moderate. modMu guards the rest; deliver takes it under the
 	// engine CQ's lock, the period timer on its own. trig: a matching completion arrived
-	// since the client armed and did not fire the event; timing: the period timer runs, due
-	// at deadline; closed: the CQ is being released (the timer must not signal).
+	// since the client armed and did not fire the event; timing: a moderated event is due at
+	// deadline; timerSet: the timer is scheduled, for timerAt (lazy, as in pkg/cq: left
+	// scheduled when the count fires, re-scheduled by expire for a later deadline); closed:
+	// the CQ is being released (the timer must not signal).
 	moderated atomic.Bool
 	modMu     sync.Mutex
 	mod       cq.Moderation
@@ -40,6 +42,8 @@ type cqObj struct {
 	deadline  time.Time
 	trig      bool
 	timing    bool
+	timerSet  bool
+	timerAt   time.Time
 	closed    bool
 }
 
@@ -136,6 +140,9 @@ func (ss *session) releaseCQ(o *cqObj) {
 	o.modMu.Lock()             // and no period timer signals after this
 	o.closed = true
 	o.stopTimerLocked()
+	if o.timer != nil {
+		o.timer.Stop()
+	}
 	o.modMu.Unlock()
 	o.spaceFile.Close()
 	<-o.spaceDone
@@ -286,6 +293,10 @@ func (o *cqObj) moderate(tail uint64, solicited bool) {
 		d := o.mod.Period()
 		o.deadline = o.clock.Now().Add(d)
 		o.timing = true
+		if o.timerSet && !o.timerAt.After(o.deadline) {
+			return // fires by then; expire re-schedules for the rest
+		}
+		o.timerSet, o.timerAt = true, o.deadline
 		if o.timer == nil {
 			o.timer = o.clock.AfterFunc(d, o.expire)
 		} else {
@@ -294,13 +305,9 @@ func (o *cqObj) moderate(tail uint64, solicited bool) {
 	}
 }
 
-// stopTimerLocked stops the period timer (modMu held).
-func (o *cqObj) stopTimerLocked() {
-	if o.timing {
-		o.timer.Stop()
-		o.timing = false
-	}
-}
+// stopTimerLocked cancels the due moderated event (modMu held); the timer stays scheduled
+// and finds nothing to do when it fires.
+func (o *cqObj) stopTimerLocked() { o.timing = false }
 
 // expire is the period timer: the moderated event is due; it takes the client's arm and
 // writes the notify eventfd if the client sleeps. The write happens under modMu, so
@@ -309,7 +316,13 @@ func (o *cqObj) stopTimerLocked() {
 func (o *cqObj) expire() {
 	o.modMu.Lock()
 	defer o.modMu.Unlock()
-	if o.closed || !o.timing || o.clock.Now().Before(o.deadline) {
+	o.timerSet = false
+	if o.closed || !o.timing {
+		return
+	}
+	if now := o.clock.Now(); now.Before(o.deadline) {
+		o.timerSet, o.timerAt = true, o.deadline
+		o.timer.Reset(o.deadline.Sub(now))
 		return
 	}
 	o.timing = false

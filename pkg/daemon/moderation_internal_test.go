@@ -32,9 +32,9 @@ func modRing(t *testing.T, capacity int) (*cqObj, *cq.CQ, *qp.ManualClock, func(
 	c, _ := cq.New(cq.Options{Capacity: capacity})
 	o := &cqObj{c: c, ring: ring, notifyFD: fd, clock: manualCQClock{clk}}
 	c.SetPushHooks(o.onPush, o.afterPush)
+	b := make([]byte, 8) // made once: a local array escapes under the race detector
 	signalled := func() bool {
-		var b [8]byte
-		n, _ := unix.Read(fd, b[:])
+		n, _ := unix.Read(fd, b)
 		return n == 8
 	}
 	return o, c, clk, signalled
@@ -61,8 +61,9 @@ func TestModerateRing(t *testing.T) {
 	if !signalled() || o.ring.Armed() != proto.ArmNone {
 		t.Fatal("arm not taken at 4 completions in the ring")
 	}
-	if clk.Pending() != 0 {
-		t.Fatal("period timer left armed after the count fired")
+	clk.Advance(time.Second) // the lazy timer, still scheduled, fires nothing
+	if signalled() {
+		t.Fatal("a signal after the count fired, without a new arm")
 	}
 
 	// Period: the client consumed everything; 2 completions, then time.

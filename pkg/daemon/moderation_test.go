@@ -103,7 +103,7 @@ func TestModeratedWaitNoLostWakeup(t *testing.T) {
 					s.connect(t, b, r.q.Num(), uint8(va.GIDIndex(a)))
 					r.connect(t, a, s.q.Num(), uint8(vb.GIDIndex(b)))
 					res := make(chan error, 1)
-					go func() { res <- streamWait(s, r, size, depth, 20000, m, channel) }()
+					go func() { res <- streamWait(s, r, size, depth, 8000, m, channel) }()
 					select {
 					case err := <-res:
 						if err != nil {

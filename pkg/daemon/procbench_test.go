@@ -79,8 +79,8 @@ func TestProcessThroughput(t *testing.T) {
 	n, depth, runs := knob("N", 20000), knob("DEPTH", 16), knob("RUNS", 5)
 	layout := os.Getenv("SOFTROCE_DAEMON_BENCH_LAYOUT")
 	cpu := map[string][]float64{} // CPU microseconds per WRITE, all processes
-	variant := []string{} // the current variant's environment (_VARIANTS)
-	vname := ""           // and its name (a prefix of the cpu keys)
+	variant := []string{}         // the current variant's environment (_VARIANTS)
+	vname := ""                   // and its name (a prefix of the cpu keys)
 	measure := func(mode string) float64 {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		a, b := dA, dB
