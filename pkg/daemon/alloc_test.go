@@ -13,11 +13,21 @@ import (
 // TestDataPathZeroAlloc: a client's post (encode, post ring, the
 // daemon's decode and PostSend, the engine's packets on both daemons) and
 // its completion (push hook into the ring, Poll from shared memory) allocate
-// nothing, measured over the whole process (client and both daemons).
+// nothing, measured over the whole process (client and both daemons);
+// waiting on the channel, and with Wait on a moderated CQ (count 2, so the
+// period timer runs too).
 func TestDataPathZeroAlloc(t *testing.T) {
 	if testing.Short() {
 		t.Skip("allocation counts")
 	}
+	for _, useWait := range []bool{false, true} {
+		t.Run(map[bool]string{false: "channel", true: "wait-moderated"}[useWait], func(t *testing.T) {
+			dataPathZeroAlloc(t, useWait)
+		})
+	}
+}
+
+func dataPathZeroAlloc(t *testing.T, useWait bool) {
 	// UDP loopback (the in-memory link allocates per datagram).
 	ipA, ipB := loopbackPair(2)
 	la, err := link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{ipA}})
@@ -38,13 +48,26 @@ func TestDataPathZeroAlloc(t *testing.T) {
 		{WRID: 3, Opcode: qp.WRSend, Flags: qp.SendSignaled, SGL: []qp.SGE{{Addr: a.iova, Length: 64, LKey: a.m.LKey()}}}}
 	recv := []qp.RecvWR{{WRID: 2, SGL: []qp.SGE{{Addr: b.iova, Length: 64, LKey: b.m.LKey()}}}}
 	wcs := make([]cq.WC, 4)
+	if useWait {
+		for _, e := range []*end{a, b} {
+			if err := e.v.ModifyCQ(e.cq, cq.Moderation{Count: 2, PeriodUS: 100}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	wait := func(e *end, n int) {
 		for n > 0 {
 			k := e.cq.Poll(wcs)
 			if k == 0 {
 				e.cq.ReqNotify(false)
 				if k = e.cq.Poll(wcs); k == 0 {
-					<-e.cq.Channel()
+					if useWait {
+						if err := e.cq.Wait(); err != nil {
+							t.Fatal(err)
+						}
+					} else {
+						<-e.cq.Channel()
+					}
 					continue
 				}
 			}
