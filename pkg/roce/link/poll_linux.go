@@ -36,7 +36,11 @@ func (l *UDPLink) TryRecv(batch []Datagram) (int, error) {
 func (s *udpSock) tryRecvOnce(batch []Datagram) (int, error) {
 	if s.gro {
 		if !s.groPending() {
-			s.prepGRO()
+			// an empty read (EAGAIN) leaves the message headers untouched: a polling loop
+			// prepares them once per datagram received, not once per attempt
+			if !s.gclean {
+				s.prepGRO()
+			}
 			if err := s.rc.Control(s.gtryFn); err != nil || s.rerr != nil || s.again {
 				return 0, err
 			}

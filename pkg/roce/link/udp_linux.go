@@ -172,6 +172,7 @@ type udpSock struct {
 	gsa    []unix.RawSockaddrInet6
 	gctl   []byte
 	gn     int // messages held
+	gclean bool // gmsgs are as prepGRO left them: no read has filled them since (poll_linux.go)
 	gmi    int // next message to hand out
 	goff   int // offset of the next segment in message gmi
 	groFn  func(uintptr) bool
@@ -617,6 +618,9 @@ func (s *udpSock) recvmmsg(fd uintptr, msgs []mmsghdr) int {
 			uintptr(len(msgs)))
 		switch e {
 		case 0:
+			if r > 0 && s.gro && &msgs[0] == &s.gmsgs[0] {
+				s.gclean = false // the kernel wrote lengths, names and control data
+			}
 			return int(r)
 		case unix.EINTR:
 			continue
@@ -657,6 +661,7 @@ func (s *udpSock) prepGRO() {
 	}
 	s.gn, s.gmi, s.goff = 0, 0, 0
 	s.rerr, s.again = nil, false
+	s.gclean = true
 }
 
 // doGRORecv runs inside RawConn.Read; false = wait readable.
