@@ -59,6 +59,7 @@ func writeLoop(tb testing.TB, va, vb roce.Verbs, ipA, ipB netip.Addr, size, dept
 // SOFTROCE_DAEMON_BENCH_PERIOD = its period in microseconds (default
 // 1000: only the run's last WRITEs, fewer than the count, wait for it),
 // SOFTROCE_DAEMON_BENCH_WAIT=channel waits on Channel instead of Wait.
+// writeStream also fills the source buffer (SOFTROCE_DAEMON_BENCH_FILL=0 does not).
 func benchWait(depth int) (m cq.Moderation, channel bool) {
 	count, period := max(depth/2, 1), 1000
 	if v, err := strconv.Atoi(os.Getenv("SOFTROCE_DAEMON_BENCH_MOD")); err == nil && v > 0 {
@@ -79,6 +80,12 @@ func writeStream(tb testing.TB, a *end, piova uint64, prkey uint32, size, depth,
 	mod, useChannel := benchWait(depth)
 	if err := a.v.ModifyCQ(a.cq, mod); err != nil {
 		tb.Fatal("ModifyCQ:", err)
+	}
+	// The source holds data, as a program's would (SOFTROCE_DAEMON_BENCH_FILL=0: untouched).
+	// An untouched heap buffer (embedded mode) reads from the kernel's shared zero page, so
+	// its copies hit the cache every time; a memfd (daemon mode) has pages of its own.
+	if os.Getenv("SOFTROCE_DAEMON_BENCH_FILL") != "0" {
+		pattern(a.buf, 1)
 	}
 	wrs := make([]qp.SendWR, depth)
 	for i := range wrs {
