@@ -141,6 +141,7 @@ func (t *txSet) runICRCState(ep *bth.Endpoints, n int, k uint16) uint32 {
 // sendBurst hands the burst to the Output: as GSO runs when any run has more than one packet.
 func (q *QP) sendBurst(t *txSet) error {
 	if q.runs != nil {
+		q.pairRun(t)
 		for _, r := range t.runs {
 			if r > 1 {
 				return q.runs.SendRuns(t.batch, t.runs)
@@ -166,6 +167,34 @@ func (q *QP) pseudoHeader(ep *bth.Endpoints, n int) *icrcCache {
 	c[1] = c[0]
 	c[0] = icrcCache{ep: *ep, n: n, state: bth.PseudoHeaderCRC(ep, n), ok: true}
 	return &c[0]
+}
+
+// pairRun makes one GSO run of a burst that is a response followed by a longer request to the
+// same peer: a polled device's deferred ACK (roce.Options.Polled) and the WRITE the application
+// posted next. As built they are two plain datagrams (a run cannot grow past its first
+// datagram's length); swapped, the request leads and sets the segment size and the response is
+// the shorter last segment, so both leave as one UDP_SEGMENT message — one trip through the
+// kernel's UDP/IP path and one socket read at the peer instead of two. The request stays
+// segment 0 (its ICRC was computed for IPv4 ID 0); the response becomes segment 1 and gets
+// its ICRC recomputed for ID 1 (IBTA A17.3.3). The two belong to opposite directions of the
+// connection (the responder's ACK stream and the requester's request stream), which IBTA
+// orders independently (9.7.1), so their order on the wire does not matter.
+func (q *QP) pairRun(t *txSet) {
+	if len(t.batch) != 2 || len(t.runs) != 2 {
+		return
+	}
+	rsp, req := &t.batch[0], &t.batch[1]
+	if len(rsp.Buf) < bth.BTHSize || len(rsp.Buf) >= len(req.Buf) || rsp.Src != req.Src || rsp.Dst != req.Dst ||
+		rsp.TClass != req.TClass || !rsp.Src.Addr().Is4() || !q.runs.RunGSO(rsp.Src.Addr()) {
+		return
+	}
+	if bth.BTH(rsp.Buf).Opcode().Info().Request || !bth.BTH(req.Buf).Opcode().Info().Request {
+		return
+	}
+	ep := bth.Endpoints{Src: rsp.Src.Addr(), Dst: rsp.Dst.Addr(), SrcPort: rsp.Src.Port(), DstPort: rsp.Dst.Port()}
+	bth.SetICRC(rsp.Buf, bth.ICRCContinue(t.runICRCState(&ep, len(rsp.Buf), 1), rsp.Buf))
+	t.batch[0], t.batch[1] = t.batch[1], t.batch[0]
+	t.runs = append(t.runs[:0], 2)
 }
 
 // ensureSQ allocates the send ring at the first PostSend (Cap.MaxSendWR slots).

@@ -1,0 +1,78 @@
+package qp
+
+import (
+	"testing"
+
+	"github.com/softroce/softroce/pkg/bth"
+	"github.com/softroce/softroce/pkg/cq"
+)
+
+// TestPairRun: a responder whose ACK is still queued (ReceiveDeferred, before FlushReceived:
+// a polled device between two Polls) and that then posts a WRITE sends both as ONE GSO run —
+// the WRITE first (segment 0, ICRC for IPv4 ID 0), the shorter ACK last (ICRC for ID 1; runOut
+// checks both) — and the peer gets both: its WRITE completes and the data lands. Two requests
+// posted together keep their order (no swap), and a response alone stays plain.
+func TestPairRun(t *testing.T) {
+	n := newNet(t)
+	a := n.newSide("10.0.0.1", sideOpts{qpn: 0x11, bufSize: 1 << 16})
+	b := n.newSide("10.0.0.2", sideOpts{qpn: 0x12, bufSize: 1 << 16})
+	ro := &runOut{t: t, gso: true}
+	b.qp.cfg.Out, b.qp.runs = ro, ro
+	b.out = &ro.chanOut
+	n.connect(a, b, connOpts{mtu: MTU1024})
+
+	// a -> b: one 8-byte WRITE, received deferred (its ACK stays queued)
+	a.fill(0, 8, 1)
+	a.postSend(t, SendWR{WRID: 1, Opcode: WRRDMAWrite, SGL: []SGE{a.sge(0, 8)}, Flags: SendSignaled,
+		RemoteAddr: b.va(0), RKey: b.mr.RKey()})
+	if len(a.out.q) != 1 {
+		t.Fatalf("a sent %d datagrams", len(a.out.q))
+	}
+	d := a.out.q[0]
+	a.out.q = nil
+	p, err := bth.Parse(d.Buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !b.qp.ReceiveDeferred(n.clk.Now(), &p, d.Src, d.Dst) {
+		t.Fatal("ReceiveDeferred dropped the WRITE")
+	}
+	if ro.sendRuns != 0 || ro.plain != 0 || len(ro.q) != 0 {
+		t.Fatal("the deferred ACK left before FlushReceived or the next post")
+	}
+	// b -> a: its WRITE takes the queued ACK along, as one run [WRITE, ACK]
+	b.fill(100, 8, 2)
+	b.postSend(t, SendWR{WRID: 2, Opcode: WRRDMAWrite, SGL: []SGE{b.sge(100, 8)}, Flags: SendSignaled,
+		RemoteAddr: a.va(100), RKey: a.mr.RKey()})
+	if ro.sendRuns != 1 || ro.plain != 0 || len(ro.runs) != 1 || ro.runs[0] != 2 {
+		t.Fatalf("SendRuns %d (runs %v), plain Sends %d; want one run of 2", ro.sendRuns, ro.runs, ro.plain)
+	}
+	if op0, op1 := bth.BTH(ro.q[0].Buf).Opcode(), bth.BTH(ro.q[1].Buf).Opcode(); op0 != bth.OpRCWriteOnly || op1 != bth.OpRCAck {
+		t.Fatalf("run order %v, %v; want the WRITE, then the ACK", op0, op1)
+	}
+	b.qp.FlushReceived(n.clk.Now()) // nothing left to send
+	if ro.sendRuns != 1 || ro.plain != 0 {
+		t.Fatalf("FlushReceived sent again: %d runs, %d plain", ro.sendRuns, ro.plain)
+	}
+	n.pump()
+	expectWC(t, pollAll(a.scq), cq.WC{WRID: 1, Status: cq.StatusSuccess, Opcode: cq.OpRDMAWrite, ByteLen: 8, QPNum: 0x11})
+	expectWC(t, pollAll(b.scq), cq.WC{WRID: 2, Status: cq.StatusSuccess, Opcode: cq.OpRDMAWrite, ByteLen: 8, QPNum: 0x12})
+	eq(t, "a's WRITE", b.buf[:8], a.buf[:8])
+	eq(t, "b's WRITE", a.buf[100:108], b.buf[100:108])
+
+	// two requests, the second longer: PSN order stays (two plain datagrams)
+	ro.runs, ro.sendRuns, ro.plain = nil, 0, 0
+	b.fill(200, 100, 3)
+	b.postSend(t,
+		SendWR{WRID: 3, Opcode: WRRDMAWrite, SGL: []SGE{b.sge(200, 8)}, RemoteAddr: a.va(200), RKey: a.mr.RKey()},
+		SendWR{WRID: 4, Opcode: WRRDMAWrite, SGL: []SGE{b.sge(208, 92)}, Flags: SendSignaled, RemoteAddr: a.va(208), RKey: a.mr.RKey()})
+	if ro.sendRuns != 0 || ro.plain != 1 || len(ro.q) != 2 {
+		t.Fatalf("two requests: %d runs %v, %d plain Sends of %d datagrams", ro.sendRuns, ro.runs, ro.plain, len(ro.q))
+	}
+	if p0, p1 := bth.BTH(ro.q[0].Buf).PSN(), bth.BTH(ro.q[1].Buf).PSN(); p1 != p0.Add(1) {
+		t.Fatalf("requests reordered: PSN %v then %v", p0, p1)
+	}
+	n.pump()
+	expectWC(t, pollAll(b.scq), cq.WC{WRID: 4, Status: cq.StatusSuccess, Opcode: cq.OpRDMAWrite, ByteLen: 92, QPNum: 0x12})
+	eq(t, "b's two WRITEs", a.buf[200:300], b.buf[200:300])
+}
