@@ -43,8 +43,12 @@ type cqc struct {
 	// gone is set by release before it closes the eventfd.
 	rc     syscall.RawConn
 	taken  func(fd uintptr) bool
+	never  func(fd uintptr) bool
 	waitMu sync.RWMutex
 	gone   atomic.Bool
+	// armed: ReqNotify armed since the last Wait returned an event (a Wait
+	// with no arm blocks, as ibv_get_cq_event does, until the CQ is destroyed).
+	armed atomic.Bool
 
 	notifies atomic.Uint64 // eventfd wakeups (DataPathStats)
 }
@@ -84,6 +88,7 @@ func (c *Conn) CreateCQ(cqe int) (roce.CompletionQueue, error) {
 		return nil, err
 	}
 	q.taken = func(uintptr) bool { return q.ring.Taken() }
+	q.never = func(uintptr) bool { return false }
 	c.bmu.Lock()
 	c.cqs[q] = struct{}{}
 	c.bmu.Unlock()
@@ -136,6 +141,7 @@ func (q *cqc) ReqNotify(solicitedOnly bool) error {
 	// docs/performance.md.)
 	q.ring.Arm(kind, q.chStarted.Load())
 	q.armPending = true
+	q.armed.Store(true)
 	return nil
 }
 
@@ -146,8 +152,9 @@ func (q *cqc) ReqNotify(solicitedOnly bool) error {
 // taken (then it returns at once), so the daemon either sees the mark and
 // writes the eventfd or took the arm before it (proto.Ring). The eventfd
 // is never read (every write is an edge; a stale edge only makes the wait
-// look at the arm once more). It returns at once if no arm is pending, and
-// cq.ErrClosed once the CQ is destroyed. No allocation.
+// look at the arm once more). With no ReqNotify since the last event it
+// blocks, as ibv_get_cq_event does; it returns cq.ErrClosed once the CQ is
+// destroyed. No allocation.
 func (q *cqc) Wait() error {
 	if q.chStarted.Load() {
 		select {
@@ -160,6 +167,10 @@ func (q *cqc) Wait() error {
 	q.waitMu.RLock()
 	defer q.waitMu.RUnlock()
 	if q.gone.Load() {
+		return cq.ErrClosed
+	}
+	if !q.armed.Swap(false) {
+		q.rc.Read(q.never) // no event can come: until the CQ is destroyed
 		return cq.ErrClosed
 	}
 	if !q.ring.Sleep() {

@@ -40,6 +40,7 @@ func testCQ(t *testing.T) (*cqc, int) {
 		t.Fatal(err)
 	}
 	q.taken = func(uintptr) bool { return q.ring.Taken() }
+	q.never = func(uintptr) bool { return false }
 	t.Cleanup(func() { q.release(); proto.CloseFD(daemonSide) })
 	return q, daemonSide
 }
@@ -70,7 +71,8 @@ func waitFor(t *testing.T, q *cqc, limit time.Duration) error {
 // block forever if it slept without the failing compare-and-swap). (2) Wait marks the arm
 // sleeping and parks; the daemon takes it and signals: Wait returns. (3) A stale edge (a
 // signal no Wait consumed) makes Wait look again, not return while the arm is pending.
-// (4) Destroy ends a parked Wait with cq.ErrClosed.
+// (4) A Wait with no arm since the last event blocks (ibv_get_cq_event), even through a
+// stale edge. (5) Destroy ends a parked Wait with cq.ErrClosed.
 func TestWaitInterleavings(t *testing.T) {
 	q, fd := testCQ(t)
 	// (1)
@@ -130,12 +132,18 @@ func TestWaitInterleavings(t *testing.T) {
 	if err := <-res; err != nil {
 		t.Fatal(err)
 	}
-	// (4)
-	q.ReqNotify(false)
+	// (4) no arm: blocks; a signal (stale edge) does not end it.
 	go func() { res <- q.Wait() }()
-	for !q.ring.Sleeping() {
+	proto.Signal(fd)
+	for i := 0; i < 100; i++ {
 		runtime.Gosched()
 	}
+	select {
+	case err := <-res:
+		t.Fatalf("Wait without an arm returned (%v)", err)
+	default:
+	}
+	// (5) destroy ends it.
 	q.release()
 	select {
 	case err := <-res:
