@@ -82,8 +82,8 @@ func streamWait(a, p *end, size, depth, n int, m cq.Moderation, channel bool) er
 // and the client's sleep race each other thousands of times. Every completion must arrive:
 // a lost wakeup fails the test by its timeout instead of hanging. The same runs embedded.
 func TestModeratedWaitNoLostWakeup(t *testing.T) {
-	da, db, ipA, ipB := udpLoopDaemons(t, 30)
-	ea, eb := udpDevicesT(t, 31)
+	da, db, ipA, ipB := udpLoopDaemons(t, 40)
+	ea, eb := udpDevicesT(t, 41)
 	mods := []cq.Moderation{{}, {Count: 4, PeriodUS: 200}, {Count: 7, PeriodUS: 5}, {Count: 2, PeriodUS: 1}}
 	for _, mode := range []string{"daemon", "embedded"} {
 		var va, vb roce.Verbs
@@ -143,7 +143,7 @@ func udpDevicesT(t *testing.T, i int) (udpDev, udpDev) {
 // CQ is refused (roce.ErrInvalidArg client-side; the daemon looks the handle up in the
 // session's own table like every request).
 func TestModifyCQIsolation(t *testing.T) {
-	da, _, _, _ := udpLoopDaemons(t, 32)
+	da, _, _, _ := udpLoopDaemons(t, 42)
 	c1, c2 := da.dial(t), da.dial(t)
 	q1, err := c1.CreateCQ(8)
 	if err != nil {
