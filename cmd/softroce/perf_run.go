@@ -1020,7 +1020,8 @@ func perfPrintStats(w io.Writer, vd *verbsDev) {
 		return
 	}
 	if s, ok := vd.Dev.LinkStats(); ok {
-		fmt.Fprintf(w, "stats: link sent %d (%d sendmmsg, %d GSO messages), received %d (%d recv calls, %d GRO reads), drops %d, truncated %d, fallbacks %d\n",
-			s.Sent, s.SendBatches, s.GSOSends, s.Received, s.RecvBatches, s.GROReceives, s.Drops, s.Truncated, s.Fallbacks)
+		fmt.Fprintf(w, "stats: link sent %d (%d sendmmsg, %d GSO messages), received %d (%d recv calls, %d GRO reads), drops %d, truncated %d, fallbacks %d, entropy sockets %d (%d ports fell back to the main socket)\n",
+			s.Sent, s.SendBatches, s.GSOSends, s.Received, s.RecvBatches, s.GROReceives, s.Drops, s.Truncated, s.Fallbacks,
+			s.EntropySockets, s.EntropyFallbacks)
 	}
 }

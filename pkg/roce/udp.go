@@ -150,6 +150,8 @@ func (d *Device) LinkStats() (link.Stats, bool) {
 		s.Drops += t.Drops
 		s.Truncated += t.Truncated
 		s.Fallbacks += t.Fallbacks
+		s.EntropySockets += t.EntropySockets // shards share one pool, reported by shard 0
+		s.EntropyFallbacks += t.EntropyFallbacks
 	}
 	return s, ok
 }

@@ -40,13 +40,16 @@ func (l *UDPLink) SendRuns(batch []Datagram, runs []uint8) error {
 	}
 	i, r := 0, 0
 	for i < len(batch) {
+		// A run has one Src (RunRule), so one sending socket: split between runs whose
+		// address or entropy socket differ.
 		s := l.sock(batch[i].Src.Addr())
+		e := s.sender(batch[i].Src.Port())
 		j, rj := i, r
-		for rj < len(runs) && l.sock(batch[j].Src.Addr()) == s {
+		for rj < len(runs) && l.sock(batch[j].Src.Addr()) == s && s.sender(batch[j].Src.Port()) == e {
 			j += int(runs[rj])
 			rj++
 		}
-		if err := s.sendRuns(batch[i:j], runs[r:rj]); err != nil {
+		if err := s.sendRuns(batch[i:j], runs[r:rj], e); err != nil {
 			return err
 		}
 		i, r = j, rj
@@ -75,15 +78,15 @@ func (l *UDPLink) validate(batch []Datagram) error {
 	return nil
 }
 
-// sendRuns transmits runs that all leave from s.
-func (s *udpSock) sendRuns(batch []Datagram, runs []uint8) error {
+// sendRuns transmits runs that all leave from s's address through socket e.
+func (s *udpSock) sendRuns(batch []Datagram, runs []uint8, e *entSock) error {
 	s.smu.Lock()
 	defer s.smu.Unlock()
 	plainRuns := 0 // the first plainRuns runs go one datagram per message (a refused GSO message)
 	for len(runs) > 0 {
-		used, usedRuns := s.fillRuns(batch, runs, plainRuns)
+		used, usedRuns := s.fillRuns(batch, runs, plainRuns, e.port)
 		plainRuns = 0
-		done, refused, err := s.flush()
+		done, refused, err := s.flush(e)
 		if err != nil {
 			return err
 		}
@@ -102,8 +105,9 @@ func (s *udpSock) sendRuns(batch []Datagram, runs []uint8) error {
 
 // fillRuns builds messages from whole runs at the head of batch and returns the datagrams and
 // runs they hold. A run goes as one GSO message when GSO is on and it is not among the first
-// plain runs; otherwise one message per datagram, with ICRCs rewritten for ID 0.
-func (s *udpSock) fillRuns(batch []Datagram, runs []uint8, plain int) (int, int) {
+// plain runs; otherwise one message per datagram, with ICRCs rewritten for ID 0 and sport, the
+// source port of the socket they leave from.
+func (s *udpSock) fillRuns(batch []Datagram, runs []uint8, plain int, sport uint16) (int, int) {
 	m, d, r := 0, 0, 0
 	gso := s.runGSO.Load()
 	for r < len(runs) {
@@ -131,7 +135,7 @@ func (s *udpSock) fillRuns(batch []Datagram, runs []uint8, plain int) (int, int)
 		} else {
 			for k := 0; k < c; k++ {
 				if k > 0 && !s.v6 {
-					fixICRC(&batch[d+k], s.local.Port())
+					fixICRC(&batch[d+k], sport)
 				}
 				s.msg(m, &batch[d+k], d+k, 1, 0)
 				m++

@@ -70,6 +70,11 @@ type Stats struct {
 	Drops       uint64 // datagrams dropped: receive queue full (mem), send errors (UDP)
 	Truncated   uint64 // datagrams longer than the Recv buffer (cut to the buffer's capacity)
 	Fallbacks   uint64 // UDP: GSO or GRO turned off after the kernel refused it
+	// EntropySockets (UDP) is the number of send-only entropy-port sockets open now (a gauge).
+	EntropySockets uint64
+	// EntropyFallbacks (UDP) counts entropy ports that send from the main socket instead, for
+	// good: their bind was refused (another program holds the port) or the pool was full.
+	EntropyFallbacks uint64
 }
 
 // StatsLink is implemented by links that count (both implementations here).

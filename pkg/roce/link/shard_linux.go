@@ -16,7 +16,8 @@ const MaxShards = 64
 // 9.2, Table 34; the program sees the UDP payload) and returns the shard's index in the port's
 // reuseport group. A GRO train or GSO message is steered by its first segment (the engine's
 // runs never mix QPs). Datagrams too short for a BTH go to shard 0, which drops them. Any shard
-// can send for any QP (same address and port on the wire). n <= 1 is ListenUDP.
+// can send for any QP (same address and port on the wire). The shards share each address's
+// entropy-port sockets (UDPOptions.Entropy). n <= 1 is ListenUDP.
 //
 // AnyPort binds the first shard to a kernel-chosen port and the others to the same one (one
 // address only).
@@ -50,6 +51,17 @@ func ListenUDPShards(o UDPOptions, n int) ([]*UDPLink, error) {
 		links = append(links, l)
 		if i == 0 && o.AnyPort {
 			o.AnyPort, o.Port = false, l.socks[0].local.Port()
+		}
+		if i > 0 {
+			// One entropy pool per address for all shards: a port is bound once, whichever
+			// shard's QP asks first (entropy_linux.go); shard 0 reports it in Stats.
+			for k, s := range l.socks {
+				if p := links[0].socks[k].pool; p != nil {
+					s.pool.release()
+					p.refs.Add(1)
+					s.pool = p
+				}
+			}
 		}
 	}
 	prog := []unix.SockFilter{

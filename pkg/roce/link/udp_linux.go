@@ -96,6 +96,9 @@ type UDPOptions struct {
 	// docs/performance.md, fast path: raw calls cut the two-process 64 KiB WRITE's CPU per
 	// message by ~20%.
 	SchedSyscalls bool
+	// Entropy configures the send-only sockets that give each flow its RoCEv2 entropy UDP
+	// source port (IBTA A17.3.2, entropy_linux.go); the zero value enables them.
+	Entropy EntropyOptions
 
 	// reusePort sets SO_REUSEPORT before binding (ListenUDPShards, shard_linux.go).
 	reusePort bool
@@ -140,6 +143,8 @@ type udpSock struct {
 	runGSO atomic.Bool
 	f      *os.File
 	rc     syscall.RawConn
+	self   entSock      // this socket as a sender (port, rc)
+	pool   *entropyPool // send-only entropy sockets of this address (nil: EntropyOptions.Off)
 
 	smu    sync.Mutex
 	smsgs  []mmsghdr
@@ -171,10 +176,10 @@ type udpSock struct {
 	giov   []unix.Iovec
 	gsa    []unix.RawSockaddrInet6
 	gctl   []byte
-	gn     int // messages held
+	gn     int  // messages held
 	gclean bool // gmsgs are as prepGRO left them: no read has filled them since (poll_linux.go)
-	gmi    int // next message to hand out
-	goff   int // offset of the next segment in message gmi
+	gmi    int  // next message to hand out
+	goff   int  // offset of the next segment in message gmi
 	groFn  func(uintptr) bool
 	gtryFn func(uintptr)
 	busy   time.Duration // UDPOptions.BusyPoll (busypoll_linux.go)
@@ -266,6 +271,7 @@ func openSock(l *UDPLink, a netip.Addr, o *UDPOptions) (*udpSock, error) {
 		port = 0
 	}
 	var sa unix.Sockaddr
+	zone := 0
 	if s.v6 {
 		sa6 := &unix.SockaddrInet6{Port: port, Addr: a.As16()}
 		if z := a.Zone(); z != "" {
@@ -274,6 +280,7 @@ func openSock(l *UDPLink, a netip.Addr, o *UDPOptions) (*udpSock, error) {
 				unix.Close(fd)
 				return nil, err
 			}
+			zone = ifi.Index
 			sa6.ZoneId = uint32(ifi.Index)
 		}
 		sa = sa6
@@ -312,6 +319,8 @@ func openSock(l *UDPLink, a netip.Addr, o *UDPOptions) (*udpSock, error) {
 		s.f.Close()
 		return nil, err
 	}
+	s.self = entSock{port: s.local.Port(), f: s.f, rc: s.rc}
+	s.pool = newEntropyPool(l, s, zone, o)
 	n := o.BatchSize
 	s.smsgs = make([]mmsghdr, n)
 	s.siov = make([]unix.Iovec, n)
@@ -390,11 +399,12 @@ func (l *UDPLink) Send(batch []Datagram) error {
 	}
 	for i := 0; i < len(batch); {
 		s := l.sock(batch[i].Src.Addr())
+		e := s.sender(batch[i].Src.Port())
 		j := i + 1
-		for j < len(batch) && l.sock(batch[j].Src.Addr()) == s {
+		for j < len(batch) && l.sock(batch[j].Src.Addr()) == s && s.sender(batch[j].Src.Port()) == e {
 			j++
 		}
-		if err := s.send(batch[i:j]); err != nil {
+		if err := s.send(batch[i:j], e); err != nil {
 			return err
 		}
 		i = j
@@ -437,14 +447,15 @@ func getSockaddr(sa *unix.RawSockaddrInet6) netip.AddrPort {
 	return netip.AddrPort{}
 }
 
-// send transmits a run of datagrams that all leave from s.
-func (s *udpSock) send(run []Datagram) error {
+// send transmits a run of datagrams that all leave from s's address through socket e (s itself
+// or one of its entropy sockets: the arrays and lock are s's).
+func (s *udpSock) send(run []Datagram, e *entSock) error {
 	s.smu.Lock()
 	defer s.smu.Unlock()
 	plain := false // resend the datagrams of a refused GSO message one by one
 	for len(run) > 0 {
 		used := s.fill(run, s.gso.Load() && !plain)
-		done, refused, err := s.flush()
+		done, refused, err := s.flush(e)
 		if err != nil {
 			return err
 		}
@@ -463,15 +474,15 @@ func (s *udpSock) send(run []Datagram) error {
 // mean this socket or device cannot do UDP_SEGMENT at all (as wireguard-go treats them): GSO
 // is turned off for good. Other errors (EMSGSIZE: a segment above the path MTU) are the
 // datagrams' own and are met again, and counted, by the caller's plain resend.
-func (s *udpSock) flush() (done int, refused bool, err error) {
+func (s *udpSock) flush(e *entSock) (done int, refused bool, err error) {
 	s.sidx, s.sfail, s.sgsoEr = 0, 0, 0
-	err = s.rc.Write(s.sendFn)
+	err = e.rc.Write(s.sendFn)
 	s.clear()
 	if err != nil {
 		if s.l.closed.Load() {
 			return 0, false, net.ErrClosed
 		}
-		return 0, false, fmt.Errorf("sendmmsg from %v: %w", s.local, err)
+		return 0, false, fmt.Errorf("sendmmsg from %v: %w", netip.AddrPortFrom(s.local.Addr(), e.port), err)
 	}
 	done = s.sentDatagrams()
 	if s.sgsoEr != 0 {
@@ -927,11 +938,15 @@ func (l *UDPLink) LocalAddrPorts() []netip.AddrPort {
 	return out
 }
 
-// SourcePort returns the port of the socket bound to local: the kernel writes it as the UDP
-// source port of every send (the entropy is not used); 0 if local is not one of the link's.
+// SourcePort returns the UDP source port a send from local with the RoCE entropy port entropy
+// (IBTA A17.3.2) carries on the wire: entropy itself when the send-only socket bound to (local,
+// entropy) is open or can be opened now (entropy_linux.go), else the main socket's port (the
+// port fell back, for good: pool full or bind refused; EntropyOptions.Off; entropy outside
+// 0xC000..0xFFFF). The answer for a (local, entropy) never changes. 0 if local is not one of the
+// link's addresses.
 func (l *UDPLink) SourcePort(local netip.Addr, entropy uint16) uint16 {
 	if s := l.sock(local); s != nil {
-		return s.local.Port()
+		return s.sender(entropy).port
 	}
 	return 0
 }
@@ -969,9 +984,11 @@ func (l *UDPLink) GROEnabled(local netip.Addr) bool {
 
 // Stats returns the link's counters.
 func (l *UDPLink) Stats() Stats {
-	return Stats{Sent: l.sent.Load(), Received: l.received.Load(), SendBatches: l.sendBatches.Load(),
+	st := Stats{Sent: l.sent.Load(), Received: l.received.Load(), SendBatches: l.sendBatches.Load(),
 		RecvBatches: l.recvBatches.Load(), GSOSends: l.gsoSends.Load(), GROReceives: l.groReceives.Load(),
 		Drops: l.drops.Load(), Truncated: l.truncated.Load(), Fallbacks: l.fallbacks.Load()}
+	l.entropyStats(&st)
+	return st
 }
 
 // Close closes the sockets, unblocks Recv and Send, and waits for the link's goroutines.
@@ -989,6 +1006,9 @@ func (l *UDPLink) closeSocks() error {
 	var errs []error
 	for _, s := range l.socks {
 		if err := s.f.Close(); err != nil && !errors.Is(err, os.ErrClosed) {
+			errs = append(errs, err)
+		}
+		if err := s.pool.release(); err != nil {
 			errs = append(errs, err)
 		}
 	}
