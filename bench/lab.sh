@@ -49,7 +49,7 @@ test/rxelab/setup --no-install >> "$LOG" 2>&1 || { echo "bench/lab.sh: lab setup
 STARTED=1
 RXE_LAB_MTU=9000 test/rxelab/vm start --dual --share "$SHARE" --max-life 1800 >> "$LOG" 2>&1 7>&- ||
   { echo "bench/lab.sh: VM did not start (see $LOG)" >&2; exit 1; }
-test/rxelab/vm exec --timeout 1500 -c "LAB_PIN=${LAB_PIN:-1} LAB_ONLY=${LAB_ONLY:-} ROUNDS=${ROUNDS:-3} bash /mnt/host/lab-guest.sh /mnt/host/softroce $NBW $NLAT 4096" > "$OUT/lab.rows" 2>> "$LOG" 7>&-
+test/rxelab/vm exec --timeout 1500 -c "LAB_PIN=${LAB_PIN:-1} LAB_ONLY=${LAB_ONLY:-} LAB_STATS=${LAB_STATS:-0} ROUNDS=${ROUNDS:-3} bash /mnt/host/lab-guest.sh /mnt/host/softroce $NBW $NLAT 4096" > "$OUT/lab.rows" 2>> "$LOG" 7>&-
 st=$?
 echo "   guest script exit $st; host load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 # rows with ratios softroce/rxe: bandwidth higher is better, latency lower is better

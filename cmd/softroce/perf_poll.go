@@ -16,6 +16,8 @@ package main
 
 import (
 	"fmt"
+	"io"
+	"slices"
 	"sync"
 	"time"
 
@@ -89,10 +91,14 @@ func (p *perfPoller) close() {
 	<-p.done
 }
 
-// poll is one Device.Poll of the measuring goroutine.
+// pollOnce is one Device.Poll of the measuring goroutine.
 func (r *perfRes) pollOnce() error {
-	if _, err := r.poller.dev.Poll(); err != nil {
+	n, err := r.poller.dev.Poll()
+	if err != nil {
 		return fmt.Errorf("%w: polling the device: %w", errPerfVerbs, err)
+	}
+	if n == 0 && r.phases != nil {
+		r.phases.emptyPolls++
 	}
 	return nil
 }
@@ -162,4 +168,43 @@ func (r *perfRes) measure(f func(size int) error, size int) error {
 		defer r.poller.resume()
 	}
 	return f(size)
+}
+
+// perfPhases are the time stamps of each write-latency iteration in polled mode (--stats):
+// posted[i] when PostSend of WRITE i returned (the request built and handed to sendmmsg, which
+// on a veth or loopback path also runs the peer's UDP receive), acked[i] when its completion
+// was polled (the peer's ACK arrived, with the peer's next WRITE); tposted[i] is when the post
+// began. emptyPolls counts Device.Poll calls that read nothing.
+type perfPhases struct {
+	posted, acked []time.Duration
+	emptyPolls    int64
+}
+
+func newPerfPhases(iters int) *perfPhases {
+	return &perfPhases{posted: make([]time.Duration, iters), acked: make([]time.Duration, iters)}
+}
+
+// printPhases writes the medians of the iteration's steps (--stats, polled write latency).
+func (r *perfRes) printPhases(w io.Writer) {
+	p := r.phases
+	if p == nil {
+		return
+	}
+	n := r.c.Iters
+	med := func(f func(i int) time.Duration, k int) float64 {
+		v := make([]time.Duration, 0, k)
+		for i := 0; i < k; i++ {
+			v = append(v, f(i))
+		}
+		if len(v) == 0 {
+			return 0
+		}
+		slices.Sort(v)
+		return float64(v[len(v)/2].Nanoseconds()) / 1e3
+	}
+	post := med(func(i int) time.Duration { return p.posted[i] - r.tposted[i] }, n)
+	ack := med(func(i int) time.Duration { return p.acked[i] - p.posted[i] }, n)
+	next := med(func(i int) time.Duration { return r.tposted[i+1] - p.acked[i] }, n-1)
+	fmt.Fprintf(w, "stats: polled write latency, median us: post (build + sendmmsg) %.2f, post to completion %.2f, completion to next post %.2f; empty polls %.1f per iteration\n",
+		post, ack, next, float64(p.emptyPolls)/float64(max(n, 1)))
 }

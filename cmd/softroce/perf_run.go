@@ -129,6 +129,9 @@ type perfRes struct {
 	// poller drives the device in polled mode (perf --lat --busy-poll, perf_poll.go); nil
 	// when the device has a receive goroutine.
 	poller *perfPoller
+	// phases times the steps of each write-latency iteration (polled mode with --stats;
+	// perf_poll.go), nil otherwise.
+	phases *perfPhases
 }
 
 // newPerfRes creates the PD, the buffer and its MR, the CQs and c.QPs RC QPs in INIT, and the
@@ -576,6 +579,9 @@ func (r *perfRes) latWrite(size int) error {
 			if _, err := q.PostSend(r.wr[:1]); err != nil {
 				return fmt.Errorf("%w: Couldn't post send: scnt=%d: %w", errPerfVerbs, scnt, err)
 			}
+			if r.phases != nil {
+				r.phases.posted[scnt-1] = r.since()
+			}
 		}
 		if ccnt < c.Iters {
 			n, err := r.wait(r.scq, perfSpinLat)
@@ -586,6 +592,9 @@ func (r *perfRes) latWrite(size int) error {
 				if r.wcs[j].Status != cq.StatusSuccess {
 					return r.wcErr(&r.wcs[j], false)
 				}
+			}
+			if r.phases != nil && ccnt < len(r.phases.acked) {
+				r.phases.acked[ccnt] = r.since()
 			}
 			ccnt += n
 		}
@@ -754,6 +763,7 @@ func perfRun(c *perfConfig, env *perfEnv) (err error) {
 			if c.Stats {
 				if r != nil {
 					fmt.Fprintf(env.Stderr, "stats: perf CQ polls with completions %d, sleeps on the CQ %d\n", r.polls, r.sleeps)
+					r.printPhases(env.Stderr)
 				}
 				perfPrintStats(env.Stderr, ld)
 			}
@@ -772,6 +782,9 @@ func perfRun(c *perfConfig, env *perfEnv) (err error) {
 		r, e = newPerfRes(c, ld.V, ld.Addr, ld.GIDIndex)
 		if r != nil && ld.Dev != nil && ld.Dev.Polled() {
 			r.poller = newPerfPoller(ld.Dev)
+			if c.Stats && c.Verb == "write" {
+				r.phases = newPerfPhases(c.Iters)
+			}
 		}
 		return e
 	}
