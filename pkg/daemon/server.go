@@ -293,7 +293,10 @@ func (s *Server) Debug() proto.Debug {
 	d.MappedBytes = s.mapped.Load()
 	d.RingPosts, d.SocketPosts = s.ringPosts.Load(), s.socketPosts.Load()
 	d.Refills = s.refills.Load()
-	d.FDs = countFDs()
+	if ls, ok := s.dev.LinkStats(); ok {
+		d.EntropySockets = int(ls.EntropySockets)
+	}
+	d.FDs = countFDs() - d.EntropySockets
 	d.Goroutines = runtime.NumGoroutine()
 	return d
 }

@@ -182,8 +182,13 @@ type Debug struct {
 	Clients, PDs, MRs, CQs, SRQs, QPs int
 	CMIDs                             int   // rdma_cm IDs (listening, connecting, connected, pending requests)
 	MappedBytes                       int64 // client memory mapped for MRs, completion rings and post rings
-	FDs                               int   // open file descriptors of the daemon process
-	Goroutines                        int
+	// FDs counts the daemon process's open file descriptors other than the
+	// device link's entropy-port sockets (EntropySockets: the link opens one
+	// per source port in use and keeps it, like its main socket; they are the
+	// device's, not a client's).
+	FDs            int
+	EntropySockets int
+	Goroutines     int
 	// RingPosts counts post messages drained from post rings, SocketPosts
 	// post messages read from sockets (both since the daemon started).
 	RingPosts, SocketPosts uint64
