@@ -32,6 +32,12 @@ func entropyPair(t *testing.T, o UDPOptions) (a, b *UDPLink) {
 func needPooled(t *testing.T, l *UDPLink, at netip.Addr, entropy uint16) {
 	t.Helper()
 	if port, pooled := l.EntropySocket(at, entropy); !pooled {
+		// Skip only if another program really holds the port: a free one must have been bound.
+		c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(at, entropy)))
+		if err == nil {
+			c.Close()
+			t.Fatalf("entropy port %d on %v is free but SourcePort falls back to %d", entropy, at, port)
+		}
 		t.Skipf("entropy port %d on %v is taken by another program (falls back to %d)", entropy, at, port)
 	}
 }

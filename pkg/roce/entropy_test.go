@@ -1,0 +1,140 @@
+package roce
+
+import (
+	"math/rand"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+
+	"github.com/softroce/softroce/pkg/bth"
+	"github.com/softroce/softroce/pkg/cq"
+	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/pkg/roce/link"
+)
+
+// srcRecorder records, per destination QP, the UDP source ports of the datagrams a link received
+// (as the kernel reported them: the real header).
+type srcRecorder struct {
+	link.Link
+	stats link.StatsLink // the UDP link under the wrappers (LinkStats)
+	mu    sync.Mutex
+	ports map[uint32]map[uint16]int
+}
+
+func (l *srcRecorder) Stats() link.Stats { return l.stats.Stats() }
+
+func (l *srcRecorder) Recv(b []link.Datagram) (int, error) {
+	n, err := l.Link.Recv(b)
+	l.mu.Lock()
+	for _, d := range b[:n] {
+		if p, perr := bth.Parse(d.Buf); perr == nil {
+			m := l.ports[p.BTH.DestQP()]
+			if m == nil {
+				m = map[uint16]int{}
+				l.ports[p.BTH.DestQP()] = m
+			}
+			m[d.Src.Port()]++
+		}
+	}
+	l.mu.Unlock()
+	return n, err
+}
+
+func (l *srcRecorder) seen(qpn uint32) map[uint16]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[uint16]int{}
+	for k, v := range l.ports[qpn] {
+		out[k] = v
+	}
+	return out
+}
+
+// TestUDPEntropySourcePorts: over real UDP sockets (127.0.0.1 <-> 127.0.0.2), the requests and
+// the ACKs of two RC QP pairs arrive with bth.SourcePort(lqpn, rqpn) as their UDP source port
+// (IBTA A17.3.2, as kernel rxe), one port per pair, and complete (the receiver checks every ICRC
+// over the ports it arrived with, A17.3.3). The device's link counters show the entropy sockets.
+func TestUDPEntropySourcePorts(t *testing.T) {
+	var la, lb link.Link
+	var port uint16
+	for try := 0; ; try++ {
+		port = uint16(20000 + rand.Intn(20000))
+		var err error
+		if la, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{addrA}, Port: port}); err == nil {
+			if lb, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{addrB}, Port: port}); err == nil {
+				break
+			}
+			la.Close()
+		}
+		if try == 20 {
+			t.Fatalf("no free UDP port: %v", err)
+		}
+	}
+	ra := &srcRecorder{Link: hbLink{la}, stats: la.(link.StatsLink), ports: map[uint32]map[uint16]int{}}
+	rb := &srcRecorder{Link: hbLink{lb}, stats: lb.(link.StatsLink), ports: map[uint32]map[uint16]int{}}
+	da, err := Open(Options{Link: ra, Port: port, Name: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := Open(Options{Link: rb, Port: port, Name: "b"})
+	if err != nil {
+		da.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		da.Close()
+		db.Close()
+	})
+	type qpPair struct{ a, b *end }
+	var pairs []qpPair
+	for i := 0; i < 2; i++ {
+		a, b := newEnd(t, da, qp.TypeRC, 1<<16), newEnd(t, db, qp.TypeRC, 1<<16)
+		connect(t, a, b, qp.MTU1024, 100, 200)
+		pairs = append(pairs, qpPair{a, b})
+	}
+	want := func(p qpPair) uint16 { return bth.SourcePort(p.a.qp.Num(), p.b.qp.Num()) }
+	if want(pairs[0]) == want(pairs[1]) {
+		t.Skip("the two QPN pairs fold to one port")
+	}
+	for i, p := range pairs {
+		for _, at := range []struct {
+			l    link.Link
+			addr netip.Addr
+		}{{ra, addrA}, {rb, addrB}} {
+			if got := at.l.SourcePort(at.addr, want(p)); got != want(p) {
+				// Skip only if another program really holds the port: if it is free, the link
+				// should have bound it.
+				c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(at.addr, want(p))))
+				if err == nil {
+					c.Close()
+					t.Fatalf("pair %d: SourcePort(%v, %d) = %d although the port is free", i, at.addr, want(p), got)
+				}
+				t.Skipf("pair %d: entropy port %d on %v is taken by another program (SourcePort %d)", i, want(p), at.addr, got)
+			}
+		}
+	}
+	for i, p := range pairs {
+		p.a.fill(0, 5000, byte(i))
+		post(t, p.a, qp.SendWR{WRID: 1, Opcode: qp.WRRDMAWrite, SGL: []qp.SGE{p.a.sge(0, 5000)}, Flags: qp.SendSignaled,
+			RemoteAddr: p.b.va(0), RKey: p.b.mr.RKey()})
+	}
+	for i, p := range pairs {
+		checkWC(t, waitWC(t, p.a.scq, 1)[0], cq.WC{WRID: 1, Opcode: cq.OpRDMAWrite, ByteLen: 5000})
+		same(t, "WRITE", p.b.buf[:5000], p.a.buf[:5000])
+		req, ack := rb.seen(p.b.qp.Num()), ra.seen(p.a.qp.Num())
+		w := want(p)
+		if len(req) != 1 || req[w] < 5 {
+			t.Fatalf("pair %d: requests arrived from ports %v, want all 5 from %d", i, req, w)
+		}
+		if len(ack) != 1 || ack[w] == 0 {
+			t.Fatalf("pair %d: ACKs arrived from ports %v, want %d", i, ack, w)
+		}
+	}
+	for name, d := range map[string]*Device{"a": da, "b": db} {
+		st, ok := d.LinkStats()
+		if !ok || st.EntropySockets != 2 || st.EntropyFallbacks != 0 {
+			t.Fatalf("device %s link stats %+v: want 2 entropy sockets, no fallback", name, st)
+		}
+	}
+}
