@@ -249,9 +249,15 @@ func testPostRecvVisible(t *testing.T, typ qp.Type, pair int, paused bool) {
 		t.Errorf("%s: %d of %d messages lost (sent after PostRecv returned, no receive WQE found)", typ, lost, visRounds)
 	}
 	d := db.srv.Debug()
-	t.Logf("%s: %d rounds, %d lost, %d hook drains in the receiver's daemon", typ, visRounds, lost, d.Refills-base.Refills)
-	if paused && rebuilt == 0 && d.Refills-base.Refills != visRounds {
-		t.Errorf("%d refills with the drainer paused, want one per round (%d)", d.Refills-base.Refills, visRounds)
+	t.Logf("%s: %d rounds, %d lost, %d hook drains in the receiver's daemon, %d duplicate requests", typ, visRounds, lost,
+		d.Refills-base.Refills, r.v.Stats().DuplicateRequest-statsB.DuplicateRequest)
+	// One refill per round; a retransmitted SEND (a late ACK on a loaded machine) reaching the
+	// receiver as a duplicate finds the queue empty again and asks once more, so each
+	// duplicate request the receiver counted allows one more.
+	dups := r.v.Stats().DuplicateRequest - statsB.DuplicateRequest
+	if refills := d.Refills - base.Refills; paused && rebuilt == 0 && (refills < visRounds || refills > visRounds+dups) {
+		t.Errorf("%d refills with the drainer paused, want one per round (%d) plus at most one per duplicate request (%d)",
+			refills, visRounds, dups)
 	}
 	if got := d.RingPosts - base.RingPosts; rebuilt == 0 && got != visRounds {
 		t.Errorf("receiver's ring posts %d, want %d (the receives must take the post ring)", got, visRounds)
