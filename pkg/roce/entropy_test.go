@@ -13,6 +13,14 @@ import (
 	"github.com/softroce/softroce/pkg/roce/link"
 )
 
+// Addresses of the entropy tests: every softroce test numbers its QPs alike, so on 127.0.0.1 the
+// entropy ports are often held by another test process running at the same time.
+var (
+	entAddrA = netip.MustParseAddr("127.0.0.61")
+	entAddrB = netip.MustParseAddr("127.0.0.62")
+	entAddrC = netip.MustParseAddr("127.0.0.63")
+)
+
 // srcRecorder records, per destination QP, the UDP source ports of the datagrams a link received
 // (as the kernel reported them: the real header).
 type srcRecorder struct {
@@ -51,7 +59,7 @@ func (l *srcRecorder) seen(qpn uint32) map[uint16]int {
 	return out
 }
 
-// TestUDPEntropySourcePorts: over real UDP sockets (127.0.0.1 <-> 127.0.0.2), the requests and
+// TestUDPEntropySourcePorts: over real UDP sockets (127.0.0.61 <-> 127.0.0.62), the requests and
 // the ACKs of two RC QP pairs arrive with bth.SourcePort(lqpn, rqpn) as their UDP source port
 // (IBTA A17.3.2, as kernel rxe), one port per pair, and complete (the receiver checks every ICRC
 // over the ports it arrived with, A17.3.3). The device's link counters show the entropy sockets.
@@ -61,8 +69,8 @@ func TestUDPEntropySourcePorts(t *testing.T) {
 	for try := 0; ; try++ {
 		port = uint16(20000 + rand.Intn(20000))
 		var err error
-		if la, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{addrA}, Port: port}); err == nil {
-			if lb, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{addrB}, Port: port}); err == nil {
+		if la, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{entAddrA}, Port: port}); err == nil {
+			if lb, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{entAddrB}, Port: port}); err == nil {
 				break
 			}
 			la.Close()
@@ -101,7 +109,7 @@ func TestUDPEntropySourcePorts(t *testing.T) {
 		for _, at := range []struct {
 			l    link.Link
 			addr netip.Addr
-		}{{ra, addrA}, {rb, addrB}} {
+		}{{ra, entAddrA}, {rb, entAddrB}} {
 			if got := at.l.SourcePort(at.addr, want(p)); got != want(p) {
 				// Skip only if another program really holds the port: if it is free, the link
 				// should have bound it.
@@ -136,5 +144,58 @@ func TestUDPEntropySourcePorts(t *testing.T) {
 		if !ok || st.EntropySockets != 2 || st.EntropyFallbacks != 0 {
 			t.Fatalf("device %s link stats %+v: want 2 entropy sockets, no fallback", name, st)
 		}
+	}
+}
+
+// TestOpenUDPEntropyOption: roce.UDPOptions.Link.Entropy reaches the link (Off: the main port),
+// and with receive shards (FastPath.Workers) every shard gives a QP's entropy port.
+func TestOpenUDPEntropyOption(t *testing.T) {
+	const e = 0xC5A5
+	for _, c := range []struct {
+		name    string
+		off     bool
+		workers int
+	}{{"off", true, 1}, {"on", false, 1}, {"shards", false, 2}} {
+		t.Run(c.name, func(t *testing.T) {
+			var d *Device
+			var port uint16
+			var err error
+			for try := 0; try < 20; try++ {
+				port = uint16(20000 + rand.Intn(20000))
+				d, err = OpenUDP(UDPOptions{Addrs: []netip.Addr{entAddrC}, Port: port, Name: "e",
+					Link: link.UDPOptions{Entropy: link.EntropyOptions{Off: c.off}}, FastPath: FastPathOptions{Workers: c.workers}})
+				if err == nil {
+					break
+				}
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			want := uint16(e)
+			if c.off {
+				want = port
+			}
+			for i, l := range d.links {
+				got := l.SourcePort(entAddrC, e)
+				if got != want && !c.off {
+					if u, ok := l.(*link.UDPLink); ok {
+						if _, pooled := u.EntropySocket(entAddrC, e); !pooled {
+							if cn, lerr := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(entAddrC, e))); lerr != nil {
+								t.Skipf("port %d taken by another program", e)
+							} else {
+								cn.Close()
+							}
+						}
+					}
+				}
+				if got != want {
+					t.Fatalf("link %d of %d: SourcePort %d, want %d", i, len(d.links), got, want)
+				}
+			}
+			if st, _ := d.LinkStats(); (st.EntropySockets == 1) == c.off {
+				t.Fatalf("link stats %+v (entropy off %v)", st, c.off)
+			}
+		})
 	}
 }

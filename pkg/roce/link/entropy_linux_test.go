@@ -27,6 +27,34 @@ func entropyPair(t *testing.T, o UDPOptions) (a, b *UDPLink) {
 	return listenTB(t, oa), listenTB(t, ob)
 }
 
+// TestEntropySourcePortsIPv6: the same over ::1 (IPV6_V6ONLY and IPV6_PMTUDISC_DO on the
+// send-only socket, GSO by default for IPv6): the receiver sees the entropy port and a valid ICRC.
+func TestEntropySourcePortsIPv6(t *testing.T) {
+	lo6 := netip.MustParseAddr("::1")
+	a, err := listenUDP(UDPOptions{Addrs: []netip.Addr{lo6}, AnyPort: true, GRO: true})
+	if err != nil {
+		t.Skip("no IPv6 loopback:", err)
+	}
+	t.Cleanup(func() { a.Close() })
+	b := listenTB(t, UDPOptions{Addrs: []netip.Addr{lo6}, AnyPort: true, GRO: true, Entropy: EntropyOptions{Off: true}})
+	e := bth.SourcePort(0x81, 0x82)
+	needPooled(t, a, lo6, e)
+	src := netip.AddrPortFrom(lo6, a.SourcePort(lo6, e))
+	var out []Datagram
+	var ports []uint16
+	for i := 0; i < 6; i++ {
+		out = append(out, roceDatagram(src, b.LocalAddrPorts()[0], 0x82, i, 1024))
+		ports = append(ports, e)
+	}
+	if err := a.Send(out); err != nil {
+		t.Fatal(err)
+	}
+	checkArrived(t, recvN(t, b, len(out), 8), out, ports)
+	if st := a.Stats(); st.GSOSends == 0 {
+		t.Fatalf("stats %+v: the IPv6 entropy socket should have sent GSO messages", st)
+	}
+}
+
 // needPooled asks for entropy's socket on a and skips the test if another program holds the
 // port (the fallback has its own test, which provokes it).
 func needPooled(t *testing.T, l *UDPLink, at netip.Addr, entropy uint16) {

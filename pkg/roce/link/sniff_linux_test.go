@@ -118,6 +118,8 @@ func TestUDPIPv4IDZeroOnLoopback(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
+	// lo carries every other test's traffic too: a large queue keeps ours from being dropped.
+	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 64<<20)
 	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: lo.Index}); err != nil {
 		t.Fatal(err)
 	}
@@ -156,6 +158,8 @@ func TestUDPGSOOnLoopbackIsOnePacket(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
+	// lo carries every other test's traffic too: a large queue keeps ours from being dropped.
+	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 64<<20)
 	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: lo.Index}); err != nil {
 		t.Fatal(err)
 	}
@@ -188,6 +192,8 @@ func TestUDPICRCOnTheWire(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
+	// lo carries every other test's traffic too: a large queue keeps ours from being dropped.
+	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 64<<20)
 	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: lo.Index}); err != nil {
 		t.Fatal(err)
 	}
