@@ -100,6 +100,7 @@ func TestModeratedWaitNoLostWakeup(t *testing.T) {
 				t.Run(name, func(t *testing.T) {
 					s := newEnd(t, va, size*depth, depth, rcAccess)
 					r := newEnd(t, vb, size*depth, depth, rcAccess)
+					s.timeout, r.timeout = 16, 16 // 268 ms: a loaded machine (race detector, other suites) must not fail the run
 					s.connect(t, b, r.q.Num(), uint8(va.GIDIndex(a)))
 					r.connect(t, a, s.q.Num(), uint8(vb.GIDIndex(b)))
 					res := make(chan error, 1)
