@@ -24,9 +24,18 @@ type pollLink struct {
 	record  bool // set before traffic: record the opcodes of each Send
 	mu      sync.Mutex
 	batches [][]bth.Opcode
+	// dropSend > 0 loses the dropSend-th Send (counted from 1) after it is set
+	dropSend, nsend int
+	runSends        int // SendRuns calls (pollRunLink)
 }
 
 func (l *pollLink) Send(b []link.Datagram) error {
+	if l.dropSend > 0 {
+		l.nsend++
+		if l.nsend == l.dropSend {
+			return nil
+		}
+	}
 	if !l.record {
 		wire.Add(1)
 		return l.Link.Send(b)
@@ -48,6 +57,26 @@ func (l *pollLink) TryRecv(b []link.Datagram) (int, error) {
 	n, err := l.Link.(link.PollReceiver).TryRecv(b)
 	wire.Load()
 	return n, err
+}
+
+// pollRunLink is a pollLink that is also a link.RunSender (its UDP link's GSO runs).
+type pollRunLink struct {
+	*pollLink
+	u *link.UDPLink
+}
+
+func (l *pollRunLink) RunGSO(a netip.Addr) bool { return l.u.RunGSO(a) }
+
+func (l *pollRunLink) SendRuns(b []link.Datagram, runs []uint8) error {
+	if l.dropSend > 0 {
+		l.nsend++
+		if l.nsend == l.dropSend {
+			return nil
+		}
+	}
+	l.runSends++
+	wire.Add(1)
+	return l.u.SendRuns(b, runs)
 }
 
 // sends returns the Send batches so far and forgets them.
@@ -77,7 +106,7 @@ func polledPair(t *testing.T, kind string) (a, b *Device, la, lb *pollLink) {
 		if l2, err = nw.Attach(addrB); err != nil {
 			t.Fatal(err)
 		}
-	case "udp":
+	case "udp", "udp-gso":
 		for try := 0; ; try++ {
 			port = bth.UDPPort
 			if try > 0 {
@@ -98,12 +127,16 @@ func polledPair(t *testing.T, kind string) (a, b *Device, la, lb *pollLink) {
 		}
 	}
 	la, lb = &pollLink{Link: l1}, &pollLink{Link: l2}
+	var oa, ob link.Link = la, lb
+	if kind == "udp-gso" { // the links keep their GSO runs (qp's pairRun)
+		oa, ob = &pollRunLink{la, l1.(*link.UDPLink)}, &pollRunLink{lb, l2.(*link.UDPLink)}
+	}
 	clk := qp.NewManualClock(time.Unix(1000, 0))
 	var err error
-	if a, err = Open(Options{Link: la, Port: port, Name: "a", Clock: clk, Polled: true}); err != nil {
+	if a, err = Open(Options{Link: oa, Port: port, Name: "a", Clock: clk, Polled: true}); err != nil {
 		t.Fatal(err)
 	}
-	if b, err = Open(Options{Link: lb, Port: port, Name: "b", Clock: clk, Polled: true}); err != nil {
+	if b, err = Open(Options{Link: ob, Port: port, Name: "b", Clock: clk, Polled: true}); err != nil {
 		a.Close()
 		t.Fatal(err)
 	}
@@ -439,4 +472,72 @@ func TestPseudoHeaderCache(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestPolledRecovery: polled ping-pong in which one side's [ACK, WRITE] send is lost: the peers
+// recover by retransmission (ACK timeout on the manual clock) and finish.
+func TestPolledRecovery(t *testing.T) {
+	for _, c := range []struct {
+		kind string
+		drop int
+	}{{"mem", 1}, {"mem", 2}, {"mem", 3}, {"udp-gso", 1}, {"udp-gso", 2}, {"udp-gso", 3}, {"udp-gso", 5}} {
+		drop := c.drop
+		da, db, la, _ := polledPair(t, c.kind)
+		clk := da.clock.(*qp.ManualClock)
+		a, b := newEnd(t, da, qp.TypeRC, 1<<12), newEnd(t, db, qp.TypeRC, 1<<12)
+		connect(t, a, b, qp.MTU1024, 100, 200)
+		la.dropSend = drop // a's drop-th Send vanishes
+		for i := 1; i <= 20; i++ {
+			off := 8 * (i % 64)
+			post(t, a, writeWR(a, b, uint64(i), off))
+			want := b.qp.RemoteWrites() + 1
+			pollAdvance(t, clk, func() bool { return b.qp.RemoteWrites() >= want }, da, db)
+			if i > 1 {
+				if w := pollWCAdvance(t, clk, b.scq, da, db); w.Status != cq.StatusSuccess {
+					t.Fatalf("drop %d: b's completion %+v at %d", drop, w, i)
+				}
+			}
+			post(t, b, writeWR(b, a, uint64(i), 2048+off))
+			want = a.qp.RemoteWrites() + 1
+			pollAdvance(t, clk, func() bool { return a.qp.RemoteWrites() >= want }, da, db)
+			if w := pollWCAdvance(t, clk, a.scq, da, db); w.Status != cq.StatusSuccess {
+				t.Fatalf("drop %d: a's completion %+v at %d", drop, w, i)
+			}
+		}
+		if c.kind == "udp-gso" && la.runSends == 0 {
+			t.Fatalf("%s: no [WRITE, ACK] GSO run was sent", c.kind)
+		}
+		if s := da.Stats(); s.RetransPkts == 0 {
+			t.Fatalf("%s drop %d: nothing was retransmitted (the loss was not exercised)", c.kind, drop)
+		}
+	}
+}
+
+// pollAdvance polls both devices until done; when a round of polls reads nothing it advances
+// the manual clock by 10 ms (timers: retransmission).
+func pollAdvance(t *testing.T, clk *qp.ManualClock, done func() bool, devs ...*Device) {
+	t.Helper()
+	for i := 0; !done(); i++ {
+		got := 0
+		for _, d := range devs {
+			n, err := d.Poll()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got += n
+		}
+		if got == 0 && i%4 == 3 {
+			clk.Advance(10 * time.Millisecond)
+		}
+		if i > 100000 {
+			t.Fatal("no progress")
+		}
+	}
+}
+
+func pollWCAdvance(t *testing.T, clk *qp.ManualClock, c *cq.CQ, devs ...*Device) cq.WC {
+	t.Helper()
+	var wc [1]cq.WC
+	pollAdvance(t, clk, func() bool { return c.Poll(wc[:]) == 1 }, devs...)
+	return wc[0]
 }
