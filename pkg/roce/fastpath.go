@@ -54,7 +54,7 @@ type rxState struct {
 
 	// phc holds the pseudo-header CRC states of the last two (endpoints, length) seen, most
 	// recent first: a ping-pong's WRITEs and ACKs alternate between two lengths (pseudoHeader).
-	phc [2]icrcEntry
+	phc  [2]icrcEntry
 	ids  [2]idTable
 	next int // the idTable to replace next
 
