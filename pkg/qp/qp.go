@@ -762,6 +762,13 @@ type Stats struct {
 	SendErr, RDMASends, RDMARecvs           uint64
 	LinkDowned, RcvdICRCSolved, RcvdDropped uint64
 	RetransPkts                             uint64
+	// Link counters, which the device fills from its UDP link (roce.Device.Stats;
+	// Counters.Snapshot leaves them 0): send-only entropy-port sockets open
+	// (IBTA A17.3.2), entropy ports that fell back to the main socket (port
+	// taken or pool full), GSO/GRO offloads turned off after the kernel
+	// refused them. Map: link_entropy_sockets, link_entropy_fallbacks,
+	// link_offload_fallbacks.
+	LinkEntropySockets, LinkEntropyFallbacks, LinkOffloadFallbacks uint64
 }
 
 // Snapshot reads every counter.
@@ -789,6 +796,8 @@ func (s Stats) Map() map[string]uint64 {
 		"retry_rnr_exceeded_err": s.RetryRNRExceededErr, "completer_retry_err": s.CompleterRetryErr,
 		"send_err": s.SendErr, "rdma_sends": s.RDMASends, "rdma_recvs": s.RDMARecvs,
 		"link_downed": s.LinkDowned, "rcvd_icrc_solved": s.RcvdICRCSolved, "rcvd_dropped": s.RcvdDropped,
-		"retransmitted_pkts": s.RetransPkts,
+		"retransmitted_pkts":   s.RetransPkts,
+		"link_entropy_sockets": s.LinkEntropySockets, "link_entropy_fallbacks": s.LinkEntropyFallbacks,
+		"link_offload_fallbacks": s.LinkOffloadFallbacks,
 	}
 }

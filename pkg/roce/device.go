@@ -272,8 +272,15 @@ func (d *Device) hasGID(a netip.Addr) bool {
 	return err == nil
 }
 
-// Stats returns a snapshot of the device counters (rxe's names via Map).
-func (d *Device) Stats() qp.Stats { return d.cnt.Snapshot() }
+// Stats returns a snapshot of the device counters (rxe's names via Map), with
+// the link's entropy-port and offload fallback counters (LinkStats).
+func (d *Device) Stats() qp.Stats {
+	s := d.cnt.Snapshot()
+	if ls, ok := d.LinkStats(); ok {
+		s.LinkEntropySockets, s.LinkEntropyFallbacks, s.LinkOffloadFallbacks = ls.EntropySockets, ls.EntropyFallbacks, ls.Fallbacks
+	}
+	return s
+}
 
 // Events returns the asynchronous event queue (ibv_get_async_event) used
 // when Options.Events is nil. Events are dropped if it is full.

@@ -144,6 +144,11 @@ func TestUDPEntropySourcePorts(t *testing.T) {
 		if !ok || st.EntropySockets != 2 || st.EntropyFallbacks != 0 {
 			t.Fatalf("device %s link stats %+v: want 2 entropy sockets, no fallback", name, st)
 		}
+		// the device counters (softroce stats, the daemon's OpStats, metrics) carry them too
+		if m := d.Stats().Map(); m["link_entropy_sockets"] != 2 || m["link_entropy_fallbacks"] != 0 {
+			t.Fatalf("device %s Stats().Map(): link_entropy_sockets %d, link_entropy_fallbacks %d", name,
+				m["link_entropy_sockets"], m["link_entropy_fallbacks"])
+		}
 	}
 }
 
