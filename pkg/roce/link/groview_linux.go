@@ -22,6 +22,7 @@ func (l *UDPLink) RecvView(batch []Datagram) (int, error) {
 	if l.closed.Load() {
 		return 0, net.ErrClosed
 	}
+	defer raceReceived()
 	if len(batch) == 0 {
 		return 0, nil
 	}

@@ -27,6 +27,7 @@ func (l *UDPLink) SendRuns(batch []Datagram, runs []uint8) error {
 	if l.closed.Load() {
 		return net.ErrClosed
 	}
+	raceSent()
 	if err := l.validate(batch); err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ func (l *UDPLink) TryRecv(batch []Datagram) (int, error) {
 	if l.closed.Load() {
 		return 0, net.ErrClosed
 	}
+	defer raceReceived()
 	if len(batch) == 0 {
 		return 0, nil
 	}

@@ -381,6 +381,7 @@ func (l *UDPLink) Send(batch []Datagram) error {
 	if l.closed.Load() {
 		return net.ErrClosed
 	}
+	raceSent()
 	for i := range batch {
 		d := &batch[i]
 		if !d.Src.IsValid() || d.Src.Port() == 0 || !d.Dst.IsValid() || d.Dst.Port() == 0 {
@@ -829,6 +830,7 @@ func (l *UDPLink) Recv(batch []Datagram) (int, error) {
 	if l.closed.Load() {
 		return 0, net.ErrClosed
 	}
+	defer raceReceived()
 	if len(batch) == 0 {
 		return 0, nil
 	}
