@@ -113,7 +113,7 @@ softroce_rows() {
   done
   if [ "${PROBE_PROF:-0}" = 1 ]; then
     PORT=$((PORT + 1))
-    f="perf write --lat -s 8 -n 2000 -m 4096 -F -p $PORT --timeout 60s --run-timeout 100s --busy-poll"
+    f="perf write --lat -s 8 -n ${PROF_N:-2000} -m 4096 -F -p $PORT --timeout 60s --run-timeout 100s --busy-poll"
     echo "softroce<->softroce write_lat 8 B --busy-poll GOMAXPROCS=1, profiled: $(srvcli "env GOMAXPROCS=1 $SR $f --cpuprofile $D/prof.lat.srv -d 198.22.0.2" "env GOMAXPROCS=1 $SR $f --cpuprofile $D/prof.lat.cli -d 198.22.0.1 198.22.0.2" | lat)"
   fi
   [ "${PROBE_TRACE:-1}" = 1 ] || return 0
