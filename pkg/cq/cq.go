@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/softroce/softroce/pkg/clock"
 	"github.com/softroce/softroce/pkg/event"
 )
 
@@ -176,31 +177,15 @@ type Options struct {
 	Clock Clock
 }
 
-// Clock is the source of time for event moderation (the engine's qp.Clock has the same
-// methods; tests inject a fake one).
-type Clock interface {
-	// Now returns the current time.
-	Now() time.Time
-	// AfterFunc calls f once d has elapsed (a fake clock: when advanced past it).
-	AfterFunc(d time.Duration, f func()) Timer
-}
+// Clock is the source of time for event moderation (pkg/clock's Clock, the same type as the
+// engine's qp.Clock; tests inject a fake one).
+type Clock = clock.Clock
 
-// Timer is a stoppable, resettable one-shot timer made by a Clock (*time.Timer is one).
-type Timer interface {
-	// Stop prevents the timer from firing; it reports whether it was pending.
-	Stop() bool
-	// Reset re-arms the timer to fire after d; it reports whether it was pending.
-	Reset(d time.Duration) bool
-}
+// Timer is a stoppable, resettable one-shot timer made by a Clock (pkg/clock's Timer).
+type Timer = clock.Timer
 
-// RealClock is the Clock backed by package time.
-type RealClock struct{}
-
-// Now returns time.Now().
-func (RealClock) Now() time.Time { return time.Now() }
-
-// AfterFunc wraps time.AfterFunc.
-func (RealClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
+// RealClock is the Clock backed by package time (pkg/clock's Real).
+type RealClock = clock.Real
 
 // Moderation is completion event moderation (ibv_modify_cq with IBV_CQ_ATTR_MODERATE,
 // struct ibv_moderate_cq): instead of at the first completion that matches its arm, an armed
@@ -282,12 +267,12 @@ func New(o Options) (*CQ, error) {
 	if o.Capacity < 1 || o.Capacity > MaxCapacity {
 		return nil, ErrCapacity
 	}
-	clock := o.Clock
-	if clock == nil {
-		clock = RealClock{}
+	clk := o.Clock
+	if clk == nil {
+		clk = RealClock{}
 	}
 	return &CQ{ring: make([]WC, o.Capacity), ch: make(chan struct{}, 1), done: make(chan struct{}),
-		sink: o.Events, hook: o.OnPush, after: o.AfterPush, clock: clock}, nil
+		sink: o.Events, hook: o.OnPush, after: o.AfterPush, clock: clk}, nil
 }
 
 // SetModeration sets the CQ's event moderation (ibv_modify_cq, IBV_CQ_ATTR_MODERATE); the

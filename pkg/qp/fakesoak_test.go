@@ -215,7 +215,7 @@ func fakeSoak(t *testing.T, seed uint64, msgs int) {
 		ip := netip.MustParseAddr(addr)
 		return n.newSide(addr, sideOpts{qpn: qpn, cap: Cap{MaxSendWR: fsWindow, MaxRecvWR: 8, MaxSendSGE: 2, MaxRecvSGE: 2},
 			out: func(c *chanOut) Output {
-				fl := fault.Wrap(chanLink{c, ip}, fault.Options{Seed1: seed, Seed2: s2, Clock: fault.AdaptClock(n.clk), Send: fo})
+				fl := fault.Wrap(chanLink{c, ip}, fault.Options{Seed1: seed, Seed2: s2, Clock: n.clk, Send: fo})
 				links = append(links, fl)
 				return fl
 			}})

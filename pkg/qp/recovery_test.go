@@ -64,7 +64,7 @@ func faultPair(t *testing.T, o connOpts, rulesA, rulesB string) *wire {
 		}
 		ip := netip.MustParseAddr(addr)
 		return n.newSide(addr, sideOpts{qpn: qpn, out: func(c *chanOut) Output {
-			fl := fault.Wrap(chanLink{c, ip}, fault.Options{Clock: fault.AdaptClock(n.clk), Send: fault.DirOptions{Rules: rs}})
+			fl := fault.Wrap(chanLink{c, ip}, fault.Options{Clock: n.clk, Send: fault.DirOptions{Rules: rs}})
 			t.Cleanup(func() { fl.Close() })
 			return fl
 		}})

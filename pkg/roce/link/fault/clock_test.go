@@ -3,6 +3,8 @@ package fault
 import (
 	"testing"
 	"time"
+
+	"github.com/softroce/softroce/pkg/clock"
 )
 
 func TestAdaptClock(t *testing.T) {
@@ -33,6 +35,11 @@ func TestAdaptClock(t *testing.T) {
 	rt := r.AfterFunc(time.Hour, func() {})
 	if !rt.Stop() {
 		t.Fatal("real timer was not pending")
+	}
+	// A clock.Clock (the engine's ManualClock) needs no adapter: AdaptClock returns it.
+	m := clock.NewManual(time.Unix(0, 0))
+	if a := AdaptClock(m); a != Clock(m) {
+		t.Fatalf("AdaptClock wrapped a Clock: %T", a)
 	}
 }
 
