@@ -243,21 +243,13 @@ type CQ struct {
 	done   chan struct{} // closed by Destroy (ends Wait)
 	sink   event.Sink
 	// Moderation state (SetModeration): trig = a matching completion arrived since the arm
-	// and did not fire the event; timing = a moderated event is due at deadline; timerSet =
-	// the timer is scheduled (for timerAt). The timer is lazy: an event the count fires
-	// leaves it scheduled (no Stop), and a period that ends after timerAt does not move it
-	// (expire re-schedules for the rest), so a busy CQ pays about one timer operation per
-	// period instead of a Reset and a Stop per event (each may wake the runtime's poller).
-	mod      Moderation
-	clock    Clock
-	timer    Timer
-	deadline time.Time
-	trig     bool
-	timing   bool
-	timerSet bool
-	timerAt  time.Time
-	hook     PushHook
-	after    func()
+	// and did not fire the event; timer = the lazy period timer (ModTimer; Due = a moderated
+	// event is due).
+	mod   Moderation
+	timer ModTimer
+	trig  bool
+	hook  PushHook
+	after func()
 	// afterMu is read-held by each running AfterPush call, so SetPushHooks can wait for them.
 	afterMu sync.RWMutex
 }
@@ -271,8 +263,10 @@ func New(o Options) (*CQ, error) {
 	if clk == nil {
 		clk = RealClock{}
 	}
-	return &CQ{ring: make([]WC, o.Capacity), ch: make(chan struct{}, 1), done: make(chan struct{}),
-		sink: o.Events, hook: o.OnPush, after: o.AfterPush, clock: clk}, nil
+	c := &CQ{ring: make([]WC, o.Capacity), ch: make(chan struct{}, 1), done: make(chan struct{}),
+		sink: o.Events, hook: o.OnPush, after: o.AfterPush}
+	c.timer.Bind(clk, c.expire)
+	return c, nil
 }
 
 // SetModeration sets the CQ's event moderation (ibv_modify_cq, IBV_CQ_ATTR_MODERATE); the
@@ -287,7 +281,7 @@ func (c *CQ) SetModeration(m Moderation) error {
 	}
 	c.mod = m
 	if !m.Active() || m.PeriodUS == 0 {
-		c.stopTimerLocked()
+		c.timer.Stop()
 	}
 	return nil
 }
@@ -299,44 +293,15 @@ func (c *CQ) Moderation() Moderation {
 	return c.mod
 }
 
-// stopTimerLocked cancels the due moderated event (c.mu held); the timer itself stays
-// scheduled, and finds nothing to do when it fires.
-func (c *CQ) stopTimerLocked() { c.timing = false }
-
-// startTimerLocked makes the moderated event due one period from now (c.mu held). The timer
-// is made once and reset afterwards, so moderation allocates nothing per event.
-func (c *CQ) startTimerLocked() {
-	d := c.mod.Period()
-	c.deadline = c.clock.Now().Add(d)
-	c.timing = true
-	if c.timerSet && !c.timerAt.After(c.deadline) {
-		return // fires by then; expire re-schedules for the rest
-	}
-	c.timerSet, c.timerAt = true, c.deadline
-	if c.timer == nil {
-		c.timer = c.clock.AfterFunc(d, c.expire)
-		return
-	}
-	c.timer.Reset(d)
-}
-
-// expire is the period timer: the moderated event fires if it is due and the CQ is still
-// armed with a matching completion unreported; a period not yet over is re-scheduled. A
-// stale call (the event already fired) changes nothing.
+// expire is the period timer's callback: the moderated event fires if it is due and the CQ
+// is still armed with a matching completion unreported; a period not yet over is
+// re-scheduled (ModTimer.Expire). A stale call (the event already fired) changes nothing.
 func (c *CQ) expire() {
 	c.mu.Lock()
-	c.timerSet = false
-	if !c.timing || c.closed {
+	if c.closed || !c.timer.Expire() {
 		c.mu.Unlock()
 		return
 	}
-	if now := c.clock.Now(); now.Before(c.deadline) {
-		c.timerSet, c.timerAt = true, c.deadline
-		c.timer.Reset(c.deadline.Sub(now))
-		c.mu.Unlock()
-		return
-	}
-	c.timing = false
 	fire := c.notify != notifyNone && c.trig
 	if fire {
 		c.notify = notifyNone
@@ -466,9 +431,9 @@ func (c *CQ) Push(wc *WC, solicited bool) bool {
 			fire = true
 			c.notify = notifyNone
 			c.trig = false
-			c.stopTimerLocked()
-		case c.mod.PeriodUS > 0 && !c.timing:
-			c.startTimerLocked()
+			c.timer.Stop()
+		case c.mod.PeriodUS > 0 && !c.timer.Due():
+			c.timer.Start(c.mod.Period())
 		}
 	}
 	c.mu.Unlock()
@@ -547,10 +512,6 @@ func (c *CQ) Destroy() {
 	}
 	c.closed = true
 	c.notify = notifyNone
-	c.stopTimerLocked()
-	if c.timer != nil {
-		c.timer.Stop()
-		c.timerSet = false
-	}
+	c.timer.Close()
 	c.mu.Unlock()
 }

@@ -5,7 +5,6 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -29,21 +28,17 @@ type cqObj struct {
 
 	// Event moderation (OpModifyCQ, ibv_modify_cq): moderated tells deliver to take the
 	// client's arm through moderate. modMu guards the rest; deliver takes it under the
-	// engine CQ's lock, the period timer on its own. trig: a matching completion arrived
-	// since the client armed and did not fire the event; timing: a moderated event is due at
-	// deadline; timerSet: the timer is scheduled, for timerAt (lazy, as in pkg/cq: left
-	// scheduled when the count fires, re-scheduled by expire for a later deadline); closed:
-	// the CQ is being released (the timer must not signal).
+	// engine CQ's lock, the period timer on its own. clock: the period's time source (bound
+	// to timer by setModeration); timer: the lazy period timer, as in pkg/cq (Due = a
+	// moderated event is due); trig: a matching completion arrived since the client armed
+	// and did not fire the event; closed: the CQ is being released (the timer must not
+	// signal).
 	moderated atomic.Bool
 	modMu     sync.Mutex
 	mod       cq.Moderation
 	clock     cq.Clock
-	timer     cq.Timer
-	deadline  time.Time
+	timer     cq.ModTimer
 	trig      bool
-	timing    bool
-	timerSet  bool
-	timerAt   time.Time
 	closed    bool
 }
 
@@ -139,10 +134,7 @@ func (ss *session) releaseCQ(o *cqObj) {
 	o.c.SetPushHooks(nil, nil) // no hook or afterPush call runs after this
 	o.modMu.Lock()             // and no period timer signals after this
 	o.closed = true
-	o.stopTimerLocked()
-	if o.timer != nil {
-		o.timer.Stop()
-	}
+	o.timer.Close()
 	o.modMu.Unlock()
 	o.spaceFile.Close()
 	<-o.spaceDone
@@ -240,8 +232,9 @@ func (o *cqObj) setModeration(m cq.Moderation) error {
 	}
 	o.modMu.Lock()
 	o.mod = m
+	o.timer.Bind(o.clock, o.expire) // the first call binds; the timer is made on first use
 	if !m.Active() || m.PeriodUS == 0 {
-		o.stopTimerLocked()
+		o.timer.Stop()
 	}
 	if !m.Active() && o.trig {
 		// A moderated arm already triggered: unmoderated, it fires now.
@@ -283,49 +276,28 @@ func (o *cqObj) moderate(tail uint64, solicited bool) {
 	queued := tail - o.ring.Head() // the client's head is not trusted: a corrupt one reads as full
 	if queued >= uint64(o.mod.Count) {
 		o.trig = false
-		o.stopTimerLocked()
+		o.timer.Stop()
 		if o.ring.Fire(true) {
 			o.wake.Store(true)
 		}
 		return
 	}
-	if o.mod.PeriodUS > 0 && !o.timing {
-		d := o.mod.Period()
-		o.deadline = o.clock.Now().Add(d)
-		o.timing = true
-		if o.timerSet && !o.timerAt.After(o.deadline) {
-			return // fires by then; expire re-schedules for the rest
-		}
-		o.timerSet, o.timerAt = true, o.deadline
-		if o.timer == nil {
-			o.timer = o.clock.AfterFunc(d, o.expire)
-		} else {
-			o.timer.Reset(d)
-		}
+	if o.mod.PeriodUS > 0 && !o.timer.Due() {
+		o.timer.Start(o.mod.Period())
 	}
 }
-
-// stopTimerLocked cancels the due moderated event (modMu held); the timer stays scheduled
-// and finds nothing to do when it fires.
-func (o *cqObj) stopTimerLocked() { o.timing = false }
 
 // expire is the period timer: the moderated event is due; it takes the client's arm and
 // writes the notify eventfd if the client sleeps. The write happens under modMu, so
 // releaseCQ (which sets closed under modMu before closing the eventfd) never races it. A
-// stale call (the count fired first, or the timer was reset) changes nothing.
+// stale call (the count fired first, or the period is not over: cq.ModTimer.Expire
+// re-schedules) changes nothing.
 func (o *cqObj) expire() {
 	o.modMu.Lock()
 	defer o.modMu.Unlock()
-	o.timerSet = false
-	if o.closed || !o.timing {
+	if o.closed || !o.timer.Expire() {
 		return
 	}
-	if now := o.clock.Now(); now.Before(o.deadline) {
-		o.timerSet, o.timerAt = true, o.deadline
-		o.timer.Reset(o.deadline.Sub(now))
-		return
-	}
-	o.timing = false
 	if !o.trig {
 		return
 	}
