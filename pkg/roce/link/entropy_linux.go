@@ -168,18 +168,8 @@ func (p *entropyPool) openSock(port uint16) (*entSock, error) {
 	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 0); err != nil { // the minimum
 		return fail("setsockopt SO_RCVBUF", err)
 	}
-	if p.v6 {
-		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1); err != nil {
-			return fail("setsockopt IPV6_V6ONLY", err)
-		}
-		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_DO); err != nil {
-			return fail("setsockopt IPV6_MTU_DISCOVER", err)
-		}
-	} else if err := unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO); err != nil {
-		return fail("setsockopt IP_MTU_DISCOVER", err)
-	}
-	if err := setBuf(fd, unix.SO_SNDBUF, unix.SO_SNDBUFFORCE, p.sendBuf, p.noForce); err != nil {
-		return fail("setsockopt SO_SNDBUF", err)
+	if op, err := setSendOpts(fd, p.v6, p.sendBuf, p.noForce); err != nil { // as the main sockets
+		return fail(op, err)
 	}
 	var sa unix.Sockaddr
 	if p.v6 {

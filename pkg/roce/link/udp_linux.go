@@ -250,21 +250,11 @@ func openSock(l *UDPLink, a netip.Addr, o *UDPOptions) (*udpSock, error) {
 		unix.Close(fd)
 		return nil, os.NewSyscallError(op, err)
 	}
-	if s.v6 {
-		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1); err != nil {
-			return fail("setsockopt IPV6_V6ONLY", err)
-		}
-		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_DO); err != nil {
-			return fail("setsockopt IPV6_MTU_DISCOVER", err)
-		}
-	} else if err := unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO); err != nil {
-		return fail("setsockopt IP_MTU_DISCOVER", err)
+	if op, err := setSendOpts(fd, s.v6, o.SendBuf, o.NoForce); err != nil {
+		return fail(op, err)
 	}
 	if err := setBuf(fd, unix.SO_RCVBUF, unix.SO_RCVBUFFORCE, o.RecvBuf, o.NoForce); err != nil {
 		return fail("setsockopt SO_RCVBUF", err)
-	}
-	if err := setBuf(fd, unix.SO_SNDBUF, unix.SO_SNDBUFFORCE, o.SendBuf, o.NoForce); err != nil {
-		return fail("setsockopt SO_SNDBUF", err)
 	}
 	port := int(o.Port)
 	if o.AnyPort {
@@ -349,6 +339,30 @@ func openSock(l *UDPLink, a netip.Addr, o *UDPOptions) (*udpSock, error) {
 	s.raw = !o.SchedSyscalls
 	s.setBusyPoll(o.BusyPoll)
 	return s, nil
+}
+
+// setSendOpts sets up the sending side every UDP socket of a link shares (the main sockets
+// and the send-only entropy ones): IPV6_V6ONLY on an IPv6 socket (IPv4 traffic has sockets
+// of its own), DF as kernel rxe sends (IP_MTU_DISCOVER / IPV6_MTU_DISCOVER = PMTUDISC_DO,
+// which on an unconnected socket also makes Linux write IPv4 ID 0, the header the ICRC is
+// computed over, IBTA Vol 1 Annex A17.3.3; docs/link.md) and the send buffer (setBuf;
+// sendBuf < 0 keeps the default). On failure it returns the operation that failed, for
+// os.NewSyscallError.
+func setSendOpts(fd int, v6 bool, sendBuf int, noForce bool) (string, error) {
+	if v6 {
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1); err != nil {
+			return "setsockopt IPV6_V6ONLY", err
+		}
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_DO); err != nil {
+			return "setsockopt IPV6_MTU_DISCOVER", err
+		}
+	} else if err := unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO); err != nil {
+		return "setsockopt IP_MTU_DISCOVER", err
+	}
+	if err := setBuf(fd, unix.SO_SNDBUF, unix.SO_SNDBUFFORCE, sendBuf, noForce); err != nil {
+		return "setsockopt SO_SNDBUF", err
+	}
+	return "", nil
 }
 
 func setBuf(fd, opt, force, size int, noForce bool) error {
