@@ -9,94 +9,16 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/softroce/softroce/pkg/bth"
+	"github.com/softroce/softroce/pkg/clock"
 	"github.com/softroce/softroce/pkg/roce/link"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// manualClock is a fake Clock: time moves only in Advance, which runs due timers in deadline
-// order in the calling goroutine (gVisor faketime.ManualClock style).
-type manualClock struct {
-	mu     sync.Mutex
-	now    time.Time
-	seq    uint64
-	timers map[*manualTimer]struct{}
-}
-
-type manualTimer struct {
-	c    *manualClock
-	f    func()
-	when time.Time
-	seq  uint64
-}
-
-func newManualClock() *manualClock {
-	return &manualClock{now: time.Unix(1_700_000_000, 0), timers: map[*manualTimer]struct{}{}}
-}
-
-func (c *manualClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-// AfterFunc returns the concrete *manualTimer: AdaptClock makes the Clock.
-func (c *manualClock) AfterFunc(d time.Duration, f func()) *manualTimer {
-	t := &manualTimer{c: c, f: f}
-	t.Reset(d)
-	return t
-}
-
-func (c *manualClock) pending() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.timers)
-}
-
-func (c *manualClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	end := c.now.Add(d)
-	c.mu.Unlock()
-	for {
-		c.mu.Lock()
-		var t *manualTimer // the earliest due timer (ties: armed first); no allocation
-		for x := range c.timers {
-			if !x.when.After(end) && (t == nil || x.when.Before(t.when) || (x.when.Equal(t.when) && x.seq < t.seq)) {
-				t = x
-			}
-		}
-		if t == nil {
-			c.now = end
-			c.mu.Unlock()
-			return
-		}
-		delete(c.timers, t)
-		if t.when.After(c.now) {
-			c.now = t.when
-		}
-		c.mu.Unlock()
-		t.f()
-	}
-}
-
-func (t *manualTimer) Stop() bool {
-	t.c.mu.Lock()
-	defer t.c.mu.Unlock()
-	_, ok := t.c.timers[t]
-	delete(t.c.timers, t)
-	return ok
-}
-
-func (t *manualTimer) Reset(d time.Duration) bool {
-	t.c.mu.Lock()
-	defer t.c.mu.Unlock()
-	_, ok := t.c.timers[t]
-	t.when = t.c.now.Add(d)
-	t.c.seq++
-	t.seq = t.c.seq
-	t.c.timers[t] = struct{}{}
-	return ok
-}
+// newManualClock returns the shared fake clock (clock.Manual, the engine's qp.ManualClock):
+// time moves only in Advance, which runs due timers in deadline order in the calling
+// goroutine, allocating nothing.
+func newManualClock() *clock.Manual { return clock.NewManual(time.Unix(1_700_000_000, 0)) }
 
 var (
 	addrA = netip.MustParseAddr("198.18.0.1")

@@ -75,7 +75,7 @@ func TestRecvDelayFakeClock(t *testing.T) {
 	if got := <-done; !slices.Equal(got, []uint32{7}) {
 		t.Fatalf("got %v", got)
 	}
-	if clk.pending() != 0 {
+	if clk.Pending() != 0 {
 		t.Fatal("timer left armed")
 	}
 }
@@ -155,8 +155,8 @@ func TestRecvClose(t *testing.T) {
 	if _, err := g.Recv([]link.Datagram{{Buf: make([]byte, 64)}}); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("Recv after Close: %v", err)
 	}
-	if s := g.Stats().Recv; s.Discarded != 3 || s.Held != 0 || len(log.kinds(Discard)) != 3 || clk.pending() != 0 {
-		t.Fatalf("stats %+v timers %d", s, clk.pending())
+	if s := g.Stats().Recv; s.Discarded != 3 || s.Held != 0 || len(log.kinds(Discard)) != 3 || clk.Pending() != 0 {
+		t.Fatalf("stats %+v timers %d", s, clk.Pending())
 	}
 	if g.Close() != nil {
 		t.Fatal("second Close")
@@ -168,12 +168,12 @@ func TestSendCloseDiscardsHeld(t *testing.T) {
 	a, _ := memPair(t)
 	f := Wrap(a, Options{Clock: AdaptClock(clk), Send: DirOptions{Delay: time.Second, Duplicate: 1, DuplicateDelay: time.Second}})
 	sendPSNs(t, f, 0, 4)
-	if f.Held(DirSend) != 8 || clk.pending() != 1 {
-		t.Fatalf("held %d timers %d", f.Held(DirSend), clk.pending())
+	if f.Held(DirSend) != 8 || clk.Pending() != 1 {
+		t.Fatalf("held %d timers %d", f.Held(DirSend), clk.Pending())
 	}
 	f.Close()
 	clk.Advance(time.Hour)
-	if s := f.Stats().Send; s.Discarded != 8 || s.Released != 0 || clk.pending() != 0 || innerSent(t, a) != 0 {
-		t.Fatalf("stats %+v timers %d", s, clk.pending())
+	if s := f.Stats().Send; s.Discarded != 8 || s.Released != 0 || clk.Pending() != 0 || innerSent(t, a) != 0 {
+		t.Fatalf("stats %+v timers %d", s, clk.Pending())
 	}
 }

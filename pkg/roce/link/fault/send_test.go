@@ -91,8 +91,8 @@ func TestSendDuplicateDelayed(t *testing.T) {
 	clk.Advance(10 * time.Millisecond) // every copy's delay is in (0, 10ms]
 	got := psns(recvN(t, b, 3))
 	slices.Sort(got)
-	if !slices.Equal(got, seq(0, 3)) || f.Held(DirSend) != 0 || clk.pending() != 0 {
-		t.Fatalf("copies %v held %d timers %d", got, f.Held(DirSend), clk.pending())
+	if !slices.Equal(got, seq(0, 3)) || f.Held(DirSend) != 0 || clk.Pending() != 0 {
+		t.Fatalf("copies %v held %d timers %d", got, f.Held(DirSend), clk.Pending())
 	}
 }
 
@@ -204,8 +204,8 @@ func TestSendDelayFakeClock(t *testing.T) {
 	if got := psns(recvN(t, b, 2)); !slices.Equal(got, seq(3, 2)) {
 		t.Fatalf("at 7ms: %v", got)
 	}
-	if s := f.Stats().Send; s.Delayed != 5 || s.Released != 5 || s.Delivered != 5 || s.Held != 0 || clk.pending() != 0 {
-		t.Fatalf("stats %+v timers %d", s, clk.pending())
+	if s := f.Stats().Send; s.Delayed != 5 || s.Released != 5 || s.Delivered != 5 || s.Held != 0 || clk.Pending() != 0 {
+		t.Fatalf("stats %+v timers %d", s, clk.Pending())
 	}
 }
 
