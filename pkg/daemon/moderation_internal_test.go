@@ -11,13 +11,6 @@ import (
 	"github.com/softroce/softroce/pkg/qp"
 )
 
-// manualCQClock adapts the engine's fake clock to cq.Clock.
-type manualCQClock struct{ *qp.ManualClock }
-
-func (c manualCQClock) AfterFunc(d time.Duration, f func()) cq.Timer {
-	return c.ManualClock.AfterFunc(d, f)
-}
-
 // modRing is a cqObj on a heap ring with a real notify eventfd and a fake clock.
 func modRing(t *testing.T, capacity int) (*cqObj, *cq.CQ, *qp.ManualClock, func() bool) {
 	t.Helper()
@@ -30,7 +23,7 @@ func modRing(t *testing.T, capacity int) (*cqObj, *cq.CQ, *qp.ManualClock, func(
 	t.Cleanup(func() { proto.CloseFD(fd) })
 	clk := qp.NewManualClock(time.Unix(1000, 0))
 	c, _ := cq.New(cq.Options{Capacity: capacity})
-	o := &cqObj{c: c, ring: ring, notifyFD: fd, clock: manualCQClock{clk}}
+	o := &cqObj{c: c, ring: ring, notifyFD: fd, clock: clk}
 	c.SetPushHooks(o.onPush, o.afterPush)
 	b := make([]byte, 8) // made once: a local array escapes under the race detector
 	signalled := func() bool {
@@ -161,41 +154,10 @@ func TestModerateReleasedNoSignal(t *testing.T) {
 	}
 }
 
-// oneTimerClock is a fake cq.Clock with one timer that allocates nothing per use (the
-// engine's ManualClock allocates in Advance).
-type oneTimerClock struct {
-	now   time.Time
-	when  time.Time
-	f     func()
-	armed bool
-}
-
-func (c *oneTimerClock) Now() time.Time { return c.now }
-func (c *oneTimerClock) AfterFunc(d time.Duration, f func()) cq.Timer {
-	c.f = f
-	c.Reset(d)
-	return c
-}
-func (c *oneTimerClock) Stop() bool { was := c.armed; c.armed = false; return was }
-func (c *oneTimerClock) Reset(d time.Duration) bool {
-	was := c.armed
-	c.armed, c.when = true, c.now.Add(d)
-	return was
-}
-func (c *oneTimerClock) advance(d time.Duration) {
-	c.now = c.now.Add(d)
-	if c.armed && !c.when.After(c.now) {
-		c.armed = false
-		c.f()
-	}
-}
-
 // TestModerateNoAlloc: a moderated completion and its period event allocate nothing once
 // the timer exists.
 func TestModerateNoAlloc(t *testing.T) {
-	o, c, _, signalled := modRing(t, 16)
-	clk := &oneTimerClock{now: time.Unix(1000, 0)}
-	o.clock = clk
+	o, c, clk, signalled := modRing(t, 16)
 	if err := o.setModeration(cq.Moderation{Count: 3, PeriodUS: 10}); err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +166,7 @@ func TestModerateNoAlloc(t *testing.T) {
 		o.ring.Consume(o.ring.Tail())
 		o.ring.Arm(proto.ArmNext, true)
 		c.Push(&wc, false)
-		clk.advance(10 * time.Microsecond)
+		clk.Advance(10 * time.Microsecond)
 		if !signalled() {
 			t.Fatal("no period signal")
 		}
