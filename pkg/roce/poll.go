@@ -27,8 +27,10 @@ import (
 // Poll stops receiving: nothing is read, and deferred packets wait for its next post or Poll
 // (or the QP's timer). The transport timers still run on the clock's goroutines.
 //
-// The loop itself reads the clock once per non-empty read (the ACK timer's "now"), allocates
-// nothing, and never parks or yields: when the links are empty Poll returns 0.
+// The loop itself reads the clock once per non-empty read (the ACK timer's "now") and once
+// more when it flushes what the previous Poll left queued (the timers are re-armed from the
+// flush's time, not the read's), allocates nothing, and never parks or yields: when the links
+// are empty and nothing is queued Poll returns 0 without reading the clock.
 
 // ErrNotPolled: Poll was called on a device opened without Options.Polled.
 var ErrNotPolled = errors.New("roce: device not in polled mode")
@@ -89,7 +91,12 @@ func (d *Device) Poll() (int, error) {
 	if d.closed.Load() {
 		return 0, ErrClosed
 	}
-	p.rx.flushPending() // the previous Poll's deferred packets
+	if p.rx.npending > 0 {
+		// the previous Poll's deferred packets; FlushReceived re-arms each QP's ACK timer
+		// (IBTA 9.7.6.1.3) from "now", which is this Poll's time, not the read's
+		p.rx.now = d.clock.Now()
+		p.rx.flushPending()
+	}
 	total := 0
 	for _, l := range p.links {
 		batch := p.batch
@@ -126,6 +133,9 @@ func (d *Device) closePoll() {
 		return
 	}
 	p.mu.Lock()
-	p.rx.flushPending()
+	if p.rx.npending > 0 {
+		p.rx.now = d.clock.Now()
+		p.rx.flushPending()
+	}
 	p.mu.Unlock()
 }
