@@ -3,7 +3,6 @@ package conform
 import (
 	"math/rand/v2"
 	"net/netip"
-	"strings"
 	"testing"
 	"time"
 
@@ -46,15 +45,7 @@ func TestSoftroceDaemon(t *testing.T) {
 				t.Skipf("not through the daemon: %s", why)
 			}
 			r := RunOne(b, &sc, i)
-			why, known := knownFailures[sc.Name]
-			switch {
-			case known && r.Result == Fail:
-				t.Logf("known failure (%s): %s", why, r.Detail)
-			case known:
-				t.Errorf("known failure %q now %s: remove it from knownFailures", sc.Name, r.Result)
-			case r.Result != Pass:
-				t.Errorf("%s: %s\n%s", r.Result, r.Detail, strings.Join(r.Log, "\n"))
-			}
+			checkResult(t, sc.Name, r)
 		})
 	}
 	d, err := conn.Debug()
