@@ -91,12 +91,7 @@ func (d *Device) Poll() (int, error) {
 	if d.closed.Load() {
 		return 0, ErrClosed
 	}
-	if p.rx.npending > 0 {
-		// the previous Poll's deferred packets; FlushReceived re-arms each QP's ACK timer
-		// (IBTA 9.7.6.1.3) from "now", which is this Poll's time, not the read's
-		p.rx.now = d.clock.Now()
-		p.rx.flushPending()
-	}
+	d.flushPolled() // the previous Poll's deferred packets
 	total := 0
 	for _, l := range p.links {
 		batch := p.batch
@@ -133,9 +128,17 @@ func (d *Device) closePoll() {
 		return
 	}
 	p.mu.Lock()
+	d.flushPolled()
+	p.mu.Unlock()
+}
+
+// flushPolled sends what the last Poll left queued on its QPs (p.mu held). FlushReceived
+// re-arms each QP's ACK timer (IBTA 9.7.6.1.3) from "now", so the clock is read here, at the
+// flush, not at the read that queued them; nothing queued reads no clock.
+func (d *Device) flushPolled() {
+	p := d.pl
 	if p.rx.npending > 0 {
 		p.rx.now = d.clock.Now()
 		p.rx.flushPending()
 	}
-	p.mu.Unlock()
 }
