@@ -31,6 +31,17 @@ G1=$(rxelab-gid rxe1 198.19.0.1) G2=$(rxelab-gid rxe2 198.19.0.2) G3=$(rxelab-gi
 log "gids rxe1=$G1 rxe2=$G2 rxe3=$G3; $(nproc) CPUs; clocksource $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource); cmdline $(cat /proc/cmdline)"
 for d in rxe1 rxe2 rxe3; do log "$d active_mtu $(ibv_devinfo -d $d | awk '/active_mtu/ {print $2}')"; done
 
+# LAB_RPS=1: receive packet steering on every veth the pairings use (rxe's and softroce's
+# alike): a frame for the server (CPU 1) is received on CPU 1, one for the client on CPU 0, so
+# the receiving side's kernel work runs on the receiver's CPU, not in the sender's system call.
+if [ "${LAB_RPS:-0}" = 1 ]; then
+  echo 2 > /sys/class/net/veth2/queues/rx-0/rps_cpus; echo 1 > /sys/class/net/veth1/queues/rx-0/rps_cpus
+  ip netns exec sb sh -c 'echo 2 > /sys/class/net/vsb/queues/rx-0/rps_cpus'
+  ip netns exec sa sh -c 'echo 1 > /sys/class/net/vsa/queues/rx-0/rps_cpus'
+  ip netns exec sc sh -c 'echo 1 > /sys/class/net/vsc/queues/rx-0/rps_cpus'
+  echo 2 > /sys/class/net/vr/queues/rx-0/rps_cpus
+  log "RPS: veth2 $(cat /sys/class/net/veth2/queues/rx-0/rps_cpus) veth1 $(cat /sys/class/net/veth1/queues/rx-0/rps_cpus)"
+fi
 # LAB_PIN=1: every server on CPU 1 and every client on CPU 0 (taskset; rxe and softroce alike),
 # so the guest scheduler never puts both ends of a pairing on one vCPU.
 PIN_SRV="" PIN_CLI=""
@@ -53,7 +64,9 @@ pair() {
   # write latency: perftest's client may abort on its CPU-clock check after a full run; the
   # server's report of the same run then stands
   case "$v" in [0-9]*) ;; *) [ "${test%_lat}" != "$test" ] && v=$(res < /tmp/srv.out | awk '{print $5}') ;; esac
-  case "$v" in [0-9]*) ;; *) log "$name $test $size: no result"; tail -5 /tmp/srv.out /tmp/cli.err >&2; v=FAIL ;; esac
+  case "$v" in [0-9]*) ;; *) log "$name $test $size: no result"
+    { echo "server:"; tail -8 /tmp/srv.out; echo "client:"; tail -8 /tmp/cli.err; ip -n sa -d link show vsa; ip -n sb -d link show vsb; } 2>&1 | sed "s/^/lab-guest: $name: /" >&2
+    v=FAIL ;; esac
   # LAB_STATS=1: softroce's --stats phase lines (polled write latency) into the log
   grep -h "stats: polled" /tmp/srv.out /tmp/cli.err 2>/dev/null | sed "s/^/lab-guest: $name: /" >&2
   echo "ROW|$name|$test|$size|$MTU|$v"
@@ -123,6 +136,18 @@ floor() {
     wait
     echo "ROW|udp-go-spin-half|ib_write_lat|8|$MTU|${v:-FAIL}"
   fi
+  # LAB_LADDER=1: the same round trip through pkg/roce/link, its options one at a time
+  # (bench/probe/link.go): 40-byte datagrams (an 8-byte WRITE), then + GRO and entropy
+  # socket (the device defaults), then the [40, 20] GSO pair polled mode sends
+  [ -n "$GPP" ] && [ "${LAB_LADDER:-0}" = 1 ] && for rung in "plain:" "gro-ent:-gro -entropy" "pair:-gro -entropy -pair" "xdp:-entropy -xdp" "xdp-pair:-entropy -xdp -pair"; do
+    PORT=$((PORT + 1))
+    timeout 60 $PIN_SRV ip netns exec sb env GOMAXPROCS=1 $GPP lserver ${rung#*:} -port $PORT 198.20.0.2 198.20.0.1 > /dev/null 2>/tmp/lsrv.err &
+    sleep 1
+    v=$(timeout 60 $PIN_CLI ip netns exec sa env GOMAXPROCS=1 $GPP lclient ${rung#*:} -port $PORT 198.20.0.1 198.20.0.2 2000 2>/tmp/lcli.err | half)
+    wait
+    [ -n "$v" ] || cat /tmp/lsrv.err /tmp/lcli.err | sed "s/^/lab-guest: link-${rung%%:*}: /" >&2
+    echo "ROW|link-${rung%%:*}-half|ib_write_lat|8|$MTU|${v:-FAIL}"
+  done
 }
 LSTATS=""; [ "${LAB_STATS:-0}" = 1 ] && LSTATS=" --stats"
 LSIZES="8 4096"; [ "$LAB_ONLY" = lat8 ] && LSIZES=8
@@ -132,11 +157,15 @@ for size in $LSIZES; do
     pair rxe-rxe ib_write_lat $size $NLAT "$RXE_SRV" "$RXE_CLI"
     [ "$LAB_ONLY" = lat8 ] || pair softroce-softroce ib_write_lat $size $NLAT "$SR_SRV" "$SR_CLI"
     pair softroce-softroce-bp ib_write_lat $size $NLAT "$SR_SRV $BP$LSTATS" "$SR_CLI $BP$LSTATS"
+    # the link's AF_XDP path (docs/link.md): its active MTU is at most 2048, so this row runs
+    # at -m 2048 (an 8-byte message is one packet at any MTU)
+    [ "${LAB_XDP:-1}" = 1 ] && MTU=2048 pair softroce-softroce-xdp ib_write_lat $size $NLAT "$SR_SRV $BP --xdp$LSTATS" "$SR_CLI $BP --xdp$LSTATS"
     [ $size = 8 ] && floor
     [ -n "$OLD" ] && [ $size = 8 ] && pair softroce-softroce-bp-old ib_write_lat $size $NLAT "${SR_SRV/ $SR / $OLD } $BP" "${SR_CLI/ $SR / $OLD } $BP"
   done
   pair softroce-rxe ib_write_lat $size $NLAT "$X_SRV" "$X_CLI"
   pair softroce-rxe-bp ib_write_lat $size $NLAT "$X_SRV" "$X_CLI $BP"
+  [ "${LAB_XDP:-1}" = 1 ] && MTU=2048 pair softroce-rxe-xdp ib_write_lat $size $NLAT "$X_SRV" "$X_CLI $BP --xdp"
 done
 [ "$LAB_ONLY" = lat8 ] && exit 0
 pair softroce-softroce-gmp2 ib_write_lat 8 $NLAT "${SR_SRV/env $SR_ENV/env GOMAXPROCS=2}" "${SR_CLI/env $SR_ENV/env GOMAXPROCS=2}"

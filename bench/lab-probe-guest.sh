@@ -6,7 +6,7 @@
 # latency next to kernel rxe's, for every clocksource the guest offers (CLOCKSOURCES, or all);
 # PROBE_TRACE=0 skips the strace/schedtrace runs, PROBE_MICRO=0 the C/Go micro-benchmarks,
 # PROBE_LAT=0 the latency rows; PROBE_BW=1 adds 64 KiB WRITE bandwidth rows and CPU profiles;
-# PROBE_PROF=1 a CPU-profiled busy-poll latency run.
+# PROBE_PROF=1 a CPU-profiled busy-poll latency run (PROBE_XDP=1: with the AF_XDP link).
 # usage: lab-probe-guest.sh DIR N_LAT
 set -u
 D=$1 NLAT=${2:-300}
@@ -50,6 +50,17 @@ probe_all() {
   [ "${PROBE_MICRO:-1}" = 1 ] && micro
   [ "${PROBE_LAT:-1}" = 1 ] && softroce_rows
   [ "${PROBE_BW:-0}" = 1 ] && bw_rows
+  [ "${PROBE_PROF:-0}" = 1 ] && prof_rows
+}
+
+# A CPU-profiled polled 8-byte WRITE latency run (server on CPU 1, client on CPU 0, as
+# bench/lab.sh pins); PROBE_XDP=1 adds the AF_XDP link (--xdp, -m 2048).
+prof_rows() {
+  PORT=$((PORT + 1))
+  local m=4096 x=""
+  [ "${PROBE_XDP:-0}" = 1 ] && m=2048 x=--xdp
+  f="perf write --lat -s 8 -n ${PROF_N:-2000} -m $m -F -p $PORT --timeout 60s --run-timeout 100s --busy-poll $x"
+  echo "softroce<->softroce write_lat 8 B --busy-poll $x GOMAXPROCS=1, profiled: $(srvcli "taskset -c 1 env GOMAXPROCS=1 $SR $f --cpuprofile $D/prof.lat.srv -d 198.22.0.2" "taskset -c 0 env GOMAXPROCS=1 $SR $f --cpuprofile $D/prof.lat.cli -d 198.22.0.1 198.22.0.2" | lat)"
 }
 
 bwres() { awk '/#bytes/ {getline; print $4; exit}'; }
@@ -111,11 +122,6 @@ softroce_rows() {
     f="perf write --lat -s 8 -n $NLAT -m 4096 -F -p $PORT --timeout 60s --run-timeout 100s --busy-poll"
     echo "softroce<->softroce write_lat 8 B --busy-poll GOMAXPROCS=$g: $(srvcli "env GOMAXPROCS=$g $SR $f -d 198.22.0.2" "env GOMAXPROCS=$g $SR $f -d 198.22.0.1 198.22.0.2" | lat)"
   done
-  if [ "${PROBE_PROF:-0}" = 1 ]; then
-    PORT=$((PORT + 1))
-    f="perf write --lat -s 8 -n ${PROF_N:-2000} -m 4096 -F -p $PORT --timeout 60s --run-timeout 100s --busy-poll"
-    echo "softroce<->softroce write_lat 8 B --busy-poll GOMAXPROCS=1, profiled: $(srvcli "env GOMAXPROCS=1 $SR $f --cpuprofile $D/prof.lat.srv -d 198.22.0.2" "env GOMAXPROCS=1 $SR $f --cpuprofile $D/prof.lat.cli -d 198.22.0.1 198.22.0.2" | lat)"
-  fi
   [ "${PROBE_TRACE:-1}" = 1 ] || return 0
   # system calls of one softroce latency run (server side; strace slows it, counts matter)
   for bp in "" --busy-poll; do

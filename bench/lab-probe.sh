@@ -57,5 +57,5 @@ test/rxelab/setup --no-install >> "$LOG" 2>&1 || { echo "bench/lab-probe.sh: lab
 STARTED=1
 RXE_LAB_MTU=9000 test/rxelab/vm start --dual --share "$SHARE" --max-life 1200 >> "$LOG" 2>&1 7>&- ||
   { echo "bench/lab-probe.sh: VM did not start (see $LOG)" >&2; exit 1; }
-test/rxelab/vm exec --timeout 1000 -c "CLOCKSOURCES='${CLOCKSOURCES:-}' PROBE_TRACE='${PROBE_TRACE:-1}' PROBE_MICRO='${PROBE_MICRO:-1}' PROBE_LAT='${PROBE_LAT:-1}' PROBE_BW='${PROBE_BW:-0}' PROBE_PROF='${PROBE_PROF:-0}' PROF_N='${PROF_N:-2000}' bash /mnt/host/lab-probe-guest.sh /mnt/host $NLAT" 7>&-
+test/rxelab/vm exec --timeout 1000 -c "CLOCKSOURCES='${CLOCKSOURCES:-}' PROBE_TRACE='${PROBE_TRACE:-1}' PROBE_MICRO='${PROBE_MICRO:-1}' PROBE_LAT='${PROBE_LAT:-1}' PROBE_BW='${PROBE_BW:-0}' PROBE_PROF='${PROBE_PROF:-0}' PROBE_XDP='${PROBE_XDP:-0}' PROF_N='${PROF_N:-2000}' bash /mnt/host/lab-probe-guest.sh /mnt/host $NLAT" 7>&-
 echo "   guest script exit $?; $(date -u +%H:%M:%S) host load: $(cut -d' ' -f1-3 /proc/loadavg); lab log $LOG" >&2

@@ -18,7 +18,8 @@ cp "$SR" "$SHARE/softroce" && cp bench/lab-guest.sh "$SHARE/lab-guest.sh" || exi
 # LAB_OLD_BIN: an older softroce build, run as "softroce-softroce-bp-old" next to the new one;
 # LAB_ONLY=lat8: only the 8-byte write_lat rows (lab-guest.sh)
 [ -n "${LAB_OLD_BIN:-}" ] && { cp "$LAB_OLD_BIN" "$SHARE/softroce-old" || exit 1; }
-# LAB_PROBE=1: the spinning 8-byte UDP round trip in C and Go in every 8-byte round (the floor)
+# LAB_PROBE=1: the spinning 8-byte UDP round trip in C and Go in every 8-byte round (the floor);
+# with LAB_LADDER=1 also through pkg/roce/link, its options one at a time (bench/probe/link.go)
 if [ "${LAB_PROBE:-0}" = 1 ]; then
   CGO_ENABLED=0 /usr/local/go/bin/go build -trimpath -o "$SHARE/probe" ./bench/probe &&
     gcc -O2 -static -o "$SHARE/pingpong" bench/cprobe/pingpong.c || { echo "bench/lab.sh: probe build failed" >&2; exit 1; }
@@ -49,7 +50,7 @@ test/rxelab/setup --no-install >> "$LOG" 2>&1 || { echo "bench/lab.sh: lab setup
 STARTED=1
 RXE_LAB_MTU=9000 test/rxelab/vm start --dual --share "$SHARE" --max-life 1800 >> "$LOG" 2>&1 7>&- ||
   { echo "bench/lab.sh: VM did not start (see $LOG)" >&2; exit 1; }
-test/rxelab/vm exec --timeout 1500 -c "LAB_PIN=${LAB_PIN:-1} LAB_ONLY=${LAB_ONLY:-} LAB_STATS=${LAB_STATS:-0} ROUNDS=${ROUNDS:-3} bash /mnt/host/lab-guest.sh /mnt/host/softroce $NBW $NLAT 4096" > "$OUT/lab.rows" 2>> "$LOG" 7>&-
+test/rxelab/vm exec --timeout 1500 -c "LAB_PIN=${LAB_PIN:-1} LAB_ONLY=${LAB_ONLY:-} LAB_STATS=${LAB_STATS:-0} LAB_LADDER=${LAB_LADDER:-0} LAB_XDP=${LAB_XDP:-1} LAB_RPS=${LAB_RPS:-0} ROUNDS=${ROUNDS:-3} bash /mnt/host/lab-guest.sh /mnt/host/softroce $NBW $NLAT 4096" > "$OUT/lab.rows" 2>> "$LOG" 7>&-
 st=$?
 echo "   guest script exit $st; host load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 # rows with ratios softroce/rxe: bandwidth higher is better, latency lower is better

@@ -13,6 +13,8 @@
 //	probe client [-mode M] ADDR PORT N  8-byte round trips; M = netpoll (net.UDPConn),
 //	                                    block (blocking recvfrom system calls, no netpoller)
 //	                                    or spin (non-blocking recvfrom in a loop)
+//	probe lserver [flags] ADDR PEER     the spin round trip through pkg/roce/link, its options
+//	probe lclient [flags] ADDR PEER N   one at a time (link.go: -size -gro -entropy -pair -xdp)
 //
 // Only the addresses it is given are used (the lab's veth pairs, or loopback).
 package main
@@ -109,6 +111,8 @@ func run(args []string) error {
 		fmt.Printf("go %s %d B: %.1f MB/s (%.2f us per op; %x)\n", args[0], size,
 			float64(size)*float64(n)/d.Seconds()/1e6, float64(d.Nanoseconds())/float64(n)/1e3, sum&0)
 		return nil
+	case "lserver", "lclient":
+		return linkPingPong(args[1:], args[0] == "lclient")
 	case "server":
 		fs := flag.NewFlagSet("server", flag.ContinueOnError)
 		mode := fs.String("mode", "netpoll", "netpoll | spin")

@@ -87,6 +87,9 @@ type devOpenOptions struct {
 	// Polled opens the device in polled mode (roce.UDPOptions.Polled: no receive goroutine;
 	// the tool calls Device.Poll; perf --lat --busy-poll, perf_poll.go).
 	Polled bool
+	// XDP adds the link's AF_XDP path (link.XDPOptions); the active MTU is then at most 2048,
+	// so that every packet fits the path (link.XDPMaxFrame).
+	XDP bool
 }
 
 // localDev is an opened device and the local address it speaks from.
@@ -113,12 +116,15 @@ func openLocalDevice(f *devFlag, o devOpenOptions) (*localDev, error) {
 	if mtu == 0 {
 		mtu = activeMTU(interfaceMTU(addr))
 	}
+	if o.XDP && mtu > qp.MTU2048 {
+		mtu = qp.MTU2048
+	}
 	name := o.Name
 	if name == "" {
 		name = "softroce0"
 	}
 	d, err := roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{addr}, Port: o.Port, Portable: o.Portable, MTU: mtu, Name: name,
-		Link: link.UDPOptions{BusyPoll: o.BusyPoll}, Polled: o.Polled})
+		Link: link.UDPOptions{BusyPoll: o.BusyPoll, XDP: link.XDPOptions{On: o.XDP}}, Polled: o.Polled})
 	if err != nil {
 		return nil, fmt.Errorf("%w on %v: %w", errDevFlag, addr, err)
 	}

@@ -2,10 +2,17 @@ package main
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/softroce/softroce/internal/netnstest"
+	"github.com/softroce/softroce/pkg/oob/perftest"
 )
 
 // TestPerfPolledMode: --lat --busy-poll runs the embedded device in polled mode (not for
@@ -64,5 +71,64 @@ func TestPerfPolledMode(t *testing.T) {
 				t.Logf("server:\n%s\nclient:\n%s", so, co)
 			}
 		})
+	}
+}
+
+// TestPerfXDP: --xdp is an embedded device's option (a usage error with --portable,
+// --loopback or --daemon), and a polled 8-byte WRITE latency run between two network
+// namespaces on a veth pair (root) goes through the AF_XDP rings on both sides: perftest's
+// output from both ends, and the link counters (--stats) show the messages in the rings.
+func TestPerfXDP(t *testing.T) {
+	for _, args := range [][]string{
+		{"write", "--lat", "--busy-poll", "--xdp", "--portable"},
+		{"write", "--xdp", "--loopback"},
+		{"write", "--lat", "--xdp", "--daemon", "/tmp/x.sock"},
+	} {
+		if _, err := parsePerf(args, io.Discard); !errors.Is(err, errPerfUsage) {
+			t.Errorf("%v: %v, want a usage error", args, err)
+		}
+	}
+	x, y := netnstest.Veth(t, "srfa", "198.18.8.1/24", "srfb", "198.18.8.2/24", 1500)
+	var ln net.Listener
+	if err := y.Do(func() (err error) { ln, err = net.Listen("tcp4", "198.18.8.2:0"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	const iters = 500
+	common := func(more ...string) []string {
+		return append([]string{"write", "--lat", "--busy-poll", "--xdp", "-s", "8", "-n", strconv.Itoa(iters),
+			"-p", strconv.Itoa(ln.Addr().(*net.TCPAddr).Port), "--timeout", "20s", "--run-timeout", "20s", "--stats"}, more...)
+	}
+	var so, se, co, ce bytes.Buffer
+	var ss, cs int
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = y.Do(func() error {
+			ss = perfMain(common("-d", "198.18.8.2"), &perfEnv{Stdout: &so, Stderr: &se, Listener: ln})
+			return nil
+		})
+	}()
+	_ = x.Do(func() error {
+		cs = perfMain(common("-d", "198.18.8.1", "198.18.8.2"), &perfEnv{Stdout: &co, Stderr: &ce})
+		return nil
+	})
+	<-done
+	if ss != 0 || cs != 0 {
+		t.Fatalf("exit status server %d client %d\nserver:\n%s%s\nclient:\n%s%s", ss, cs, so.String(), se.String(), co.String(), ce.String())
+	}
+	checkPerfPairAt(t, so.String(), co.String(), perftest.WriteLat, []int{8}, iters, 1, false,
+		"00:00:00:00:00:00:00:00:00:00:255:255:198:18:08:02", "00:00:00:00:00:00:00:00:00:00:255:255:198:18:08:01")
+	for side, e := range map[string]string{"server": se.String(), "client": ce.String()} {
+		var sent, recv, fb int
+		i := strings.Index(e, "stats: link AF_XDP path ")
+		if i < 0 {
+			t.Fatalf("%s: no AF_XDP counters in --stats:\n%s", side, e)
+		}
+		if _, err := fmt.Sscanf(e[i:], "stats: link AF_XDP path sent %d, received %d, sends through the UDP socket %d", &sent, &recv, &fb); err != nil {
+			t.Fatalf("%s: %v in %q", side, err, e[i:])
+		}
+		if sent < iters || recv < iters || fb > 1 {
+			t.Errorf("%s: AF_XDP sent %d, received %d, socket sends %d; want the %d WRITEs and their ACKs in the rings", side, sent, recv, fb, iters)
+		}
 	}
 }

@@ -233,6 +233,14 @@ func checkLatRow(t *testing.T, who string, r perfRow, size, iters int) {
 // are the other's local lines (GIDs 127.0.0.1 / 127.0.0.2), and the result rows.
 func checkPerfPair(t *testing.T, srvOut, cliOut string, tst perftest.Test, sizes []int, iters, qps int, gbits bool) {
 	t.Helper()
+	checkPerfPairAt(t, srvOut, cliOut, tst, sizes, iters, qps, gbits,
+		"00:00:00:00:00:00:00:00:00:00:255:255:127:00:00:01", "00:00:00:00:00:00:00:00:00:00:255:255:127:00:00:02")
+}
+
+// checkPerfPairAt is checkPerfPair for a server and a client with the given local GIDs (as
+// perftest prints them).
+func checkPerfPairAt(t *testing.T, srvOut, cliOut string, tst perftest.Test, sizes []int, iters, qps int, gbits bool, srvGID, cliGID string) {
+	t.Helper()
 	var so perfOutput
 	if tst == perftest.ReadLat || tst == perftest.AtomicLat {
 		// read_lat.c: the server prints its addresses and a separator, no table
@@ -249,7 +257,7 @@ func checkPerfPair(t *testing.T, srvOut, cliOut string, tst perftest.Test, sizes
 		who      string
 		o, peer  perfOutput
 		localGID string
-	}{{"server", so, co, "00:00:00:00:00:00:00:00:00:00:255:255:127:00:00:01"}, {"client", co, so, "00:00:00:00:00:00:00:00:00:00:255:255:127:00:00:02"}} {
+	}{{"server", so, co, srvGID}, {"client", co, so, cliGID}} {
 		if len(s.o.locals) != qps || len(s.o.remotes) != qps {
 			t.Errorf("%s: %d local and %d remote address lines, want %d", s.who, len(s.o.locals), len(s.o.remotes), qps)
 			continue

@@ -2,6 +2,7 @@ package roce
 
 import (
 	"errors"
+	"github.com/softroce/softroce/internal/netnstest"
 	"math/rand"
 	"net/netip"
 	"sync"
@@ -125,6 +126,20 @@ func polledPair(t *testing.T, kind string) (a, b *Device, la, lb *pollLink) {
 				t.Fatalf("no free UDP port: %v", err)
 			}
 		}
+	case "xdp": // the AF_XDP path, between two namespaces on a veth pair (root)
+		x, y := netnstest.Veth(t, "srpa", "198.18.7.1/24", "srpb", "198.18.7.2/24", 1500)
+		for _, s := range []struct {
+			th *netnstest.Thread
+			l  *link.Link
+			a  string
+		}{{x, &l1, "198.18.7.1"}, {y, &l2, "198.18.7.2"}} {
+			if err := s.th.Do(func() (err error) {
+				*s.l, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr(s.a)}, XDP: link.XDPOptions{On: true}})
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	la, lb = &pollLink{Link: l1}, &pollLink{Link: l2}
 	var oa, ob link.Link = la, lb
@@ -184,7 +199,7 @@ func writeWR(e, peer *end, id uint64, off int) qp.SendWR {
 // leaves in the same Send batch as the ACK of the WRITE it answers (the ACK first): the ACK
 // the responder's Poll deferred waits for the application's next post.
 func TestPolledPingPong(t *testing.T) {
-	for _, kind := range []string{"mem", "udp"} {
+	for _, kind := range []string{"mem", "udp", "xdp"} {
 		t.Run(kind, func(t *testing.T) {
 			da, db, la, lb := polledPair(t, kind)
 			la.record, lb.record = true, true
@@ -227,6 +242,14 @@ func TestPolledPingPong(t *testing.T) {
 				}
 				if joined < iters-1 || other > 2 {
 					t.Fatalf("%d Sends carried an ACK and the next WRITE, %d others; want >= %d and <= 2", joined, other, iters-1)
+				}
+			}
+			if kind == "xdp" { // through the rings; only a's first WRITE (b's MAC not yet known) took the socket
+				for i, l := range []*pollLink{la, lb} {
+					st := l.Link.(*link.UDPLink).Stats()
+					if st.XDPSent < 2*iters-2 || st.XDPReceived < 2*iters-1 || st.XDPFallbacks > 1-uint64(i) {
+						t.Fatalf("link %d stats %+v: want the ping-pong through the AF_XDP rings", i, st)
+					}
 				}
 			}
 		})

@@ -152,6 +152,9 @@ func (d *Device) LinkStats() (link.Stats, bool) {
 		s.Fallbacks += t.Fallbacks
 		s.EntropySockets += t.EntropySockets // shards share one pool, reported by shard 0
 		s.EntropyFallbacks += t.EntropyFallbacks
+		s.XDPSent += t.XDPSent
+		s.XDPReceived += t.XDPReceived
+		s.XDPFallbacks += t.XDPFallbacks
 	}
 	return s, ok
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"unsafe"
 
 	"github.com/softroce/softroce/pkg/bth"
@@ -38,6 +39,9 @@ func (l *UDPLink) SendRuns(batch []Datagram, runs []uint8) error {
 		if int(c) > l.batch { // a run must fit one sendmmsg call (fillRuns)
 			return ErrInvalidRun
 		}
+	}
+	if l.xdp != nil && slices.IndexFunc(runs, func(c uint8) bool { return c > 1 }) < 0 {
+		return l.sendXDP(batch)
 	}
 	i, r := 0, 0
 	for i < len(batch) {

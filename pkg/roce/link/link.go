@@ -75,6 +75,10 @@ type Stats struct {
 	// EntropyFallbacks (UDP) counts entropy ports that send from the main socket instead, for
 	// good: their bind was refused (another program holds the port) or the pool was full.
 	EntropyFallbacks uint64
+	// XDPSent and XDPReceived (UDP with the AF_XDP path) count the datagrams that went through
+	// the AF_XDP socket's rings (also in Sent and Received); XDPFallbacks the sends that took
+	// the UDP socket instead (no MAC address known for the peer yet, too large, ring full).
+	XDPSent, XDPReceived, XDPFallbacks uint64
 }
 
 // StatsLink is implemented by links that count (both implementations here).

@@ -19,6 +19,12 @@ func (l *UDPLink) TryRecv(batch []Datagram) (int, error) {
 	}
 	l.rmu.Lock()
 	defer l.rmu.Unlock()
+	if l.xdp != nil {
+		if l.closed.Load() {
+			return 0, net.ErrClosed
+		}
+		return l.tryRecvXDP(batch, false, false)
+	}
 	for k := range l.socks {
 		s := l.socks[(l.next+k)%len(l.socks)]
 		n, err := s.tryRecvOnce(batch)

@@ -99,6 +99,10 @@ type UDPOptions struct {
 	// Entropy configures the send-only sockets that give each flow its RoCEv2 entropy UDP
 	// source port (IBTA A17.3.2, entropy_linux.go); the zero value enables them.
 	Entropy EntropyOptions
+	// XDP adds the AF_XDP path (xdp_linux.go): datagrams that fit are received from and sent
+	// through an AF_XDP socket's rings instead of the UDP socket (one IPv4 address; GSO and GRO
+	// are off with it).
+	XDP XDPOptions
 
 	// reusePort sets SO_REUSEPORT before binding (ListenUDPShards, shard_linux.go).
 	reusePort bool
@@ -122,6 +126,9 @@ type UDPLink struct {
 
 	// busyParks counts busy polls that ran out of budget and parked (busypoll_linux.go).
 	busyParks atomic.Uint64
+
+	// xdp is the AF_XDP path (UDPOptions.XDP), nil without it.
+	xdp *xdpSock
 }
 
 var _ StatsLink = (*UDPLink)(nil)
@@ -207,6 +214,13 @@ func listenUDP(o UDPOptions) (*UDPLink, error) {
 	if o.SendBuf == 0 {
 		o.SendBuf = DefaultSendBuf
 	}
+	if o.XDP.On {
+		if len(o.Addrs) != 1 {
+			return nil, fmt.Errorf("listen udp: the AF_XDP path takes one address, not %d: %w", len(o.Addrs), ErrInvalidAddr)
+		}
+		// the ring's frames carry IPv4 ID 0: no GSO runs; the socket gets single datagrams
+		o.GSO, o.GRO = GSOOff, false
+	}
 	l := &UDPLink{batch: o.BatchSize, maxSegs: maxGSOSegments, closing: make(chan struct{}), ready: make(chan struct{}, 1)}
 	for i, a := range o.Addrs {
 		if !a.IsValid() {
@@ -232,6 +246,14 @@ func listenUDP(o UDPOptions) (*UDPLink, error) {
 			l.wg.Add(1)
 			go s.waiter()
 		}
+	}
+	if o.XDP.On {
+		x, err := openXDP(l.socks[0], o.XDP)
+		if err != nil {
+			l.closeSocks()
+			return nil, fmt.Errorf("listen udp %v: %w", o.Addrs[0], err)
+		}
+		l.xdp = x
 	}
 	return l, nil
 }
@@ -411,6 +433,9 @@ func (l *UDPLink) Send(batch []Datagram) error {
 		if len(d.Buf) > MaxDatagram {
 			return fmt.Errorf("send %d bytes: %w", len(d.Buf), ErrTooLarge)
 		}
+	}
+	if l.xdp != nil {
+		return l.sendXDP(batch)
 	}
 	for i := 0; i < len(batch); {
 		s := l.sock(batch[i].Src.Addr())
@@ -848,6 +873,9 @@ func (l *UDPLink) Recv(batch []Datagram) (int, error) {
 	if len(batch) == 0 {
 		return 0, nil
 	}
+	if l.xdp != nil {
+		return l.recvXDP(batch, true)
+	}
 	if len(l.socks) == 1 {
 		s := l.socks[0]
 		l.rmu.Lock()
@@ -1003,6 +1031,9 @@ func (l *UDPLink) Stats() Stats {
 	st := Stats{Sent: l.sent.Load(), Received: l.received.Load(), SendBatches: l.sendBatches.Load(),
 		RecvBatches: l.recvBatches.Load(), GSOSends: l.gsoSends.Load(), GROReceives: l.groReceives.Load(),
 		Drops: l.drops.Load(), Truncated: l.truncated.Load(), Fallbacks: l.fallbacks.Load()}
+	if x := l.xdp; x != nil {
+		st.XDPSent, st.XDPReceived, st.XDPFallbacks = x.sent.Load(), x.received.Load(), x.fallbacks.Load()
+	}
 	l.entropyStats(&st)
 	return st
 }
@@ -1013,6 +1044,14 @@ func (l *UDPLink) Close() error {
 		return nil
 	}
 	close(l.closing)
+	if x := l.xdp; x != nil {
+		x.wake() // a Recv in poll(2) returns and lets go of the receive side
+		l.rmu.Lock()
+		x.txmu.Lock()
+		x.close()
+		x.txmu.Unlock()
+		l.rmu.Unlock()
+	}
 	err := l.closeSocks()
 	l.wg.Wait()
 	return err

@@ -1,0 +1,153 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"runtime"
+	"time"
+
+	"github.com/softroce/softroce/pkg/roce/link"
+)
+
+// The link ladder (lserver / lclient): the 8-byte round trip of the floor rows, but through
+// softroce's own UDP link (pkg/roce/link) with its options switched on one at a time, so a lab
+// session can tell which of them the kernel makes expensive. Every rung spins on TryRecv
+// (one raw non-blocking recvmmsg, as a polled device does) and sends what it read back:
+//
+//	-size N    datagram length (40: an 8-byte RDMA WRITE Only, BTH+RETH+8+ICRC)
+//	-gro       UDP_GRO on the receiving socket (the device default)
+//	-entropy   send from an entropy source-port socket (the device default)
+//	-pair      send [N bytes, 20 bytes] as one GSO message (polled mode's [WRITE, ACK]);
+//	           the peer reads both before answering
+//	-xdp       the link's AF_XDP path (root; link.XDPOptions): the datagrams go through the
+//	           AF_XDP socket's rings, no receive system call; -pair is then two frames
+//	           and one sendto, GSO and GRO are off
+//	-native    with -xdp: the driver's XDP hook (XDPOptions.Native)
+//
+// Both sides must be given the same flags. The client prints the round trips like client.
+func linkPingPong(args []string, isClient bool) error {
+	name := "lserver"
+	if isClient {
+		name = "lclient"
+	}
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	size := fs.Int("size", 40, "datagram length")
+	gro := fs.Bool("gro", false, "UDP_GRO on receive")
+	entropy := fs.Bool("entropy", false, "send from an entropy source-port socket")
+	pair := fs.Bool("pair", false, "send a [size, 20] GSO pair")
+	port := fs.Int("port", link.UDPPort, "UDP port of both sides")
+	xdp := fs.Bool("xdp", false, "the AF_XDP path")
+	native := fs.Bool("native", false, "with -xdp: the driver's XDP hook instead of the generic one")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	want := 2
+	if isClient {
+		want = 3
+	}
+	if fs.NArg() != want || *size < 21 || *size > 1400 || *port <= 0 || *port > 65535 {
+		return errUsage
+	}
+	local, err := netip.ParseAddr(fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	peer, err := netip.ParseAddr(fs.Arg(1))
+	if err != nil {
+		return err
+	}
+	gso := link.GSOOff
+	if *pair && !*xdp {
+		gso = link.GSOOn
+	}
+	l, err := link.ListenUDP(link.UDPOptions{
+		Addrs: []netip.Addr{local}, Port: uint16(*port), GSO: gso, GRO: *gro,
+		Entropy: link.EntropyOptions{Off: !*entropy}, XDP: link.XDPOptions{On: *xdp, Native: *native},
+	})
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	ul := l.(*link.UDPLink)
+	if *pair && !*xdp && !ul.RunGSO(local) {
+		return errors.New("-pair: GSO is off on this socket")
+	}
+	src := netip.AddrPortFrom(local, l.SourcePort(local, 0xC123))
+	dst := netip.AddrPortFrom(peer, uint16(*port))
+	out := []link.Datagram{
+		{Buf: make([]byte, *size), Src: src, Dst: dst},
+		{Buf: make([]byte, 20), Src: src, Dst: dst},
+	}
+	runs := []uint8{2}
+	in := make([]link.Datagram, l.BatchSize())
+	bufs := make([][]byte, len(in))
+	for i := range bufs {
+		bufs[i] = make([]byte, link.MaxDatagram)
+	}
+	expect := 1
+	if *pair {
+		expect = 2
+	}
+	send := func() error {
+		if *pair && *xdp {
+			return l.Send(out)
+		}
+		if *pair {
+			return ul.SendRuns(out, runs)
+		}
+		return l.Send(out[:1])
+	}
+	// recv spins until expect datagrams arrived; it reports a 1-byte datagram (the end).
+	recv := func() (bool, error) {
+		got := 0
+		for got < expect {
+			for i := range in {
+				in[i].Buf = bufs[i]
+			}
+			n, err := ul.TryRecv(in)
+			if err != nil {
+				return false, err
+			}
+			for i := range n {
+				if len(in[i].Buf) == 1 {
+					return true, nil
+				}
+			}
+			got += n
+		}
+		return false, nil
+	}
+	if !isClient {
+		for {
+			end, err := recv()
+			if err != nil || end {
+				return err
+			}
+			if err := send(); err != nil {
+				return err
+			}
+		}
+	}
+	n, err := atoi(fs.Arg(2))
+	if err != nil {
+		return err
+	}
+	v := make([]time.Duration, n)
+	for i := range v {
+		t0 := time.Now()
+		if err := send(); err != nil {
+			return err
+		}
+		if _, err := recv(); err != nil {
+			return err
+		}
+		v[i] = time.Since(t0)
+	}
+	_ = l.Send([]link.Datagram{{Buf: []byte{'q'}, Src: src, Dst: dst}})
+	st := ul.Stats()
+	report(fmt.Sprintf("go link rtt (size %d gro %v entropy %v pair %v xdp %v [%d/%d/%d], GOMAXPROCS=%d)",
+		*size, *gro, *entropy, *pair, *xdp, st.XDPSent, st.XDPReceived, st.XDPFallbacks, runtime.GOMAXPROCS(0)), v)
+	return nil
+}

@@ -1,0 +1,698 @@
+package link
+
+// The AF_XDP path (UDPOptions.XDP; docs/link.md "AF_XDP"). A UDP socket's receive costs a
+// system call per read and its send runs the IP/UDP stack; kernel rxe does neither (its
+// receive runs in the sender's softirq, its post is one system call). With XDP on, an XDP
+// program on the link's interface redirects the link's own RoCEv2 datagrams (IPv4, no IP
+// options, not fragmented, to the link's address and port, at most XDPMaxFrame bytes) to an
+// AF_XDP socket, whose receive ring the link reads in memory: no system call per read. Sends
+// of datagrams that fit go as Ethernet frames the link builds (IPv4 ID 0 and DF, as the UDP
+// socket's; UDP checksum 0, which IPv4 allows) through the socket's transmit ring, one
+// sendto per Send. Everything else keeps working through the link's UDP socket, which stays
+// open: frames the program passes (ARP, IPv6, larger or fragmented datagrams) and sends the
+// ring cannot take (no MAC address known for the peer yet, too large, ring full).
+//
+// The peer's MAC address is learned from the frames it sends (their Ethernet source: the peer,
+// or the router it sits behind); before its first frame arrives, sends to it go through the
+// UDP socket, whose kernel path resolves ARP. Copy mode (XDP_COPY) and the generic (SKB) XDP
+// hook work on any driver and MTU; one socket on one receive queue (XDPOptions.Queue): on a
+// multi-queue NIC the other queues' datagrams reach the UDP socket (one flow keeps one queue).
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// XDPOptions configure the AF_XDP path (UDPOptions.XDP). It needs CAP_NET_ADMIN, CAP_BPF
+// (or root) and a link of one IPv4 address.
+type XDPOptions struct {
+	// On enables it.
+	On bool
+	// Interface is the interface that holds the link's address; "" finds it by the address.
+	Interface string
+	// Queue is the receive queue the socket binds to.
+	Queue uint32
+	// Native attaches the program in the driver's XDP hook (XDP_FLAGS_DRV_MODE, a
+	// multi-buffer-aware program) instead of the generic one; the driver must support it
+	// (veth does).
+	Native bool
+}
+
+const (
+	xdpChunk    = 4096 // UMEM chunk (one page: the largest Linux before 6.6 takes)
+	xdpRing     = 256  // entries of each of the four rings
+	xdpFrames   = 2 * xdpRing
+	xdpHeadroom = 256 // XDP_PACKET_HEADROOM: a copied frame starts this far into its chunk
+	// XDPMaxFrame is the largest Ethernet frame the AF_XDP path carries (one chunk less the
+	// kernel's headroom): UDP payloads up to XDPMaxFrame-42 bytes, enough for RoCE MTU 2048.
+	XDPMaxFrame = xdpChunk - xdpHeadroom
+	ethIPv4UDP  = 14 + 20 + 8
+	// xdpSocketEvery: TryRecv reads the UDP socket every this many calls (what reaches it is
+	// rare: frames the program passes on; each read is a system call, which a poll loop that
+	// spins on the ring would otherwise make ~2 times per 8-byte round trip in the lab guest).
+	xdpSocketEvery = 256
+)
+
+// xring is one mmapped AF_XDP ring: fill and completion rings hold UMEM addresses (8 bytes),
+// receive and transmit rings XDP descriptors (16 bytes).
+type xring struct {
+	prod, cons *uint32
+	desc       unsafe.Pointer
+	mask       uint32
+	mem        []byte
+}
+
+func mapXRing(fd int, off unix.XDPRingOffset, pgoff int64, entry uintptr) (*xring, error) {
+	mem, err := unix.Mmap(fd, pgoff, int(off.Desc)+xdpRing*int(entry), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	if err != nil {
+		return nil, fmt.Errorf("mmap AF_XDP ring %#x: %w", pgoff, err)
+	}
+	b := unsafe.Pointer(&mem[0])
+	return &xring{prod: (*uint32)(unsafe.Add(b, off.Producer)), cons: (*uint32)(unsafe.Add(b, off.Consumer)),
+		desc: unsafe.Add(b, off.Desc), mask: xdpRing - 1, mem: mem}, nil
+}
+
+func (r *xring) addr(i uint32) *uint64 { return (*uint64)(unsafe.Add(r.desc, uintptr(i&r.mask)*8)) }
+
+func (r *xring) xdesc(i uint32) *unix.XDPDesc {
+	return (*unix.XDPDesc)(unsafe.Add(r.desc, uintptr(i&r.mask)*unsafe.Sizeof(unix.XDPDesc{})))
+}
+
+// xdpSock is the link's AF_XDP socket, its UMEM and the XDP program that feeds it.
+type xdpSock struct {
+	l      *UDPLink
+	fd     int
+	ev     int // eventfd: Close wakes a Recv blocked in poll
+	udpFD  int // the UDP socket's descriptor (poll only)
+	umem   []byte
+	fill   *xring
+	comp   *xring
+	rx     *xring
+	tx     *xring
+	lk     netlink.Link
+	prog   int
+	xmap   int
+	attach int // the BPF link holding the program on the interface: closing it detaches
+	addr   netip.Addr
+	addr4  [4]byte
+	port   uint16
+	mac    [6]byte
+
+	// receive side (UDPLink.rmu held)
+	held  []uint64 // chunks handed out as views, back to the fill ring at the next read
+	polls int
+
+	// send side
+	txmu   sync.Mutex
+	free   []uint64 // transmit chunks
+	queued int      // descriptors written since the last kick
+
+	// peers: IPv4 address -> MAC address, learned from received frames
+	nmu   sync.Mutex
+	peers map[[4]byte][6]byte
+	last  atomic.Pointer[xdpPeer] // the last peer learned or looked up (no lock, no map)
+
+	sent, received, fallbacks atomic.Uint64
+}
+
+type xdpPeer struct {
+	ip  [4]byte
+	mac [6]byte
+}
+
+// openXDP sets up the AF_XDP path for the link's one IPv4 socket s.
+func openXDP(s *udpSock, o XDPOptions) (x *xdpSock, err error) {
+	a := s.local.Addr()
+	if !a.Is4() {
+		return nil, errors.New("AF_XDP path: IPv4 addresses only")
+	}
+	x = &xdpSock{l: s.l, fd: -1, ev: -1, prog: -1, xmap: -1, attach: -1, addr: a, addr4: a.As4(), port: s.local.Port(),
+		peers: make(map[[4]byte][6]byte)}
+	defer func() {
+		if err != nil {
+			x.close()
+			x = nil
+		}
+	}()
+	if x.lk, err = xdpInterface(a, o.Interface); err != nil {
+		return nil, err
+	}
+	lk := x.lk
+	if len(lk.Attrs().HardwareAddr) != 6 {
+		return nil, fmt.Errorf("AF_XDP path: %s has no Ethernet address", lk.Attrs().Name)
+	}
+	copy(x.mac[:], lk.Attrs().HardwareAddr)
+	if err := s.rc.Control(func(fd uintptr) { x.udpFD = int(fd) }); err != nil {
+		return nil, err
+	}
+	if x.ev, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
+		return nil, fmt.Errorf("eventfd: %w", err)
+	}
+	if x.fd, err = unix.Socket(unix.AF_XDP, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0); err != nil {
+		return nil, fmt.Errorf("AF_XDP socket: %w", err)
+	}
+	if x.umem, err = unix.Mmap(-1, 0, xdpChunk*xdpFrames, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE); err != nil {
+		return nil, fmt.Errorf("AF_XDP UMEM: %w", err)
+	}
+	reg := unix.XDPUmemReg{Addr: uint64(uintptr(unsafe.Pointer(&x.umem[0]))), Len: uint64(len(x.umem)), Size: xdpChunk}
+	if _, _, e := unix.Syscall6(unix.SYS_SETSOCKOPT, uintptr(x.fd), unix.SOL_XDP, unix.XDP_UMEM_REG, uintptr(unsafe.Pointer(&reg)), unsafe.Sizeof(reg), 0); e != 0 {
+		return nil, fmt.Errorf("XDP_UMEM_REG: %w", e)
+	}
+	for _, opt := range []int{unix.XDP_UMEM_FILL_RING, unix.XDP_UMEM_COMPLETION_RING, unix.XDP_RX_RING, unix.XDP_TX_RING} {
+		if err := unix.SetsockoptInt(x.fd, unix.SOL_XDP, opt, xdpRing); err != nil {
+			return nil, fmt.Errorf("AF_XDP ring option %d: %w", opt, err)
+		}
+	}
+	var off unix.XDPMmapOffsets
+	ol := uint32(unsafe.Sizeof(off))
+	if _, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(x.fd), unix.SOL_XDP, unix.XDP_MMAP_OFFSETS, uintptr(unsafe.Pointer(&off)), uintptr(unsafe.Pointer(&ol)), 0); e != 0 {
+		return nil, fmt.Errorf("XDP_MMAP_OFFSETS: %w", e)
+	}
+	ds := unsafe.Sizeof(unix.XDPDesc{})
+	if x.fill, err = mapXRing(x.fd, off.Fr, unix.XDP_UMEM_PGOFF_FILL_RING, 8); err != nil {
+		return nil, err
+	}
+	if x.comp, err = mapXRing(x.fd, off.Cr, unix.XDP_UMEM_PGOFF_COMPLETION_RING, 8); err != nil {
+		return nil, err
+	}
+	if x.rx, err = mapXRing(x.fd, off.Rx, unix.XDP_PGOFF_RX_RING, ds); err != nil {
+		return nil, err
+	}
+	if x.tx, err = mapXRing(x.fd, off.Tx, unix.XDP_PGOFF_TX_RING, ds); err != nil {
+		return nil, err
+	}
+	// the first half of the chunks to the fill ring (it never holds more: a chunk goes back
+	// only after the kernel took one), the second half for sending
+	for i := uint32(0); i < xdpRing; i++ {
+		*x.fill.addr(i) = uint64(i) * xdpChunk
+	}
+	atomic.StoreUint32(x.fill.prod, xdpRing)
+	x.free = make([]uint64, 0, xdpRing)
+	for i := xdpRing; i < xdpFrames; i++ {
+		x.free = append(x.free, uint64(i)*xdpChunk)
+	}
+	x.held = make([]uint64, 0, xdpRing)
+	if err := unix.Bind(x.fd, &unix.SockaddrXDP{Flags: unix.XDP_COPY, Ifindex: uint32(lk.Attrs().Index), QueueID: o.Queue}); err != nil {
+		return nil, fmt.Errorf("bind AF_XDP socket to %s queue %d: %w", lk.Attrs().Name, o.Queue, err)
+	}
+	if x.xmap, err = bpfXSKMap(int(o.Queue) + 1); err != nil {
+		return nil, err
+	}
+	if err := bpfMapSet(x.xmap, o.Queue, uint32(x.fd)); err != nil {
+		return nil, err
+	}
+	if x.prog, err = bpfLoadXDP(xdpProgram(x.xmap, x.addr4, x.port, XDPMaxFrame), o.Native); err != nil {
+		return nil, err
+	}
+	// a BPF link, not netlink: it goes with its descriptor (Close from any thread or
+	// namespace, or the process's exit), and it refuses an interface that has a program
+	if x.attach, err = bpfAttachXDP(x.prog, lk.Attrs().Index, o.Native); err != nil {
+		return nil, fmt.Errorf("attach XDP program to %s: %w", lk.Attrs().Name, err)
+	}
+	return x, nil
+}
+
+// xdpInterface returns the interface named name, or the one holding a.
+func xdpInterface(a netip.Addr, name string) (netlink.Link, error) {
+	if name != "" {
+		return netlink.LinkByName(name)
+	}
+	as, err := netlink.AddrList(nil, unix.AF_INET)
+	if err != nil {
+		return nil, fmt.Errorf("AF_XDP path: listing addresses: %w", err)
+	}
+	for _, ad := range as {
+		if ip, ok := netip.AddrFromSlice(ad.IP.To4()); ok && ip == a {
+			return netlink.LinkByIndex(ad.LinkIndex)
+		}
+	}
+	return nil, fmt.Errorf("AF_XDP path: no interface holds %v", a)
+}
+
+func (x *xdpSock) close() {
+	for _, r := range []*xring{x.fill, x.comp, x.rx, x.tx} {
+		if r != nil {
+			_ = unix.Munmap(r.mem)
+		}
+	}
+	x.fill, x.comp, x.rx, x.tx = nil, nil, nil, nil
+	for _, fd := range []*int{&x.attach, &x.fd, &x.prog, &x.xmap, &x.ev} {
+		if *fd >= 0 {
+			unix.Close(*fd)
+			*fd = -1
+		}
+	}
+	if x.umem != nil {
+		_ = unix.Munmap(x.umem)
+		x.umem = nil
+	}
+}
+
+// wake unblocks a Recv waiting in poll (Close).
+func (x *xdpSock) wake() {
+	var one = [8]byte{1}
+	_, _ = unix.Write(x.ev, one[:])
+}
+
+// learn records mac as ip's (the source of a frame from ip).
+func (x *xdpSock) learn(ip [4]byte, mac []byte) {
+	if p := x.last.Load(); p != nil && p.ip == ip && string(p.mac[:]) == string(mac) {
+		return
+	}
+	var m [6]byte
+	copy(m[:], mac)
+	x.nmu.Lock()
+	if old, ok := x.peers[ip]; !ok || old != m {
+		x.peers[ip] = m
+	}
+	x.nmu.Unlock()
+	x.last.Store(&xdpPeer{ip: ip, mac: m})
+}
+
+// lookup returns the MAC address learned for ip.
+func (x *xdpSock) lookup(ip [4]byte) ([6]byte, bool) {
+	if p := x.last.Load(); p != nil && p.ip == ip {
+		return p.mac, true
+	}
+	x.nmu.Lock()
+	m, ok := x.peers[ip]
+	x.nmu.Unlock()
+	if ok {
+		x.last.Store(&xdpPeer{ip: ip, mac: m})
+	}
+	return m, ok
+}
+
+// reap returns the chunks of sent frames to the free list (txmu held).
+func (x *xdpSock) reap() {
+	c := atomic.LoadUint32(x.comp.cons)
+	p := atomic.LoadUint32(x.comp.prod)
+	for ; c != p; c++ {
+		x.free = append(x.free, *x.comp.addr(c)&^(xdpChunk-1))
+	}
+	atomic.StoreUint32(x.comp.cons, c)
+}
+
+// queue writes d as an Ethernet frame into the transmit ring; false: it cannot go this way
+// (no MAC for the peer, too large, not IPv4 from this address, no free chunk). txmu held.
+func (x *xdpSock) queue(d *Datagram) bool {
+	n := ethIPv4UDP + len(d.Buf)
+	dst := d.Dst.Addr().Unmap()
+	if n > XDPMaxFrame || !dst.Is4() || d.Src.Addr().Unmap() != x.addr {
+		return false
+	}
+	d4 := dst.As4()
+	mac, ok := x.lookup(d4)
+	if !ok {
+		return false
+	}
+	if len(x.free) == 0 {
+		x.reap()
+		if len(x.free) == 0 {
+			return false
+		}
+	}
+	a := x.free[len(x.free)-1]
+	x.free = x.free[:len(x.free)-1]
+	f := x.umem[a : a+uint64(n)]
+	copy(f[0:6], mac[:])
+	copy(f[6:12], x.mac[:])
+	f[12], f[13] = 0x08, 0x00
+	ip := f[14:34]
+	tot := n - 14
+	ip[0], ip[1] = 0x45, d.TClass
+	ip[2], ip[3] = byte(tot>>8), byte(tot)
+	ip[4], ip[5], ip[6], ip[7] = 0, 0, 0x40, 0 // ID 0, DF (as the UDP socket's; IBTA A17.3.3)
+	ip[8], ip[9], ip[10], ip[11] = 64, unix.IPPROTO_UDP, 0, 0
+	copy(ip[12:16], x.addr4[:])
+	copy(ip[16:20], d4[:])
+	ipChecksum(ip)
+	u := f[34:42]
+	sp, dp, ul := d.Src.Port(), d.Dst.Port(), len(d.Buf)+8
+	u[0], u[1], u[2], u[3] = byte(sp>>8), byte(sp), byte(dp>>8), byte(dp)
+	u[4], u[5], u[6], u[7] = byte(ul>>8), byte(ul), 0, 0
+	copy(f[42:], d.Buf)
+	p := atomic.LoadUint32(x.tx.prod)
+	if p-atomic.LoadUint32(x.tx.cons) >= xdpRing {
+		x.free = append(x.free, a)
+		return false
+	}
+	xd := x.tx.xdesc(p)
+	xd.Addr, xd.Len, xd.Options = a, uint32(n), 0
+	atomic.StoreUint32(x.tx.prod, p+1)
+	x.queued++
+	return true
+}
+
+// ipChecksum sets the IPv4 header checksum of h (20 bytes).
+func ipChecksum(h []byte) {
+	var sum uint32
+	for i := 0; i < 20; i += 2 {
+		sum += uint32(h[i])<<8 | uint32(h[i+1])
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	h[10], h[11] = byte(^sum>>8), byte(^sum)
+}
+
+// kick has the kernel send what queue wrote (txmu held): sendto until the ring is consumed
+// (the kernel takes a bounded batch per call and says EAGAIN for the rest).
+func (x *xdpSock) kick() error {
+	if x.queued == 0 {
+		return nil
+	}
+	x.sent.Add(uint64(x.queued))
+	x.l.sent.Add(uint64(x.queued))
+	x.l.sendBatches.Add(1)
+	x.queued = 0
+	for try := 0; ; try++ {
+		_, _, e := unix.RawSyscall6(unix.SYS_SENDTO, uintptr(x.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
+		switch e {
+		case 0, unix.EAGAIN, unix.EBUSY, unix.ENOBUFS, unix.EINTR:
+		default:
+			return fmt.Errorf("AF_XDP send on %s: %w", x.lk.Attrs().Name, e)
+		}
+		if atomic.LoadUint32(x.tx.cons) == atomic.LoadUint32(x.tx.prod) {
+			return nil
+		}
+		if try > 1000 {
+			return fmt.Errorf("AF_XDP send on %s: the kernel does not take the transmit ring: %w", x.lk.Attrs().Name, unix.ENOBUFS)
+		}
+		if try > 10 {
+			runtime.Gosched()
+		}
+	}
+}
+
+// sendXDP is Send on a link with the AF_XDP path: what fits goes through the transmit ring,
+// the rest through the UDP socket, in order (queued frames leave before a socket send).
+func (l *UDPLink) sendXDP(batch []Datagram) error {
+	x := l.xdp
+	x.txmu.Lock()
+	defer x.txmu.Unlock()
+	if x.umem == nil {
+		return net.ErrClosed // Close took the rings
+	}
+	for i := range batch {
+		d := &batch[i]
+		if x.queue(d) {
+			continue
+		}
+		if err := x.kick(); err != nil {
+			return err
+		}
+		x.fallbacks.Add(1)
+		s := l.sock(d.Src.Addr())
+		if err := s.send(batch[i:i+1], s.sender(d.Src.Port())); err != nil {
+			return err
+		}
+	}
+	return x.kick()
+}
+
+// release gives the chunks handed out by the last read back to the fill ring (rmu held).
+func (x *xdpSock) release() {
+	if len(x.held) == 0 {
+		return
+	}
+	p := atomic.LoadUint32(x.fill.prod)
+	for _, a := range x.held {
+		*x.fill.addr(p) = a
+		p++
+	}
+	atomic.StoreUint32(x.fill.prod, p)
+	x.held = x.held[:0]
+}
+
+// recv reads up to len(batch) frames from the receive ring (rmu held): views of the UMEM
+// (valid until the next read) or, with copyOut, copies into batch[k].Buf.
+func (x *xdpSock) recv(batch []Datagram, copyOut bool) int {
+	x.release()
+	c := atomic.LoadUint32(x.rx.cons)
+	p := atomic.LoadUint32(x.rx.prod)
+	k := 0
+	for ; c != p && k < len(batch); c++ {
+		xd := *x.rx.xdesc(c)
+		chunk := xd.Addr &^ (xdpChunk - 1)
+		x.held = append(x.held, chunk)
+		if xd.Addr+uint64(xd.Len) > uint64(len(x.umem)) || xd.Addr+uint64(xd.Len) > chunk+xdpChunk {
+			continue
+		}
+		if !x.parse(&batch[k], x.umem[xd.Addr:xd.Addr+uint64(xd.Len)], copyOut) {
+			continue
+		}
+		k++
+	}
+	atomic.StoreUint32(x.rx.cons, c)
+	if k > 0 {
+		x.received.Add(uint64(k))
+		x.l.received.Add(uint64(k))
+		x.l.recvBatches.Add(1)
+	}
+	return k
+}
+
+// parse fills d from an Ethernet frame the program redirected (checked again: it is remote
+// input); false drops it.
+func (x *xdpSock) parse(d *Datagram, f []byte, copyOut bool) bool {
+	if len(f) < ethIPv4UDP || f[12] != 0x08 || f[13] != 0x00 || f[14] != 0x45 || f[23] != unix.IPPROTO_UDP {
+		return false
+	}
+	tot := int(f[16])<<8 | int(f[17])
+	ul := int(f[38])<<8 | int(f[39])
+	if tot < 28 || 14+tot > len(f) || ul < 8 || ul > tot-20 || f[20]&0x3f != 0 || f[21] != 0 {
+		return false
+	}
+	var dst [4]byte
+	copy(dst[:], f[30:34])
+	dp := uint16(f[36])<<8 | uint16(f[37])
+	if dst != x.addr4 || dp != x.port {
+		return false
+	}
+	var src [4]byte
+	copy(src[:], f[26:30])
+	x.learn(src, f[6:12])
+	pl := f[ethIPv4UDP : 34+ul : 34+ul]
+	if copyOut {
+		n := copy(d.Buf[:cap(d.Buf)], pl)
+		d.Buf = d.Buf[:n]
+	} else {
+		d.Buf = pl
+	}
+	d.Src = netip.AddrPortFrom(netip.AddrFrom4(src), uint16(f[34])<<8|uint16(f[35]))
+	d.Dst = netip.AddrPortFrom(x.addr, dp)
+	d.TClass = 0
+	return true
+}
+
+// tryRecvXDP is one non-blocking read of a link with the AF_XDP path (rmu held): the ring;
+// every xdpSocketEvery-th call (every call with socket) the UDP socket first, so that what
+// reaches the socket is read however busy the ring is.
+func (l *UDPLink) tryRecvXDP(batch []Datagram, copyOut, socket bool) (int, error) {
+	x := l.xdp
+	if x.polls++; socket || x.polls%xdpSocketEvery == 0 {
+		s := l.socks[0]
+		s.prepRecv(batch)
+		err := s.rc.Control(s.tryFn)
+		n := s.finishRecv(batch)
+		if n > 0 || err != nil || s.rerr != nil {
+			return l.recvResult(s, n, err)
+		}
+	}
+	return x.recv(batch, copyOut), nil
+}
+
+// recvXDP is Recv (copyOut) and RecvView on a link with the AF_XDP path: read, else wait in
+// poll(2) for the ring, the UDP socket or Close.
+func (l *UDPLink) recvXDP(batch []Datagram, copyOut bool) (int, error) {
+	if l.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	defer raceReceived()
+	if len(batch) == 0 {
+		return 0, nil
+	}
+	l.rmu.Lock()
+	defer l.rmu.Unlock()
+	x := l.xdp
+	fds := []unix.PollFd{{Fd: int32(x.fd), Events: unix.POLLIN}, {Fd: int32(x.udpFD), Events: unix.POLLIN}, {Fd: int32(x.ev), Events: unix.POLLIN}}
+	for {
+		if l.closed.Load() {
+			return 0, net.ErrClosed
+		}
+		n, err := l.tryRecvXDP(batch, copyOut, true)
+		if n > 0 || err != nil {
+			return n, err
+		}
+		if _, err := unix.Poll(fds, -1); err != nil && err != unix.EINTR {
+			return 0, os.NewSyscallError("poll", err)
+		}
+	}
+}
+
+// XDP instructions (struct bpf_insn) and the bpf(2) calls that load them.
+
+type bpfInsn struct {
+	code uint8
+	regs uint8 // dst register in the low nibble, src in the high one
+	off  int16
+	imm  int32
+}
+
+func insn(code, dst, src uint8, off int16, imm int32) bpfInsn {
+	return bpfInsn{code: code, regs: dst | src<<4, off: off, imm: imm}
+}
+
+// xdpPass marks a jump to the program's XDP_PASS exit (resolved by xdpProgram).
+const xdpPass = -32768
+
+// xdpProgram returns an XDP program that redirects IPv4 (header of 20 bytes, not a fragment)
+// UDP datagrams to addr:port of at most maxFrame bytes (bpf_xdp_get_buff_len: all of the
+// frame, also when a driver hands it over in several buffers) to the XSKMAP entry of the
+// receive queue, and passes everything else (and everything, if the queue has no socket) to
+// the stack.
+func xdpProgram(xmap int, addr [4]byte, port uint16, maxFrame int) []bpfInsn {
+	const (
+		ldxW, ldxH, ldxB = 0x61, 0x69, 0x71
+		movX, movK       = 0xbf, 0xb7
+		addK, andK       = 0x07, 0x57
+		jgtX, jgtK, jneK = 0x2d, 0x25, 0x55
+		jne32K           = 0x56
+		call, exit       = 0x85, 0x95
+		ldImm64          = 0x18
+		xdpPassCode      = 2
+		redirectMap      = 51  // BPF_FUNC_redirect_map
+		getBuffLen       = 188 // BPF_FUNC_xdp_get_buff_len
+	)
+	// packet loads are little-endian: compare against the byte-swapped constants
+	addrLE := int32(uint32(addr[0]) | uint32(addr[1])<<8 | uint32(addr[2])<<16 | uint32(addr[3])<<24)
+	portLE := int32(port>>8 | port<<8&0xff00)
+	p := []bpfInsn{
+		insn(movX, 6, 1, 0, 0), // r6 = ctx
+		insn(call, 0, 0, 0, getBuffLen),
+		insn(jgtK, 0, 0, xdpPass, int32(maxFrame)),
+		insn(ldxW, 2, 6, 0, 0), // r2 = ctx->data
+		insn(ldxW, 3, 6, 4, 0), // r3 = ctx->data_end
+		insn(movX, 4, 2, 0, 0),
+		insn(addK, 4, 0, 0, ethIPv4UDP),
+		insn(jgtX, 4, 3, xdpPass, 0),      // shorter than Ethernet + IPv4 + UDP
+		insn(ldxH, 5, 2, 12, 0),           // EtherType
+		insn(jneK, 5, 0, xdpPass, 0x0008), // 0x0800
+		insn(ldxB, 5, 2, 14, 0),
+		insn(jneK, 5, 0, xdpPass, 0x45), // IPv4, 20-byte header
+		insn(ldxB, 5, 2, 23, 0),
+		insn(jneK, 5, 0, xdpPass, unix.IPPROTO_UDP),
+		insn(ldxH, 5, 2, 20, 0),
+		insn(andK, 5, 0, 0, 0xff3f), // MF and fragment offset
+		insn(jneK, 5, 0, xdpPass, 0),
+		insn(ldxW, 5, 2, 30, 0),
+		insn(jne32K, 5, 0, xdpPass, addrLE),
+		insn(ldxH, 5, 2, 36, 0),
+		insn(jneK, 5, 0, xdpPass, portLE),
+		insn(ldxW, 2, 6, 16, 0), // r2 = ctx->rx_queue_index
+		insn(ldImm64, 1, unix.BPF_PSEUDO_MAP_FD, 0, int32(xmap)), insn(0, 0, 0, 0, 0),
+		insn(movK, 3, 0, 0, xdpPassCode), // no socket on this queue: XDP_PASS
+		insn(call, 0, 0, 0, redirectMap),
+		insn(exit, 0, 0, 0, 0),
+	}
+	pass := len(p)
+	p = append(p, insn(movK, 0, 0, 0, xdpPassCode), insn(exit, 0, 0, 0, 0))
+	for i := range p {
+		if p[i].off == xdpPass {
+			p[i].off = int16(pass - i - 1)
+		}
+	}
+	return p
+}
+
+func bpfCall(cmd int, attr unsafe.Pointer, size uintptr) (int, error) {
+	r, _, e := unix.Syscall(unix.SYS_BPF, uintptr(cmd), uintptr(attr), size)
+	if e != 0 {
+		return -1, e
+	}
+	return int(r), nil
+}
+
+// bpfXSKMap creates an XSKMAP of n entries (queue index -> AF_XDP socket).
+func bpfXSKMap(n int) (int, error) {
+	attr := struct{ typ, key, val, max, flags uint32 }{unix.BPF_MAP_TYPE_XSKMAP, 4, 4, uint32(n), 0}
+	fd, err := bpfCall(unix.BPF_MAP_CREATE, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
+	if err != nil {
+		return -1, fmt.Errorf("bpf: create XSKMAP: %w", err)
+	}
+	return fd, nil
+}
+
+func bpfMapSet(m int, key, val uint32) error {
+	attr := struct {
+		fd, _           uint32
+		key, val, flags uint64
+	}{fd: uint32(m), key: uint64(uintptr(unsafe.Pointer(&key))), val: uint64(uintptr(unsafe.Pointer(&val)))}
+	_, err := bpfCall(unix.BPF_MAP_UPDATE_ELEM, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
+	runtime.KeepAlive(&key)
+	runtime.KeepAlive(&val)
+	if err != nil {
+		return fmt.Errorf("bpf: XSKMAP update: %w", err)
+	}
+	return nil
+}
+
+// bpfAttachXDP attaches prog to interface ifindex in generic (SKB) mode, or the driver's with
+// native, as a BPF link (BPF_LINK_CREATE, Linux 5.9) and returns the link's descriptor.
+func bpfAttachXDP(prog, ifindex int, native bool) (int, error) {
+	mode := uint32(unix.XDP_FLAGS_SKB_MODE)
+	if native {
+		mode = unix.XDP_FLAGS_DRV_MODE
+	}
+	attr := struct{ prog, target, typ, flags uint32 }{uint32(prog), uint32(ifindex), unix.BPF_XDP, mode}
+	fd, err := bpfCall(unix.BPF_LINK_CREATE, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
+	if err != nil {
+		return -1, fmt.Errorf("bpf: BPF_LINK_CREATE: %w", err)
+	}
+	return fd, nil
+}
+
+// bpfLoadXDP loads prog as an XDP program (frags: one that accepts multi-buffer frames, which a
+// driver hook with a large MTU requires); the verifier's log comes with a refusal.
+func bpfLoadXDP(prog []bpfInsn, frags bool) (int, error) {
+	license := []byte("Dual MIT/GPL\x00")
+	vlog := make([]byte, 1<<16)
+	attr := struct {
+		typ, cnt       uint32
+		insns, license uint64
+		level, size    uint32
+		log            uint64
+		kver, flags    uint32
+		name           [16]byte
+		ifindex, eat   uint32
+	}{typ: unix.BPF_PROG_TYPE_XDP, cnt: uint32(len(prog)), insns: uint64(uintptr(unsafe.Pointer(&prog[0]))),
+		license: uint64(uintptr(unsafe.Pointer(&license[0]))), level: 1, size: uint32(len(vlog)),
+		log: uint64(uintptr(unsafe.Pointer(&vlog[0])))}
+	copy(attr.name[:], "softroce_xsk")
+	if frags {
+		attr.flags = unix.BPF_F_XDP_HAS_FRAGS
+	}
+	fd, err := bpfCall(unix.BPF_PROG_LOAD, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
+	runtime.KeepAlive(prog)
+	runtime.KeepAlive(license)
+	runtime.KeepAlive(vlog)
+	if err != nil {
+		n := 0
+		for n < len(vlog) && vlog[n] != 0 {
+			n++
+		}
+		return -1, fmt.Errorf("bpf: load XDP program: %w: %s", err, vlog[:n])
+	}
+	return fd, nil
+}
