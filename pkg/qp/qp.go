@@ -482,6 +482,7 @@ func (q *QP) Destroy() {
 	q.state = StateReset
 	if q.tmr.t != nil {
 		q.tmr.t.Stop()
+		q.tmr.armed = false
 	}
 }
 
@@ -495,6 +496,7 @@ func (q *QP) enterError() {
 	}
 	q.state = StateErr
 	q.tmr.t.Stop()
+	q.tmr.armed = false
 	q.tmr.rnrWait = false
 	q.flushQueues()
 	if q.cfg.SRQ != nil && q.cfg.Events != nil {

@@ -8,7 +8,11 @@ import (
 
 // Timers (IBTA 9.7.6.1.3 transport timer, 9.7.6.1.5 RNR timer), quic-go
 // "now in, deadline out" style: the protocol computes the next deadline
-// from its state, and the QP's one Timer is re-armed to the earliest one.
+// from its state, and the QP's one Timer is kept pending no later than the
+// earliest one. Lazily: a pending timer that fires early (the deadline moved
+// later, or nothing is outstanding any more) is left to fire, and the expiry
+// re-checks the state and re-arms; only a deadline earlier than the pending
+// one resets it (a ping-pong otherwise resets and stops a timer per message).
 //
 //   - ACK timeout: 4.096 us * 2^Timeout after the last forward progress
 //     while anything is outstanding (Timeout 0 = infinite, no timer). On
@@ -70,14 +74,10 @@ func (q *QP) armTimerAt(now time.Time) {
 			q.tmr.active = false
 		}
 	}
-	if !on {
-		if q.tmr.armed {
-			q.tmr.t.Stop()
-			q.tmr.armed = false
-		}
-		return
-	}
-	if q.tmr.armed && q.tmr.deadline.Equal(dl) {
+	// Lazy: a pending timer that fires no later than needed stays (nothing to wait for, or a
+	// later deadline); onTimerFire re-checks the state and re-arms for what is due then. A
+	// ping-pong's every post and ACK would otherwise Reset and Stop a runtime timer.
+	if !on || q.tmr.armed && !q.tmr.deadline.After(dl) {
 		return
 	}
 	q.tmr.armed = true

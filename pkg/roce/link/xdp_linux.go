@@ -13,8 +13,9 @@ package link
 // ring cannot take (no MAC address known for the peer yet, too large, ring full).
 //
 // The peer's MAC address is learned from the frames it sends (their Ethernet source: the peer,
-// or the router it sits behind); before its first frame arrives, sends to it go through the
-// UDP socket, whose kernel path resolves ARP. Copy mode (XDP_COPY) and the generic (SKB) XDP
+// or the router it sits behind) or, before its first frame, from the kernel's neighbour table
+// (an on-link peer the host has talked to, e.g. over the out-of-band TCP connection); until
+// then sends to it go through the UDP socket, whose kernel path resolves ARP. Copy mode (XDP_COPY) and the generic (SKB) XDP
 // hook work on any driver and MTU; one socket on one receive queue (XDPOptions.Queue): on a
 // multi-queue NIC the other queues' datagrams reach the UDP socket (one flow keeps one queue).
 
@@ -27,6 +28,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/vishvananda/netlink"
@@ -50,7 +52,7 @@ type XDPOptions struct {
 
 const (
 	xdpChunk    = 4096 // UMEM chunk (one page: the largest Linux before 6.6 takes)
-	xdpRing     = 256  // entries of each of the four rings
+	xdpRing     = 512  // entries of each of the four rings
 	xdpFrames   = 2 * xdpRing
 	xdpHeadroom = 256 // XDP_PACKET_HEADROOM: a copied frame starts this far into its chunk
 	// XDPMaxFrame is the largest Ethernet frame the AF_XDP path carries (one chunk less the
@@ -117,9 +119,13 @@ type xdpSock struct {
 	free   []uint64 // transmit chunks
 	queued int      // descriptors written since the last kick
 
-	// peers: IPv4 address -> MAC address, learned from received frames
+	// peers: IPv4 address -> MAC address, learned from received frames or from the kernel's
+	// neighbour table (asked through nl, a netlink socket of the link's namespace, at most
+	// once per xdpNeighEvery per address: asked[a] is the last time)
 	nmu   sync.Mutex
 	peers map[[4]byte][6]byte
+	asked map[[4]byte]time.Time
+	nl    *netlink.Handle
 	last  atomic.Pointer[xdpPeer] // the last peer learned or looked up (no lock, no map)
 
 	sent, received, fallbacks atomic.Uint64
@@ -137,7 +143,7 @@ func openXDP(s *udpSock, o XDPOptions) (x *xdpSock, err error) {
 		return nil, errors.New("AF_XDP path: IPv4 addresses only")
 	}
 	x = &xdpSock{l: s.l, fd: -1, ev: -1, prog: -1, xmap: -1, attach: -1, addr: a, addr4: a.As4(), port: s.local.Port(),
-		peers: make(map[[4]byte][6]byte)}
+		peers: make(map[[4]byte][6]byte), asked: make(map[[4]byte]time.Time)}
 	defer func() {
 		if err != nil {
 			x.close()
@@ -146,6 +152,9 @@ func openXDP(s *udpSock, o XDPOptions) (x *xdpSock, err error) {
 	}()
 	if x.lk, err = xdpInterface(a, o.Interface); err != nil {
 		return nil, err
+	}
+	if x.nl, err = netlink.NewHandle(); err != nil { // bound to this thread's namespace, the socket's
+		return nil, fmt.Errorf("AF_XDP path: netlink: %w", err)
 	}
 	lk := x.lk
 	if len(lk.Attrs().HardwareAddr) != 6 {
@@ -246,6 +255,10 @@ func (x *xdpSock) close() {
 		}
 	}
 	x.fill, x.comp, x.rx, x.tx = nil, nil, nil, nil
+	if x.nl != nil {
+		x.nl.Close()
+		x.nl = nil
+	}
 	for _, fd := range []*int{&x.attach, &x.fd, &x.prog, &x.xmap, &x.ev} {
 		if *fd >= 0 {
 			unix.Close(*fd)
@@ -279,7 +292,8 @@ func (x *xdpSock) learn(ip [4]byte, mac []byte) {
 	x.last.Store(&xdpPeer{ip: ip, mac: m})
 }
 
-// lookup returns the MAC address learned for ip.
+// lookup returns the MAC address learned for ip; not learned yet, it asks the kernel's
+// neighbour table (the UDP socket's sends, or any other traffic, may have resolved it).
 func (x *xdpSock) lookup(ip [4]byte) ([6]byte, bool) {
 	if p := x.last.Load(); p != nil && p.ip == ip {
 		return p.mac, true
@@ -287,10 +301,41 @@ func (x *xdpSock) lookup(ip [4]byte) ([6]byte, bool) {
 	x.nmu.Lock()
 	m, ok := x.peers[ip]
 	x.nmu.Unlock()
-	if ok {
-		x.last.Store(&xdpPeer{ip: ip, mac: m})
+	if !ok {
+		return x.neighbour(ip)
 	}
-	return m, ok
+	x.last.Store(&xdpPeer{ip: ip, mac: m})
+	return m, true
+}
+
+// xdpNeighEvery bounds how often one address is looked up in the kernel's neighbour table.
+const xdpNeighEvery = 100 * time.Millisecond
+
+// neighbour looks ip up in the kernel's neighbour table of the link's interface (a usable
+// entry: reachable, stale, delayed, probing or permanent) and learns it.
+func (x *xdpSock) neighbour(ip [4]byte) ([6]byte, bool) {
+	now := time.Now()
+	x.nmu.Lock()
+	if t, ok := x.asked[ip]; ok && now.Sub(t) < xdpNeighEvery {
+		x.nmu.Unlock()
+		return [6]byte{}, false
+	}
+	x.asked[ip] = now
+	x.nmu.Unlock()
+	ns, err := x.nl.NeighList(x.lk.Attrs().Index, unix.AF_INET)
+	if err != nil {
+		return [6]byte{}, false
+	}
+	const usable = netlink.NUD_REACHABLE | netlink.NUD_STALE | netlink.NUD_DELAY | netlink.NUD_PROBE | netlink.NUD_PERMANENT
+	for _, n := range ns {
+		if a, ok := netip.AddrFromSlice(n.IP.To4()); ok && a.As4() == ip && len(n.HardwareAddr) == 6 && n.State&usable != 0 {
+			x.learn(ip, n.HardwareAddr)
+			var m [6]byte
+			copy(m[:], n.HardwareAddr)
+			return m, true
+		}
+	}
+	return [6]byte{}, false
 }
 
 // reap returns the chunks of sent frames to the free list (txmu held).
