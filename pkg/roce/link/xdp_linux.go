@@ -137,23 +137,22 @@ type xdpPeer struct {
 }
 
 // openXDP sets up the AF_XDP path for the link's one IPv4 socket s.
-func openXDP(s *udpSock, o XDPOptions) (x *xdpSock, err error) {
+func openXDP(s *udpSock, o XDPOptions) (_ *xdpSock, err error) {
 	a := s.local.Addr()
 	if !a.Is4() {
 		return nil, errors.New("AF_XDP path: IPv4 addresses only")
 	}
-	x = &xdpSock{l: s.l, fd: -1, ev: -1, prog: -1, xmap: -1, attach: -1, addr: a, addr4: a.As4(), port: s.local.Port(),
+	x := &xdpSock{l: s.l, fd: -1, ev: -1, prog: -1, xmap: -1, attach: -1, addr: a, addr4: a.As4(), port: s.local.Port(),
 		peers: make(map[[4]byte][6]byte), asked: make(map[[4]byte]time.Time)}
 	defer func() {
-		if err != nil {
+		if err != nil { // whatever was set up goes (x, not the result: a failing return set that nil)
 			x.close()
-			x = nil
 		}
 	}()
 	if x.lk, err = xdpInterface(a, o.Interface); err != nil {
 		return nil, err
 	}
-	if x.nl, err = netlink.NewHandle(); err != nil { // bound to this thread's namespace, the socket's
+	if x.nl, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil { // this thread's namespace, the socket's
 		return nil, fmt.Errorf("AF_XDP path: netlink: %w", err)
 	}
 	lk := x.lk

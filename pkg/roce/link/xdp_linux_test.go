@@ -57,6 +57,17 @@ func TestXDPLink(t *testing.T) {
 	x, y := netnstest.Veth(t, "srxa", "198.18.6.1/24", "srxb", "198.18.6.2/24", 9000)
 	aIP, bIP := netip.MustParseAddr("198.18.6.1"), netip.MustParseAddr("198.18.6.2")
 	var a, b *UDPLink
+	// a queue the veth does not have: refused cleanly (everything set up so far released)
+	if err := x.Do(func() error {
+		l, err := listenUDP(UDPOptions{Addrs: []netip.Addr{aIP}, XDP: XDPOptions{On: true, Queue: 7}})
+		if err == nil {
+			l.Close()
+			return errors.New("an AF_XDP socket on queue 7 of a one-queue veth was accepted")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	if err := x.Do(func() (err error) {
 		a, err = listenUDP(UDPOptions{Addrs: []netip.Addr{aIP}, XDP: XDPOptions{On: true}})
 		return err
