@@ -58,7 +58,8 @@ awk -F'|' '
   # repeated rows (ROUNDS in lab-guest.sh): the best value (bandwidth: highest, latency:
   # lowest) and the list of all of them
   $1 == "ROW" {
-    key = $2 "|" $3 "|" $4; m = $5; k[$3 "|" $4] = 1
+    key = $2 "|" $3 "|" $4; k[$3 "|" $4] = 1
+    if ($2 == "rxe-rxe" || m == "") m = $5 # the MTU of the row: that of rxe (the --xdp rows run at 2048)
     if (!(key in v) || v[key] == "FAIL" || ($6 != "FAIL" && (($3 ~ /_bw$/) ? $6 + 0 > v[key] + 0 : $6 + 0 < v[key] + 0))) v[key] = $6
     all[key] = (cnt[key] > 0) ? all[key] "/" $6 : $6; cnt[key]++
   }
@@ -66,15 +67,17 @@ awk -F'|' '
     for (t in k) {
       split(t, a, "|"); test = a[1]; size = a[2]
       r = v["rxe-rxe|" t]; s = v["softroce-softroce|" t]; x = v["softroce-rxe|" t]; s2 = v["softroce-softroce-gmp2|" t]; sb = v["softroce-softroce-bp|" t]; xb = v["softroce-rxe-bp|" t]
+      sx = v["softroce-softroce-xdp|" t]; xx = v["softroce-rxe-xdp|" t]
       rounds = ""
-      if (cnt["rxe-rxe|" t] > 1) rounds = sprintf(" [best of rounds: rxe %s, softroce %s, --busy-poll %s%s]", all["rxe-rxe|" t], all["softroce-softroce|" t], all["softroce-softroce-bp|" t], ("softroce-softroce-bp-old|" t in all) ? ", --busy-poll with LAB_OLD_BIN " all["softroce-softroce-bp-old|" t] : "")
+      if (cnt["rxe-rxe|" t] > 1) rounds = sprintf(" [best of rounds: rxe %s, softroce %s, --busy-poll %s%s%s]", all["rxe-rxe|" t], all["softroce-softroce|" t], all["softroce-softroce-bp|" t], ("softroce-softroce-xdp|" t in all) ? ", --busy-poll --xdp " all["softroce-softroce-xdp|" t] : "", ("softroce-softroce-bp-old|" t in all) ? ", --busy-poll with LAB_OLD_BIN " all["softroce-softroce-bp-old|" t] : "")
       unit = (test ~ /_bw$/) ? "Gbit/s" : "us typical"
       ratio = "?"; rb = ""
       if (r + 0 > 0 && s + 0 > 0) ratio = sprintf("%.2fx", (test ~ /_bw$/) ? s / r : r / s)
       if (r + 0 > 0 && sb + 0 > 0) rb = sprintf(", --busy-poll %.2fx", (test ~ /_bw$/) ? sb / r : r / sb)
-      printf "lab|%s (TCG guest)|%s|%s|1|rxe<->rxe %s, softroce<->softroce %s%s%s, softroce<->rxe %s%s %s; softroce/rxe %s%s%s%s\n",
-        test, size, m, r, s, (s2 != "") ? " (GOMAXPROCS=2: " s2 ")" : "", (sb != "") ? " (--busy-poll: " sb ")" : "",
-        x, (xb != "") ? " (--busy-poll: " xb ")" : "", unit, ratio, rb, (test ~ /_lat$/) ? " (rxe latency / softroce latency)" : "", rounds
+      if (r + 0 > 0 && sx + 0 > 0) rb = rb sprintf(", --busy-poll --xdp %.2fx", (test ~ /_bw$/) ? sx / r : r / sx)
+      printf "lab|%s (TCG guest)|%s|%s|1|rxe<->rxe %s, softroce<->softroce %s%s%s%s, softroce<->rxe %s%s%s %s; softroce/rxe %s%s%s%s\n",
+        test, size, m, r, s, (s2 != "") ? " (GOMAXPROCS=2: " s2 ")" : "", (sb != "") ? " (--busy-poll: " sb ")" : "", (sx != "") ? " (--busy-poll --xdp: " sx ")" : "",
+        x, (xb != "") ? " (--busy-poll: " xb ")" : "", (xx != "") ? " (--busy-poll --xdp: " xx ")" : "", unit, ratio, rb, (test ~ /_lat$/) ? " (rxe latency / softroce latency)" : "", rounds
     }
   }' "$OUT/lab.rows" | sort
 # every pairing's rounds, in session order (including LAB_OLD_BIN and LAB_PROBE rows)
