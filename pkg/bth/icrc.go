@@ -24,6 +24,13 @@ type Endpoints struct {
 	IPID             uint16     // IPv4 Identification (covered by the ICRC); 0 for our own sends
 }
 
+// Equal reports whether e and o are the same endpoints. It is == spelled out field by field:
+// the struct has padding, so == calls the generated equality function, where this compares
+// in line (the data path's pseudo-header caches ask it for every packet).
+func (e *Endpoints) Equal(o *Endpoints) bool {
+	return e.SrcPort == o.SrcPort && e.DstPort == o.DstPort && e.IPID == o.IPID && e.Src == o.Src && e.Dst == o.Dst
+}
+
 // ErrNotRoCEIP is returned by ICRCFromIP for input that is not an IPv4 or
 // IPv6 packet carrying UDP directly.
 var ErrNotRoCEIP = errors.New("bth: not an IPv4/IPv6 UDP packet")

@@ -120,7 +120,7 @@ func (q *QP) runIndex(t *txSet, n int, src, dst netip.AddrPort, tclass uint8) ui
 // runICRCState returns the pseudo-header CRC state for ep with IPv4 ID k (k > 0), cached per
 // (endpoints, length) in the burst.
 func (t *txSet) runICRCState(ep *bth.Endpoints, n int, k uint16) uint32 {
-	if t.runN != n || t.runEP != *ep {
+	if t.runN != n || !t.runEP.Equal(ep) {
 		t.runEP, t.runN = *ep, n
 		t.runOK = [txBuffers]bool{}
 	}
@@ -157,10 +157,10 @@ func (q *QP) sendBurst(t *txSet) error {
 // alternating ACKs and requests, each skip the 36-byte CRC.
 func (q *QP) pseudoHeader(ep *bth.Endpoints, n int) *icrcCache {
 	c := &q.icrc
-	if c[0].ok && c[0].n == n && c[0].ep == *ep {
+	if c[0].ok && c[0].n == n && c[0].ep.Equal(ep) {
 		return &c[0]
 	}
-	if c[1].ok && c[1].n == n && c[1].ep == *ep {
+	if c[1].ok && c[1].n == n && c[1].ep.Equal(ep) {
 		c[0], c[1] = c[1], c[0]
 		return &c[0]
 	}

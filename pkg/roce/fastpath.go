@@ -78,10 +78,10 @@ type icrcEntry struct {
 // skip the 36-byte CRC.
 func (rx *rxState) pseudoHeader(ep *bth.Endpoints, n int) uint32 {
 	c := &rx.phc
-	if c[0].ok && c[0].n == n && c[0].ep == *ep {
+	if c[0].ok && c[0].n == n && c[0].ep.Equal(ep) {
 		return c[0].state
 	}
-	if c[1].ok && c[1].n == n && c[1].ep == *ep {
+	if c[1].ok && c[1].n == n && c[1].ep.Equal(ep) {
 		c[0], c[1] = c[1], c[0]
 		return c[0].state
 	}
@@ -134,7 +134,7 @@ var zeroPacket [link.MaxDatagram]byte
 func (rx *rxState) runID(ep *bth.Endpoints, n int, diff uint32) bool {
 	var t *idTable
 	for i := range rx.ids {
-		if rx.ids[i].ok && rx.ids[i].n == n && rx.ids[i].ep == *ep {
+		if rx.ids[i].ok && rx.ids[i].n == n && rx.ids[i].ep.Equal(ep) {
 			t = &rx.ids[i]
 			break
 		}
