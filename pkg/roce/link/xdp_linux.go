@@ -20,6 +20,7 @@ package link
 // multi-queue NIC the other queues' datagrams reach the UDP socket (one flow keeps one queue).
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -109,6 +110,7 @@ type xdpSock struct {
 	addr4  [4]byte
 	port   uint16
 	mac    [6]byte
+	mtu    int // the interface's: a larger IP packet goes through the socket (DF: refused, counted)
 
 	// receive side (UDPLink.rmu held)
 	held  []uint64 // chunks handed out as views, back to the fill ring at the next read
@@ -123,7 +125,7 @@ type xdpSock struct {
 	// neighbour table (asked through nl, a netlink socket of the link's namespace, at most
 	// once per xdpNeighEvery per address: asked[a] is the last time)
 	nmu   sync.Mutex
-	peers map[[4]byte][6]byte
+	peers map[[4]byte]*xdpPeer // entries never change: a new MAC is a new entry
 	asked map[[4]byte]time.Time
 	nl    *netlink.Handle
 	last  atomic.Pointer[xdpPeer] // the last peer learned or looked up (no lock, no map)
@@ -143,7 +145,7 @@ func openXDP(s *udpSock, o XDPOptions) (_ *xdpSock, err error) {
 		return nil, errors.New("AF_XDP path: IPv4 addresses only")
 	}
 	x := &xdpSock{l: s.l, fd: -1, ev: -1, prog: -1, xmap: -1, attach: -1, addr: a, addr4: a.As4(), port: s.local.Port(),
-		peers: make(map[[4]byte][6]byte), asked: make(map[[4]byte]time.Time)}
+		peers: make(map[[4]byte]*xdpPeer), asked: make(map[[4]byte]time.Time)}
 	defer func() {
 		if err != nil { // whatever was set up goes (x, not the result: a failing return set that nil)
 			x.close()
@@ -160,6 +162,7 @@ func openXDP(s *udpSock, o XDPOptions) (_ *xdpSock, err error) {
 		return nil, fmt.Errorf("AF_XDP path: %s has no Ethernet address", lk.Attrs().Name)
 	}
 	copy(x.mac[:], lk.Attrs().HardwareAddr)
+	x.mtu = lk.Attrs().MTU
 	if err := s.rc.Control(func(fd uintptr) { x.udpFD = int(fd) }); err != nil {
 		return nil, err
 	}
@@ -276,19 +279,34 @@ func (x *xdpSock) wake() {
 	_, _ = unix.Write(x.ev, one[:])
 }
 
-// learn records mac as ip's (the source of a frame from ip).
+// xdpMaxPeers caps the learned table (a frame's source address is remote input).
+const xdpMaxPeers = 4096
+
+// learn records mac as ip's (the source of a frame from ip, or the neighbour table's answer),
+// for an address the link sends to (one looked up before: remote frames cannot fill the table
+// with addresses of their choosing), while the table has room. A peer's later frames update
+// its MAC (a moved peer), as ARP would; like ARP, a spoofed frame can mislead it until the
+// peer's next frame.
 func (x *xdpSock) learn(ip [4]byte, mac []byte) {
 	if p := x.last.Load(); p != nil && p.ip == ip && string(p.mac[:]) == string(mac) {
 		return
 	}
-	var m [6]byte
-	copy(m[:], mac)
 	x.nmu.Lock()
-	if old, ok := x.peers[ip]; !ok || old != m {
-		x.peers[ip] = m
+	p, known := x.peers[ip]
+	_, asked := x.asked[ip]
+	switch {
+	case known && string(p.mac[:]) == string(mac):
+	case known || asked && len(x.peers) < xdpMaxPeers:
+		p = &xdpPeer{ip: ip}
+		copy(p.mac[:], mac)
+		x.peers[ip] = p
+	default:
+		p = nil
 	}
 	x.nmu.Unlock()
-	x.last.Store(&xdpPeer{ip: ip, mac: m})
+	if p != nil {
+		x.last.Store(p) // the same entry for as long as the MAC holds: no allocation per packet
+	}
 }
 
 // lookup returns the MAC address learned for ip; not learned yet, it asks the kernel's
@@ -298,13 +316,13 @@ func (x *xdpSock) lookup(ip [4]byte) ([6]byte, bool) {
 		return p.mac, true
 	}
 	x.nmu.Lock()
-	m, ok := x.peers[ip]
+	p, ok := x.peers[ip]
 	x.nmu.Unlock()
 	if !ok {
 		return x.neighbour(ip)
 	}
-	x.last.Store(&xdpPeer{ip: ip, mac: m})
-	return m, true
+	x.last.Store(p)
+	return p.mac, true
 }
 
 // xdpNeighEvery bounds how often one address is looked up in the kernel's neighbour table.
@@ -319,7 +337,9 @@ func (x *xdpSock) neighbour(ip [4]byte) ([6]byte, bool) {
 		x.nmu.Unlock()
 		return [6]byte{}, false
 	}
-	x.asked[ip] = now
+	if len(x.asked) < xdpMaxPeers {
+		x.asked[ip] = now
+	}
 	x.nmu.Unlock()
 	ns, err := x.nl.NeighList(x.lk.Attrs().Index, unix.AF_INET)
 	if err != nil {
@@ -329,9 +349,10 @@ func (x *xdpSock) neighbour(ip [4]byte) ([6]byte, bool) {
 	for _, n := range ns {
 		if a, ok := netip.AddrFromSlice(n.IP.To4()); ok && a.As4() == ip && len(n.HardwareAddr) == 6 && n.State&usable != 0 {
 			x.learn(ip, n.HardwareAddr)
-			var m [6]byte
-			copy(m[:], n.HardwareAddr)
-			return m, true
+			if p := x.last.Load(); p != nil && p.ip == ip {
+				return p.mac, true
+			}
+			return [6]byte{}, false // the table is full
 		}
 	}
 	return [6]byte{}, false
@@ -352,7 +373,7 @@ func (x *xdpSock) reap() {
 func (x *xdpSock) queue(d *Datagram) bool {
 	n := ethIPv4UDP + len(d.Buf)
 	dst := d.Dst.Addr().Unmap()
-	if n > XDPMaxFrame || !dst.Is4() || d.Src.Addr().Unmap() != x.addr {
+	if n > XDPMaxFrame || n-14 > x.mtu || !dst.Is4() || d.Src.Addr().Unmap() != x.addr {
 		return false
 	}
 	d4 := dst.As4()
@@ -416,11 +437,12 @@ func (x *xdpSock) kick() error {
 	if x.queued == 0 {
 		return nil
 	}
-	x.sent.Add(uint64(x.queued))
-	x.l.sent.Add(uint64(x.queued))
-	x.l.sendBatches.Add(1)
+	n := uint64(x.queued)
 	x.queued = 0
-	for try := 0; ; try++ {
+	x.sent.Add(n)
+	x.l.sent.Add(n)
+	x.l.sendBatches.Add(1)
+	for try := 0; try < xdpKickTries; try++ {
 		_, _, e := unix.RawSyscall6(unix.SYS_SENDTO, uintptr(x.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
 		switch e {
 		case 0, unix.EAGAIN, unix.EBUSY, unix.ENOBUFS, unix.EINTR:
@@ -430,14 +452,16 @@ func (x *xdpSock) kick() error {
 		if atomic.LoadUint32(x.tx.cons) == atomic.LoadUint32(x.tx.prod) {
 			return nil
 		}
-		if try > 1000 {
-			return fmt.Errorf("AF_XDP send on %s: the kernel does not take the transmit ring: %w", x.lk.Attrs().Name, unix.ENOBUFS)
-		}
-		if try > 10 {
+		if try > 2 {
 			runtime.Gosched()
 		}
 	}
+	// the kernel is short of buffers: what is left in the ring leaves with the next kick
+	return nil
 }
+
+// xdpKickTries bounds one kick's sendto calls (the kernel takes a bounded batch per call).
+const xdpKickTries = 16
 
 // sendXDP is Send on a link with the AF_XDP path: what fits goes through the transmit ring,
 // the rest through the UDP socket, in order (queued frames leave before a socket send).
@@ -488,9 +512,12 @@ func (x *xdpSock) recv(batch []Datagram, copyOut bool) int {
 	k := 0
 	for ; c != p && k < len(batch); c++ {
 		xd := *x.rx.xdesc(c)
+		if xd.Addr >= uint64(len(x.umem)) { // the kernel writes this ring; never trust it blindly
+			continue
+		}
 		chunk := xd.Addr &^ (xdpChunk - 1)
 		x.held = append(x.held, chunk)
-		if xd.Addr+uint64(xd.Len) > uint64(len(x.umem)) || xd.Addr+uint64(xd.Len) > chunk+xdpChunk {
+		if uint64(xd.Len) > chunk+xdpChunk-xd.Addr {
 			continue
 		}
 		if !x.parse(&batch[k], x.umem[xd.Addr:xd.Addr+uint64(xd.Len)], copyOut) {
@@ -619,9 +646,12 @@ func xdpProgram(xmap int, addr [4]byte, port uint16, maxFrame int) []bpfInsn {
 		redirectMap      = 51  // BPF_FUNC_redirect_map
 		getBuffLen       = 188 // BPF_FUNC_xdp_get_buff_len
 	)
-	// packet loads are little-endian: compare against the byte-swapped constants
-	addrLE := int32(uint32(addr[0]) | uint32(addr[1])<<8 | uint32(addr[2])<<16 | uint32(addr[3])<<24)
-	portLE := int32(port>>8 | port<<8&0xff00)
+	// packet loads are in the host's byte order: compare with the wire bytes loaded so
+	ne := binary.NativeEndian
+	addrC := int32(ne.Uint32(addr[:]))
+	portC := int32(ne.Uint16([]byte{byte(port >> 8), byte(port)}))
+	ipv4C := int32(ne.Uint16([]byte{0x08, 0x00}))
+	fragC := int32(ne.Uint16([]byte{0x3f, 0xff})) // MF and the fragment offset
 	p := []bpfInsn{
 		insn(movX, 6, 1, 0, 0), // r6 = ctx
 		insn(call, 0, 0, 0, getBuffLen),
@@ -630,20 +660,20 @@ func xdpProgram(xmap int, addr [4]byte, port uint16, maxFrame int) []bpfInsn {
 		insn(ldxW, 3, 6, 4, 0), // r3 = ctx->data_end
 		insn(movX, 4, 2, 0, 0),
 		insn(addK, 4, 0, 0, ethIPv4UDP),
-		insn(jgtX, 4, 3, xdpPass, 0),      // shorter than Ethernet + IPv4 + UDP
-		insn(ldxH, 5, 2, 12, 0),           // EtherType
-		insn(jneK, 5, 0, xdpPass, 0x0008), // 0x0800
+		insn(jgtX, 4, 3, xdpPass, 0),     // shorter than Ethernet + IPv4 + UDP
+		insn(ldxH, 5, 2, 12, 0),          // EtherType
+		insn(jneK, 5, 0, xdpPass, ipv4C), // EtherType 0x0800
 		insn(ldxB, 5, 2, 14, 0),
 		insn(jneK, 5, 0, xdpPass, 0x45), // IPv4, 20-byte header
 		insn(ldxB, 5, 2, 23, 0),
 		insn(jneK, 5, 0, xdpPass, unix.IPPROTO_UDP),
 		insn(ldxH, 5, 2, 20, 0),
-		insn(andK, 5, 0, 0, 0xff3f), // MF and fragment offset
+		insn(andK, 5, 0, 0, fragC),
 		insn(jneK, 5, 0, xdpPass, 0),
 		insn(ldxW, 5, 2, 30, 0),
-		insn(jne32K, 5, 0, xdpPass, addrLE),
+		insn(jne32K, 5, 0, xdpPass, addrC),
 		insn(ldxH, 5, 2, 36, 0),
-		insn(jneK, 5, 0, xdpPass, portLE),
+		insn(jneK, 5, 0, xdpPass, portC),
 		insn(ldxW, 2, 6, 16, 0), // r2 = ctx->rx_queue_index
 		insn(ldImm64, 1, unix.BPF_PSEUDO_MAP_FD, 0, int32(xmap)), insn(0, 0, 0, 0, 0),
 		insn(movK, 3, 0, 0, xdpPassCode), // no socket on this queue: XDP_PASS

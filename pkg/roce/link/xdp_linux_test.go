@@ -300,7 +300,7 @@ func TestXDPProgram(t *testing.T) {
 // FuzzXDPParse: frames from the ring are remote input. parse never reads outside the frame,
 // accepts only what is addressed to the link, and hands out the UDP payload the headers give.
 func FuzzXDPParse(f *testing.F) {
-	x := &xdpSock{addr: netip.MustParseAddr("198.18.6.1"), addr4: [4]byte{198, 18, 6, 1}, port: 4791, peers: make(map[[4]byte][6]byte)}
+	x := &xdpSock{addr: netip.MustParseAddr("198.18.6.1"), addr4: [4]byte{198, 18, 6, 1}, port: 4791, peers: make(map[[4]byte]*xdpPeer), asked: make(map[[4]byte]time.Time)}
 	good := func(payload int) []byte {
 		fr := make([]byte, ethIPv4UDP+payload)
 		fr[12], fr[13], fr[14], fr[23] = 0x08, 0x00, 0x45, 17
@@ -333,4 +333,39 @@ func FuzzXDPParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestXDPLearn: a frame teaches the MAC address of an address the link has looked up (it sends
+// there) and updates a known one; a frame from any other address teaches nothing (remote input
+// cannot fill the table); with two peers in turn no learning or lookup allocates.
+func TestXDPLearn(t *testing.T) {
+	x := &xdpSock{peers: make(map[[4]byte]*xdpPeer), asked: make(map[[4]byte]time.Time)}
+	a, b, stranger := [4]byte{198, 18, 6, 2}, [4]byte{198, 18, 6, 3}, [4]byte{198, 18, 6, 66}
+	macA, macA2, macB := []byte{2, 0, 0, 0, 0, 0xa}, []byte{2, 0, 0, 0, 0, 0xaa}, []byte{2, 0, 0, 0, 0, 0xb}
+	x.learn(stranger, macA)
+	if _, ok := x.peers[stranger]; ok {
+		t.Fatal("learned the MAC of an address never looked up")
+	}
+	now := time.Now()
+	x.asked[a], x.asked[b] = now, now // looked up (the neighbour table had nothing)
+	x.learn(a, macA)
+	x.learn(b, macB)
+	if m, ok := x.lookup(a); !ok || string(m[:]) != string(macA) {
+		t.Fatalf("a: %x %v", m, ok)
+	}
+	x.learn(a, macA2) // moved
+	if m, ok := x.lookup(a); !ok || string(m[:]) != string(macA2) {
+		t.Fatalf("a after its new frame: %x %v", m, ok)
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		x.learn(a, macA2)
+		x.lookup(b)
+		x.learn(b, macB)
+		x.lookup(a)
+	}); n != 0 {
+		t.Fatalf("%v allocations per learn/lookup with two peers in turn", n)
+	}
+	if len(x.peers) != 2 {
+		t.Fatalf("%d peers, want 2", len(x.peers))
+	}
 }
