@@ -16,9 +16,6 @@ var _ ViewReceiver = (*UDPLink)(nil)
 // RecvView implements ViewReceiver: on a one-address link with GRO, segments are returned as
 // views of the GRO buffers; otherwise it is Recv.
 func (l *UDPLink) RecvView(batch []Datagram) (int, error) {
-	if l.xdp != nil {
-		return l.recvXDP(batch, false)
-	}
 	if len(l.socks) != 1 || !l.socks[0].gro {
 		return l.Recv(batch)
 	}

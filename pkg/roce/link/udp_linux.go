@@ -874,7 +874,7 @@ func (l *UDPLink) Recv(batch []Datagram) (int, error) {
 		return 0, nil
 	}
 	if l.xdp != nil {
-		return l.recvXDP(batch, true)
+		return l.recvXDP(batch)
 	}
 	if len(l.socks) == 1 {
 		s := l.socks[0]

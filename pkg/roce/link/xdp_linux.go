@@ -584,16 +584,11 @@ func (l *UDPLink) tryRecvXDP(batch []Datagram, copyOut, socket bool) (int, error
 	return x.recv(batch, copyOut), nil
 }
 
-// recvXDP is Recv (copyOut) and RecvView on a link with the AF_XDP path: read, else wait in
-// poll(2) for the ring, the UDP socket or Close.
-func (l *UDPLink) recvXDP(batch []Datagram, copyOut bool) (int, error) {
-	if l.closed.Load() {
-		return 0, net.ErrClosed
-	}
-	defer raceReceived()
-	if len(batch) == 0 {
-		return 0, nil
-	}
+// recvXDP is Recv on a link with the AF_XDP path (after Recv's checks): read, copying into
+// the caller's buffers, else wait in poll(2) for the ring, the UDP socket or Close. RecvView
+// comes here through Recv (the socket has no GRO with the AF_XDP path).
+func (l *UDPLink) recvXDP(batch []Datagram) (int, error) {
+	const copyOut = true
 	l.rmu.Lock()
 	defer l.rmu.Unlock()
 	x := l.xdp

@@ -45,6 +45,19 @@ func tryRecvFor(l *UDPLink, p *pollBatch, d time.Duration) (int, error) {
 	return 0, errors.New("nothing received")
 }
 
+// listenXDPIn opens a link with the AF_XDP path on addr, in th's namespace.
+func listenXDPIn(t *testing.T, th *netnstest.Thread, addr netip.Addr) *UDPLink {
+	t.Helper()
+	var l *UDPLink
+	if err := th.Do(func() (err error) {
+		l, err = listenUDP(UDPOptions{Addrs: []netip.Addr{addr}, XDP: XDPOptions{On: true}})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
 // TestXDPLink runs the AF_XDP path between two network namespaces on a veth pair. A (AF_XDP)
 // learns B's MAC address from B's first datagram, then sends through its transmit ring: B, a
 // plain UDP link, receives every datagram, and a sniffer on B's interface sees the frames A
@@ -68,12 +81,7 @@ func TestXDPLink(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := x.Do(func() (err error) {
-		a, err = listenUDP(UDPOptions{Addrs: []netip.Addr{aIP}, XDP: XDPOptions{On: true}})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	a = listenXDPIn(t, x, aIP)
 	defer a.Close()
 	sniff := -1
 	if err := y.Do(func() (err error) {
@@ -193,12 +201,7 @@ func TestXDPLink(t *testing.T) {
 	// but its namespace's neighbour table knows A's MAC address (the plain link's traffic):
 	// its first send already goes through the ring.
 	b.Close()
-	if err := y.Do(func() (err error) {
-		b, err = listenUDP(UDPOptions{Addrs: []netip.Addr{bIP}, XDP: XDPOptions{On: true}})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	b = listenXDPIn(t, y, bIP)
 	defer b.Close()
 	pb := newPollBatch(64)
 	inB := pb.in
