@@ -6,9 +6,9 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"testing"
 
+	"github.com/softroce/softroce/internal/netnstest"
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -232,21 +232,10 @@ func TestUDPICRCOnTheWire(t *testing.T) {
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
-// inNetns runs f on a locked OS thread moved into a fresh network namespace; the thread is
-// discarded afterwards (the goroutine exits locked).
+// inNetns runs f on a locked OS thread in a fresh network namespace (netnstest.Thread).
 func inNetns(t *testing.T, f func() error) {
 	t.Helper()
-	needRoot(t)
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			done <- fmt.Errorf("unshare: %w", err)
-			return
-		}
-		done <- f()
-	}()
-	if err := <-done; err != nil {
+	if err := netnstest.NewThread(t).Do(f); err != nil {
 		t.Fatal(err)
 	}
 }
