@@ -64,21 +64,7 @@ func (l *srcRecorder) seen(qpn uint32) map[uint16]int {
 // (IBTA A17.3.2, as kernel rxe), one port per pair, and complete (the receiver checks every ICRC
 // over the ports it arrived with, A17.3.3). The device's link counters show the entropy sockets.
 func TestUDPEntropySourcePorts(t *testing.T) {
-	var la, lb link.Link
-	var port uint16
-	for try := 0; ; try++ {
-		port = uint16(20000 + rand.Intn(20000))
-		var err error
-		if la, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{entAddrA}, Port: port}); err == nil {
-			if lb, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{entAddrB}, Port: port}); err == nil {
-				break
-			}
-			la.Close()
-		}
-		if try == 20 {
-			t.Fatalf("no free UDP port: %v", err)
-		}
-	}
+	la, lb, port := listenPair(t, false, entAddrA, entAddrB, listenUDP)
 	ra := &srcRecorder{Link: hbLink{la}, stats: la.(link.StatsLink), ports: map[uint32]map[uint16]int{}}
 	rb := &srcRecorder{Link: hbLink{lb}, stats: lb.(link.StatsLink), ports: map[uint32]map[uint16]int{}}
 	da, err := Open(Options{Link: ra, Port: port, Name: "a"})

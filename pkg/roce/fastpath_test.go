@@ -156,26 +156,12 @@ func fastPair(t *testing.T, f FastPathOptions) (a, b *Device, la, lb *link.UDPLi
 	t.Helper()
 	var o link.UDPOptions
 	f.apply(&o)
-	var port uint16
-	for try := 0; ; try++ {
-		port = uint16(20000 + rand.Intn(40000))
-		oa, ob := o, o
-		oa.Addrs, oa.Port = []netip.Addr{addrA}, port
-		ob.Addrs, ob.Port = []netip.Addr{addrB}, port
-		l1, err := link.ListenUDP(oa)
-		if err == nil {
-			l2, err2 := link.ListenUDP(ob)
-			if err2 == nil {
-				la, lb = l1.(*link.UDPLink), l2.(*link.UDPLink)
-				break
-			}
-			l1.Close()
-			err = err2
-		}
-		if try == 20 {
-			t.Fatalf("no free UDP port: %v", err)
-		}
-	}
+	l1, l2, port := listenPair(t, false, addrA, addrB, func(a netip.Addr, p uint16) (link.Link, error) {
+		oo := o
+		oo.Addrs, oo.Port = []netip.Addr{a}, p
+		return link.ListenUDP(oo)
+	})
+	la, lb = l1.(*link.UDPLink), l2.(*link.UDPLink)
 	var err error
 	if a, err = Open(Options{Link: hbRunLink{la}, Port: port, Name: "a"}); err != nil {
 		t.Fatal(err)
@@ -254,22 +240,18 @@ func TestFastPathWorkers(t *testing.T) {
 		return link.ListenUDPShards(oo, workers)
 	}
 	var la, lb []*link.UDPLink
-	var port uint16
-	for try := 0; ; try++ {
-		port = uint16(20000 + rand.Intn(40000))
+	port := freePortPair(t, false, func(p uint16) error {
 		var err error
-		if la, err = open(addrA, port); err == nil {
-			if lb, err = open(addrB, port); err == nil {
-				break
-			}
+		if la, err = open(addrA, p); err != nil {
+			return err
+		}
+		if lb, err = open(addrB, p); err != nil {
 			for _, l := range la {
 				l.Close()
 			}
 		}
-		if try == 20 {
-			t.Fatalf("no free UDP port: %v", err)
-		}
-	}
+		return err
+	})
 	dev := func(ls []*link.UDPLink, name string) *Device {
 		var shards []link.Link
 		for _, l := range ls[1:] {
@@ -329,20 +311,16 @@ func BenchmarkUDPWrite(b *testing.B) {
 		for _, mtu := range []qp.MTU{qp.MTU1024, qp.MTU4096} {
 			b.Run(mode.name+"/mtu"+mtu.String(), func(b *testing.B) {
 				var da, db *Device
-				for try := 0; ; try++ {
-					port := uint16(20000 + rand.Intn(40000))
+				freePortPair(b, false, func(port uint16) error {
 					var err error
-					da, err = OpenUDP(UDPOptions{Addrs: []netip.Addr{addrA}, Port: port, FastPath: mode.f})
-					if err == nil {
-						if db, err = OpenUDP(UDPOptions{Addrs: []netip.Addr{addrB}, Port: port, FastPath: mode.f}); err == nil {
-							break
-						}
+					if da, err = OpenUDP(UDPOptions{Addrs: []netip.Addr{addrA}, Port: port, FastPath: mode.f}); err != nil {
+						return err
+					}
+					if db, err = OpenUDP(UDPOptions{Addrs: []netip.Addr{addrB}, Port: port, FastPath: mode.f}); err != nil {
 						da.Close()
 					}
-					if try == 20 {
-						b.Fatal(err)
-					}
-				}
+					return err
+				})
 				defer da.Close()
 				defer db.Close()
 				benchWrite(b, da, db, mtu)

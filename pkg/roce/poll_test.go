@@ -3,7 +3,6 @@ package roce
 import (
 	"errors"
 	"github.com/softroce/softroce/internal/netnstest"
-	"math/rand"
 	"net/netip"
 	"sync"
 	"syscall"
@@ -108,24 +107,7 @@ func polledPair(t *testing.T, kind string) (a, b *Device, la, lb *pollLink) {
 			t.Fatal(err)
 		}
 	case "udp", "udp-gso":
-		for try := 0; ; try++ {
-			port = bth.UDPPort
-			if try > 0 {
-				port = uint16(20000 + rand.Intn(40000))
-			}
-			var err error
-			l1, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{addrA}, Port: port})
-			if err == nil {
-				l2, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{addrB}, Port: port})
-				if err == nil {
-					break
-				}
-				l1.Close()
-			}
-			if try == 20 {
-				t.Fatalf("no free UDP port: %v", err)
-			}
-		}
+		l1, l2, port = listenPair(t, true, addrA, addrB, listenUDP)
 	case "xdp": // the AF_XDP path, between two namespaces on a veth pair (root)
 		x, y := netnstest.Veth(t, "srpa", "198.18.7.1/24", "srpb", "198.18.7.2/24", 1500)
 		for _, s := range []struct {

@@ -98,26 +98,9 @@ func devPair(t *testing.T, kind string) (*Device, *Device, *dropLink) {
 			if kind == "stdudp" {
 				return listenStdUDP([]netip.Addr{a}, port)
 			}
-			return link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{a}, Port: port})
+			return listenUDP(a, port)
 		}
-		for try := 0; ; try++ {
-			port = bth.UDPPort
-			if try > 0 {
-				port = uint16(20000 + rand.Intn(40000))
-			}
-			var err error
-			la, err = listen(addrA, port)
-			if err == nil {
-				lb, err = listen(addrB, port)
-				if err == nil {
-					break
-				}
-				la.Close()
-			}
-			if try == 20 {
-				t.Fatalf("no free UDP port: %v", err)
-			}
-		}
+		la, lb, port = listenPair(t, true, addrA, addrB, listen)
 	}
 	if kind == "udp" {
 		la, lb = hbLink{la}, hbLink{lb}
@@ -518,4 +501,44 @@ func rcLoss(t *testing.T, da, db *Device, dl *dropLink) {
 	if after.RcvdSeqErr == before.RcvdSeqErr || after.CompleterRetryErr == before.CompleterRetryErr {
 		t.Fatalf("no recovery counted: before %+v after %+v", before, after)
 	}
+}
+
+// freePortPair finds a UDP port both ends of a test pair can bind: open(port) binds both ends
+// (releasing the first if the second fails). It tries 4791 first when from4791 is set, then
+// random ports in 20000..59999, 21 tries in all.
+func freePortPair(tb testing.TB, from4791 bool, open func(port uint16) error) uint16 {
+	tb.Helper()
+	var err error
+	for try := 0; try <= 20; try++ {
+		port := uint16(20000 + rand.Intn(40000))
+		if from4791 && try == 0 {
+			port = bth.UDPPort
+		}
+		if err = open(port); err == nil {
+			return port
+		}
+	}
+	tb.Fatalf("no free UDP port: %v", err)
+	return 0
+}
+
+// listenPair opens two links, on a and on b, with one port (freePortPair).
+func listenPair(tb testing.TB, from4791 bool, a, b netip.Addr, listen func(netip.Addr, uint16) (link.Link, error)) (la, lb link.Link, port uint16) {
+	tb.Helper()
+	port = freePortPair(tb, from4791, func(p uint16) error {
+		var err error
+		if la, err = listen(a, p); err != nil {
+			return err
+		}
+		if lb, err = listen(b, p); err != nil {
+			la.Close()
+		}
+		return err
+	})
+	return la, lb, port
+}
+
+// listenUDP is link.ListenUDP on one address and port (listenPair's usual listen).
+func listenUDP(a netip.Addr, port uint16) (link.Link, error) {
+	return link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{a}, Port: port})
 }
