@@ -380,7 +380,8 @@ func TestXDPLearn(t *testing.T) {
 func TestXDPNative(t *testing.T) {
 	x, y := netnstest.Veth(t, "srna", "198.18.6.1/24", "srnb", "198.18.6.2/24", 9000)
 	aIP, bIP := netip.MustParseAddr("198.18.6.1"), netip.MustParseAddr("198.18.6.2")
-	a, b := listenXDPIn(t, x, aIP, XDPOptions{Native: true}), listenXDPIn(t, y, bIP, XDPOptions{Native: true})
+	// B names its interface (XDPOptions.Interface); A's is found by its address
+	a, b := listenXDPIn(t, x, aIP, XDPOptions{Native: true}), listenXDPIn(t, y, bIP, XDPOptions{Native: true, Interface: "srnb"})
 	defer a.Close()
 	defer b.Close()
 	aAP, bAP := netip.AddrPortFrom(aIP, UDPPort), netip.AddrPortFrom(bIP, UDPPort)
