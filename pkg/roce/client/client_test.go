@@ -30,6 +30,8 @@ type side struct {
 	q   *qpc
 	m   roce.MemoryRegion
 	buf []byte
+	// rqPSN is the receive PSN rts starts the QP at (0 unless a test sets it)
+	rqPSN uint32
 }
 
 func open(t *testing.T, sock string, depth uint32) *side {
@@ -85,7 +87,7 @@ func (s *side) rts(t *testing.T, peer netip.Addr, qpn uint32, timeout uint8) {
 		m qp.AttrMask
 	}{
 		{qp.Attr{State: qp.StateInit, Port: 1, AccessFlags: mr.AccessRemoteWrite}, qp.AttrState | qp.AttrPKeyIndex | qp.AttrPort | qp.AttrAccessFlags},
-		{qp.Attr{State: qp.StateRTR, AH: qp.AHAttr{DGID: peer, SGIDIndex: 1}, PathMTU: qp.MTU1024, DestQPN: qpn, MaxDestRDAtomic: 1, MinRNRTimer: 1},
+		{qp.Attr{State: qp.StateRTR, AH: qp.AHAttr{DGID: peer, SGIDIndex: 1}, PathMTU: qp.MTU1024, DestQPN: qpn, RQPSN: s.rqPSN, MaxDestRDAtomic: 1, MinRNRTimer: 1},
 			qp.AttrState | qp.AttrAV | qp.AttrPathMTU | qp.AttrDestQPN | qp.AttrRQPSN | qp.AttrMaxDestRDAtomic | qp.AttrMinRNRTimer},
 		{qp.Attr{State: qp.StateRTS, Timeout: timeout, RetryCnt: 7, RNRRetry: 7, MaxRDAtomic: 1},
 			qp.AttrState | qp.AttrSQPSN | qp.AttrTimeout | qp.AttrRetryCnt | qp.AttrRNRRetry | qp.AttrMaxQPRDAtomic},
@@ -184,7 +186,11 @@ func TestAsyncPostCounting(t *testing.T) {
 	if a.q.sendOK.Load() {
 		t.Fatal("ERR left asynchronous sends on")
 	}
-	// An unsignaled WR makes later sends synchronous.
+	// An unsignaled WR makes later sends synchronous. a's 4 WRITEs (PSN 0..3, to b while it was
+	// in RESET) may still be in b's receive path: b expects PSN 100, so that they are
+	// duplicates if they arrive now (re-acknowledged, not executed) — at PSN 0 the first would
+	// be executed, fail its R_Key check, and put b in ERR before its move to RTS.
+	b.rqPSN = 100
 	b.rts(t, netip.MustParseAddr("10.8.0.1"), a.q.Num(), 14)
 	w.Flags = 0
 	if _, err := b.q.PostSend([]qp.SendWR{w}); err != nil {
