@@ -509,6 +509,11 @@ func (x *xdpSock) recv(batch []Datagram, copyOut bool) int {
 	x.release()
 	c := atomic.LoadUint32(x.rx.cons)
 	p := atomic.LoadUint32(x.rx.prod)
+	if c == p {
+		// an empty ring: no store to the consumer index (an atomic store is a locked
+		// instruction, the most expensive step of a polling loop's empty read)
+		return 0
+	}
 	k := 0
 	for ; c != p && k < len(batch); c++ {
 		xd := *x.rx.xdesc(c)
