@@ -130,7 +130,7 @@ func runStats(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "usage: softroce stats [-p] [-json] FILE.json")
 		fmt.Fprintln(stderr, "       softroce stats --demo [-rounds N] [-faults SPEC] [-seed N] [-write FILE] [-p] [-json]")
 		fmt.Fprintln(stderr, "\nPrints transport counters with kernel rxe's names (as `rdma statistic show link rxe0/1`),")
-		fmt.Fprintln(stderr, "plus softroce's own (rcvd_dropped, rcvd_icrc_solved, retransmitted_pkts).")
+		fmt.Fprintln(stderr, "plus softroce's own (rcvd_dropped, rcvd_gso_split, rcvd_icrc_solved, retransmitted_pkts).")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

@@ -33,7 +33,7 @@ func TestStatsDemo(t *testing.T) {
 			sum[f[i]] += v
 		}
 	}
-	for _, name := range append(rxeCounterOrder, "retransmitted_pkts", "rcvd_icrc_solved", "rcvd_dropped") {
+	for _, name := range append(rxeCounterOrder, "retransmitted_pkts", "rcvd_icrc_solved", "rcvd_dropped", "rcvd_gso_split") {
 		if _, ok := sum[name]; !ok {
 			t.Errorf("counter %s missing", name)
 		}

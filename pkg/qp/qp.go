@@ -752,6 +752,10 @@ type Counters struct {
 	// timeout, a NAK or a response gap; READ resumes): softroce's own
 	// counter, "retransmitted_pkts".
 	RetransPkts atomic.Uint64
+	// RcvdGSOSplit counts datagrams that arrived as an unsegmented UDP GSO message
+	// (an AF_XDP link on a veth or loopback sees the sender's whole GSO buffer) and
+	// were split back into their packets: softroce's own, "rcvd_gso_split".
+	RcvdGSOSplit atomic.Uint64
 }
 
 // Stats is a snapshot of Counters.
@@ -764,6 +768,7 @@ type Stats struct {
 	SendErr, RDMASends, RDMARecvs           uint64
 	LinkDowned, RcvdICRCSolved, RcvdDropped uint64
 	RetransPkts                             uint64
+	RcvdGSOSplit                            uint64
 	// Link counters, which the device fills from its UDP link (roce.Device.Stats;
 	// Counters.Snapshot leaves them 0): send-only entropy-port sockets open
 	// (IBTA A17.3.2), entropy ports that fell back to the main socket (port
@@ -783,12 +788,12 @@ func (c *Counters) Snapshot() Stats {
 		RetryRNRExceededErr: c.RetryRNRExceededErr.Load(), CompleterRetryErr: c.CompleterRetryErr.Load(),
 		SendErr: c.SendErr.Load(), RDMASends: c.RDMASends.Load(), RDMARecvs: c.RDMARecvs.Load(),
 		LinkDowned: c.LinkDowned.Load(), RcvdICRCSolved: c.RcvdICRCSolved.Load(), RcvdDropped: c.RcvdDropped.Load(),
-		RetransPkts: c.RetransPkts.Load(),
+		RetransPkts: c.RetransPkts.Load(), RcvdGSOSplit: c.RcvdGSOSplit.Load(),
 	}
 }
 
 // Map returns the snapshot keyed by rxe's counter names (plus
-// softroce's own: rcvd_icrc_solved, rcvd_dropped, retransmitted_pkts).
+// softroce's own: rcvd_icrc_solved, rcvd_dropped, retransmitted_pkts, rcvd_gso_split).
 func (s Stats) Map() map[string]uint64 {
 	return map[string]uint64{
 		"sent_pkts": s.SentPkts, "rcvd_pkts": s.RcvdPkts,
@@ -798,7 +803,7 @@ func (s Stats) Map() map[string]uint64 {
 		"retry_rnr_exceeded_err": s.RetryRNRExceededErr, "completer_retry_err": s.CompleterRetryErr,
 		"send_err": s.SendErr, "rdma_sends": s.RDMASends, "rdma_recvs": s.RDMARecvs,
 		"link_downed": s.LinkDowned, "rcvd_icrc_solved": s.RcvdICRCSolved, "rcvd_dropped": s.RcvdDropped,
-		"retransmitted_pkts":   s.RetransPkts,
+		"retransmitted_pkts": s.RetransPkts, "rcvd_gso_split": s.RcvdGSOSplit,
 		"link_entropy_sockets": s.LinkEntropySockets, "link_entropy_fallbacks": s.LinkEntropyFallbacks,
 		"link_offload_fallbacks": s.LinkOffloadFallbacks,
 	}

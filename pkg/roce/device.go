@@ -599,7 +599,9 @@ func (d *Device) recvLoop(i int, l link.Link) {
 func (d *Device) handle(rx *rxState, dg *link.Datagram) {
 	p := &rx.pkt
 	if err := bth.ParseInto(p, dg.Buf); err != nil { // IBTA 9.2/9.3, TVer 0
-
+		if !rx.splitting && d.splitGSO(rx, dg) { // e.g. [ACK, ACK]: longer than an ACK
+			return
+		}
 		d.cnt.RcvdDropped.Add(1)
 		return
 	}
@@ -626,6 +628,9 @@ func (d *Device) handle(rx *rxState, dg *link.Datagram) {
 		// a GSO run's segment k (ID k < 64) costs no second CRC (fastpath.go)
 		if !rx.runID(&ep, len(dg.Buf), diff) {
 			if _, ok := bth.SolveIPv4ID(&ep, dg.Buf); !ok {
+				if !rx.splitting && d.splitGSO(rx, dg) { // several packets in one datagram (superframe.go)
+					return
+				}
 				d.cnt.RcvdDropped.Add(1)
 				return
 			}

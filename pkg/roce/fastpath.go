@@ -62,6 +62,11 @@ type rxState struct {
 	// flushed once after the batch (coalesced ACKs, one burst of requests per batch of ACKs).
 	pending  [8]*qp.QP
 	npending int
+
+	// splitting is set while the segments of an unsegmented GSO message are handled (no
+	// second split), seg is the segment's datagram (superframe.go).
+	splitting bool
+	seg       link.Datagram
 }
 
 // icrcEntry is one cached pseudo-header CRC state (bth.PseudoHeaderCRC of ep and n bytes).

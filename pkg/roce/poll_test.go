@@ -90,7 +90,7 @@ func (l *pollLink) sends() [][]bth.Opcode {
 
 // polledPair opens two polled devices ("mem": the in-memory network; "udp": link.ListenUDP on
 // 127.0.0.1 / 127.0.0.2) on a manual clock (no timer fires unless a test advances it).
-func polledPair(t *testing.T, kind string) (a, b *Device, la, lb *pollLink) {
+func polledPair(t testing.TB, kind string) (a, b *Device, la, lb *pollLink) {
 	t.Helper()
 	var l1, l2 link.Link
 	var port uint16
@@ -108,25 +108,42 @@ func polledPair(t *testing.T, kind string) (a, b *Device, la, lb *pollLink) {
 		}
 	case "udp", "udp-gso":
 		l1, l2, port = listenPair(t, true, addrA, addrB, listenUDP)
-	case "xdp": // the AF_XDP path, between two namespaces on a veth pair (root)
+	case "xdp", "gso-xdp": // the AF_XDP path, between two namespaces on a veth pair (root);
+		// gso-xdp: a on the UDP socket path with its GSO runs, b on the AF_XDP path, which sees
+		// each of a's GSO messages whole (superframe.go)
 		x, y := netnstest.Veth(t, "srpa", "198.18.7.1/24", "srpb", "198.18.7.2/24", 1500)
 		for _, s := range []struct {
-			th *netnstest.Thread
-			l  *link.Link
-			a  string
-		}{{x, &l1, "198.18.7.1"}, {y, &l2, "198.18.7.2"}} {
+			th  *netnstest.Thread
+			l   *link.Link
+			a   string
+			xdp bool
+		}{{x, &l1, "198.18.7.1", kind == "xdp"}, {y, &l2, "198.18.7.2", true}} {
 			if err := s.th.Do(func() (err error) {
-				*s.l, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr(s.a)}, XDP: link.XDPOptions{On: true}})
+				*s.l, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr(s.a)}, XDP: link.XDPOptions{On: s.xdp}})
 				return err
 			}); err != nil {
 				t.Fatal(err)
 			}
 		}
+	case "mem-gso": // the in-memory network delivering each Send of several datagrams as one
+		// unsegmented GSO message, as generic XDP on a veth sees it (superframe_test.go)
+		nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 16})
+		var err error
+		if l1, err = nw.Attach(addrA); err != nil {
+			t.Fatal(err)
+		}
+		if l2, err = nw.Attach(addrB); err != nil {
+			t.Fatal(err)
+		}
+		l1, l2 = &gsoMergeLink{Link: l1}, &gsoMergeLink{Link: l2}
 	}
 	la, lb = &pollLink{Link: l1}, &pollLink{Link: l2}
 	var oa, ob link.Link = la, lb
 	if kind == "udp-gso" { // the links keep their GSO runs (qp's pairRun)
 		oa, ob = &pollRunLink{la, l1.(*link.UDPLink)}, &pollRunLink{lb, l2.(*link.UDPLink)}
+	}
+	if kind == "gso-xdp" { // a's runs: GSO messages to b's AF_XDP socket
+		oa = &pollRunLink{la, l1.(*link.UDPLink)}
 	}
 	clk := qp.NewManualClock(time.Unix(1000, 0))
 	var err error
@@ -181,7 +198,7 @@ func writeWR(e, peer *end, id uint64, off int) qp.SendWR {
 // leaves in the same Send batch as the ACK of the WRITE it answers (the ACK first): the ACK
 // the responder's Poll deferred waits for the application's next post.
 func TestPolledPingPong(t *testing.T) {
-	for _, kind := range []string{"mem", "udp", "xdp"} {
+	for _, kind := range []string{"mem", "udp", "xdp", "mem-gso", "gso-xdp"} {
 		t.Run(kind, func(t *testing.T) {
 			da, db, la, lb := polledPair(t, kind)
 			la.record, lb.record = true, true
@@ -214,6 +231,12 @@ func TestPolledPingPong(t *testing.T) {
 				t.Fatalf("b's last completion %+v", w)
 			}
 			for _, l := range []*pollLink{la, lb} {
+				if l == la && kind == "gso-xdp" { // a's pairs went as GSO runs (qp's pairRun), not Sends
+					if l.runSends < iters-1 {
+						t.Fatalf("a sent %d GSO runs, want >= %d", l.runSends, iters-1)
+					}
+					continue
+				}
 				joined, other := 0, 0
 				for _, s := range l.sends() {
 					if len(s) == 2 && s[0] == bth.OpRCAck && s[1] == bth.OpRCWriteOnly {
@@ -224,6 +247,14 @@ func TestPolledPingPong(t *testing.T) {
 				}
 				if joined < iters-1 || other > 2 {
 					t.Fatalf("%d Sends carried an ACK and the next WRITE, %d others; want >= %d and <= 2", joined, other, iters-1)
+				}
+			}
+			if kind == "mem-gso" || kind == "gso-xdp" { // b (and a on mem-gso) received [WRITE, ACK] messages whole, and split them
+				for i, d := range []*Device{db, da} {
+					st := d.Stats()
+					if want := uint64(iters - 1); (i == 0 || kind == "mem-gso") && st.RcvdGSOSplit < want || st.RcvdDropped != 0 || st.RetransPkts != 0 {
+						t.Fatalf("device %d: %d GSO messages split (want >= %d on the receiving side), %d dropped, %d retransmitted", i, st.RcvdGSOSplit, want, st.RcvdDropped, st.RetransPkts)
+					}
 				}
 			}
 			if kind == "xdp" { // through the rings; only a's first WRITE (b's MAC not yet known) took the socket

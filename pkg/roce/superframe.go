@@ -1,0 +1,102 @@
+package roce
+
+import (
+	"github.com/softroce/softroce/pkg/bth"
+	"github.com/softroce/softroce/pkg/roce/link"
+)
+
+// Unsegmented UDP GSO messages ("superframes").
+//
+// A sender's UDP GSO message (UDP_SEGMENT: softroce's own GSO runs, link.RunSender, such as a
+// polled device's [WRITE, ACK] pair) is one buffer of equal-size segments, the last one
+// possibly shorter. On a real NIC the segments leave as separate packets. On a veth pair or
+// loopback the buffer crosses as one skb, and the receiving kernel only segments it for a
+// socket; an XDP program in the generic hook sees it whole, so the AF_XDP path
+// (link.XDPOptions) hands the device one datagram holding several RoCE packets. RoCEv2 has no
+// length field to find the boundaries (IBTA 9.2: the packet ends at the UDP payload's end), so
+// such a datagram fails to parse as one packet (an ACK longer than an ACK) or fails its ICRC
+// (the ICRC checked is the last segment's, over the wrong length).
+//
+// splitGSO is the fallback of those two failures: it looks for the segment size s (a multiple
+// of 4, as every RoCE packet length is) at which every segment start carries a BTH of the same
+// flow (a valid opcode, TVer 0, the first packet's P_Key and destination QP), and accepts the
+// first s whose segments all pass the ICRC check exactly as received packets do (segment k of
+// a run carries the IPv4 ID k its sender's kernel gave it, bth.SolveIPv4ID / runID). Each
+// segment is then handled as a datagram of its own. A datagram that is not a GSO message costs
+// one scan of its 4-byte offsets and at most maxSplitTries candidate checks before the drop it
+// would have had anyway; a valid packet is never split, since the split is only tried after
+// the packet as a whole failed.
+
+// maxSplitTries bounds the candidate segment sizes whose ICRCs are checked per datagram
+// (crafted input can make many offsets look like segment starts).
+const maxSplitTries = 4
+
+// minPacket is the shortest RoCE packet: a BTH and the ICRC (IBTA 9.2, A17.3.3).
+const minPacket = bth.BTHSize + bth.ICRCSize
+
+// splitGSO handles dg as an unsegmented GSO message if it is one (see above) and reports
+// whether it was; false leaves dg to be dropped by the caller.
+func (d *Device) splitGSO(rx *rxState, dg *link.Datagram) bool {
+	b := dg.Buf
+	n := len(b)
+	if n < 2*minPacket || n%4 != 0 || !bth.Opcode(b[0]).Valid() || b[1]&0x0f != 0 {
+		return false
+	}
+	src, dst := dg.Src.Addr().Unmap(), dg.Dst.Addr().Unmap()
+	if !src.Is4() || !dst.Is4() { // UDP GSO over IPv6 has no IP ID to solve; not seen on the AF_XDP path (IPv4 only)
+		return false
+	}
+	ep := bth.Endpoints{Src: src, Dst: dst, SrcPort: dg.Src.Port(), DstPort: dg.Dst.Port()}
+	tries := 0
+	for s := (bth.Opcode(b[0]).Info().HdrLen + bth.ICRCSize + 3) &^ 3; s+minPacket <= n; s += 4 {
+		if !segmentStarts(b, s) {
+			continue
+		}
+		if tries++; tries > maxSplitTries {
+			return false
+		}
+		if !d.segmentsVerify(rx, &ep, b, s) {
+			continue
+		}
+		rx.splitting = true
+		for off := 0; off < n; off += s {
+			end := min(off+s, n)
+			rx.seg = link.Datagram{Buf: b[off:end:end], Src: dg.Src, Dst: dg.Dst}
+			d.handle(rx, &rx.seg)
+		}
+		rx.seg = link.Datagram{}
+		rx.splitting = false
+		d.cnt.RcvdGSOSplit.Add(1)
+		return true
+	}
+	return false
+}
+
+// segmentStarts reports whether every multiple of s inside b (but 0) starts a BTH of the
+// first packet's flow and leaves at least a minimal packet.
+func segmentStarts(b []byte, s int) bool {
+	for off := s; off < len(b); off += s {
+		h := b[off:]
+		if len(h) < minPacket || h[5] != b[5] || h[6] != b[6] || h[7] != b[7] || h[2] != b[2] || h[3] != b[3] ||
+			h[1]&0x0f != 0 || !bth.Opcode(h[0]).Valid() {
+			return false
+		}
+	}
+	return true
+}
+
+// segmentsVerify reports whether every segment of size s (the last one shorter or equal)
+// passes the receive path's ICRC check (IBTA A17.3.3, with the IPv4 ID solved as in handle).
+func (d *Device) segmentsVerify(rx *rxState, ep *bth.Endpoints, b []byte, s int) bool {
+	for off := 0; off < len(b); off += s {
+		seg := b[off:min(off+s, len(b))]
+		diff := bth.ICRCContinue(rx.pseudoHeader(ep, len(seg)), seg) ^ bth.GetICRC(seg)
+		if diff == 0 || rx.runID(ep, len(seg), diff) {
+			continue
+		}
+		if _, ok := bth.SolveIPv4ID(ep, seg); !ok {
+			return false
+		}
+	}
+	return true
+}
