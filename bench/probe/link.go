@@ -7,8 +7,10 @@ import (
 	"net/netip"
 	"runtime"
 	"time"
+	"unsafe"
 
 	"github.com/softroce/softroce/pkg/roce/link"
+	"golang.org/x/sys/unix"
 )
 
 // The link ladder (lserver / lclient): the 8-byte round trip of the floor rows, but through
@@ -25,6 +27,10 @@ import (
 //	           AF_XDP socket's rings, no receive system call; -pair is then two frames
 //	           and one sendto, GSO and GRO are off
 //	-native    with -xdp: the driver's XDP hook (XDPOptions.Native)
+//	-gsotx     with -xdp -pair: send the pair as one UDP GSO message through a plain socket
+//	           (the receiver's ring then holds it whole, docs/link.md); the receiver counts
+//	           bytes. An experiment: in the lab guest it cost as much as two ring frames
+//	           (docs/performance.md, 2026-11-30)
 //
 // Both sides must be given the same flags. The client prints the round trips like client.
 func linkPingPong(args []string, isClient bool) error {
@@ -40,6 +46,7 @@ func linkPingPong(args []string, isClient bool) error {
 	port := fs.Int("port", link.UDPPort, "UDP port of both sides")
 	xdp := fs.Bool("xdp", false, "the AF_XDP path")
 	native := fs.Bool("native", false, "with -xdp: the driver's XDP hook instead of the generic one")
+	gsotx := fs.Bool("gsotx", false, "with -xdp -pair: send the pair as one UDP GSO message through a plain socket (experiment)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -90,7 +97,21 @@ func linkPingPong(args []string, isClient bool) error {
 	if *pair {
 		expect = 2
 	}
+	if *gsotx {
+		expect = *size + 20 // bytes: one superframe or two datagrams
+	}
+	var gfd int
+	if *gsotx {
+		if gfd, err = gsoSocket(local); err != nil {
+			return err
+		}
+		defer unix.Close(gfd)
+	}
+	gbuf := make([]byte, *size+20)
 	send := func() error {
+		if *gsotx {
+			return gsoSend(gfd, gbuf, *size, peer, *port)
+		}
 		if *pair && *xdp {
 			return l.Send(out)
 		}
@@ -114,8 +135,13 @@ func linkPingPong(args []string, isClient bool) error {
 				if len(in[i].Buf) == 1 {
 					return true, nil
 				}
+				if *gsotx {
+					got += len(in[i].Buf)
+				}
 			}
-			got += n
+			if !*gsotx {
+				got += n
+			}
 		}
 		return false, nil
 	}
@@ -150,4 +176,25 @@ func linkPingPong(args []string, isClient bool) error {
 	report(fmt.Sprintf("go link rtt (size %d gro %v entropy %v pair %v xdp %v [%d/%d/%d], GOMAXPROCS=%d)",
 		*size, *gro, *entropy, *pair, *xdp, st.XDPSent, st.XDPReceived, st.XDPFallbacks, runtime.GOMAXPROCS(0)), v)
 	return nil
+}
+
+func gsoSocket(local netip.Addr) (int, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+	if err != nil {
+		return -1, err
+	}
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: local.As4()}); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+func gsoSend(fd int, buf []byte, seg int, peer netip.Addr, port int) error {
+	oob := make([]byte, unix.CmsgSpace(2))
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
+	h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
+	h.SetLen(unix.CmsgLen(2))
+	*(*uint16)(unsafe.Pointer(&oob[unix.CmsgLen(0)])) = uint16(seg)
+	return unix.Sendmsg(fd, buf, oob, &unix.SockaddrInet4{Addr: peer.As4(), Port: port}, 0)
 }
