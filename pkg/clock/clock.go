@@ -34,8 +34,18 @@ type Timer interface {
 // Real is the Clock backed by package time.
 type Real struct{}
 
-// Now returns time.Now().
-func (Real) Now() time.Time { return time.Now() }
+// realBase is Real's reference reading (wall and monotonic clock, at package initialisation).
+var realBase = time.Now()
+
+// Now returns the current time with one clock read: the monotonic clock's time since realBase
+// added to realBase (time.Since reads only the monotonic clock; time.Now reads the wall clock
+// too, which costs a second vDSO call per read — two per message on the polled path, ~150 ns
+// each in the lab's emulated guest, docs/performance.md). Its monotonic reading is exactly
+// time.Now's, so Sub, Before, After and Equal with any time.Now value or deadline are as
+// precise as with time.Now (they use the monotonic readings); its wall reading is the wall
+// clock of the process's start plus the time elapsed, so it does not follow later steps of
+// the system clock (for timestamps meant for people, use time.Now).
+func (Real) Now() time.Time { return realBase.Add(time.Since(realBase)) }
 
 // AfterFunc wraps time.AfterFunc.
 func (Real) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }

@@ -109,3 +109,42 @@ func TestReal(t *testing.T) {
 		t.Fatal("real timer was not pending")
 	}
 }
+
+// TestRealNow: Real.Now (one monotonic read added to a base) lies between two time.Now
+// readings taken around it, by the monotonic clock and by the wall clock (nothing steps the
+// test machine's clock within microseconds), keeps a monotonic reading, and moves.
+func TestRealNow(t *testing.T) {
+	var c Clock = Real{}
+	for i := 0; i < 1000; i++ {
+		a := time.Now()
+		r := c.Now()
+		b := time.Now()
+		if r.Before(a) || r.After(b) {
+			t.Fatalf("Real.Now %v outside [%v, %v]", r, a, b)
+		}
+		if r.Round(0) == r { // Round(0) strips the monotonic reading
+			t.Fatalf("Real.Now %v has no monotonic reading", r)
+		}
+		if w := r.Round(0).Sub(a.Round(0)); w < -time.Second || w > time.Second+b.Sub(a) {
+			t.Fatalf("Real.Now's wall reading %v is %v from time.Now's", r, w)
+		}
+	}
+	r1 := c.Now()
+	for !c.Now().After(r1) {
+	}
+}
+
+// BenchmarkRealNow: Real.Now (one vDSO clock read) against time.Now (two).
+func BenchmarkRealNow(b *testing.B) {
+	var c Clock = Real{}
+	for i := 0; i < b.N; i++ {
+		_ = c.Now()
+	}
+}
+
+// BenchmarkTimeNow is time.Now, BenchmarkRealNow's reference.
+func BenchmarkTimeNow(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		_ = time.Now()
+	}
+}
