@@ -248,6 +248,12 @@ func (q *QP) ReceiveDeferred(now time.Time, p *bth.Packet, src, dst netip.AddrPo
 	q.maybeRefill(p) // before the lock (refill.go)
 	q.mu.Lock()
 	ok := q.receive(now, p, src, dst)
+	if q.tmr.active && !q.outstanding() {
+		// everything acknowledged: the ACK timer stops now (IBTA 9.7.6.1.3), not at the flush,
+		// so that a request posted before the flush starts it afresh instead of inheriting
+		// this response's time as its start (a polled application posts before its next Poll)
+		q.tmr.active = false
+	}
 	q.mu.Unlock()
 	return ok
 }
@@ -258,5 +264,16 @@ func (q *QP) FlushReceived(now time.Time) {
 	q.mu.Lock()
 	q.flush()
 	q.armTimerAt(now)
+	q.mu.Unlock()
+}
+
+// FlushDeferred is FlushReceived without a clock reading: it reads the QP's clock after the
+// send, and only if the timer needs the time (an ACK timer that starts, or a timer to reset;
+// IBTA 9.7.6.1.3). A polled device's flush of the ACK its previous Poll deferred, which the
+// application's next PostSend already sent while starting the timer, reads no clock.
+func (q *QP) FlushDeferred() {
+	q.mu.Lock()
+	q.flush()
+	q.armTimer()
 	q.mu.Unlock()
 }

@@ -53,10 +53,17 @@ func (q *QP) outstanding() bool {
 	return q.typ == TypeRC && q.sqHead != q.sqTail && q.slot(q.sqHead).started && !q.slot(q.sqHead).done
 }
 
-// armTimer recomputes the next deadline and (re)arms the QP's timer.
-func (q *QP) armTimer() { q.armTimerAt(q.cfg.Clock.Now()) }
+// armTimer recomputes the next deadline and (re)arms the QP's timer, reading the clock only
+// when the time is needed: when the ACK timer starts (its start is the time of the last
+// forward progress) or the runtime timer is reset (its duration runs from now). A ping-pong's
+// flush after the application's next post, which already started the timer, reads none.
+func (q *QP) armTimer() { q.rearm(time.Time{}, false) }
 
-func (q *QP) armTimerAt(now time.Time) {
+// armTimerAt is armTimer with the time read by the caller.
+func (q *QP) armTimerAt(now time.Time) { q.rearm(now, true) }
+
+// rearm is armTimer and armTimerAt: now is valid if have, else read from the clock when needed.
+func (q *QP) rearm(now time.Time, have bool) {
 	var dl time.Time
 	on := false
 	if q.state == StateRTS || q.state == StateSQD {
@@ -64,6 +71,9 @@ func (q *QP) armTimerAt(now time.Time) {
 			dl, on = q.tmr.rnrDeadline, true
 		} else if q.outstanding() {
 			if !q.tmr.active {
+				if !have {
+					now, have = q.cfg.Clock.Now(), true
+				}
 				q.tmr.active = true
 				q.tmr.lastProgress = now
 			}
@@ -79,6 +89,9 @@ func (q *QP) armTimerAt(now time.Time) {
 	// ping-pong's every post and ACK would otherwise Reset and Stop a runtime timer.
 	if !on || q.tmr.armed && !q.tmr.deadline.After(dl) {
 		return
+	}
+	if !have {
+		now = q.cfg.Clock.Now()
 	}
 	q.tmr.armed = true
 	q.tmr.deadline = dl

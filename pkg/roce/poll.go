@@ -27,10 +27,11 @@ import (
 // Poll stops receiving: nothing is read, and deferred packets wait for its next post or Poll
 // (or the QP's timer). The transport timers still run on the clock's goroutines.
 //
-// The loop itself reads the clock once per non-empty read (the ACK timer's "now") and once
-// more when it flushes what the previous Poll left queued (the timers are re-armed from the
-// flush's time, not the read's), allocates nothing, and never parks or yields: when the links
-// are empty and nothing is queued Poll returns 0 without reading the clock.
+// The loop itself reads the clock once per non-empty read (the ACK timer's "now"); the flush of
+// what the previous Poll left queued reads it only when a QP's timer needs the flush's time
+// (the timers are re-armed from the flush's time, not the read's). It allocates nothing and
+// never parks or yields: when the links are empty and nothing is queued Poll returns 0 without
+// reading the clock.
 
 // ErrNotPolled: Poll was called on a device opened without Options.Polled.
 var ErrNotPolled = errors.New("roce: device not in polled mode")
@@ -136,13 +137,16 @@ func (d *Device) closePoll() {
 	p.mu.Unlock()
 }
 
-// flushPolled sends what the last Poll left queued on its QPs (p.mu held). FlushReceived
-// re-arms each QP's ACK timer (IBTA 9.7.6.1.3) from "now", so the clock is read here, at the
-// flush, not at the read that queued them; nothing queued reads no clock.
+// flushPolled sends what the last Poll left queued on its QPs (p.mu held). Each QP's ACK timer
+// (IBTA 9.7.6.1.3) is re-armed from the time of the flush, not of the read that queued the
+// packets: qp.QP.FlushDeferred reads the clock after sending, and only if the timer needs it
+// (in a ping-pong the application's PostSend has sent the deferred ACK and started the timer
+// already, so this reads no clock).
 func (d *Device) flushPolled() {
-	p := d.pl
-	if p.rx.npending > 0 {
-		p.rx.now = d.clock.Now()
-		p.rx.flushPending()
+	rx := &d.pl.rx
+	for i := 0; i < rx.npending; i++ {
+		rx.pending[i].FlushDeferred()
+		rx.pending[i] = nil
 	}
+	rx.npending = 0
 }

@@ -1,0 +1,85 @@
+package roce
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/softroce/softroce/pkg/cq"
+	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/pkg/roce/link"
+)
+
+// readCountClock counts the reads of a ManualClock.
+type readCountClock struct {
+	*qp.ManualClock
+	reads atomic.Int64
+}
+
+func (c *readCountClock) Now() time.Time {
+	c.reads.Add(1)
+	return c.ManualClock.Now()
+}
+
+// TestPolledClockReadsPerRoundTrip: a polled ping-pong of 8-byte WRITEs (ib_write_lat's loop)
+// reads the clock 4 times per round trip: each side's PostSend (its ACK timer starts, IBTA
+// 9.7.6.1.3) and each side's Poll that reads the peer's [ACK, WRITE]. The Poll that flushes
+// what the previous one deferred reads none: the application's PostSend sent the deferred ACK
+// and started the timer already (qp.QP.FlushDeferred).
+func TestPolledClockReadsPerRoundTrip(t *testing.T) {
+	nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 16})
+	clk := &readCountClock{ManualClock: qp.NewManualClock(time.Unix(1000, 0))}
+	open := func(a link.Link) *Device {
+		d, err := Open(Options{Link: a, Polled: true, Clock: clk})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		return d
+	}
+	l1, _ := nw.Attach(addrA)
+	l2, _ := nw.Attach(addrB)
+	da, db := open(l1), open(l2)
+	x, y := newEnd(t, da, qp.TypeRC, 1<<12), newEnd(t, db, qp.TypeRC, 1<<12)
+	connect(t, x, y, qp.MTU1024, 1, 2)
+	wx, wy := []qp.SendWR{writeWR(x, y, 1, 0)}, []qp.SendWR{writeWR(y, x, 2, 64)}
+	var wc [4]cq.WC
+	poll := func(d *Device) {
+		if _, err := d.Poll(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	round := func(i int) {
+		if _, err := x.qp.PostSend(wx); err != nil {
+			t.Fatal(err)
+		}
+		w := y.qp.RemoteWrites() + 1
+		for y.qp.RemoteWrites() != w {
+			poll(db)
+		}
+		for i > 0 && y.scq.Poll(wc[:]) == 0 {
+			poll(db)
+		}
+		if _, err := y.qp.PostSend(wy); err != nil {
+			t.Fatal(err)
+		}
+		w = x.qp.RemoteWrites() + 1
+		for x.qp.RemoteWrites() != w {
+			poll(da)
+		}
+		for x.scq.Poll(wc[:]) == 0 {
+			poll(da)
+		}
+	}
+	for i := 0; i < 4; i++ {
+		round(i)
+	}
+	const rounds = 50
+	base := clk.reads.Load()
+	for i := 4; i < 4+rounds; i++ {
+		round(i)
+	}
+	if got := clk.reads.Load() - base; got != 4*rounds {
+		t.Fatalf("%d clock reads in %d round trips, want %d (4 per round trip)", got, rounds, 4*rounds)
+	}
+}
