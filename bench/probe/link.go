@@ -161,11 +161,13 @@ func linkPingPong(args []string, isClient bool) error {
 		return err
 	}
 	v := make([]time.Duration, n)
+	sv := make([]time.Duration, n) // the send alone (how long the kernel's delivery takes)
 	for i := range v {
 		t0 := time.Now()
 		if err := send(); err != nil {
 			return err
 		}
+		sv[i] = time.Since(t0)
 		if _, err := recv(); err != nil {
 			return err
 		}
@@ -173,6 +175,7 @@ func linkPingPong(args []string, isClient bool) error {
 	}
 	_ = l.Send([]link.Datagram{{Buf: []byte{'q'}, Src: src, Dst: dst}})
 	st := ul.Stats()
+	report("go link send", sv)
 	report(fmt.Sprintf("go link rtt (size %d gro %v entropy %v pair %v xdp %v [%d/%d/%d], GOMAXPROCS=%d)",
 		*size, *gro, *entropy, *pair, *xdp, st.XDPSent, st.XDPReceived, st.XDPFallbacks, runtime.GOMAXPROCS(0)), v)
 	return nil
