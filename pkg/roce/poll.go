@@ -38,11 +38,16 @@ var ErrNotPolled = errors.New("roce: device not in polled mode")
 
 // pollState is the polled mode's receive scratch (one per device, used under mu).
 type pollState struct {
-	mu    sync.Mutex
-	rx    rxState
-	links []link.PollReceiver // d.links as PollReceivers
-	batch []link.Datagram
-	bufs  [][]byte
+	// mu serialises Polls (and closePoll): the device's one link's receive lock when that link
+	// is a link.LockedPollReceiver (one lock per Poll instead of the device's and the link's),
+	// else own.
+	mu     *sync.Mutex
+	own    sync.Mutex
+	locked link.LockedPollReceiver // the one link, read with TryRecvLocked under mu; or nil
+	rx     rxState
+	links  []link.PollReceiver // d.links as PollReceivers
+	batch  []link.Datagram
+	bufs   [][]byte
 	// used is how many batch entries the last read filled (a link may have pointed them at its
 	// own memory): only those are pointed back at bufs before the next read, so an empty Poll
 	// touches no entry.
@@ -60,6 +65,12 @@ func (d *Device) initPoll() error {
 		}
 		p.links = append(p.links, pr)
 		bs = max(bs, l.BatchSize())
+	}
+	p.mu = &p.own
+	if len(d.links) == 1 {
+		if lp, ok := d.links[0].(link.LockedPollReceiver); ok {
+			p.mu, p.locked = lp.RecvMutex(), lp
+		}
 	}
 	p.batch = make([]link.Datagram, bs)
 	p.bufs = make([][]byte, bs)
@@ -102,7 +113,13 @@ func (d *Device) Poll() (int, error) {
 			batch[k].Buf = p.bufs[k]
 		}
 		p.used = 0
-		n, err := l.TryRecv(batch)
+		var n int
+		var err error
+		if p.locked != nil {
+			n, err = p.locked.TryRecvLocked(batch) // p.mu is the link's receive lock
+		} else {
+			n, err = l.TryRecv(batch)
+		}
 		p.used = n
 		if err != nil {
 			p.mu.Unlock()

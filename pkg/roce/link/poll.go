@@ -1,6 +1,9 @@
 package link
 
-import "net"
+import (
+	"net"
+	"sync"
+)
 
 // PollReceiver is implemented by links that can be read without blocking: the receive side of
 // a device in polled mode (roce.Options.Polled), where the application's own goroutine reads
@@ -13,6 +16,19 @@ type PollReceiver interface {
 	// buffer, as ViewReceiver does), valid only until the next TryRecv, Recv or RecvView call.
 	// Returns net.ErrClosed after Close.
 	TryRecv(batch []Datagram) (n int, err error)
+}
+
+// LockedPollReceiver is a PollReceiver whose caller can hold the link's own receive lock
+// around its reads, so that a caller that needs a lock of its own anyway (a polled device
+// serialises its Polls and its receive state) takes one lock per poll instead of two.
+type LockedPollReceiver interface {
+	PollReceiver
+	// RecvMutex returns the lock that serialises the link's receive calls (TryRecv, Recv,
+	// RecvView) with each other and with Close. Hold it only around TryRecvLocked and work
+	// that does not call the link's receive side or Close (sending is fine).
+	RecvMutex() *sync.Mutex
+	// TryRecvLocked is TryRecv for a caller that holds RecvMutex.
+	TryRecvLocked(batch []Datagram) (n int, err error)
 }
 
 var _ PollReceiver = (*memLink)(nil)

@@ -1,6 +1,9 @@
 package link
 
-import "net"
+import (
+	"net"
+	"sync"
+)
 
 var _ PollReceiver = (*UDPLink)(nil)
 
@@ -21,6 +24,25 @@ func (l *UDPLink) TryRecv(batch []Datagram) (int, error) {
 	l.rmu.Lock()
 	n, err := l.tryRecvLocked(batch)
 	l.rmu.Unlock()
+	raceReceived()
+	return n, err
+}
+
+var _ LockedPollReceiver = (*UDPLink)(nil)
+
+// RecvMutex implements LockedPollReceiver: the lock of the link's receive side (Close takes
+// it before it unmaps the AF_XDP rings).
+func (l *UDPLink) RecvMutex() *sync.Mutex { return &l.rmu }
+
+// TryRecvLocked implements LockedPollReceiver: TryRecv for a caller holding RecvMutex.
+func (l *UDPLink) TryRecvLocked(batch []Datagram) (int, error) {
+	if l.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	if len(batch) == 0 {
+		return 0, nil
+	}
+	n, err := l.tryRecvLocked(batch)
 	raceReceived()
 	return n, err
 }
