@@ -619,9 +619,27 @@ func (d *Device) handle(rx *rxState, dg *link.Datagram) {
 	// ICRC (IBTA A17.3.3). IPv4: the ID the sender's kernel chose is not
 	// visible to a UDP socket; ID 0 (DF senders like us) first, then the
 	// solver (kernel rxe's counting IDs). The pseudo-header states of the
-	// last two (endpoints, length) are reused (per receive worker).
-	if diff := bth.ICRCContinue(rx.pseudoHeader(&ep, len(dg.Buf)), dg.Buf) ^ bth.GetICRC(dg.Buf); diff != 0 {
+	// last two (endpoints, length) are reused (per receive worker). A link
+	// that saw the IPv4 header (the AF_XDP path) gives its ID: the ICRC is
+	// checked with it, all 32 bits, and never solved.
+	known := dg.HasIPv4ID && src.Addr().Is4()
+	var diff uint32
+	if known && dg.IPv4ID != 0 {
+		e := ep
+		e.IPID = dg.IPv4ID
+		diff = bth.ICRC(&e, dg.Buf) ^ bth.GetICRC(dg.Buf)
+	} else {
+		diff = bth.ICRCContinue(rx.pseudoHeader(&ep, len(dg.Buf)), dg.Buf) ^ bth.GetICRC(dg.Buf)
+	}
+	if diff != 0 {
 		if !src.Addr().Is4() {
+			d.cnt.RcvdDropped.Add(1)
+			return
+		}
+		if known { // wrong for the ID it came with; or several packets (superframe.go)
+			if !rx.splitting && d.splitGSO(rx, dg) {
+				return
+			}
 			d.cnt.RcvdDropped.Add(1)
 			return
 		}

@@ -177,7 +177,7 @@ func (l *stdUDP) Recv(batch []link.Datagram) (int, error) {
 	for {
 		d := &batch[n]
 		d.Buf = d.Buf[:copy(d.Buf[:cap(d.Buf)], r.buf[:r.n])]
-		d.Src, d.Dst = r.src, r.dst
+		d.Src, d.Dst, d.HasIPv4ID = r.src, r.dst, false
 		l.free <- r.buf
 		n++
 		if n == len(batch) {

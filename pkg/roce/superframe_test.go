@@ -161,3 +161,33 @@ func FuzzSplitGSO(f *testing.F) {
 		}
 	})
 }
+
+// TestICRCKnownIPv4ID: a datagram whose IPv4 ID its link saw (the AF_XDP path) has its ICRC
+// checked with that ID, all 32 bits, with nothing solved; one whose ICRC holds only for another
+// ID is dropped, where a UDP socket's datagram (ID unknown) is accepted through the solver.
+func TestICRCKnownIPv4ID(t *testing.T) {
+	da, db, _, _ := polledPair(t, "mem")
+	a, b := newEnd(t, da, qp.TypeRC, 1<<12), newEnd(t, db, qp.TypeRC, 1<<12)
+	connect(t, a, b, qp.MTU1024, 100, 200)
+	src, dst := netip.AddrPortFrom(a.addr, 0xC001), netip.AddrPortFrom(b.addr, 4791)
+	hand := func(what string, dg link.Datagram, writes, solved, drops uint64) {
+		t.Helper()
+		w0, s0 := b.qp.RemoteWrites(), db.Stats()
+		db.pl.mu.Lock()
+		db.pl.rx.now = time.Unix(1000, 0)
+		db.handle(&db.pl.rx, &dg)
+		db.pl.rx.flushPending()
+		db.pl.mu.Unlock()
+		s := db.Stats()
+		if w := b.qp.RemoteWrites() - w0; w != writes || s.RcvdICRCSolved-s0.RcvdICRCSolved != solved || s.RcvdDropped-s0.RcvdDropped != drops {
+			t.Fatalf("%s: %d WRITEs, %d solved, %d dropped; want %d, %d, %d", what, w,
+				s.RcvdICRCSolved-s0.RcvdICRCSolved, s.RcvdDropped-s0.RcvdDropped, writes, solved, drops)
+		}
+	}
+	p := bytes.Repeat([]byte{5}, 8)
+	hand("ID 0xdf78, known", link.Datagram{Buf: superWrite(src, b, 100, 0, p, 0xdf78), Src: src, Dst: dst, HasIPv4ID: true, IPv4ID: 0xdf78}, 1, 0, 0)
+	hand("ID 0, known", link.Datagram{Buf: superWrite(src, b, 101, 8, p, 0), Src: src, Dst: dst, HasIPv4ID: true}, 1, 0, 0)
+	hand("ICRC for 0xdf79, arrived with 0xdf78", link.Datagram{Buf: superWrite(src, b, 102, 16, p, 0xdf79), Src: src, Dst: dst, HasIPv4ID: true, IPv4ID: 0xdf78}, 0, 0, 1)
+	hand("ICRC for 0x0007, arrived with 0", link.Datagram{Buf: superWrite(src, b, 102, 16, p, 7), Src: src, Dst: dst, HasIPv4ID: true}, 0, 0, 1)
+	hand("ICRC for 0xdf79, ID unknown", link.Datagram{Buf: superWrite(src, b, 102, 16, p, 0xdf79), Src: src, Dst: dst}, 1, 1, 0)
+}

@@ -59,6 +59,7 @@ func (s *udpSock) viewGRO(batch []Datagram) int {
 		batch[k].Buf = s.gbufs[s.gmi][s.goff:end:end]
 		batch[k].Src = getSockaddr(&s.gsa[s.gmi])
 		batch[k].Dst = s.local
+		batch[k].HasIPv4ID = false
 		k++
 		s.goff = end
 		if s.goff >= total {

@@ -38,6 +38,12 @@ type Datagram struct {
 	// grh.traffic_class there). 0 is the socket's default, 0. Links that cannot set it per
 	// datagram (the in-memory network) ignore it; Recv leaves it 0.
 	TClass uint8
+	// HasIPv4ID, on Recv, says IPv4ID is the Identification of the IPv4 header the datagram
+	// arrived with: a link that sees the whole frame (the AF_XDP path) knows it, a UDP socket
+	// does not (false). The ICRC covers it (IBTA A17.3.3): a receiver that knows it checks the
+	// ICRC with it instead of solving for it (docs/wire.md). Ignored on Send.
+	HasIPv4ID bool
+	IPv4ID    uint16
 }
 
 // Link moves batches of datagrams. Implementations: the in-memory network (tests) and UDP sockets.

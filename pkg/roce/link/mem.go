@@ -228,6 +228,7 @@ func (l *memLink) takeLocked(batch []Datagram) int {
 		batch[n].Buf = b[:c]
 		batch[n].Src = s.src
 		batch[n].Dst = s.dst
+		batch[n].HasIPv4ID = false
 		l.head = (l.head + 1) % len(l.ring)
 		l.count--
 		n++

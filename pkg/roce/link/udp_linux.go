@@ -782,6 +782,7 @@ func (s *udpSock) drainGRO(batch []Datagram) int {
 		batch[k].Buf = b[:c]
 		batch[k].Src = getSockaddr(&s.gsa[s.gmi])
 		batch[k].Dst = s.local
+		batch[k].HasIPv4ID = false
 		k++
 		s.goff = end
 		if s.goff >= total {
@@ -814,6 +815,7 @@ func (s *udpSock) finishRecv(batch []Datagram) int {
 		}
 		batch[i].Src = getSockaddr(&s.rsa[i])
 		batch[i].Dst = s.local
+		batch[i].HasIPv4ID = false
 	}
 	for i := 0; i < s.rcount; i++ {
 		s.riov[i].Base = nil

@@ -121,6 +121,9 @@ func TestXDPLink(t *testing.T) {
 	if got[0].Src != bAP || got[0].Dst != aAP || !bytes.Equal(got[0].Buf, hello[0].Buf) {
 		t.Fatalf("A received %v -> %v %d bytes, want %v -> %v and the sent bytes", got[0].Src, got[0].Dst, len(got[0].Buf), bAP, aAP)
 	}
+	if !got[0].HasIPv4ID || got[0].IPv4ID != 0 { // B's DF datagrams (socket or ring) carry ID 0
+		t.Fatalf("A's ring datagram: IPv4 ID %v %#x, want known, 0", got[0].HasIPv4ID, got[0].IPv4ID)
+	}
 	if st := a.Stats(); st.XDPReceived == 0 || st.Received != st.XDPReceived {
 		t.Fatalf("A stats %+v: want everything received through the ring", st)
 	}
@@ -196,6 +199,9 @@ func TestXDPLink(t *testing.T) {
 	}
 	if n, err := tryRecvFor(a, pa, 2*time.Second); n != 1 || err != nil || !bytes.Equal(in[0].Buf, bigB[0].Buf) {
 		t.Fatalf("A (TryRecv): %d datagrams, %v", n, err)
+	}
+	if in[0].HasIPv4ID { // the socket does not show the IP header
+		t.Fatal("A (TryRecv): a datagram read from the UDP socket claims to know its IPv4 ID")
 	}
 
 	// B with the AF_XDP path too: rings on both sides. The new link has heard nothing from A,
@@ -317,6 +323,9 @@ func FuzzXDPParse(f *testing.F) {
 		return fr
 	}
 	f.Add(good(40))
+	withID := good(40)
+	withID[18], withID[19] = 0xdf, 0x78 // kernel rxe's counting IDs
+	f.Add(withID)
 	f.Add(good(0))
 	f.Add(append(good(20), 0, 0, 0, 0)) // Ethernet padding after the datagram
 	f.Add([]byte{})
@@ -334,6 +343,9 @@ func FuzzXDPParse(f *testing.F) {
 			}
 			if d.Dst != netip.AddrPortFrom(x.addr, 4791) || 34+ul > len(fr) {
 				t.Fatalf("accepted %v, UDP length %d in a frame of %d", d.Dst, ul, len(fr))
+			}
+			if !d.HasIPv4ID || d.IPv4ID != uint16(fr[18])<<8|uint16(fr[19]) {
+				t.Fatalf("IPv4 ID %v %#x, frame's %#x", d.HasIPv4ID, d.IPv4ID, fr[18:20])
 			}
 		}
 	})
