@@ -3,6 +3,7 @@ package qp
 import (
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/softroce/softroce/pkg/bth"
@@ -46,7 +47,16 @@ var txPool struct {
 
 const txPoolMax = 64
 
+// txLast holds the set put back last, taken first (one atomic swap each way instead of the
+// free list's lock and unlock; a ping-pong's QP takes and returns one set per message).
+var txLast atomic.Pointer[txSet]
+
 func getTxSet() *txSet {
+	if txLast.Load() != nil {
+		if t := txLast.Swap(nil); t != nil {
+			return t
+		}
+	}
 	txPool.mu.Lock()
 	if n := len(txPool.free); n > 0 {
 		t := txPool.free[n-1]
@@ -64,6 +74,9 @@ func getTxSet() *txSet {
 }
 
 func putTxSet(t *txSet) {
+	if txLast.Load() == nil && txLast.CompareAndSwap(nil, t) {
+		return
+	}
 	txPool.mu.Lock()
 	if len(txPool.free) < txPoolMax {
 		txPool.free = append(txPool.free, t)
