@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/softroce/softroce/internal/netnstest"
+	"github.com/softroce/softroce/pkg/cq"
+	"github.com/softroce/softroce/pkg/qp"
 	"github.com/softroce/softroce/pkg/roce/link"
 )
 
@@ -45,5 +47,67 @@ func BenchmarkPollEmpty(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkPolledRoundTripXDP is BenchmarkPolledRoundTrip through the AF_XDP path (root: two
+// namespaces on a veth pair; each WRITE and ACK is a frame through the kernel's veth and generic
+// XDP hook into the peer's ring): the host's version of the lab's `perf --busy-poll --xdp`
+// 8-byte WRITE latency, one round trip per op.
+func BenchmarkPolledRoundTripXDP(b *testing.B) {
+	x, y := netnstest.Veth(b, "srpa", "198.18.7.1/24", "srpb", "198.18.7.2/24", 1500)
+	var devs [2]*Device
+	for i, s := range []struct {
+		th *netnstest.Thread
+		a  string
+	}{{x, "198.18.7.1"}, {y, "198.18.7.2"}} {
+		var l link.Link
+		if err := s.th.Do(func() (err error) {
+			l, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr(s.a)}, XDP: link.XDPOptions{On: true}})
+			return err
+		}); err != nil {
+			b.Fatal(err)
+		}
+		d, err := Open(Options{Link: l, Polled: true})
+		if err != nil {
+			l.Close()
+			b.Fatal(err)
+		}
+		defer d.Close()
+		devs[i] = d
+	}
+	da, db := devs[0], devs[1]
+	x1, y1 := newEnd(b, da, qp.TypeRC, 1<<12), newEnd(b, db, qp.TypeRC, 1<<12)
+	connect(b, x1, y1, qp.MTU1024, 1, 2)
+	wx, wy := []qp.SendWR{writeWR(x1, y1, 1, 0)}, []qp.SendWR{writeWR(y1, x1, 2, 64)}
+	var wc [4]cq.WC
+	poll := func(d *Device) {
+		if _, err := d.Poll(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := x1.qp.PostSend(wx); err != nil {
+			b.Fatal(err)
+		}
+		w := y1.qp.RemoteWrites() + 1
+		for y1.qp.RemoteWrites() != w {
+			poll(db)
+		}
+		for i > 0 && y1.scq.Poll(wc[:]) == 0 {
+			poll(db)
+		}
+		if _, err := y1.qp.PostSend(wy); err != nil {
+			b.Fatal(err)
+		}
+		w = x1.qp.RemoteWrites() + 1
+		for x1.qp.RemoteWrites() != w {
+			poll(da)
+		}
+		for x1.scq.Poll(wc[:]) == 0 {
+			poll(da)
+		}
 	}
 }
