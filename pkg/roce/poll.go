@@ -98,14 +98,18 @@ func (d *Device) Poll() (int, error) {
 	if p == nil {
 		return 0, ErrNotPolled
 	}
-	// no defer: this is the spin of the application's wait loop (BenchmarkPollEmpty); nothing
-	// between Lock and the Unlocks below panics on remote input
+	// no defer on the empty spin of the application's wait loop (BenchmarkPollEmpty): nothing
+	// between Lock and the Unlocks below panics on remote input; the steps that run
+	// application code (handle: CQ hooks, RecvRefill, CM handlers; the flush) release the lock
+	// if that code panics (pollGuard)
 	p.mu.Lock()
 	if d.closed.Load() {
 		p.mu.Unlock()
 		return 0, ErrClosed
 	}
-	d.flushPolled() // the previous Poll's deferred packets
+	if p.rx.npending > 0 {
+		d.flushGuarded(p) // the previous Poll's deferred packets
+	}
 	total := 0
 	for _, l := range p.links {
 		batch := p.batch
@@ -133,13 +137,38 @@ func (d *Device) Poll() (int, error) {
 			continue
 		}
 		p.rx.now = d.clock.Now() // one clock read per non-empty read
-		for k := 0; k < n; k++ {
-			d.handle(&p.rx, &batch[k])
-		}
+		d.handleGuarded(p, batch[:n])
 		total += n
 	}
 	p.mu.Unlock()
 	return total, nil
+}
+
+// pollGuard releases p.mu when a panic unwinds out of a Poll step that runs application code
+// (done still false): a panic the application recovers from must not leave the link's receive
+// lock held, which would hang every later Poll, Recv and Close.
+func (p *pollState) pollGuard(done *bool) {
+	if !*done {
+		p.mu.Unlock()
+	}
+}
+
+// handleGuarded hands the datagrams of one read to handle (p.mu held; released on a panic).
+func (d *Device) handleGuarded(p *pollState, batch []link.Datagram) {
+	done := false
+	defer p.pollGuard(&done)
+	for k := range batch {
+		d.handle(&p.rx, &batch[k])
+	}
+	done = true
+}
+
+// flushGuarded is flushPolled for Poll (p.mu held; released on a panic).
+func (d *Device) flushGuarded(p *pollState) {
+	done := false
+	defer p.pollGuard(&done)
+	d.flushPolled()
+	done = true
 }
 
 // closePoll sends what the last Poll left queued (Close, before the links close; the device

@@ -160,3 +160,48 @@ func TestPolledLinkLockPingPong(t *testing.T) {
 		})
 	}
 }
+
+// TestPollReleasesLockOnPanic: application code that Poll runs (here a QP's RecvRefill, called
+// with no QP lock held) panics and the application recovers: the device's poll lock (the
+// link's receive lock) is released, so the next Poll and Close do not hang.
+func TestPollReleasesLockOnPanic(t *testing.T) {
+	da, db, _, _ := polledPair(t, "udp")
+	a, b := newEnd(t, da, qp.TypeRC, 1<<12), newEnd(t, db, qp.TypeRC, 1<<12)
+	if err := b.qp.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	if b.qp, err = db.CreateQP(QPInit{Type: qp.TypeRC, PD: b.pd, SendCQ: b.scq, RecvCQ: b.rcq,
+		Cap:        qp.Cap{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 1, MaxRecvSGE: 1},
+		RecvRefill: func() { panic("application refill") }}); err != nil {
+		t.Fatal(err)
+	}
+	connect(t, a, b, qp.MTU1024, 1, 2)
+	post(t, a, qp.SendWR{WRID: 1, Opcode: qp.WRSend, SGL: []qp.SGE{a.sge(0, 8)}}) // b's RQ is empty
+	panicked := false
+	deadline := time.Now().Add(10 * time.Second)
+	for !panicked && time.Now().Before(deadline) {
+		func() {
+			defer func() { panicked = recover() != nil }()
+			db.Poll()
+		}()
+	}
+	if !panicked {
+		t.Fatal("RecvRefill was not called")
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := db.Poll()
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Poll after the panic: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		db.pl.mu.Unlock() // let the hung Poll and the cleanup's Close finish
+		<-done
+		t.Fatal("Poll hung after a recovered panic: the poll lock was left held")
+	}
+}

@@ -17,19 +17,21 @@ import (
 // such a datagram fails to parse as one packet (an ACK longer than an ACK) or fails its ICRC
 // (the ICRC checked is the last segment's, over the wrong length).
 //
-// splitGSO is the fallback of those two failures: it looks for the segment size s (a multiple
-// of 4, as every RoCE packet length is) at which every segment start carries a BTH of the same
-// flow (a valid opcode, TVer 0, the first packet's P_Key and destination QP), and accepts the
-// first s whose segments all pass the ICRC check exactly as received packets do (segment k of
-// a run carries the IPv4 ID k its sender's kernel gave it, bth.SolveIPv4ID / runID). Each
-// segment is then handled as a datagram of its own. A datagram that is not a GSO message costs
-// one scan of its 4-byte offsets and at most maxSplitTries candidate checks before the drop it
-// would have had anyway; a valid packet is never split, since the split is only tried after
-// the packet as a whole failed.
+// splitGSO is the fallback of those two failures on the AF_XDP path (the only one that can
+// see such a datagram, and the one that knows its IPv4 ID: link.Datagram.HasIPv4ID): it looks
+// for the segment size s (a multiple of 4, as every RoCE packet length is) at which every
+// segment start carries a BTH of the same flow (a valid opcode, TVer 0, the first packet's
+// P_Key and destination QP), and accepts the first s whose segments all pass the ICRC check
+// with the IPv4 ID the sender's kernel gives segment k of a GSO message, the message's ID + k
+// (all 32 bits, as for any datagram whose ID is known). Each segment is then handled as a
+// datagram of its own, with that ID. A datagram that is not a GSO message costs one scan of
+// its 4-byte offsets (at most XDPMaxFrame / 4) and at most maxSplitTries candidate checks
+// before the drop it would have had anyway; a valid packet is never split, since the split is
+// only tried after the packet as a whole failed.
 
 // maxSplitTries bounds the candidate segment sizes whose ICRCs are checked per datagram
 // (crafted input can make many offsets look like segment starts).
-const maxSplitTries = 4
+const maxSplitTries = 8
 
 // minPacket is the shortest RoCE packet: a BTH and the ICRC (IBTA 9.2, A17.3.3).
 const minPacket = bth.BTHSize + bth.ICRCSize
@@ -39,11 +41,11 @@ const minPacket = bth.BTHSize + bth.ICRCSize
 func (d *Device) splitGSO(rx *rxState, dg *link.Datagram) bool {
 	b := dg.Buf
 	n := len(b)
-	if n < 2*minPacket || n%4 != 0 || !bth.Opcode(b[0]).Valid() || b[1]&0x0f != 0 {
+	if !dg.HasIPv4ID || n < 2*minPacket || n > link.XDPMaxFrame || n%4 != 0 || !bth.Opcode(b[0]).Valid() || b[1]&0x0f != 0 {
 		return false
 	}
 	src, dst := dg.Src.Addr().Unmap(), dg.Dst.Addr().Unmap()
-	if !src.Is4() || !dst.Is4() { // UDP GSO over IPv6 has no IP ID to solve; not seen on the AF_XDP path (IPv4 only)
+	if !src.Is4() || !dst.Is4() { // the AF_XDP path is IPv4 only
 		return false
 	}
 	ep := bth.Endpoints{Src: src, Dst: dst, SrcPort: dg.Src.Port(), DstPort: dg.Dst.Port()}
@@ -55,14 +57,16 @@ func (d *Device) splitGSO(rx *rxState, dg *link.Datagram) bool {
 		if tries++; tries > maxSplitTries {
 			return false
 		}
-		if !d.segmentsVerify(rx, &ep, b, s) {
+		if !segmentsVerify(rx, &ep, b, s, dg.IPv4ID) {
 			continue
 		}
 		rx.splitting = true
+		id := dg.IPv4ID
 		for off := 0; off < n; off += s {
 			end := min(off+s, n)
-			rx.seg = link.Datagram{Buf: b[off:end:end], Src: dg.Src, Dst: dg.Dst}
+			rx.seg = link.Datagram{Buf: b[off:end:end], Src: dg.Src, Dst: dg.Dst, HasIPv4ID: true, IPv4ID: id}
 			d.handle(rx, &rx.seg)
+			id++
 		}
 		rx.seg = link.Datagram{}
 		rx.splitting = false
@@ -86,17 +90,22 @@ func segmentStarts(b []byte, s int) bool {
 }
 
 // segmentsVerify reports whether every segment of size s (the last one shorter or equal)
-// passes the receive path's ICRC check (IBTA A17.3.3, with the IPv4 ID solved as in handle).
-func (d *Device) segmentsVerify(rx *rxState, ep *bth.Endpoints, b []byte, s int) bool {
+// passes the ICRC check with its IPv4 ID, id + k for segment k (IBTA A17.3.3).
+func segmentsVerify(rx *rxState, ep *bth.Endpoints, b []byte, s int, id uint16) bool {
 	for off := 0; off < len(b); off += s {
 		seg := b[off:min(off+s, len(b))]
-		diff := bth.ICRCContinue(rx.pseudoHeader(ep, len(seg)), seg) ^ bth.GetICRC(seg)
-		if diff == 0 || rx.runID(ep, len(seg), diff) {
-			continue
+		var c uint32
+		if id == 0 {
+			c = bth.ICRCContinue(rx.pseudoHeader(ep, len(seg)), seg)
+		} else {
+			e := *ep
+			e.IPID = id
+			c = bth.ICRC(&e, seg)
 		}
-		if _, ok := bth.SolveIPv4ID(ep, seg); !ok {
+		if c != bth.GetICRC(seg) {
 			return false
 		}
+		id++
 	}
 	return true
 }

@@ -14,7 +14,8 @@ import (
 )
 
 // gsoMergeLink sends each batch of two or more datagrams of one flow as one datagram, as a
-// receiver's generic XDP hook on a veth or loopback sees a UDP GSO message (superframe.go):
+// receiver's generic XDP hook on a veth or loopback sees a UDP GSO message (superframe.go), and
+// receives like the AF_XDP path (each datagram with its IPv4 ID, 0 as our senders send):
 // the segments concatenated longest first (GSO's equal segments and a shorter last one; an
 // ACK and a request are ordered independently, IBTA 9.7.1, as qp's pairRun does), segment k's
 // ICRC computed with IPv4 ID k as the sender's kernel numbers GSO segments. Batches that
@@ -22,10 +23,11 @@ import (
 type gsoMergeLink struct {
 	link.Link
 	merged int
+	off    bool // send batches unchanged
 }
 
 func (l *gsoMergeLink) Send(b []link.Datagram) error {
-	if len(b) < 2 {
+	if len(b) < 2 || l.off {
 		return l.Link.Send(b)
 	}
 	segs := slices.Clone(b)
@@ -47,7 +49,11 @@ func (l *gsoMergeLink) Send(b []link.Datagram) error {
 }
 
 func (l *gsoMergeLink) TryRecv(b []link.Datagram) (int, error) {
-	return l.Link.(link.PollReceiver).TryRecv(b)
+	n, err := l.Link.(link.PollReceiver).TryRecv(b)
+	for i := range n {
+		b[i].HasIPv4ID, b[i].IPv4ID = true, 0
+	}
+	return n, err
 }
 
 // superWrite builds an RC RDMA WRITE Only to dst's buffer at off (IBTA 9.4.3) with the ICRC
@@ -62,12 +68,13 @@ func superWrite(src netip.AddrPort, dst *end, psn uint32, off int, payload []byt
 	return p
 }
 
-// TestSplitGSO: a datagram that holds a GSO message's packets is split and each packet
-// executed; one whose segments do not all pass the ICRC check is dropped whole; a valid packet
-// whose payload looks like a second packet of the same flow is never split, and the same
-// packet with a wrong ICRC is dropped.
+// TestSplitGSO: a datagram of the AF_XDP path that holds a GSO message's packets is split and
+// each packet executed; one whose segments do not all pass the ICRC check with the message's
+// IPv4 ID + k is dropped whole, and so is a GSO message from a link that cannot have delivered
+// one (a UDP socket: the ID unknown); a valid packet whose payload looks like a second packet
+// of the same flow is never split, and the same packet with a wrong ICRC is dropped.
 func TestSplitGSO(t *testing.T) {
-	da, db, la, _ := polledPair(t, "mem")
+	da, db, la, lb := polledPair(t, "mem-gso") // b receives as the AF_XDP path does
 	a, b := newEnd(t, da, qp.TypeRC, 1<<12), newEnd(t, db, qp.TypeRC, 1<<12)
 	connect(t, a, b, qp.MTU1024, 100, 200) // b expects a's PSN 100
 	src := netip.AddrPortFrom(a.addr, 0xC001)
@@ -94,8 +101,18 @@ func TestSplitGSO(t *testing.T) {
 	bad := slices.Concat(superWrite(src, b, 102, 128, p1, 0), superWrite(src, b, 103, 192, p2, 1))
 	bad[len(bad)-1] ^= 1
 	deliver("second segment's ICRC wrong", bad, 0, 0, 1)
+	deliver("second segment's ICRC for ID 2", slices.Concat(superWrite(src, b, 102, 128, p1, 0), superWrite(src, b, 103, 192, p2, 2)), 0, 0, 1)
 	if b.buf[128] != 0 || b.buf[192] != 0 {
 		t.Fatal("a segment of a rejected message was executed")
+	}
+	s0 := db.Stats()
+	db.pl.mu.Lock()
+	db.pl.rx.now = time.Unix(1000, 0)
+	sock := link.Datagram{Buf: slices.Concat(superWrite(src, b, 102, 128, p1, 0), superWrite(src, b, 103, 192, p2, 1)), Src: src, Dst: netip.AddrPortFrom(b.addr, 4791)}
+	db.handle(&db.pl.rx, &sock) // from a UDP socket (the kernel segments GSO messages for it)
+	db.pl.mu.Unlock()
+	if s := db.Stats(); s.RcvdGSOSplit != s0.RcvdGSOSplit || s.RcvdDropped != s0.RcvdDropped+1 || b.buf[128] != 0 {
+		t.Fatalf("a socket datagram holding two packets: %d split, %d dropped; want 0, 1", s.RcvdGSOSplit-s0.RcvdGSOSplit, s.RcvdDropped-s0.RcvdDropped)
 	}
 
 	// a 32-byte payload that holds, at a 4-byte boundary, a BTH of the same P_Key and QP
@@ -107,26 +124,29 @@ func TestSplitGSO(t *testing.T) {
 	w[len(w)-2] ^= 0x40
 	deliver("lookalike payload, ICRC wrong", w, 0, 0, 1)
 
-	// the split allocates nothing (here: a message of two duplicates, each re-ACKed)
+	// the split allocates nothing (here: a message of two duplicates, each re-ACKed; b's link
+	// sends its ACKs as they are, the merge being the test's own allocation)
+	lb.Link.(*gsoMergeLink).off = true
 	dup := slices.Concat(superWrite(src, b, 100, 0, p1, 0), superWrite(src, b, 101, 64, p2, 1))
-	s0 := db.Stats().RcvdGSOSplit
+	split0 := db.Stats().RcvdGSOSplit
 	allocs := testing.AllocsPerRun(50, func() {
 		db.pl.mu.Lock()
 		db.pl.rx.now = time.Unix(1000, 0)
-		dg := link.Datagram{Buf: dup, Src: src, Dst: netip.AddrPortFrom(b.addr, 4791)}
+		dg := link.Datagram{Buf: dup, Src: src, Dst: netip.AddrPortFrom(b.addr, 4791), HasIPv4ID: true}
 		db.handle(&db.pl.rx, &dg)
 		db.pl.rx.flushPending()
 		db.pl.mu.Unlock()
 		da.Poll()
 	})
-	if allocs != 0 || db.Stats().RcvdGSOSplit-s0 < 50 {
-		t.Fatalf("%v allocations per split message (%d split)", allocs, db.Stats().RcvdGSOSplit-s0)
+	if allocs != 0 || db.Stats().RcvdGSOSplit-split0 < 50 {
+		t.Fatalf("%v allocations per split message (%d split)", allocs, db.Stats().RcvdGSOSplit-split0)
 	}
 }
 
-// FuzzSplitGSO: any datagram handed to the receive path (superframe.go's fallback included)
-// neither panics nor executes anything a split could not justify: a split only happens for a
-// datagram of at least two minimal packets, a multiple of 4 bytes long.
+// FuzzSplitGSO: any datagram handed to the receive path (superframe.go's fallback included),
+// with its IPv4 ID known (the first byte's parity: the AF_XDP path) or not, neither panics nor
+// executes anything a split could not justify: a split only happens for a datagram of the
+// AF_XDP path of at least two minimal packets and at most XDPMaxFrame bytes, a multiple of 4.
 func FuzzSplitGSO(f *testing.F) {
 	nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 16})
 	var devs [2]*Device
@@ -152,12 +172,13 @@ func FuzzSplitGSO(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		before := db.Stats().RcvdGSOSplit
 		db.pl.mu.Lock()
-		dg := link.Datagram{Buf: data, Src: src, Dst: dst}
+		known := len(data) > 0 && data[0]&1 == 0
+		dg := link.Datagram{Buf: data, Src: src, Dst: dst, HasIPv4ID: known}
 		db.handle(&db.pl.rx, &dg)
 		db.pl.rx.flushPending()
 		db.pl.mu.Unlock()
-		if db.Stats().RcvdGSOSplit != before && (len(data) < 2*minPacket || len(data)%4 != 0) {
-			t.Fatalf("split a %d-byte datagram", len(data))
+		if db.Stats().RcvdGSOSplit != before && (!known || len(data) < 2*minPacket || len(data) > link.XDPMaxFrame || len(data)%4 != 0) {
+			t.Fatalf("split a %d-byte datagram (IPv4 ID known: %v)", len(data), known)
 		}
 	})
 }
