@@ -26,19 +26,9 @@ func BenchmarkPollEmpty(b *testing.B) {
 				}
 			case "xdp":
 				x, _ := netnstest.Veth(b, "srpa", "198.18.7.1/24", "srpb", "198.18.7.2/24", 1500)
-				if err := x.Do(func() (err error) {
-					l, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr("198.18.7.1")}, XDP: link.XDPOptions{On: true}})
-					return err
-				}); err != nil {
-					b.Fatal(err)
-				}
+				l = listenXDP(b, x, "198.18.7.1")
 			}
-			d, err := Open(Options{Link: l, Polled: true})
-			if err != nil {
-				l.Close()
-				b.Fatal(err)
-			}
-			defer d.Close()
+			d := openPolled(b, l)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
@@ -61,20 +51,7 @@ func BenchmarkPolledRoundTripXDP(b *testing.B) {
 		th *netnstest.Thread
 		a  string
 	}{{x, "198.18.7.1"}, {y, "198.18.7.2"}} {
-		var l link.Link
-		if err := s.th.Do(func() (err error) {
-			l, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr(s.a)}, XDP: link.XDPOptions{On: true}})
-			return err
-		}); err != nil {
-			b.Fatal(err)
-		}
-		d, err := Open(Options{Link: l, Polled: true})
-		if err != nil {
-			l.Close()
-			b.Fatal(err)
-		}
-		defer d.Close()
-		devs[i] = d
+		devs[i] = openPolled(b, listenXDP(b, s.th, s.a))
 	}
 	da, db := devs[0], devs[1]
 	x1, y1 := newEnd(b, da, qp.TypeRC, 1<<12), newEnd(b, db, qp.TypeRC, 1<<12)
@@ -110,4 +87,29 @@ func BenchmarkPolledRoundTripXDP(b *testing.B) {
 			poll(da)
 		}
 	}
+}
+
+// listenXDP opens a UDP link with the AF_XDP path on addr inside th's namespace (root).
+func listenXDP(tb testing.TB, th *netnstest.Thread, addr string) link.Link {
+	tb.Helper()
+	var l link.Link
+	if err := th.Do(func() (err error) {
+		l, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr(addr)}, XDP: link.XDPOptions{On: true}})
+		return err
+	}); err != nil {
+		tb.Fatal(err)
+	}
+	return l
+}
+
+// openPolled opens a polled device on l, closed when the test ends.
+func openPolled(tb testing.TB, l link.Link) *Device {
+	tb.Helper()
+	d, err := Open(Options{Link: l, Polled: true})
+	if err != nil {
+		l.Close()
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { d.Close() })
+	return d
 }
