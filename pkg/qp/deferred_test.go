@@ -23,24 +23,7 @@ func (c *countOut) Send(batch []link.Datagram) error {
 // the device's receive loop does for one batch, then flushes that QP once.
 func (n *net) deliverDeferred(from, to *side) {
 	n.t.Helper()
-	q := from.out.q
-	from.out.q = nil
-	pending := false
-	for i := range q {
-		d := &q[i]
-		ep := bth.Endpoints{Src: d.Src.Addr(), Dst: d.Dst.Addr(), SrcPort: d.Src.Port(), DstPort: d.Dst.Port()}
-		if !bth.VerifyICRC(&ep, d.Buf) {
-			n.t.Fatalf("bad ICRC from %v", from.addr)
-		}
-		p, err := bth.Parse(d.Buf)
-		if err != nil {
-			n.t.Fatalf("parse: %v", err)
-		}
-		if to.qp.ReceiveDeferred(n.clk.Now(), &p, d.Src, d.Dst) {
-			pending = true
-		}
-	}
-	if pending {
+	if n.receiveAll(from, to) {
 		to.qp.FlushReceived(n.clk.Now())
 	}
 }

@@ -21,7 +21,8 @@ func (c *countClock) Now() time.Time {
 }
 
 // receiveAll hands every datagram queued by from to to's QP with ReceiveDeferred at the clock's
-// time (one receive batch) and reports whether a flush is due; it does not flush.
+// time (one receive batch; each ICRC checked) and reports whether a flush is due; it does not
+// flush.
 func (n *net) receiveAll(from, to *side) bool {
 	n.t.Helper()
 	q := from.out.q
@@ -29,6 +30,10 @@ func (n *net) receiveAll(from, to *side) bool {
 	pending := false
 	for i := range q {
 		d := &q[i]
+		ep := bth.Endpoints{Src: d.Src.Addr(), Dst: d.Dst.Addr(), SrcPort: d.Src.Port(), DstPort: d.Dst.Port()}
+		if !bth.VerifyICRC(&ep, d.Buf) {
+			n.t.Fatalf("bad ICRC from %v", from.addr)
+		}
 		p, err := bth.Parse(d.Buf)
 		if err != nil {
 			n.t.Fatalf("parse: %v", err)

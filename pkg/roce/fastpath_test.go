@@ -375,15 +375,15 @@ func TestRunIDTable(t *testing.T) {
 	}
 }
 
-// countClock counts Now calls.
+// countClock counts the Now calls of the clock it wraps.
 type countClock struct {
-	qp.RealClock
+	qp.Clock
 	n atomic.Int64
 }
 
 func (c *countClock) Now() time.Time {
 	c.n.Add(1)
-	return c.RealClock.Now()
+	return c.Clock.Now()
 }
 
 // TestReceiveClockPerBatch: the receive loop reads the clock once per received batch, not once
@@ -400,7 +400,7 @@ func TestReceiveClockPerBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer da.Close()
-	clk := &countClock{}
+	clk := &countClock{Clock: qp.RealClock{}}
 	db, err := Open(Options{Link: lb, Clock: clk})
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package roce
 
 import (
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -10,17 +9,6 @@ import (
 	"github.com/softroce/softroce/pkg/roce/link"
 )
 
-// readCountClock counts the reads of a ManualClock.
-type readCountClock struct {
-	*qp.ManualClock
-	reads atomic.Int64
-}
-
-func (c *readCountClock) Now() time.Time {
-	c.reads.Add(1)
-	return c.ManualClock.Now()
-}
-
 // TestPolledClockReadsPerRoundTrip: a polled ping-pong of 8-byte WRITEs (ib_write_lat's loop)
 // reads the clock 4 times per round trip: each side's PostSend (its ACK timer starts, IBTA
 // 9.7.6.1.3) and each side's Poll that reads the peer's [ACK, WRITE]. The Poll that flushes
@@ -28,7 +16,7 @@ func (c *readCountClock) Now() time.Time {
 // and started the timer already (qp.QP.FlushDeferred).
 func TestPolledClockReadsPerRoundTrip(t *testing.T) {
 	nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 16})
-	clk := &readCountClock{ManualClock: qp.NewManualClock(time.Unix(1000, 0))}
+	clk := &countClock{Clock: qp.NewManualClock(time.Unix(1000, 0))}
 	open := func(a link.Link) *Device {
 		d, err := Open(Options{Link: a, Polled: true, Clock: clk})
 		if err != nil {
@@ -75,11 +63,11 @@ func TestPolledClockReadsPerRoundTrip(t *testing.T) {
 		round(i)
 	}
 	const rounds = 50
-	base := clk.reads.Load()
+	base := clk.n.Load()
 	for i := 4; i < 4+rounds; i++ {
 		round(i)
 	}
-	if got := clk.reads.Load() - base; got != 4*rounds {
+	if got := clk.n.Load() - base; got != 4*rounds {
 		t.Fatalf("%d clock reads in %d round trips, want %d (4 per round trip)", got, rounds, 4*rounds)
 	}
 }
