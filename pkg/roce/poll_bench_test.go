@@ -58,34 +58,42 @@ func BenchmarkPolledRoundTripXDP(b *testing.B) {
 	connect(b, x1, y1, qp.MTU1024, 1, 2)
 	wx, wy := []qp.SendWR{writeWR(x1, y1, 1, 0)}, []qp.SendWR{writeWR(y1, x1, 2, 64)}
 	var wc [4]cq.WC
-	poll := func(d *Device) {
-		if _, err := d.Poll(); err != nil {
-			b.Fatal(err)
-		}
-	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if _, err := x1.qp.PostSend(wx); err != nil {
-			b.Fatal(err)
-		}
-		w := y1.qp.RemoteWrites() + 1
-		for y1.qp.RemoteWrites() != w {
-			poll(db)
-		}
-		for i > 0 && y1.scq.Poll(wc[:]) == 0 {
-			poll(db)
-		}
-		if _, err := y1.qp.PostSend(wy); err != nil {
-			b.Fatal(err)
-		}
-		w = x1.qp.RemoteWrites() + 1
-		for x1.qp.RemoteWrites() != w {
-			poll(da)
-		}
-		for x1.scq.Poll(wc[:]) == 0 {
-			poll(da)
-		}
+		pingPongRound(b, i, x1, y1, da, db, wx, wy, wc[:])
+	}
+}
+
+// pingPongRound is round i of ib_write_lat's loop between two polled devices: x posts wx, y
+// polls until the WRITE lands (and, from round 1 on, its own previous WRITE completes), y posts
+// wy, x polls until that lands and its WRITE completes. It allocates nothing.
+func pingPongRound(tb testing.TB, i int, x, y *end, da, db *Device, wx, wy []qp.SendWR, wc []cq.WC) {
+	if _, err := x.qp.PostSend(wx); err != nil {
+		tb.Fatal(err)
+	}
+	w := y.qp.RemoteWrites() + 1
+	for y.qp.RemoteWrites() != w {
+		pollOrFail(tb, db)
+	}
+	for i > 0 && y.scq.Poll(wc) == 0 {
+		pollOrFail(tb, db)
+	}
+	if _, err := y.qp.PostSend(wy); err != nil {
+		tb.Fatal(err)
+	}
+	w = x.qp.RemoteWrites() + 1
+	for x.qp.RemoteWrites() != w {
+		pollOrFail(tb, da)
+	}
+	for x.scq.Poll(wc) == 0 {
+		pollOrFail(tb, da)
+	}
+}
+
+func pollOrFail(tb testing.TB, d *Device) {
+	if _, err := d.Poll(); err != nil {
+		tb.Fatal(err)
 	}
 }
 

@@ -32,33 +32,7 @@ func TestPolledClockReadsPerRoundTrip(t *testing.T) {
 	connect(t, x, y, qp.MTU1024, 1, 2)
 	wx, wy := []qp.SendWR{writeWR(x, y, 1, 0)}, []qp.SendWR{writeWR(y, x, 2, 64)}
 	var wc [4]cq.WC
-	poll := func(d *Device) {
-		if _, err := d.Poll(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	round := func(i int) {
-		if _, err := x.qp.PostSend(wx); err != nil {
-			t.Fatal(err)
-		}
-		w := y.qp.RemoteWrites() + 1
-		for y.qp.RemoteWrites() != w {
-			poll(db)
-		}
-		for i > 0 && y.scq.Poll(wc[:]) == 0 {
-			poll(db)
-		}
-		if _, err := y.qp.PostSend(wy); err != nil {
-			t.Fatal(err)
-		}
-		w = x.qp.RemoteWrites() + 1
-		for x.qp.RemoteWrites() != w {
-			poll(da)
-		}
-		for x.scq.Poll(wc[:]) == 0 {
-			poll(da)
-		}
-	}
+	round := func(i int) { pingPongRound(t, i, x, y, da, db, wx, wy, wc[:]) }
 	for i := 0; i < 4; i++ {
 		round(i)
 	}

@@ -446,22 +446,7 @@ func BenchmarkPolledRoundTrip(b *testing.B) {
 	b.ResetTimer()
 	defer func() { b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N), "cpu-ns/op") }()
 	for i := 0; i < b.N; i++ {
-		x.qp.PostSend(wx)
-		w := y.qp.RemoteWrites() + 1
-		for y.qp.RemoteWrites() != w {
-			db.Poll()
-		}
-		for i > 0 && y.scq.Poll(wc[:]) == 0 {
-			db.Poll()
-		}
-		y.qp.PostSend(wy)
-		w = x.qp.RemoteWrites() + 1
-		for x.qp.RemoteWrites() != w {
-			da.Poll()
-		}
-		for x.scq.Poll(wc[:]) == 0 {
-			da.Poll()
-		}
+		pingPongRound(b, i, x, y, da, db, wx, wy, wc[:])
 	}
 }
 
