@@ -623,15 +623,11 @@ func (d *Device) handle(rx *rxState, dg *link.Datagram) {
 	// that saw the IPv4 header (the AF_XDP path) gives its ID: the ICRC is
 	// checked with it, all 32 bits, and never solved.
 	known := dg.HasIPv4ID && src.Addr().Is4()
-	var diff uint32
-	if known && dg.IPv4ID != 0 {
-		e := ep
-		e.IPID = dg.IPv4ID
-		diff = bth.ICRC(&e, dg.Buf) ^ bth.GetICRC(dg.Buf)
-	} else {
-		diff = bth.ICRCContinue(rx.pseudoHeader(&ep, len(dg.Buf)), dg.Buf) ^ bth.GetICRC(dg.Buf)
+	var id uint16
+	if known {
+		id = dg.IPv4ID
 	}
-	if diff != 0 {
+	if diff := rx.icrcWithID(&ep, dg.Buf, id) ^ bth.GetICRC(dg.Buf); diff != 0 {
 		if !src.Addr().Is4() {
 			d.cnt.RcvdDropped.Add(1)
 			return

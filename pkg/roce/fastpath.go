@@ -77,6 +77,18 @@ type icrcEntry struct {
 	ok    bool
 }
 
+// icrcWithID is bth.ICRC of buf for ep with IPv4 Identification id (IBTA A17.3.3): for ID 0
+// (our senders', and what a UDP socket assumes) from the pseudo-header cache, else computed
+// whole (a link that saw another ID, e.g. kernel rxe's counting ones over AF_XDP).
+func (rx *rxState) icrcWithID(ep *bth.Endpoints, buf []byte, id uint16) uint32 {
+	if id == 0 {
+		return bth.ICRCContinue(rx.pseudoHeader(ep, len(buf)), buf)
+	}
+	e := *ep
+	e.IPID = id
+	return bth.ICRC(&e, buf)
+}
+
 // pseudoHeader returns bth.PseudoHeaderCRC(ep, n) (IBTA A17.3.3: the ICRC's masked IP and UDP
 // headers depend only on the endpoints and the length), from the two-entry cache when it holds
 // it: a bulk flow's full-MTU packets and a latency test's alternating requests and ACKs both

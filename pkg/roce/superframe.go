@@ -94,15 +94,7 @@ func segmentStarts(b []byte, s int) bool {
 func segmentsVerify(rx *rxState, ep *bth.Endpoints, b []byte, s int, id uint16) bool {
 	for off := 0; off < len(b); off += s {
 		seg := b[off:min(off+s, len(b))]
-		var c uint32
-		if id == 0 {
-			c = bth.ICRCContinue(rx.pseudoHeader(ep, len(seg)), seg)
-		} else {
-			e := *ep
-			e.IPID = id
-			c = bth.ICRC(&e, seg)
-		}
-		if c != bth.GetICRC(seg) {
+		if rx.icrcWithID(ep, seg, id) != bth.GetICRC(seg) {
 			return false
 		}
 		id++
