@@ -90,8 +90,8 @@ X_CLI="ip netns exec sc env $SR_ENV $SR perf write -d 198.21.0.1 --timeout 120s 
 ROUNDS=${ROUNDS:-3}
 # LAB_ONLY=lat8: only the 8-byte write_lat rows (ROUNDS interleaved rounds, softroce<->rxe once)
 # for a short session; /mnt/host/softroce-old (bench/lab.sh LAB_OLD_BIN=...), if present, adds
-# a "softroce-softroce-bp-old" pairing to each round: the same test with an older build, for a
-# before/after in one session.
+# "softroce-softroce-bp-old" and "softroce-softroce-xdp-old" pairings to each round: the same
+# tests with an older build, for a before/after in one session.
 OLD=""
 [ -x /mnt/host/softroce-old ] && cp /mnt/host/softroce-old /tmp/softroce-old && chmod +x /tmp/softroce-old && OLD=/tmp/softroce-old
 LAB_ONLY=${LAB_ONLY:-}
@@ -162,6 +162,7 @@ for size in $LSIZES; do
     [ "${LAB_XDP:-1}" = 1 ] && MTU=2048 pair softroce-softroce-xdp ib_write_lat $size $NLAT "$SR_SRV $BP --xdp$LSTATS" "$SR_CLI $BP --xdp$LSTATS"
     [ $size = 8 ] && floor
     [ -n "$OLD" ] && [ $size = 8 ] && pair softroce-softroce-bp-old ib_write_lat $size $NLAT "${SR_SRV/ $SR / $OLD } $BP" "${SR_CLI/ $SR / $OLD } $BP"
+    [ -n "$OLD" ] && [ $size = 8 ] && [ "${LAB_XDP:-1}" = 1 ] && MTU=2048 pair softroce-softroce-xdp-old ib_write_lat $size $NLAT "${SR_SRV/ $SR / $OLD } $BP --xdp" "${SR_CLI/ $SR / $OLD } $BP --xdp"
   done
   pair softroce-rxe ib_write_lat $size $NLAT "$X_SRV" "$X_CLI"
   pair softroce-rxe-bp ib_write_lat $size $NLAT "$X_SRV" "$X_CLI $BP"

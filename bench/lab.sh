@@ -69,7 +69,7 @@ awk -F'|' '
       r = v["rxe-rxe|" t]; s = v["softroce-softroce|" t]; x = v["softroce-rxe|" t]; s2 = v["softroce-softroce-gmp2|" t]; sb = v["softroce-softroce-bp|" t]; xb = v["softroce-rxe-bp|" t]
       sx = v["softroce-softroce-xdp|" t]; xx = v["softroce-rxe-xdp|" t]
       rounds = ""
-      if (cnt["rxe-rxe|" t] > 1) rounds = sprintf(" [best of rounds: rxe %s, softroce %s, --busy-poll %s%s%s]", all["rxe-rxe|" t], all["softroce-softroce|" t], all["softroce-softroce-bp|" t], ("softroce-softroce-xdp|" t in all) ? ", --busy-poll --xdp " all["softroce-softroce-xdp|" t] : "", ("softroce-softroce-bp-old|" t in all) ? ", --busy-poll with LAB_OLD_BIN " all["softroce-softroce-bp-old|" t] : "")
+      if (cnt["rxe-rxe|" t] > 1) rounds = sprintf(" [best of rounds: rxe %s, softroce %s, --busy-poll %s%s%s%s]", all["rxe-rxe|" t], all["softroce-softroce|" t], all["softroce-softroce-bp|" t], ("softroce-softroce-xdp|" t in all) ? ", --busy-poll --xdp " all["softroce-softroce-xdp|" t] : "", ("softroce-softroce-bp-old|" t in all) ? ", --busy-poll with LAB_OLD_BIN " all["softroce-softroce-bp-old|" t] : "", ("softroce-softroce-xdp-old|" t in all) ? ", --busy-poll --xdp with LAB_OLD_BIN " all["softroce-softroce-xdp-old|" t] : "")
       unit = (test ~ /_bw$/) ? "Gbit/s" : "us typical"
       ratio = "?"; rb = ""
       if (r + 0 > 0 && s + 0 > 0) ratio = sprintf("%.2fx", (test ~ /_bw$/) ? s / r : r / s)

@@ -47,6 +47,7 @@ func linkPingPong(args []string, isClient bool) error {
 	xdp := fs.Bool("xdp", false, "the AF_XDP path")
 	native := fs.Bool("native", false, "with -xdp: the driver's XDP hook instead of the generic one")
 	gsotx := fs.Bool("gsotx", false, "with -xdp -pair: send the pair as one UDP GSO message through a plain socket (experiment)")
+	conn := fs.Bool("conn", false, "with -gsotx: connect the plain socket to the peer (experiment)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -105,12 +106,17 @@ func linkPingPong(args []string, isClient bool) error {
 		if gfd, err = gsoSocket(local); err != nil {
 			return err
 		}
+		if *conn {
+			if err := unix.Connect(gfd, &unix.SockaddrInet4{Addr: peer.As4(), Port: *port}); err != nil {
+				return err
+			}
+		}
 		defer unix.Close(gfd)
 	}
 	gbuf := make([]byte, *size+20)
 	send := func() error {
 		if *gsotx {
-			return gsoSend(gfd, gbuf, *size, peer, *port)
+			return gsoSend(gfd, gbuf, *size, peer, *port, *conn)
 		}
 		if *pair && *xdp {
 			return l.Send(out)
@@ -193,11 +199,14 @@ func gsoSocket(local netip.Addr) (int, error) {
 	return fd, nil
 }
 
-func gsoSend(fd int, buf []byte, seg int, peer netip.Addr, port int) error {
+func gsoSend(fd int, buf []byte, seg int, peer netip.Addr, port int, connected bool) error {
 	oob := make([]byte, unix.CmsgSpace(2))
 	h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
 	h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
 	h.SetLen(unix.CmsgLen(2))
 	*(*uint16)(unsafe.Pointer(&oob[unix.CmsgLen(0)])) = uint16(seg)
+	if connected {
+		return unix.Sendmsg(fd, buf, oob, nil, 0)
+	}
 	return unix.Sendmsg(fd, buf, oob, &unix.SockaddrInet4{Addr: peer.As4(), Port: port}, 0)
 }

@@ -47,6 +47,11 @@ func TestNAKRemoteAccess(t *testing.T) {
 		nakCase(t, n, a, b, SendWR{WRID: 9, Opcode: WRRDMAWrite, SGL: []SGE{a.sge(0, 2000)},
 			RemoteAddr: b.va(len(b.buf) - 1000), RKey: b.mr.RKey()}, cq.StatusRemAccessErr)
 	})
+	t.Run("only out of bounds", func(t *testing.T) { // one packet: the payload's check is the only one
+		n, a, b := rcPair(t, connOpts{})
+		nakCase(t, n, a, b, SendWR{WRID: 9, Opcode: WRRDMAWrite, SGL: []SGE{a.sge(0, 16)},
+			RemoteAddr: b.va(len(b.buf) - 8), RKey: b.mr.RKey()}, cq.StatusRemAccessErr)
+	})
 	t.Run("read out of bounds", func(t *testing.T) {
 		n, a, b := rcPair(t, connOpts{})
 		nakCase(t, n, a, b, SendWR{WRID: 9, Opcode: WRRDMARead, SGL: []SGE{a.sge(0, 64)},

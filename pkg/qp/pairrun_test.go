@@ -76,3 +76,77 @@ func TestPairRun(t *testing.T) {
 	expectWC(t, pollAll(b.scq), cq.WC{WRID: 4, Status: cq.StatusSuccess, Opcode: cq.OpRDMAWrite, ByteLen: 92, QPNum: 0x12})
 	eq(t, "b's two WRITEs", a.buf[200:300], b.buf[200:300])
 }
+
+// TestPairPlain: without GSO (the AF_XDP path's frames, a link that refused UDP_SEGMENT) the
+// deferred ACK and the WRITE posted next leave as two plain datagrams, the WRITE first (the peer
+// handles it while the ACK is on its way; pairRun), each with its ICRC for IPv4 ID 0 (runOut's
+// Send checks), and both reach the peer. A response alone and two requests keep their order.
+func TestPairPlain(t *testing.T) {
+	n := newNet(t)
+	a := n.newSide("10.0.0.1", sideOpts{qpn: 0x11, bufSize: 1 << 16})
+	b := n.newSide("10.0.0.2", sideOpts{qpn: 0x12, bufSize: 1 << 16})
+	ro := &runOut{t: t, gso: false}
+	b.qp.cfg.Out, b.qp.runs = ro, ro
+	b.out = &ro.chanOut
+	n.connect(a, b, connOpts{mtu: MTU1024})
+
+	deliver := func(wrid uint64, off int) {
+		t.Helper()
+		a.fill(off, 8, byte(wrid))
+		a.postSend(t, SendWR{WRID: wrid, Opcode: WRRDMAWrite, SGL: []SGE{a.sge(off, 8)}, Flags: SendSignaled,
+			RemoteAddr: b.va(off), RKey: b.mr.RKey()})
+		if len(a.out.q) != 1 {
+			t.Fatalf("a sent %d datagrams", len(a.out.q))
+		}
+		d := a.out.q[0]
+		a.out.q = nil
+		p, err := bth.Parse(d.Buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !b.qp.ReceiveDeferred(n.clk.Now(), &p, d.Src, d.Dst) {
+			t.Fatal("ReceiveDeferred dropped the WRITE")
+		}
+	}
+	deliver(1, 0)
+	b.fill(100, 8, 2)
+	b.postSend(t, SendWR{WRID: 2, Opcode: WRRDMAWrite, SGL: []SGE{b.sge(100, 8)}, Flags: SendSignaled,
+		RemoteAddr: a.va(100), RKey: a.mr.RKey()})
+	if ro.sendRuns != 0 || ro.plain != 1 || len(ro.q) != 2 {
+		t.Fatalf("SendRuns %d, plain Sends %d of %d datagrams; want one plain Send of 2", ro.sendRuns, ro.plain, len(ro.q))
+	}
+	if op0, op1 := bth.BTH(ro.q[0].Buf).Opcode(), bth.BTH(ro.q[1].Buf).Opcode(); op0 != bth.OpRCWriteOnly || op1 != bth.OpRCAck {
+		t.Fatalf("order %v, %v; want the WRITE, then the ACK", op0, op1)
+	}
+	n.pump()
+	expectWC(t, pollAll(a.scq), cq.WC{WRID: 1, Status: cq.StatusSuccess, Opcode: cq.OpRDMAWrite, ByteLen: 8, QPNum: 0x11})
+	expectWC(t, pollAll(b.scq), cq.WC{WRID: 2, Status: cq.StatusSuccess, Opcode: cq.OpRDMAWrite, ByteLen: 8, QPNum: 0x12})
+	eq(t, "a's WRITE", b.buf[:8], a.buf[:8])
+	eq(t, "b's WRITE", a.buf[100:108], b.buf[100:108])
+
+	// a response alone (the flush of a deferred ACK with nothing posted) stays as it is
+	ro.plain = 0
+	deliver(3, 200)
+	b.qp.FlushReceived(n.clk.Now())
+	if ro.plain != 1 || len(ro.q) != 1 || bth.BTH(ro.q[0].Buf).Opcode() != bth.OpRCAck {
+		t.Fatalf("a lone ACK: %d plain Sends of %d datagrams", ro.plain, len(ro.q))
+	}
+	n.pump()
+	expectWC(t, pollAll(a.scq), cq.WC{WRID: 3, Status: cq.StatusSuccess, Opcode: cq.OpRDMAWrite, ByteLen: 8, QPNum: 0x11})
+
+	// two requests keep their PSN order
+	ro.plain = 0
+	b.fill(300, 100, 4)
+	b.postSend(t,
+		SendWR{WRID: 4, Opcode: WRRDMAWrite, SGL: []SGE{b.sge(300, 8)}, RemoteAddr: a.va(300), RKey: a.mr.RKey()},
+		SendWR{WRID: 5, Opcode: WRRDMAWrite, SGL: []SGE{b.sge(308, 92)}, Flags: SendSignaled, RemoteAddr: a.va(308), RKey: a.mr.RKey()})
+	if ro.plain != 1 || len(ro.q) != 2 {
+		t.Fatalf("two requests: %d plain Sends of %d datagrams", ro.plain, len(ro.q))
+	}
+	if p0, p1 := bth.BTH(ro.q[0].Buf).PSN(), bth.BTH(ro.q[1].Buf).PSN(); p1 != p0.Add(1) {
+		t.Fatalf("requests reordered: PSN %v then %v", p0, p1)
+	}
+	n.pump()
+	expectWC(t, pollAll(b.scq), cq.WC{WRID: 5, Status: cq.StatusSuccess, Opcode: cq.OpRDMAWrite, ByteLen: 92, QPNum: 0x12})
+	eq(t, "b's two WRITEs", a.buf[300:400], b.buf[300:400])
+}

@@ -350,7 +350,11 @@ func (q *QP) recvWrite(p *bth.Packet, psn bth.PSN) {
 			return
 		}
 		f := p.RETH.Fields()
-		if f.DMALen > 0 { // R_Key, bounds and rights (IBTA 9.7.4.1.5, C9-88)
+		// A WRITE Only (no immediate) whose payload is the whole DMA length within the MTU has
+		// one check, the payload's below: the same R_Key, address and length, and nothing runs
+		// between the two (a ping-pong's 8-byte WRITE takes one MR lookup, not two).
+		once := info.Last && p.ImmDt == nil && f.DMALen == uint32(len(p.Payload)) && q.checkLen(info, len(p.Payload))
+		if f.DMALen > 0 && !once { // R_Key, bounds and rights (IBTA 9.7.4.1.5, C9-88)
 			_, done, err := q.cfg.MRs.CheckQP(q.cfg.PD, q.num, f.RKey, f.VA, f.DMALen, mr.OpRemoteWrite)
 			if err != nil {
 				q.reqError(p, bth.NAKRemoteAccessErr, cq.StatusRemAccessErr)
