@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"net/netip"
+	"os"
 	"runtime"
 	"time"
 	"unsafe"
@@ -31,6 +32,11 @@ import (
 //	           (the receiver's ring then holds it whole, docs/link.md); the receiver counts
 //	           bytes. An experiment: in the lab guest it cost as much as two ring frames
 //	           (docs/performance.md, 2026-11-30)
+//	-conn      with -gsotx: the socket connected to the peer (the kernel keeps the route)
+//	-pairsock  with -gsotx: a connected DF socket whose IPv4 IDs (the ICRC covers them) are
+//	           learnt from looped-back transmit timestamps (pairsock.go); the client prints the
+//	           IDs it predicted, the server those it saw. An experiment, not kept in the link
+//	           (docs/performance.md, 2026-12-01: GSO pairs)
 //
 // Both sides must be given the same flags. The client prints the round trips like client.
 func linkPingPong(args []string, isClient bool) error {
@@ -48,6 +54,7 @@ func linkPingPong(args []string, isClient bool) error {
 	native := fs.Bool("native", false, "with -xdp: the driver's XDP hook instead of the generic one")
 	gsotx := fs.Bool("gsotx", false, "with -xdp -pair: send the pair as one UDP GSO message through a plain socket (experiment)")
 	conn := fs.Bool("conn", false, "with -gsotx: connect the plain socket to the peer (experiment)")
+	pairsock := fs.Bool("pairsock", false, "with -gsotx: a connected DF socket whose IPv4 IDs are learnt (experiment); prints predicted and received IDs")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -114,7 +121,21 @@ func linkPingPong(args []string, isClient bool) error {
 		defer unix.Close(gfd)
 	}
 	gbuf := make([]byte, *size+20)
+	var ps *pairSock
+	if *pairsock {
+		if ps, err = newPairSock(local, 0, peer, *port); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "pairsock %v: next ID %d, %d per GSO send\n", ps.local, ps.id, ps.perSend)
+	}
+	var predicted []uint16
 	send := func() error {
+		if ps != nil {
+			if len(predicted) < 8 {
+				predicted = append(predicted, ps.id)
+			}
+			return ps.send(gbuf, *size)
+		}
 		if *gsotx {
 			return gsoSend(gfd, gbuf, *size, peer, *port, *conn)
 		}
@@ -126,6 +147,7 @@ func linkPingPong(args []string, isClient bool) error {
 		}
 		return l.Send(out[:1])
 	}
+	var seenIDs []uint16
 	// recv spins until expect datagrams arrived; it reports a 1-byte datagram (the end).
 	recv := func() (bool, error) {
 		got := 0
@@ -143,6 +165,9 @@ func linkPingPong(args []string, isClient bool) error {
 				}
 				if *gsotx {
 					got += len(in[i].Buf)
+					if in[i].HasIPv4ID && len(seenIDs) < 8 {
+						seenIDs = append(seenIDs, in[i].IPv4ID)
+					}
 				}
 			}
 			if !*gsotx {
@@ -155,6 +180,7 @@ func linkPingPong(args []string, isClient bool) error {
 		for {
 			end, err := recv()
 			if err != nil || end {
+				fmt.Fprintf(os.Stderr, "server saw IDs %v\n", seenIDs)
 				return err
 			}
 			if err := send(); err != nil {
@@ -180,6 +206,9 @@ func linkPingPong(args []string, isClient bool) error {
 		v[i] = time.Since(t0)
 	}
 	_ = l.Send([]link.Datagram{{Buf: []byte{'q'}, Src: src, Dst: dst}})
+	if ps != nil {
+		fmt.Fprintf(os.Stderr, "client predicted IDs %v\n", predicted)
+	}
 	st := ul.Stats()
 	report("go link send", sv)
 	report(fmt.Sprintf("go link rtt (size %d gro %v entropy %v pair %v xdp %v [%d/%d/%d], GOMAXPROCS=%d)",

@@ -124,6 +124,7 @@ func TestPerfXDP(t *testing.T) {
 		if i < 0 {
 			t.Fatalf("%s: no AF_XDP counters in --stats:\n%s", side, e)
 		}
+		t.Logf("%s: %s", side, strings.SplitN(e[i:], "\n", 2)[0])
 		if _, err := fmt.Sscanf(e[i:], "stats: link AF_XDP path sent %d, received %d, sends through the UDP socket %d", &sent, &recv, &fb); err != nil {
 			t.Fatalf("%s: %v in %q", side, err, e[i:])
 		}

@@ -67,6 +67,8 @@ type rxState struct {
 	// second split), seg is the segment's datagram (superframe.go).
 	splitting bool
 	seg       link.Datagram
+	// verified: the segment being handled passed its ICRC check in the split
+	verified bool
 }
 
 // icrcEntry is one cached pseudo-header CRC state (bth.PseudoHeaderCRC of ep and n bytes).
@@ -77,16 +79,11 @@ type icrcEntry struct {
 	ok    bool
 }
 
-// icrcWithID is bth.ICRC of buf for ep with IPv4 Identification id (IBTA A17.3.3): for ID 0
-// (our senders', and what a UDP socket assumes) from the pseudo-header cache, else computed
-// whole (a link that saw another ID, e.g. kernel rxe's counting ones over AF_XDP).
+// icrcWithID is bth.ICRC of buf for ep (IPv4 ID 0) with IPv4 Identification id (IBTA A17.3.3),
+// from the pseudo-header cache of ID 0 for every ID (bth.IPv4IDDelta): our DF senders' ID 0 (and
+// what a UDP socket assumes), kernel rxe's counting IDs and GSO pairs' seen over AF_XDP.
 func (rx *rxState) icrcWithID(ep *bth.Endpoints, buf []byte, id uint16) uint32 {
-	if id == 0 {
-		return bth.ICRCContinue(rx.pseudoHeader(ep, len(buf)), buf)
-	}
-	e := *ep
-	e.IPID = id
-	return bth.ICRC(&e, buf)
+	return bth.ICRCContinue(rx.pseudoHeader(ep, len(buf))^bth.IPv4IDDelta(id), buf)
 }
 
 // pseudoHeader returns bth.PseudoHeaderCRC(ep, n) (IBTA A17.3.3: the ICRC's masked IP and UDP

@@ -50,8 +50,18 @@ func (d *Device) splitGSO(rx *rxState, dg *link.Datagram) bool {
 	}
 	ep := bth.Endpoints{Src: src, Dst: dst, SrcPort: dg.Src.Port(), DstPort: dg.Dst.Port()}
 	tries := 0
+	// the first packet's own length when its headers fix it (a polled device's pair: a WRITE
+	// Only and an ACK), then every size the scan finds
+	first := expectedLen(b)
+	if first >= minPacket && first+minPacket <= n && first%4 == 0 && segmentStarts(b, first) {
+		tries++
+		if segmentsVerify(rx, &ep, b, first, dg.IPv4ID) {
+			d.handleSegments(rx, dg, first)
+			return true
+		}
+	}
 	for s := (bth.Opcode(b[0]).Info().HdrLen + bth.ICRCSize + 3) &^ 3; s+minPacket <= n; s += 4 {
-		if !segmentStarts(b, s) {
+		if s == first || !segmentStarts(b, s) {
 			continue
 		}
 		if tries++; tries > maxSplitTries {
@@ -60,20 +70,51 @@ func (d *Device) splitGSO(rx *rxState, dg *link.Datagram) bool {
 		if !segmentsVerify(rx, &ep, b, s, dg.IPv4ID) {
 			continue
 		}
-		rx.splitting = true
-		id := dg.IPv4ID
-		for off := 0; off < n; off += s {
-			end := min(off+s, n)
-			rx.seg = link.Datagram{Buf: b[off:end:end], Src: dg.Src, Dst: dg.Dst, HasIPv4ID: true, IPv4ID: id}
-			d.handle(rx, &rx.seg)
-			id++
-		}
-		rx.seg = link.Datagram{}
-		rx.splitting = false
-		d.cnt.RcvdGSOSplit.Add(1)
+		d.handleSegments(rx, dg, s)
 		return true
 	}
 	return false
+}
+
+// handleSegments handles dg's segments of size s, which segmentsVerify accepted: each as a
+// datagram with its IPv4 ID, its ICRC not checked again (rx.verified).
+func (d *Device) handleSegments(rx *rxState, dg *link.Datagram, s int) {
+	b, n := dg.Buf, len(dg.Buf)
+	rx.splitting, rx.verified = true, true
+	id := dg.IPv4ID
+	for off := 0; off < n; off += s {
+		end := min(off+s, n)
+		rx.seg = link.Datagram{Buf: b[off:end:end], Src: dg.Src, Dst: dg.Dst, HasIPv4ID: true, IPv4ID: id}
+		d.handle(rx, &rx.seg)
+		id++
+	}
+	rx.seg = link.Datagram{}
+	rx.splitting, rx.verified = false, false
+	d.cnt.RcvdGSOSplit.Add(1)
+}
+
+// expectedLen returns the length of the RoCE packet at the start of b when its headers fix it
+// (IBTA 9.2: a packet has no length field, its end is the datagram's): an opcode without
+// payload (ACK, READ request, atomics: the headers and the ICRC), or with a fixed one, or an
+// RDMA WRITE Only (its RETH's DMA length, padded to 4 bytes); 0 when the length is free.
+func expectedLen(b []byte) int {
+	info := bth.Opcode(b[0]).Info()
+	if !info.Valid || len(b) < info.HdrLen+bth.ICRCSize {
+		return 0
+	}
+	switch {
+	case !info.Payload:
+		return info.HdrLen + bth.ICRCSize
+	case info.FixedPayload > 0:
+		return info.HdrLen + (info.FixedPayload+3)&^3 + bth.ICRCSize
+	case info.Kind == bth.KindWrite && info.Only() && info.Hdrs&bth.HdrRETH != 0 && info.Hdrs&(bth.HdrDETH|bth.HdrXRCETH) == 0: // RETH right after the BTH
+		dma := bth.RETH(b[bth.BTHSize:]).DMALen()
+		if dma > link.XDPMaxFrame {
+			return 0
+		}
+		return info.HdrLen + (int(dma)+3)&^3 + bth.ICRCSize
+	}
+	return 0
 }
 
 // segmentStarts reports whether every multiple of s inside b (but 0) starts a BTH of the

@@ -124,6 +124,24 @@ func TestSplitGSO(t *testing.T) {
 	w[len(w)-2] ^= 0x40
 	deliver("lookalike payload, ICRC wrong", w, 0, 0, 1)
 
+	// a message whose IPv4 ID is not 0 (kernel rxe's counting IDs, a connected sender's):
+	// segment k checks with ID + k, from the cached ID-0 pseudo-header (bth.IPv4IDDelta)
+	s0 = db.Stats()
+	db.pl.mu.Lock()
+	db.pl.rx.now = time.Unix(1000, 0)
+	msg := link.Datagram{Buf: slices.Concat(superWrite(src, b, 103, 384, p1, 0x8001), superWrite(src, b, 104, 448, p2, 0x8002)),
+		Src: src, Dst: netip.AddrPortFrom(b.addr, 4791), HasIPv4ID: true, IPv4ID: 0x8001}
+	db.handle(&db.pl.rx, &msg)
+	db.pl.rx.flushPending()
+	db.pl.mu.Unlock()
+	if s := db.Stats(); s.RcvdGSOSplit != s0.RcvdGSOSplit+1 || s.RcvdDropped != s0.RcvdDropped {
+		t.Fatalf("a message of IDs 0x8001, 0x8002: %d split, %d dropped; want 1, 0", s.RcvdGSOSplit-s0.RcvdGSOSplit, s.RcvdDropped-s0.RcvdDropped)
+	}
+	same(t, "ID 0x8001", b.buf[384:392], p1)
+	same(t, "ID 0x8002", b.buf[448:456], p2)
+	da.Poll()
+	db.Poll()
+
 	// the split allocates nothing (here: a message of two duplicates, each re-ACKed; b's link
 	// sends its ACKs as they are, the merge being the test's own allocation)
 	lb.Link.(*gsoMergeLink).off = true
@@ -140,6 +158,64 @@ func TestSplitGSO(t *testing.T) {
 	})
 	if allocs != 0 || db.Stats().RcvdGSOSplit-split0 < 50 {
 		t.Fatalf("%v allocations per split message (%d split)", allocs, db.Stats().RcvdGSOSplit-split0)
+	}
+
+	// a WRITE Only longer than its DMA length with a right ICRC is one packet, not a message
+	// (no second packet where its DMA length ends): executed as ever, which is a NAK (IBTA
+	// 9.7.4.1.4 length: the responder's QP enters ERR), not a split and not a silent drop
+	long := superWrite(src, b, 105, 512, bytes.Repeat([]byte{0x33}, 12), 0)
+	bth.RETH(long[bth.BTHSize:]).SetDMALen(8)
+	ep := bth.Endpoints{Src: src.Addr(), Dst: b.addr, SrcPort: src.Port(), DstPort: 4791}
+	bth.SetICRC(long, bth.ICRC(&ep, long))
+	s0 = db.Stats()
+	w0 := b.qp.RemoteWrites()
+	db.pl.mu.Lock()
+	dg := link.Datagram{Buf: long, Src: src, Dst: netip.AddrPortFrom(b.addr, 4791), HasIPv4ID: true}
+	db.handle(&db.pl.rx, &dg)
+	db.pl.rx.flushPending()
+	db.pl.mu.Unlock()
+	if s := db.Stats(); s.RcvdGSOSplit != s0.RcvdGSOSplit || s.RcvdDropped != s0.RcvdDropped || b.qp.RemoteWrites() != w0 || b.qp.State() != qp.StateErr || b.buf[512] != 0 {
+		t.Fatalf("a WRITE Only 4 bytes longer than its DMA length: %d split, %d dropped, %d executed, responder %v; want a NAK",
+			s.RcvdGSOSplit-s0.RcvdGSOSplit, s.RcvdDropped-s0.RcvdDropped, b.qp.RemoteWrites()-w0, b.qp.State())
+	}
+}
+
+// TestExpectedLen: the length a packet's headers fix (superframe.go), for each kind.
+func TestExpectedLen(t *testing.T) {
+	pkt := func(op bth.Opcode, n int) []byte {
+		b := make([]byte, n)
+		bth.BTH(b).Encode(&bth.BTHFields{Opcode: op, PKey: 0xffff, DestQP: 5})
+		return b
+	}
+	write := func(op bth.Opcode, dma uint32) []byte {
+		b := pkt(op, 64)
+		bth.RETH(b[bth.BTHSize:]).SetDMALen(dma)
+		return b
+	}
+	for _, c := range []struct {
+		name string
+		b    []byte
+		want int
+	}{
+		{"ACK", pkt(bth.OpRCAck, 64), 20},
+		{"atomic ACK", pkt(bth.OpRCAtomicAck, 64), 12 + 4 + 8 + 4},
+		{"READ request", pkt(bth.OpRCReadRequest, 64), 12 + 16 + 4},
+		{"FETCH_ADD", pkt(bth.OpRCFetchAdd, 64), 12 + 28 + 4},
+		{"WRITE Only, 8 bytes", write(bth.OpRCWriteOnly, 8), 12 + 16 + 8 + 4},
+		{"WRITE Only, 5 bytes (padded)", write(bth.OpRCWriteOnly, 5), 12 + 16 + 8 + 4},
+		{"WRITE Only, 0 bytes", write(bth.OpRCWriteOnly, 0), 12 + 16 + 4},
+		{"WRITE Only Immediate, 8 bytes", write(bth.OpRCWriteOnlyImm, 8), 12 + 16 + 4 + 8 + 4},
+		{"UC WRITE Only, 4 bytes", write(bth.OpUCWriteOnly, 4), 12 + 16 + 4 + 4},
+		{"WRITE Only, a DMA length past a frame", write(bth.OpRCWriteOnly, link.XDPMaxFrame+1), 0},
+		{"WRITE First", write(bth.OpRCWriteFirst, 8), 0},
+		{"SEND Only", pkt(bth.OpRCSendOnly, 64), 0},
+		{"UD SEND Only", pkt(bth.OpUDSendOnly, 64), 0},
+		{"ACK, truncated", pkt(bth.OpRCAck, 12), 0},
+		{"invalid opcode", []byte{0xff, 0, 0xff, 0xff, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, 0},
+	} {
+		if got := expectedLen(c.b); got != c.want {
+			t.Errorf("%s: %d, want %d", c.name, got, c.want)
+		}
 	}
 }
 
