@@ -80,6 +80,16 @@ awk -F'|' '
         x, (xb != "") ? " (--busy-poll: " xb ")" : "", (xx != "") ? " (--busy-poll --xdp: " xx ")" : "", unit, ratio, rb, (test ~ /_lat$/) ? " (rxe latency / softroce latency)" : "", rounds
     }
   }' "$OUT/lab.rows" | sort
-# every pairing's rounds, in session order (including LAB_OLD_BIN and LAB_PROBE rows)
-awk -F'|' '$1 == "ROW" { k = $2 "|" $3 "|" $4; all[k] = (k in all) ? all[k] "/" $6 : $6; if (!(k in seen)) { seen[k] = 1; order[++n] = k } }
-  END { for (i = 1; i <= n; i++) printf "labrounds|%s|%s\n", order[i], all[order[i]] }' "$OUT/lab.rows"
+# every pairing's rounds, in session order (including LAB_OLD_BIN and LAB_PROBE rows), and
+# their median (the best round flatters whichever side had the quietest moment; the lab's
+# noise between rounds is often larger than a change being measured)
+awk -F'|' '$1 == "ROW" { k = $2 "|" $3 "|" $4; all[k] = (k in all) ? all[k] "/" $6 : $6; if (!(k in seen)) { seen[k] = 1; order[++n] = k }
+    if ($6 != "FAIL") { c = ++nv[k]; val[k, c] = $6 + 0 } }
+  END {
+    for (i = 1; i <= n; i++) {
+      k = order[i]; m = nv[k]; med = "FAIL"
+      for (a = 2; a <= m; a++) { x = val[k, a]; for (b = a - 1; b >= 1 && val[k, b] > x; b--) val[k, b + 1] = val[k, b]; val[k, b + 1] = x }
+      if (m > 0) med = (m % 2) ? val[k, (m + 1) / 2] : (val[k, m / 2] + val[k, m / 2 + 1]) / 2
+      printf "labrounds|%s|%s|median %s\n", k, all[k], med
+    }
+  }' "$OUT/lab.rows"
