@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"hash/crc32"
 	"net/netip"
 	"os"
 	"runtime"
@@ -33,6 +34,9 @@ import (
 //	           bytes. An experiment: in the lab guest it cost as much as two ring frames
 //	           (docs/performance.md, 2026-11-30)
 //	-conn      with -gsotx: the socket connected to the peer (the kernel keeps the route)
+//	-work N    N rounds of user-space work after each read (a CRC over 64 bytes each): the
+//	           receiver busy while the sender's kernel still delivers the pair's second frame
+//	-idlework N  the same after each empty read: a spin loop heavier than TryRecv alone
 //	-pairsock  with -gsotx: a connected DF socket whose IPv4 IDs (the ICRC covers them) are
 //	           learnt from looped-back transmit timestamps (pairsock.go); the client prints the
 //	           IDs it predicted, the server those it saw. An experiment, not kept in the link
@@ -54,6 +58,8 @@ func linkPingPong(args []string, isClient bool) error {
 	native := fs.Bool("native", false, "with -xdp: the driver's XDP hook instead of the generic one")
 	gsotx := fs.Bool("gsotx", false, "with -xdp -pair: send the pair as one UDP GSO message through a plain socket (experiment)")
 	conn := fs.Bool("conn", false, "with -gsotx: connect the plain socket to the peer (experiment)")
+	work := fs.Int("work", 0, "rounds of user-space work (a CRC over 64 bytes each) after each datagram read, while the next may still be arriving (experiment)")
+	idlework := fs.Int("idlework", 0, "rounds of the same work after each empty read: a heavier spin (experiment)")
 	pairsock := fs.Bool("pairsock", false, "with -gsotx: a connected DF socket whose IPv4 IDs are learnt (experiment); prints predicted and received IDs")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -148,6 +154,8 @@ func linkPingPong(args []string, isClient bool) error {
 		return l.Send(out[:1])
 	}
 	var seenIDs []uint16
+	var workBuf [64]byte
+	var workSum uint32
 	// recv spins until expect datagrams arrived; it reports a 1-byte datagram (the end).
 	recv := func() (bool, error) {
 		got := 0
@@ -172,6 +180,13 @@ func linkPingPong(args []string, isClient bool) error {
 			}
 			if !*gsotx {
 				got += n
+			}
+			w := *work
+			if n == 0 {
+				w = *idlework
+			}
+			for range w {
+				workSum = crc32.Update(workSum, crc32.IEEETable, workBuf[:])
 			}
 		}
 		return false, nil

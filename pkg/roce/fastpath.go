@@ -67,8 +67,6 @@ type rxState struct {
 	// second split), seg is the segment's datagram (superframe.go).
 	splitting bool
 	seg       link.Datagram
-	// verified: the segment being handled passed its ICRC check in the split
-	verified bool
 }
 
 // icrcEntry is one cached pseudo-header CRC state (bth.PseudoHeaderCRC of ep and n bytes).

@@ -77,20 +77,21 @@ func (d *Device) splitGSO(rx *rxState, dg *link.Datagram) bool {
 }
 
 // handleSegments handles dg's segments of size s, which segmentsVerify accepted: each as a
-// datagram with its IPv4 ID, its ICRC not checked again (rx.verified).
+// datagram with its IPv4 ID, its ICRC not checked again. rx.splitting is cleared however the
+// handling ends (application code runs in it: a panic the application recovers from must not
+// leave the next GSO message unsplit).
 func (d *Device) handleSegments(rx *rxState, dg *link.Datagram, s int) {
 	b, n := dg.Buf, len(dg.Buf)
-	rx.splitting, rx.verified = true, true
+	rx.splitting = true
+	defer func() { rx.splitting, rx.seg = false, link.Datagram{} }()
+	d.cnt.RcvdGSOSplit.Add(1)
 	id := dg.IPv4ID
 	for off := 0; off < n; off += s {
 		end := min(off+s, n)
 		rx.seg = link.Datagram{Buf: b[off:end:end], Src: dg.Src, Dst: dg.Dst, HasIPv4ID: true, IPv4ID: id}
-		d.handle(rx, &rx.seg)
+		d.handleChecked(rx, &rx.seg, true)
 		id++
 	}
-	rx.seg = link.Datagram{}
-	rx.splitting, rx.verified = false, false
-	d.cnt.RcvdGSOSplit.Add(1)
 }
 
 // expectedLen returns the length of the RoCE packet at the start of b when its headers fix it
@@ -98,6 +99,9 @@ func (d *Device) handleSegments(rx *rxState, dg *link.Datagram, s int) {
 // payload (ACK, READ request, atomics: the headers and the ICRC), or with a fixed one, or an
 // RDMA WRITE Only (its RETH's DMA length, padded to 4 bytes); 0 when the length is free.
 func expectedLen(b []byte) int {
+	if len(b) < bth.BTHSize {
+		return 0
+	}
 	info := bth.Opcode(b[0]).Info()
 	if !info.Valid || len(b) < info.HdrLen+bth.ICRCSize {
 		return 0

@@ -288,3 +288,64 @@ func TestICRCKnownIPv4ID(t *testing.T) {
 	hand("ICRC for 0x0007, arrived with 0", link.Datagram{Buf: superWrite(src, b, 102, 16, p, 7), Src: src, Dst: dst, HasIPv4ID: true}, 0, 0, 1)
 	hand("ICRC for 0xdf79, ID unknown", link.Datagram{Buf: superWrite(src, b, 102, 16, p, 0xdf79), Src: src, Dst: dst}, 1, 1, 0)
 }
+
+// TestSplitPanicRecovered: application code runs while a split message's segments are handled
+// (here a RecvRefill that panics on the SEND segment); after the application recovers from the
+// panic and keeps polling, a datagram with a wrong ICRC is still dropped (the segments' "ICRC
+// already checked" never outlives them) and the next GSO message is split again.
+func TestSplitPanicRecovered(t *testing.T) {
+	da, db, la, _ := polledPair(t, "mem-gso")
+	a, b := newEnd(t, da, qp.TypeRC, 1<<12), newEnd(t, db, qp.TypeRC, 1<<12)
+	if err := b.qp.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	refill := true
+	var err error
+	if b.qp, err = db.CreateQP(QPInit{Type: qp.TypeRC, PD: b.pd, SendCQ: b.scq, RecvCQ: b.rcq,
+		Cap: qp.Cap{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 1, MaxRecvSGE: 1},
+		RecvRefill: func() {
+			if refill {
+				refill = false
+				panic("application refill")
+			}
+		}}); err != nil {
+		t.Fatal(err)
+	}
+	connect(t, a, b, qp.MTU1024, 100, 200)
+	src, dst := netip.AddrPortFrom(a.addr, 0xC001), netip.AddrPortFrom(b.addr, 4791)
+	send := make([]byte, bth.BTHSize+8+bth.ICRCSize) // a SEND Only: b has no receive WQE, RecvRefill runs
+	bth.BTH(send).Encode(&bth.BTHFields{Opcode: bth.OpRCSendOnly, PKey: 0xffff, DestQP: b.qp.Num(), PSN: 101})
+	ep := bth.Endpoints{Src: src.Addr(), Dst: b.addr, SrcPort: src.Port(), DstPort: 4791, IPID: 1}
+	bth.SetICRC(send, bth.ICRC(&ep, send))
+	if err := la.Link.Send([]link.Datagram{{Buf: slices.Concat(superWrite(src, b, 100, 0, bytes.Repeat([]byte{1}, 8), 0), send), Src: src, Dst: dst}}); err != nil {
+		t.Fatal(err)
+	}
+	panicked := false
+	func() {
+		defer func() { panicked = recover() != nil }()
+		db.Poll()
+	}()
+	if !panicked || db.pl.rx.splitting {
+		t.Fatalf("panicked %v, split state left set %v; want a recovered panic and the state cleared", panicked, db.pl.rx.splitting)
+	}
+	w := superWrite(src, b, 101, 256, bytes.Repeat([]byte{7}, 8), 0)
+	w[len(w)-1] ^= 1
+	w0, s0 := b.qp.RemoteWrites(), db.Stats()
+	if err := la.Link.Send([]link.Datagram{{Buf: w, Src: src, Dst: dst}}); err != nil {
+		t.Fatal(err)
+	}
+	db.Poll()
+	if s := db.Stats(); s.RcvdDropped != s0.RcvdDropped+1 || b.qp.RemoteWrites() != w0 || b.buf[256] != 0 {
+		t.Fatalf("a WRITE with a wrong ICRC after the recovered panic: %d dropped, %d executed", s.RcvdDropped-s0.RcvdDropped, b.qp.RemoteWrites()-w0)
+	}
+	// the next message is split (PSN 101 again: the SEND's never executed)
+	msg := slices.Concat(superWrite(src, b, 101, 320, bytes.Repeat([]byte{2}, 8), 0), superWrite(src, b, 102, 384, bytes.Repeat([]byte{3}, 8), 1))
+	s1 := db.Stats()
+	if err := la.Link.Send([]link.Datagram{{Buf: msg, Src: src, Dst: dst}}); err != nil {
+		t.Fatal(err)
+	}
+	db.Poll()
+	if s := db.Stats(); s.RcvdGSOSplit != s1.RcvdGSOSplit+1 || b.buf[320] != 2 || b.buf[384] != 3 {
+		t.Fatalf("the next GSO message: %d split, bytes %d %d; want split and both WRITEs executed", s.RcvdGSOSplit-s1.RcvdGSOSplit, b.buf[320], b.buf[384])
+	}
+}
