@@ -7,24 +7,25 @@ import (
 	"github.com/softroce/softroce/pkg/cq"
 )
 
-// TestPairRun: a responder whose ACK is still queued (ReceiveDeferred, before FlushReceived:
-// a polled device between two Polls) and that then posts a WRITE sends both as ONE GSO run —
-// the WRITE first (segment 0, ICRC for IPv4 ID 0), the shorter ACK last (ICRC for ID 1; runOut
-// checks both) — and the peer gets both: its WRITE completes and the data lands. Two requests
-// posted together keep their order (no swap), and a response alone stays plain.
-func TestPairRun(t *testing.T) {
+// pairSides connects a (QPN 0x11) and b (0x12), b sending through a runOut (GSO runs or not).
+func pairSides(t *testing.T, gso bool) (*net, *side, *side, *runOut) {
 	n := newNet(t)
 	a := n.newSide("10.0.0.1", sideOpts{qpn: 0x11, bufSize: 1 << 16})
 	b := n.newSide("10.0.0.2", sideOpts{qpn: 0x12, bufSize: 1 << 16})
-	ro := &runOut{t: t, gso: true}
+	ro := &runOut{t: t, gso: gso}
 	b.qp.cfg.Out, b.qp.runs = ro, ro
 	b.out = &ro.chanOut
 	n.connect(a, b, connOpts{mtu: MTU1024})
+	return n, a, b, ro
+}
 
-	// a -> b: one 8-byte WRITE, received deferred (its ACK stays queued)
-	a.fill(0, 8, 1)
-	a.postSend(t, SendWR{WRID: 1, Opcode: WRRDMAWrite, SGL: []SGE{a.sge(0, 8)}, Flags: SendSignaled,
-		RemoteAddr: b.va(0), RKey: b.mr.RKey()})
+// writeDeferred has a post an 8-byte WRITE (wrid, a's and b's buffers at off) and b receive it
+// with ReceiveDeferred: b's ACK stays queued in its burst (a polled device between two Polls).
+func writeDeferred(t *testing.T, n *net, a, b *side, wrid uint64, off int) {
+	t.Helper()
+	a.fill(off, 8, byte(wrid))
+	a.postSend(t, SendWR{WRID: wrid, Opcode: WRRDMAWrite, SGL: []SGE{a.sge(off, 8)}, Flags: SendSignaled,
+		RemoteAddr: b.va(off), RKey: b.mr.RKey()})
 	if len(a.out.q) != 1 {
 		t.Fatalf("a sent %d datagrams", len(a.out.q))
 	}
@@ -37,6 +38,18 @@ func TestPairRun(t *testing.T) {
 	if !b.qp.ReceiveDeferred(n.clk.Now(), &p, d.Src, d.Dst) {
 		t.Fatal("ReceiveDeferred dropped the WRITE")
 	}
+}
+
+// TestPairRun: a responder whose ACK is still queued (ReceiveDeferred, before FlushReceived:
+// a polled device between two Polls) and that then posts a WRITE sends both as ONE GSO run —
+// the WRITE first (segment 0, ICRC for IPv4 ID 0), the shorter ACK last (ICRC for ID 1; runOut
+// checks both) — and the peer gets both: its WRITE completes and the data lands. Two requests
+// posted together keep their order (no swap), and a response alone stays plain.
+func TestPairRun(t *testing.T) {
+	n, a, b, ro := pairSides(t, true)
+
+	// a -> b: one 8-byte WRITE, received deferred (its ACK stays queued)
+	writeDeferred(t, n, a, b, 1, 0)
 	if ro.sendRuns != 0 || ro.plain != 0 || len(ro.q) != 0 {
 		t.Fatal("the deferred ACK left before FlushReceived or the next post")
 	}
@@ -82,33 +95,9 @@ func TestPairRun(t *testing.T) {
 // handles it while the ACK is on its way; pairRun), each with its ICRC for IPv4 ID 0 (runOut's
 // Send checks), and both reach the peer. A response alone and two requests keep their order.
 func TestPairPlain(t *testing.T) {
-	n := newNet(t)
-	a := n.newSide("10.0.0.1", sideOpts{qpn: 0x11, bufSize: 1 << 16})
-	b := n.newSide("10.0.0.2", sideOpts{qpn: 0x12, bufSize: 1 << 16})
-	ro := &runOut{t: t, gso: false}
-	b.qp.cfg.Out, b.qp.runs = ro, ro
-	b.out = &ro.chanOut
-	n.connect(a, b, connOpts{mtu: MTU1024})
+	n, a, b, ro := pairSides(t, false)
 
-	deliver := func(wrid uint64, off int) {
-		t.Helper()
-		a.fill(off, 8, byte(wrid))
-		a.postSend(t, SendWR{WRID: wrid, Opcode: WRRDMAWrite, SGL: []SGE{a.sge(off, 8)}, Flags: SendSignaled,
-			RemoteAddr: b.va(off), RKey: b.mr.RKey()})
-		if len(a.out.q) != 1 {
-			t.Fatalf("a sent %d datagrams", len(a.out.q))
-		}
-		d := a.out.q[0]
-		a.out.q = nil
-		p, err := bth.Parse(d.Buf)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !b.qp.ReceiveDeferred(n.clk.Now(), &p, d.Src, d.Dst) {
-			t.Fatal("ReceiveDeferred dropped the WRITE")
-		}
-	}
-	deliver(1, 0)
+	writeDeferred(t, n, a, b, 1, 0)
 	b.fill(100, 8, 2)
 	b.postSend(t, SendWR{WRID: 2, Opcode: WRRDMAWrite, SGL: []SGE{b.sge(100, 8)}, Flags: SendSignaled,
 		RemoteAddr: a.va(100), RKey: a.mr.RKey()})
@@ -126,7 +115,7 @@ func TestPairPlain(t *testing.T) {
 
 	// a response alone (the flush of a deferred ACK with nothing posted) stays as it is
 	ro.plain = 0
-	deliver(3, 200)
+	writeDeferred(t, n, a, b, 3, 200)
 	b.qp.FlushReceived(n.clk.Now())
 	if ro.plain != 1 || len(ro.q) != 1 || bth.BTH(ro.q[0].Buf).Opcode() != bth.OpRCAck {
 		t.Fatalf("a lone ACK: %d plain Sends of %d datagrams", ro.plain, len(ro.q))
