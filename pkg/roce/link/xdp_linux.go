@@ -120,6 +120,7 @@ type xdpSock struct {
 	txmu   sync.Mutex
 	free   []uint64 // transmit chunks
 	queued int      // descriptors written since the last kick
+	txProd uint32   // the transmit ring's producer index as written; kick publishes it
 
 	// peers: IPv4 address -> MAC address, learned from received frames or from the kernel's
 	// neighbour table (asked through nl, a netlink socket of the link's namespace, at most
@@ -407,27 +408,28 @@ func (x *xdpSock) queue(d *Datagram) bool {
 	u[0], u[1], u[2], u[3] = byte(sp>>8), byte(sp), byte(dp>>8), byte(dp)
 	u[4], u[5], u[6], u[7] = byte(ul>>8), byte(ul), 0, 0
 	copy(f[42:], d.Buf)
-	p := atomic.LoadUint32(x.tx.prod)
+	p := x.txProd
 	if p-atomic.LoadUint32(x.tx.cons) >= xdpRing {
 		x.free = append(x.free, a)
 		return false
 	}
 	xd := x.tx.xdesc(p)
 	xd.Addr, xd.Len, xd.Options = a, uint32(n), 0
-	atomic.StoreUint32(x.tx.prod, p+1)
+	x.txProd = p + 1 // published by kick: one store per send, not per frame
 	x.queued++
 	return true
 }
 
-// ipChecksum sets the IPv4 header checksum of h (20 bytes).
+// ipChecksum sets the IPv4 header checksum of h (20 bytes; its checksum field 0): the
+// one's-complement sum of the ten 16-bit words, taken as five 32-bit words and folded.
 func ipChecksum(h []byte) {
-	var sum uint32
-	for i := 0; i < 20; i += 2 {
-		sum += uint32(h[i])<<8 | uint32(h[i+1])
-	}
-	for sum > 0xffff {
-		sum = sum&0xffff + sum>>16
-	}
+	_ = h[19]
+	sum := uint64(binary.BigEndian.Uint32(h[0:])) + uint64(binary.BigEndian.Uint32(h[4:])) +
+		uint64(binary.BigEndian.Uint32(h[8:])) + uint64(binary.BigEndian.Uint32(h[12:])) +
+		uint64(binary.BigEndian.Uint32(h[16:]))
+	sum = sum&0xffff + sum>>16
+	sum = sum&0xffff + sum>>16
+	sum = sum&0xffff + sum>>16
 	h[10], h[11] = byte(^sum>>8), byte(^sum)
 }
 
@@ -439,6 +441,7 @@ func (x *xdpSock) kick() error {
 	}
 	n := uint64(x.queued)
 	x.queued = 0
+	atomic.StoreUint32(x.tx.prod, x.txProd)
 	x.sent.Add(n)
 	x.l.sent.Add(n)
 	x.l.sendBatches.Add(1)
@@ -449,7 +452,7 @@ func (x *xdpSock) kick() error {
 		default:
 			return fmt.Errorf("AF_XDP send on %s: %w", x.lk.Attrs().Name, e)
 		}
-		if atomic.LoadUint32(x.tx.cons) == atomic.LoadUint32(x.tx.prod) {
+		if atomic.LoadUint32(x.tx.cons) == x.txProd {
 			return nil
 		}
 		if try > 2 {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"testing"
@@ -416,5 +417,41 @@ func TestXDPNative(t *testing.T) {
 	}
 	if sa, sb := a.Stats(), b.Stats(); sa.XDPReceived != 20 || sb.XDPReceived != 20 || sb.XDPFallbacks != 0 {
 		t.Fatalf("stats A %+v B %+v: want every datagram received through the rings", sa, sb)
+	}
+}
+
+// TestIPChecksum: ipChecksum against the RFC 1071 sum of ten 16-bit words, for random headers
+// and the all-ones and all-zero ones (carries folded more than once).
+func TestIPChecksum(t *testing.T) {
+	ref := func(h []byte) uint16 {
+		var sum uint32
+		for i := 0; i < 20; i += 2 {
+			if i != 10 {
+				sum += uint32(h[i])<<8 | uint32(h[i+1])
+			}
+		}
+		for sum > 0xffff {
+			sum = sum&0xffff + sum>>16
+		}
+		return ^uint16(sum)
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	h := make([]byte, 20)
+	for i := range 20000 {
+		for j := range h {
+			switch i {
+			case 0:
+				h[j] = 0xff
+			case 1:
+				h[j] = 0
+			default:
+				h[j] = byte(r.Uint32())
+			}
+		}
+		h[10], h[11] = 0, 0
+		ipChecksum(h)
+		if got, want := uint16(h[10])<<8|uint16(h[11]), ref(h); got != want {
+			t.Fatalf("header % x: checksum %#04x, want %#04x", h, got, want)
+		}
 	}
 }
