@@ -153,8 +153,8 @@ func (t *txSet) runICRCState(ep *bth.Endpoints, n int, k uint16) uint32 {
 
 // sendBurst hands the burst to the Output: as GSO runs when any run has more than one packet.
 func (q *QP) sendBurst(t *txSet) error {
-	q.pairRun(t)
 	if q.runs != nil {
+		q.pairRun(t)
 		for _, r := range t.runs {
 			if r > 1 {
 				return q.runs.SendRuns(t.batch, t.runs)
@@ -182,40 +182,37 @@ func (q *QP) pseudoHeader(ep *bth.Endpoints, n int) *icrcCache {
 	return &c[0]
 }
 
-// pairRun puts the request first in a burst that is a response followed by a request: a polled
-// device's deferred ACK (roce.Options.Polled) and the WRITE the application posted next. The two
-// belong to opposite directions of the connection (the responder's ACK stream and the
-// requester's request stream), which IBTA orders independently (9.7.1), so their order on the
-// wire does not matter to the protocol; it matters to the peer's latency:
+// pairRun makes one GSO run of a burst that is a response followed by a longer request to the
+// same peer: a polled device's deferred ACK (roce.Options.Polled) and the WRITE the application
+// posted next. As built they are two plain datagrams (a run cannot grow past its first
+// datagram's length); swapped, the request leads and sets the segment size and the response is
+// the shorter last segment, so both leave as one UDP_SEGMENT message — one trip through the
+// kernel's UDP/IP path and one socket read at the peer instead of two. The request stays
+// segment 0 (its ICRC was computed for IPv4 ID 0); the response becomes segment 1 and gets
+// its ICRC recomputed for ID 1 (IBTA A17.3.3). The two belong to opposite directions of the
+// connection (the responder's ACK stream and the requester's request stream), which IBTA
+// orders independently (9.7.1), so their order on the wire does not matter.
 //
-//   - With GSO (the Output is a link.RunSender using it for the source address) and a shorter
-//     response to the same peer, the pair becomes one GSO run — as built they are two plain
-//     datagrams, and a run cannot grow past its first datagram's length; swapped, the request
-//     leads and sets the segment size and the response is the shorter last segment, so both
-//     leave as one UDP_SEGMENT message: one trip through the kernel's UDP/IP path and one socket
-//     read at the peer instead of two. The request stays segment 0 (its ICRC was computed for
-//     IPv4 ID 0); the response becomes segment 1 and gets its ICRC recomputed for ID 1 (IBTA
-//     A17.3.3).
-//   - Otherwise (the AF_XDP path's frames, a link without GSO) they stay two plain datagrams,
-//     request first: the kernel delivers them one after the other, and a ping-pong's peer
-//     (ib_write_lat: it posts once it has its completion and our WRITE) handles the WRITE while
-//     the ACK is still on its way, leaving only the cheaper ACK for after the last frame.
+// Without GSO (the AF_XDP path's frames) the pair keeps its order, the ACK first. Request first
+// was tried (2026-12-01, docs/performance.md): the peer then reads the WRITE before the ACK it
+// waits for, and flushes its own deferred ACK alone on its next Poll — two sends per half trip
+// instead of one, 12% slower on the host and no better in the lab guest.
 func (q *QP) pairRun(t *txSet) {
 	if len(t.batch) != 2 || len(t.runs) != 2 {
 		return
 	}
 	rsp, req := &t.batch[0], &t.batch[1]
-	if len(rsp.Buf) < bth.BTHSize || len(req.Buf) < bth.BTHSize ||
-		bth.BTH(rsp.Buf).Opcode().Info().Request || !bth.BTH(req.Buf).Opcode().Info().Request {
+	if len(rsp.Buf) < bth.BTHSize || len(rsp.Buf) >= len(req.Buf) || rsp.Src != req.Src || rsp.Dst != req.Dst ||
+		rsp.TClass != req.TClass || !rsp.Src.Addr().Is4() || !q.runs.RunGSO(rsp.Src.Addr()) {
 		return
 	}
-	if len(rsp.Buf) < len(req.Buf) && rsp.Src == req.Src && rsp.Dst == req.Dst && rsp.TClass == req.TClass &&
-		rsp.Src.Addr().Is4() && q.runs != nil && q.runs.RunGSO(rsp.Src.Addr()) {
-		ep := bth.Endpoints{Src: rsp.Src.Addr(), Dst: rsp.Dst.Addr(), SrcPort: rsp.Src.Port(), DstPort: rsp.Dst.Port()}
-		bth.SetICRC(rsp.Buf, bth.ICRCContinue(t.runICRCState(&ep, len(rsp.Buf), 1), rsp.Buf))
-		t.runs = append(t.runs[:0], 2)
+	if bth.BTH(rsp.Buf).Opcode().Info().Request || !bth.BTH(req.Buf).Opcode().Info().Request {
+		return
 	}
+	ep := bth.Endpoints{Src: rsp.Src.Addr(), Dst: rsp.Dst.Addr(), SrcPort: rsp.Src.Port(), DstPort: rsp.Dst.Port()}
+	bth.SetICRC(rsp.Buf, bth.ICRCContinue(t.runICRCState(&ep, len(rsp.Buf), 1), rsp.Buf))
 	t.batch[0], t.batch[1] = t.batch[1], t.batch[0]
+	t.runs = append(t.runs[:0], 2)
 }
 
 // ensureSQ allocates the send ring at the first PostSend (Cap.MaxSendWR slots).

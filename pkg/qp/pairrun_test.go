@@ -91,9 +91,10 @@ func TestPairRun(t *testing.T) {
 }
 
 // TestPairPlain: without GSO (the AF_XDP path's frames, a link that refused UDP_SEGMENT) the
-// deferred ACK and the WRITE posted next leave as two plain datagrams, the WRITE first (the peer
-// handles it while the ACK is on its way; pairRun), each with its ICRC for IPv4 ID 0 (runOut's
-// Send checks), and both reach the peer. A response alone and two requests keep their order.
+// deferred ACK and the WRITE posted next leave in one Send as two plain datagrams in the order
+// built, the ACK first (pairRun: request first was tried and was slower), each with its ICRC for
+// IPv4 ID 0 (runOut's Send checks), and both reach the peer. A response alone and two requests
+// keep their order.
 func TestPairPlain(t *testing.T) {
 	n, a, b, ro := pairSides(t, false)
 
@@ -104,8 +105,8 @@ func TestPairPlain(t *testing.T) {
 	if ro.sendRuns != 0 || ro.plain != 1 || len(ro.q) != 2 {
 		t.Fatalf("SendRuns %d, plain Sends %d of %d datagrams; want one plain Send of 2", ro.sendRuns, ro.plain, len(ro.q))
 	}
-	if op0, op1 := bth.BTH(ro.q[0].Buf).Opcode(), bth.BTH(ro.q[1].Buf).Opcode(); op0 != bth.OpRCWriteOnly || op1 != bth.OpRCAck {
-		t.Fatalf("order %v, %v; want the WRITE, then the ACK", op0, op1)
+	if op0, op1 := bth.BTH(ro.q[0].Buf).Opcode(), bth.BTH(ro.q[1].Buf).Opcode(); op0 != bth.OpRCAck || op1 != bth.OpRCWriteOnly {
+		t.Fatalf("order %v, %v; want the ACK, then the WRITE", op0, op1)
 	}
 	n.pump()
 	expectWC(t, pollAll(a.scq), cq.WC{WRID: 1, Status: cq.StatusSuccess, Opcode: cq.OpRDMAWrite, ByteLen: 8, QPNum: 0x11})

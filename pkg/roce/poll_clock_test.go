@@ -11,7 +11,7 @@ import (
 
 // TestPolledClockReadsPerRoundTrip: a polled ping-pong of 8-byte WRITEs (ib_write_lat's loop)
 // reads the clock 4 times per round trip: each side's PostSend (its ACK timer starts, IBTA
-// 9.7.6.1.3) and each side's Poll that reads the peer's [WRITE, ACK]. The Poll that flushes
+// 9.7.6.1.3) and each side's Poll that reads the peer's [ACK, WRITE]. The Poll that flushes
 // what the previous one deferred reads none: the application's PostSend sent the deferred ACK
 // and started the timer already (qp.QP.FlushDeferred).
 func TestPolledClockReadsPerRoundTrip(t *testing.T) {

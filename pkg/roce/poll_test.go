@@ -232,15 +232,14 @@ func TestPolledPingPong(t *testing.T) {
 				}
 				joined, other := 0, 0
 				for _, s := range l.sends() {
-					// the WRITE first (qp's pairRun: the peer handles it while the ACK is on its way)
-					if len(s) == 2 && s[0] == bth.OpRCWriteOnly && s[1] == bth.OpRCAck {
+					if len(s) == 2 && s[0] == bth.OpRCAck && s[1] == bth.OpRCWriteOnly {
 						joined++
 					} else {
 						other++
 					}
 				}
 				if joined < iters-1 || other > 2 {
-					t.Fatalf("%d Sends carried the next WRITE and an ACK, %d others; want >= %d and <= 2", joined, other, iters-1)
+					t.Fatalf("%d Sends carried an ACK and the next WRITE, %d others; want >= %d and <= 2", joined, other, iters-1)
 				}
 			}
 			if kind == "mem-gso" || kind == "gso-xdp" { // b (and a on mem-gso) received [WRITE, ACK] messages whole, and split them
@@ -489,7 +488,7 @@ func TestPseudoHeaderCache(t *testing.T) {
 	}
 }
 
-// TestPolledRecovery: polled ping-pong in which one side's [WRITE, ACK] send is lost: the peers
+// TestPolledRecovery: polled ping-pong in which one side's [ACK, WRITE] send is lost: the peers
 // recover by retransmission (ACK timeout on the manual clock) and finish.
 func TestPolledRecovery(t *testing.T) {
 	for _, c := range []struct {
