@@ -78,8 +78,9 @@ type icrcEntry struct {
 }
 
 // icrcWithID is bth.ICRC of buf for ep (IPv4 ID 0) with IPv4 Identification id (IBTA A17.3.3),
-// from the pseudo-header cache of ID 0 for every ID (bth.IPv4IDDelta): our DF senders' ID 0 (and
-// what a UDP socket assumes), kernel rxe's counting IDs and GSO pairs' seen over AF_XDP.
+// from the pseudo-header cache of ID 0 for every ID (bth.IPv4IDDelta): our DF senders' ID 0
+// (and what a UDP socket assumes), and the IDs the AF_XDP path sees (kernel rxe's counting
+// ones, a GSO message's ID + k).
 func (rx *rxState) icrcWithID(ep *bth.Endpoints, buf []byte, id uint16) uint32 {
 	return bth.ICRCContinue(rx.pseudoHeader(ep, len(buf))^bth.IPv4IDDelta(id), buf)
 }
