@@ -244,6 +244,8 @@ func FuzzSplitGSO(f *testing.F) {
 	f.Add(slices.Concat(superWrite(src, b, 100, 0, p, 0), superWrite(src, b, 101, 64, p, 1)))
 	f.Add(slices.Concat(superWrite(src, b, 102, 0, make([]byte, 16), 0), superWrite(src, b, 103, 64, p, 1)))
 	f.Add(superWrite(src, b, 100, 0, make([]byte, 32), 0))
+	// a shorter last segment, found from the first packet's DMA length (expectedLen)
+	f.Add(slices.Concat(superWrite(src, b, 100, 0, p, 0), superWrite(src, b, 101, 64, p[:4], 1)))
 	dst := netip.AddrPortFrom(b.addr, 4791)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		before := db.Stats().RcvdGSOSplit
