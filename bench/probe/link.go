@@ -9,7 +9,6 @@ import (
 	"os"
 	"runtime"
 	"time"
-	"unsafe"
 
 	"github.com/softroce/softroce/pkg/roce/link"
 	"golang.org/x/sys/unix"
@@ -244,11 +243,7 @@ func gsoSocket(local netip.Addr) (int, error) {
 }
 
 func gsoSend(fd int, buf []byte, seg int, peer netip.Addr, port int, connected bool) error {
-	oob := make([]byte, unix.CmsgSpace(2))
-	h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
-	h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
-	h.SetLen(unix.CmsgLen(2))
-	*(*uint16)(unsafe.Pointer(&oob[unix.CmsgLen(0)])) = uint16(seg)
+	oob := gsoCmsg(seg)
 	if connected {
 		return unix.Sendmsg(fd, buf, oob, nil, 0)
 	}
