@@ -36,6 +36,10 @@ import (
 //	-work N    N rounds of user-space work after each read (a CRC over 64 bytes each): the
 //	           receiver busy while the sender's kernel still delivers the pair's second frame
 //	-idlework N  the same after each empty read: a spin loop heavier than TryRecv alone
+//	-pkttx     with -xdp -pair: send the pair as one AF_PACKET frame with a virtio-net header
+//	           asking for UDP GSO (pkttx.go): one skb through the kernel, no route lookup, our
+//	           own IPv4 IDs; the first 3 sends go through the ring (they resolve the MAC).
+//	           Linux 6.2+ (EINVAL before); what the link's GSO pairs do (xdppair_linux.go)
 //	-pairsock  with -gsotx: a connected DF socket whose IPv4 IDs (the ICRC covers them) are
 //	           learnt from looped-back transmit timestamps (pairsock.go); the client prints the
 //	           IDs it predicted, the server those it saw. An experiment, not kept in the link
@@ -59,6 +63,7 @@ func linkPingPong(args []string, isClient bool) error {
 	conn := fs.Bool("conn", false, "with -gsotx: connect the plain socket to the peer (experiment)")
 	work := fs.Int("work", 0, "rounds of user-space work (a CRC over 64 bytes each) after each datagram read, while the next may still be arriving (experiment)")
 	idlework := fs.Int("idlework", 0, "rounds of the same work after each empty read: a heavier spin (experiment)")
+	pkttx := fs.Bool("pkttx", false, "with -xdp -pair: send the pair as one AF_PACKET frame with a virtio-net GSO header (experiment, pkttx.go)")
 	pairsock := fs.Bool("pairsock", false, "with -gsotx: a connected DF socket whose IPv4 IDs are learnt (experiment); prints predicted and received IDs")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -110,7 +115,8 @@ func linkPingPong(args []string, isClient bool) error {
 	if *pair {
 		expect = 2
 	}
-	if *gsotx {
+	countBytes := *gsotx || *pkttx
+	if countBytes {
 		expect = *size + 20 // bytes: one superframe or two datagrams
 	}
 	var gfd int
@@ -134,7 +140,22 @@ func linkPingPong(args []string, isClient bool) error {
 		fmt.Fprintf(os.Stderr, "pairsock %v: next ID %d, %d per GSO send\n", ps.local, ps.id, ps.perSend)
 	}
 	var predicted []uint16
+	var pk *pktSock
+	sends := 0
 	send := func() error {
+		if *pkttx {
+			if sends++; sends > 3 && pk == nil { // the ring's first sends resolved the peer's MAC
+				if pk, err = newPktSock(local, src.Port(), peer, uint16(*port)); err != nil {
+					return err
+				}
+			}
+			if pk != nil {
+				copy(gbuf, out[0].Buf)
+				copy(gbuf[*size:], out[1].Buf)
+				return pk.send(gbuf, *size)
+			}
+			return l.Send(out)
+		}
 		if ps != nil {
 			if len(predicted) < 8 {
 				predicted = append(predicted, ps.id)
@@ -170,14 +191,14 @@ func linkPingPong(args []string, isClient bool) error {
 				if len(in[i].Buf) == 1 {
 					return true, nil
 				}
-				if *gsotx {
+				if countBytes {
 					got += len(in[i].Buf)
 					if in[i].HasIPv4ID && len(seenIDs) < 8 {
 						seenIDs = append(seenIDs, in[i].IPv4ID)
 					}
 				}
 			}
-			if !*gsotx {
+			if !countBytes {
 				got += n
 			}
 			w := *work

@@ -90,6 +90,8 @@ type devOpenOptions struct {
 	// XDP adds the link's AF_XDP path (link.XDPOptions); the active MTU is then at most 2048,
 	// so that every packet fits the path (link.XDPMaxFrame).
 	XDP bool
+	// XDPNoPairs keeps that path's [request, response] pairs as two frames (XDPOptions.NoPairs).
+	XDPNoPairs bool
 }
 
 // localDev is an opened device and the local address it speaks from.
@@ -124,7 +126,7 @@ func openLocalDevice(f *devFlag, o devOpenOptions) (*localDev, error) {
 		name = "softroce0"
 	}
 	d, err := roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{addr}, Port: o.Port, Portable: o.Portable, MTU: mtu, Name: name,
-		Link: link.UDPOptions{BusyPoll: o.BusyPoll, XDP: link.XDPOptions{On: o.XDP}}, Polled: o.Polled})
+		Link: link.UDPOptions{BusyPoll: o.BusyPoll, XDP: link.XDPOptions{On: o.XDP, NoPairs: o.XDPNoPairs}}, Polled: o.Polled})
 	if err != nil {
 		return nil, fmt.Errorf("%w on %v: %w", errDevFlag, addr, err)
 	}

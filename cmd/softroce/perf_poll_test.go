@@ -83,6 +83,7 @@ func TestPerfXDP(t *testing.T) {
 		{"write", "--lat", "--busy-poll", "--xdp", "--portable"},
 		{"write", "--xdp", "--loopback"},
 		{"write", "--lat", "--xdp", "--daemon", "/tmp/x.sock"},
+		{"write", "--lat", "--xdp-no-pairs"},
 	} {
 		if _, err := parsePerf(args, io.Discard); !errors.Is(err, errPerfUsage) {
 			t.Errorf("%v: %v, want a usage error", args, err)
@@ -130,6 +131,15 @@ func TestPerfXDP(t *testing.T) {
 		}
 		if sent < iters || recv < iters || fb > 1 {
 			t.Errorf("%s: AF_XDP sent %d, received %d, socket sends %d; want the %d WRITEs and their ACKs in the rings", side, sent, recv, fb, iters)
+		}
+		// each WRITE after the first leaves with the ACK of the peer's last one: one GSO frame
+		// where the kernel takes them (link.PairSender), else two ring frames
+		var pairs int
+		if _, err := fmt.Sscanf(e[i:], "stats: link AF_XDP path sent %d, received %d, sends through the UDP socket %d, pairs as one GSO frame %d", &sent, &recv, &fb, &pairs); err != nil {
+			t.Fatalf("%s: %v in %q", side, err, e[i:])
+		}
+		if on := netnstest.KernelAtLeast(t, 6, 2); on && pairs < iters-1 || !on && (pairs != 0 || !strings.Contains(strings.SplitN(e[i:], "\n", 2)[0], "refused by the kernel")) {
+			t.Errorf("%s: %d pairs as one frame (kernel 6.2 or later: %v); want >= %d there, else none and pairs off", side, pairs, on, iters-1)
 		}
 	}
 }

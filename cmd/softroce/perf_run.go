@@ -773,7 +773,7 @@ func perfRun(c *perfConfig, env *perfEnv) (err error) {
 	open := func(peer netip.Addr) error {
 		var e error
 		if ld, e = openVerbsDevice(c.Daemon, &c.Dev, devOpenOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer,
-			BusyPoll: c.linkBusyPoll(), Polled: c.polled(), XDP: c.XDP}); e != nil {
+			BusyPoll: c.linkBusyPoll(), Polled: c.polled(), XDP: c.XDP, XDPNoPairs: c.XDPNoPairs}); e != nil {
 			return e
 		}
 		if c.MTU != 0 && c.MTU > ld.MTU {
@@ -1037,7 +1037,12 @@ func perfPrintStats(w io.Writer, vd *verbsDev) {
 			s.Sent, s.SendBatches, s.GSOSends, s.Received, s.RecvBatches, s.GROReceives, s.Drops, s.Truncated, s.Fallbacks,
 			s.EntropySockets, s.EntropyFallbacks)
 		if s.XDPSent+s.XDPReceived+s.XDPFallbacks > 0 {
-			fmt.Fprintf(w, "stats: link AF_XDP path sent %d, received %d, sends through the UDP socket %d\n", s.XDPSent, s.XDPReceived, s.XDPFallbacks)
+			off := ""
+			if s.XDPPairsOff > 0 {
+				off = " (refused by the kernel: off)"
+			}
+			fmt.Fprintf(w, "stats: link AF_XDP path sent %d, received %d, sends through the UDP socket %d, pairs as one GSO frame %d%s\n",
+				s.XDPSent, s.XDPReceived, s.XDPFallbacks, s.XDPPairs, off)
 		}
 	}
 }

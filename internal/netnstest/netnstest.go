@@ -114,3 +114,18 @@ func up(name, cidr string, mtu int) error {
 	}
 	return netlink.LinkSetUp(l)
 }
+
+// KernelAtLeast reports whether the running kernel's release is major.minor or later (from
+// uname; a release it cannot read fails the test).
+func KernelAtLeast(tb testing.TB, major, minor int) bool {
+	tb.Helper()
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		tb.Fatal(err)
+	}
+	var ma, mi int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &ma, &mi); err != nil {
+		tb.Fatalf("kernel release %q: %v", unix.ByteSliceToString(u.Release[:]), err)
+	}
+	return ma > major || ma == major && mi >= minor
+}

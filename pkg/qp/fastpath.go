@@ -193,7 +193,9 @@ func (q *QP) pseudoHeader(ep *bth.Endpoints, n int) *icrcCache {
 // connection (the responder's ACK stream and the requester's request stream), which IBTA
 // orders independently (9.7.1), so their order on the wire does not matter.
 //
-// Without GSO (the AF_XDP path's frames) the pair keeps its order, the ACK first. Request first
+// The AF_XDP path sends such a pair as one GSO frame too where it can (link.PairSender, its
+// GSO pairs: a veth, Linux 6.2 and later). Without GSO (the AF_XDP path's frames otherwise)
+// the pair keeps its order, the ACK first. Request first
 // was tried (2026-12-01, docs/performance.md): the peer then reads the WRITE before the ACK it
 // waits for, and flushes its own deferred ACK alone on its next Poll — two sends per half trip
 // instead of one, 12% slower on the host and no better in the lab guest.
@@ -203,7 +205,7 @@ func (q *QP) pairRun(t *txSet) {
 	}
 	rsp, req := &t.batch[0], &t.batch[1]
 	if len(rsp.Buf) < bth.BTHSize || len(rsp.Buf) >= len(req.Buf) || rsp.Src != req.Src || rsp.Dst != req.Dst ||
-		rsp.TClass != req.TClass || !rsp.Src.Addr().Is4() || !q.runs.RunGSO(rsp.Src.Addr()) {
+		rsp.TClass != req.TClass || !rsp.Src.Addr().Is4() || !q.pairGSO(rsp.Src.Addr()) {
 		return
 	}
 	if bth.BTH(rsp.Buf).Opcode().Info().Request || !bth.BTH(req.Buf).Opcode().Info().Request {
@@ -213,6 +215,14 @@ func (q *QP) pairRun(t *txSet) {
 	bth.SetICRC(rsp.Buf, bth.ICRCContinue(t.runICRCState(&ep, len(rsp.Buf), 1), rsp.Buf))
 	t.batch[0], t.batch[1] = t.batch[1], t.batch[0]
 	t.runs = append(t.runs[:0], 2)
+}
+
+// pairGSO reports whether the Output sends a pair run from local as one GSO message.
+func (q *QP) pairGSO(local netip.Addr) bool {
+	if q.pairs != nil {
+		return q.pairs.PairGSO(local)
+	}
+	return q.runs.RunGSO(local)
 }
 
 // ensureSQ allocates the send ring at the first PostSend (Cap.MaxSendWR slots).

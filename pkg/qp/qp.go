@@ -206,10 +206,11 @@ type QP struct {
 	tmr  timers
 
 	// output: the current burst (nil when idle; fastpath.go) and the
-	// Output's GSO run interface (nil if it has none)
-	out  *txSet
-	runs link.RunSender
-	icrc [2]icrcCache // most recent first (pseudoHeader, fastpath.go)
+	// Output's GSO run and pair interfaces (nil if it has none)
+	out   *txSet
+	runs  link.RunSender
+	pairs link.PairSender
+	icrc  [2]icrcCache // most recent first (pseudoHeader, fastpath.go)
 	// resN is the number of responder resources (max_dest_rd_atomic) to
 	// allocate at the first READ/atomic
 	resN int
@@ -258,6 +259,9 @@ func New(c Config) (*QP, error) {
 	// the send and receive rings are allocated when first posted to
 	// (ensureSQ, ensureRQ in fastpath.go): an idle QP stays small
 	q.runs, _ = c.Out.(link.RunSender)
+	if q.runs != nil {
+		q.pairs, _ = c.Out.(link.PairSender)
+	}
 	q.resetLocked()
 	q.tmr.t = c.Clock.AfterFunc(time.Hour, q.onTimerFire)
 	q.tmr.t.Stop()

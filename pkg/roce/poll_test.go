@@ -67,6 +67,8 @@ type pollRunLink struct {
 
 func (l *pollRunLink) RunGSO(a netip.Addr) bool { return l.u.RunGSO(a) }
 
+func (l *pollRunLink) PairGSO(a netip.Addr) bool { return l.u.PairGSO(a) }
+
 func (l *pollRunLink) SendRuns(b []link.Datagram, runs []uint8) error {
 	if l.dropSend > 0 {
 		l.nsend++
@@ -112,16 +114,17 @@ func polledPair(t testing.TB, kind string) (a, b *Device, la, lb *pollLink) {
 		}
 	case "udp", "udp-gso":
 		l1, l2, port = listenPair(t, true, addrA, addrB, listenUDP)
-	case "xdp", "gso-xdp": // the AF_XDP path, between two namespaces on a veth pair (root);
-		// gso-xdp: a on the UDP socket path with its GSO runs, b on the AF_XDP path, which sees
-		// each of a's GSO messages whole (superframe.go)
+	case "xdp", "gso-xdp", "xdp-pairs": // the AF_XDP path, between two namespaces on a veth
+		// pair (root); gso-xdp: a on the UDP socket path with its GSO runs, b on the AF_XDP
+		// path, which sees each of a's GSO messages whole (superframe.go); xdp-pairs: both on
+		// the AF_XDP path with its GSO pairs (link.PairSender)
 		x, y := netnstest.Veth(t, "srpa", "198.18.7.1/24", "srpb", "198.18.7.2/24", 1500)
 		for _, s := range []struct {
 			th  *netnstest.Thread
 			l   *link.Link
 			a   string
 			xdp bool
-		}{{x, &l1, "198.18.7.1", kind == "xdp"}, {y, &l2, "198.18.7.2", true}} {
+		}{{x, &l1, "198.18.7.1", kind != "gso-xdp"}, {y, &l2, "198.18.7.2", true}} {
 			if err := s.th.Do(func() (err error) {
 				*s.l, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr(s.a)}, XDP: link.XDPOptions{On: s.xdp}})
 				return err
@@ -137,6 +140,9 @@ func polledPair(t testing.TB, kind string) (a, b *Device, la, lb *pollLink) {
 	}
 	if kind == "gso-xdp" { // a's runs: GSO messages to b's AF_XDP socket
 		oa = &pollRunLink{la, l1.(*link.UDPLink)}
+	}
+	if kind == "xdp-pairs" {
+		oa, ob = &pollRunLink{la, l1.(*link.UDPLink)}, &pollRunLink{lb, l2.(*link.UDPLink)}
 	}
 	clk := qp.NewManualClock(time.Unix(1000, 0))
 	var err error
@@ -191,7 +197,7 @@ func writeWR(e, peer *end, id uint64, off int) qp.SendWR {
 // leaves in the same Send batch as the ACK of the WRITE it answers (the ACK first): the ACK
 // the responder's Poll deferred waits for the application's next post.
 func TestPolledPingPong(t *testing.T) {
-	for _, kind := range []string{"mem", "udp", "xdp", "mem-gso", "gso-xdp"} {
+	for _, kind := range []string{"mem", "udp", "xdp", "mem-gso", "gso-xdp", "xdp-pairs"} {
 		t.Run(kind, func(t *testing.T) {
 			da, db, la, lb := polledPair(t, kind)
 			la.record, lb.record = true, true
@@ -224,9 +230,9 @@ func TestPolledPingPong(t *testing.T) {
 				t.Fatalf("b's last completion %+v", w)
 			}
 			for _, l := range []*pollLink{la, lb} {
-				if l == la && kind == "gso-xdp" { // a's pairs went as GSO runs (qp's pairRun), not Sends
+				if l == la && kind == "gso-xdp" || kind == "xdp-pairs" { // the pairs went as GSO runs (qp's pairRun), not Sends
 					if l.runSends < iters-1 {
-						t.Fatalf("a sent %d GSO runs, want >= %d", l.runSends, iters-1)
+						t.Fatalf("%d GSO runs sent, want >= %d", l.runSends, iters-1)
 					}
 					continue
 				}
@@ -247,6 +253,21 @@ func TestPolledPingPong(t *testing.T) {
 					st := d.Stats()
 					if want := uint64(iters - 1); (i == 0 || kind == "mem-gso") && st.RcvdGSOSplit < want || st.RcvdDropped != 0 || st.RetransPkts != 0 {
 						t.Fatalf("device %d: %d GSO messages split (want >= %d on the receiving side), %d dropped, %d retransmitted", i, st.RcvdGSOSplit, want, st.RcvdDropped, st.RetransPkts)
+					}
+				}
+			}
+			if kind == "xdp-pairs" { // one GSO frame per pair where the kernel takes them (6.2+), else ring frames
+				for i, l := range []*pollLink{la, lb} {
+					st := l.Link.(*link.UDPLink).Stats()
+					if xdpPairsKernel(t) {
+						if st.XDPPairs < iters-1 || st.XDPPairsOff != 0 {
+							t.Fatalf("link %d stats %+v: want >= %d pairs as one frame", i, st, iters-1)
+						}
+						if ds := []*Device{da, db}[i].Stats(); ds.RcvdGSOSplit < iters-1 || ds.RcvdDropped != 0 || ds.RetransPkts != 0 {
+							t.Fatalf("device %d: %d GSO pairs split (want >= %d), %d dropped, %d retransmitted", i, ds.RcvdGSOSplit, iters-1, ds.RcvdDropped, ds.RetransPkts)
+						}
+					} else if st.XDPPairs != 0 || st.XDPPairsOff != 1 || st.XDPSent < 2*iters-2 {
+						t.Fatalf("link %d stats %+v: want pairs refused once, then ring frames", i, st)
 					}
 				}
 			}
@@ -555,3 +576,7 @@ func pollWCAdvance(t *testing.T, clk *qp.ManualClock, c *cq.CQ, devs ...*Device)
 	pollAdvance(t, clk, func() bool { return c.Poll(wc[:]) == 1 }, devs...)
 	return wc[0]
 }
+
+// xdpPairsKernel reports whether the kernel takes the AF_XDP path's GSO pairs
+// (VIRTIO_NET_HDR_GSO_UDP_L4 in an AF_PACKET virtio-net header: Linux 6.2).
+func xdpPairsKernel(t *testing.T) bool { return netnstest.KernelAtLeast(t, 6, 2) }

@@ -155,6 +155,8 @@ func (d *Device) LinkStats() (link.Stats, bool) {
 		s.XDPSent += t.XDPSent
 		s.XDPReceived += t.XDPReceived
 		s.XDPFallbacks += t.XDPFallbacks
+		s.XDPPairs += t.XDPPairs
+		s.XDPPairsOff += t.XDPPairsOff
 	}
 	return s, ok
 }

@@ -28,6 +28,15 @@ type RunSender interface {
 	SendRuns(batch []Datagram, runs []uint8) error
 }
 
+// PairSender is implemented by links that may send a run of exactly two datagrams — a
+// request and a response no longer than it, one flow, the response's ICRC computed for IPv4
+// ID 1 — as one GSO message even where RunGSO is false: the AF_XDP path's GSO pairs
+// (xdppair_linux.go). The engine's pairing of a deferred ACK with the next request asks it.
+type PairSender interface {
+	// PairGSO reports whether SendRuns from local currently sends such a pair as one message.
+	PairGSO(local netip.Addr) bool
+}
+
 // Limits of one GSO run (the kernel's UDP_MAX_SEGMENTS and the largest IPv4 UDP payload).
 const (
 	MaxRunSegments = maxGSOSegments

@@ -10,7 +10,10 @@ import (
 	"github.com/softroce/softroce/pkg/bth"
 )
 
-var _ RunSender = (*UDPLink)(nil)
+var (
+	_ RunSender  = (*UDPLink)(nil)
+	_ PairSender = (*UDPLink)(nil)
+)
 
 // RunGSO reports whether SendRuns from local sends runs as GSO messages: GSOAuto and GSOOn
 // sockets (IPv4 and IPv6) until the kernel refused UDP_SEGMENT; never with GSOOff, nor with a
@@ -18,6 +21,14 @@ var _ RunSender = (*UDPLink)(nil)
 func (l *UDPLink) RunGSO(local netip.Addr) bool {
 	s := l.sock(local)
 	return s != nil && s.runGSO.Load()
+}
+
+// PairGSO implements PairSender: RunGSO, or the AF_XDP path's GSO pairs are on for local.
+func (l *UDPLink) PairGSO(local netip.Addr) bool {
+	if x := l.xdp; x != nil && x.pairsOn.Load() && local.Unmap() == x.addr {
+		return true
+	}
+	return l.RunGSO(local)
 }
 
 // SendRuns implements RunSender: each run of two or more datagrams is one sendmmsg message with a
@@ -39,6 +50,9 @@ func (l *UDPLink) SendRuns(batch []Datagram, runs []uint8) error {
 		if int(c) > l.batch { // a run must fit one sendmmsg call (fillRuns)
 			return ErrInvalidRun
 		}
+	}
+	if l.xdp != nil && len(runs) == 1 && runs[0] == 2 {
+		return l.sendXDPPair(batch)
 	}
 	if l.xdp != nil && slices.IndexFunc(runs, func(c uint8) bool { return c > 1 }) < 0 {
 		return l.sendXDP(batch)

@@ -85,6 +85,10 @@ type Stats struct {
 	// the AF_XDP socket's rings (also in Sent and Received); XDPFallbacks the sends that took
 	// the UDP socket instead (no MAC address known for the peer yet, too large, ring full).
 	XDPSent, XDPReceived, XDPFallbacks uint64
+	// XDPPairs counts the [request, response] pairs sent as one GSO frame on the AF_XDP path
+	// (their datagrams are in XDPSent); XDPPairsOff is 1 once the kernel refused one and pairs
+	// went off for good (a kernel before 6.2).
+	XDPPairs, XDPPairsOff uint64
 }
 
 // StatsLink is implemented by links that count (both implementations here).

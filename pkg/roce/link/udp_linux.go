@@ -1035,6 +1035,7 @@ func (l *UDPLink) Stats() Stats {
 		Drops: l.drops.Load(), Truncated: l.truncated.Load(), Fallbacks: l.fallbacks.Load()}
 	if x := l.xdp; x != nil {
 		st.XDPSent, st.XDPReceived, st.XDPFallbacks = x.sent.Load(), x.received.Load(), x.fallbacks.Load()
+		st.XDPPairs, st.XDPPairsOff = x.pairs.Load(), x.pairsOff.Load()
 	}
 	l.entropyStats(&st)
 	return st

@@ -49,6 +49,10 @@ type XDPOptions struct {
 	// multi-buffer-aware program) instead of the generic one; the driver must support it
 	// (veth does).
 	Native bool
+	// NoPairs keeps a [request, response] pair of one flow as two ring frames. By default, on
+	// a veth, such a pair leaves as one AF_PACKET frame asking for UDP GSO (xdppair_linux.go),
+	// where the kernel takes it (Linux 6.2 and later).
+	NoPairs bool
 }
 
 const (
@@ -132,6 +136,16 @@ type xdpSock struct {
 	last  atomic.Pointer[xdpPeer] // the last peer learned or looked up (no lock, no map)
 
 	sent, received, fallbacks atomic.Uint64
+
+	// GSO pairs (xdppair_linux.go; pfd -1 without them): the AF_PACKET socket, its
+	// destination, the frame buffer (txmu held), whether pairs are on, and the counts of
+	// pairs sent and of refusals
+	pfd      int
+	pto      unix.RawSockaddrLinklayer
+	pbuf     []byte
+	pairsOn  atomic.Bool
+	pairs    atomic.Uint64
+	pairsOff atomic.Uint64
 }
 
 type xdpPeer struct {
@@ -145,7 +159,7 @@ func openXDP(s *udpSock, o XDPOptions) (_ *xdpSock, err error) {
 	if !a.Is4() {
 		return nil, errors.New("AF_XDP path: IPv4 addresses only")
 	}
-	x := &xdpSock{l: s.l, fd: -1, ev: -1, prog: -1, xmap: -1, attach: -1, addr: a, addr4: a.As4(), port: s.local.Port(),
+	x := &xdpSock{l: s.l, fd: -1, ev: -1, prog: -1, xmap: -1, attach: -1, pfd: -1, addr: a, addr4: a.As4(), port: s.local.Port(),
 		peers: make(map[[4]byte]*xdpPeer), asked: make(map[[4]byte]time.Time)}
 	defer func() {
 		if err != nil { // whatever was set up goes (x, not the result: a failing return set that nil)
@@ -231,6 +245,9 @@ func openXDP(s *udpSock, o XDPOptions) (_ *xdpSock, err error) {
 	if x.attach, err = bpfAttachXDP(x.prog, lk.Attrs().Index, o.Native); err != nil {
 		return nil, fmt.Errorf("attach XDP program to %s: %w", lk.Attrs().Name, err)
 	}
+	if !o.NoPairs {
+		x.openPairs()
+	}
 	return x, nil
 }
 
@@ -262,7 +279,8 @@ func (x *xdpSock) close() {
 		x.nl.Close()
 		x.nl = nil
 	}
-	for _, fd := range []*int{&x.attach, &x.fd, &x.prog, &x.xmap, &x.ev} {
+	x.pairsOn.Store(false)
+	for _, fd := range []*int{&x.attach, &x.fd, &x.prog, &x.xmap, &x.ev, &x.pfd} {
 		if *fd >= 0 {
 			unix.Close(*fd)
 			*fd = -1
@@ -475,6 +493,31 @@ func (l *UDPLink) sendXDP(batch []Datagram) error {
 	if x.umem == nil {
 		return net.ErrClosed // Close took the rings
 	}
+	return l.sendXDPLocked(batch)
+}
+
+// sendXDPPair is SendRuns of one run of two on a link with the AF_XDP path: one GSO frame
+// (xdppair_linux.go), else two frames as sendXDP with the second's ICRC rewritten for IPv4 ID
+// 0, the ID a frame carries.
+func (l *UDPLink) sendXDPPair(batch []Datagram) error {
+	x := l.xdp
+	x.txmu.Lock()
+	defer x.txmu.Unlock()
+	if x.umem == nil {
+		return net.ErrClosed
+	}
+	if x.sendPair(batch) {
+		return nil
+	}
+	if !batch[1].Src.Addr().Unmap().Is6() {
+		fixICRC(&batch[1], batch[1].Src.Port())
+	}
+	return l.sendXDPLocked(batch)
+}
+
+// sendXDPLocked is sendXDP with txmu held and the rings open.
+func (l *UDPLink) sendXDPLocked(batch []Datagram) error {
+	x := l.xdp
 	for i := range batch {
 		d := &batch[i]
 		if x.queue(d) {
