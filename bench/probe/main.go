@@ -8,6 +8,8 @@
 //	probe crc SIZE N                    CRC-32 (IEEE, the ICRC's) throughput over SIZE bytes
 //	                                    (GODEBUG=cpu.pclmulqdq=off: the table version)
 //	probe copy SIZE N                   copy throughput (memmove) of SIZE bytes
+//	probe ops N                         ns per single operation (lock, atomics, clock, map,
+//	                                    CRC, call): their ratios in the TCG guest (ops.go)
 //	probe server [-mode M] ADDR PORT    UDP echo; M = netpoll (net.UDPConn) or spin
 //	                                    (non-blocking recvfrom in a loop)
 //	probe client [-mode M] ADDR PORT N  8-byte round trips; M = netpoll (net.UDPConn),
@@ -110,6 +112,16 @@ func run(args []string) error {
 		d := time.Since(t0)
 		fmt.Printf("go %s %d B: %.1f MB/s (%.2f us per op; %x)\n", args[0], size,
 			float64(size)*float64(n)/d.Seconds()/1e6, float64(d.Nanoseconds())/float64(n)/1e3, sum&0)
+		return nil
+	case "ops":
+		if len(args) != 2 {
+			return errUsage
+		}
+		n, err := atoi(args[1])
+		if err != nil {
+			return err
+		}
+		opsCost(n)
 		return nil
 	case "lserver", "lclient":
 		return linkPingPong(args[1:], args[0] == "lclient")
