@@ -409,22 +409,7 @@ func (x *xdpSock) queue(d *Datagram) bool {
 	a := x.free[len(x.free)-1]
 	x.free = x.free[:len(x.free)-1]
 	f := x.umem[a : a+uint64(n)]
-	copy(f[0:6], mac[:])
-	copy(f[6:12], x.mac[:])
-	f[12], f[13] = 0x08, 0x00
-	ip := f[14:34]
-	tot := n - 14
-	ip[0], ip[1] = 0x45, d.TClass
-	ip[2], ip[3] = byte(tot>>8), byte(tot)
-	ip[4], ip[5], ip[6], ip[7] = 0, 0, 0x40, 0 // ID 0, DF (as the UDP socket's; IBTA A17.3.3)
-	ip[8], ip[9], ip[10], ip[11] = 64, unix.IPPROTO_UDP, 0, 0
-	copy(ip[12:16], x.addr4[:])
-	copy(ip[16:20], d4[:])
-	ipChecksum(ip)
-	u := f[34:42]
-	sp, dp, ul := d.Src.Port(), d.Dst.Port(), len(d.Buf)+8
-	u[0], u[1], u[2], u[3] = byte(sp>>8), byte(sp), byte(dp>>8), byte(dp)
-	u[4], u[5], u[6], u[7] = byte(ul>>8), byte(ul), 0, 0
+	x.headers(f, mac, d4, d.TClass, d.Src.Port(), d.Dst.Port())
 	copy(f[42:], d.Buf)
 	p := x.txProd
 	if p-atomic.LoadUint32(x.tx.cons) >= xdpRing {
@@ -436,6 +421,28 @@ func (x *xdpSock) queue(d *Datagram) bool {
 	x.txProd = p + 1 // published by kick: one store per send, not per frame
 	x.queued++
 	return true
+}
+
+// headers writes the Ethernet, IPv4 and UDP headers of frame f (the whole frame: its length
+// sets the IP and UDP lengths) from this link's address to dst at mac: IPv4 ID 0 and DF (as
+// the UDP socket's; IBTA A17.3.3), TTL 64, the traffic class, UDP checksum 0.
+func (x *xdpSock) headers(f []byte, mac [6]byte, dst [4]byte, tclass uint8, sp, dp uint16) {
+	copy(f[0:6], mac[:])
+	copy(f[6:12], x.mac[:])
+	f[12], f[13] = 0x08, 0x00
+	ip := f[14:34]
+	tot := len(f) - 14
+	ip[0], ip[1] = 0x45, tclass
+	ip[2], ip[3] = byte(tot>>8), byte(tot)
+	ip[4], ip[5], ip[6], ip[7] = 0, 0, 0x40, 0
+	ip[8], ip[9], ip[10], ip[11] = 64, unix.IPPROTO_UDP, 0, 0
+	copy(ip[12:16], x.addr4[:])
+	copy(ip[16:20], dst[:])
+	ipChecksum(ip)
+	u := f[34:42]
+	ul := tot - 20
+	u[0], u[1], u[2], u[3] = byte(sp>>8), byte(sp), byte(dp>>8), byte(dp)
+	u[4], u[5], u[6], u[7] = byte(ul>>8), byte(ul), 0, 0
 }
 
 // ipChecksum sets the IPv4 header checksum of h (20 bytes; its checksum field 0): the

@@ -60,6 +60,29 @@ func listenXDPIn(t *testing.T, th *netnstest.Thread, addr netip.Addr, o XDPOptio
 	return l
 }
 
+// listenSniffed opens a plain UDP link on addr in th's namespace and a sniffer (an AF_PACKET
+// socket, IPv4 frames) on its interface ifname.
+func listenSniffed(t *testing.T, th *netnstest.Thread, addr netip.Addr, ifname string) (l *UDPLink, sniff int) {
+	t.Helper()
+	sniff = -1
+	if err := th.Do(func() (err error) {
+		if l, err = listenUDP(UDPOptions{Addrs: []netip.Addr{addr}}); err != nil {
+			return err
+		}
+		ifi, err := net.InterfaceByName(ifname)
+		if err != nil {
+			return err
+		}
+		if sniff, err = unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_IP))); err != nil {
+			return err
+		}
+		return unix.Bind(sniff, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: ifi.Index})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return l, sniff
+}
+
 // TestXDPLink runs the AF_XDP path between two network namespaces on a veth pair. A (AF_XDP)
 // learns B's MAC address from B's first datagram, then sends through its transmit ring: B, a
 // plain UDP link, receives every datagram, and a sniffer on B's interface sees the frames A
@@ -71,7 +94,7 @@ func TestXDPLink(t *testing.T) {
 	// MTU 9000: room for datagrams larger than a UMEM chunk
 	x, y := netnstest.Veth(t, "srxa", "198.18.6.1/24", "srxb", "198.18.6.2/24", 9000)
 	aIP, bIP := netip.MustParseAddr("198.18.6.1"), netip.MustParseAddr("198.18.6.2")
-	var a, b *UDPLink
+	var a *UDPLink
 	// a queue the veth does not have: refused cleanly (everything set up so far released)
 	if err := x.Do(func() error {
 		l, err := listenUDP(UDPOptions{Addrs: []netip.Addr{aIP}, XDP: XDPOptions{On: true, Queue: 7}})
@@ -85,22 +108,7 @@ func TestXDPLink(t *testing.T) {
 	}
 	a = listenXDPIn(t, x, aIP, XDPOptions{})
 	defer a.Close()
-	sniff := -1
-	if err := y.Do(func() (err error) {
-		if b, err = listenUDP(UDPOptions{Addrs: []netip.Addr{bIP}}); err != nil {
-			return err
-		}
-		vb, err := net.InterfaceByName("srxb")
-		if err != nil {
-			return err
-		}
-		if sniff, err = unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_IP))); err != nil {
-			return err
-		}
-		return unix.Bind(sniff, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: vb.Index})
-	}); err != nil {
-		t.Fatal(err)
-	}
+	b, sniff := listenSniffed(t, y, bIP, "srxb")
 	defer unix.Close(sniff)
 	aAP, bAP := netip.AddrPortFrom(aIP, UDPPort), netip.AddrPortFrom(bIP, UDPPort)
 	pa := newPollBatch(64)

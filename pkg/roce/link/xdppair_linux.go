@@ -89,22 +89,8 @@ func (x *xdpSock) sendPair(batch []Datagram) bool {
 	binary.LittleEndian.PutUint16(v[6:], 34)         // csum_start: the UDP header
 	binary.LittleEndian.PutUint16(v[8:], 6)          // csum_offset: its checksum field
 	f := x.pbuf[vnetHdrLen : vnetHdrLen+n]
-	copy(f[0:6], mac[:])
-	copy(f[6:12], x.mac[:])
-	f[12], f[13] = 0x08, 0x00
-	ip := f[14:34]
-	tot := n - 14
-	ip[0], ip[1] = 0x45, a.TClass
-	ip[2], ip[3] = byte(tot>>8), byte(tot)
-	ip[4], ip[5], ip[6], ip[7] = 0, 0, 0x40, 0 // ID 0 (segment k: ID k), DF
-	ip[8], ip[9], ip[10], ip[11] = 64, unix.IPPROTO_UDP, 0, 0
-	copy(ip[12:16], x.addr4[:])
-	copy(ip[16:20], d4[:])
-	ipChecksum(ip)
-	u := f[34:42]
-	sp, dp, ul := a.Src.Port(), a.Dst.Port(), tot-20
-	u[0], u[1], u[2], u[3] = byte(sp>>8), byte(sp), byte(dp>>8), byte(dp)
-	u[4], u[5] = byte(ul>>8), byte(ul)
+	x.headers(f, mac, d4, a.TClass, a.Src.Port(), a.Dst.Port()) // ID 0: segment k gets ID k
+	ip, u, ul := f[14:34], f[34:42], n-34
 	// CHECKSUM_PARTIAL: the field holds the pseudo-header sum, not complemented; the kernel
 	// finishes each segment's
 	s := uint32(binary.BigEndian.Uint16(ip[12:])) + uint32(binary.BigEndian.Uint16(ip[14:])) +

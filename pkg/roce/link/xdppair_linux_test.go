@@ -2,7 +2,6 @@ package link
 
 import (
 	"bytes"
-	"net"
 	"net/netip"
 	"slices"
 	"testing"
@@ -27,23 +26,7 @@ func TestXDPPairs(t *testing.T) {
 	aIP, bIP := netip.MustParseAddr("198.18.9.1"), netip.MustParseAddr("198.18.9.2")
 	a := listenXDPIn(t, x, aIP, XDPOptions{})
 	defer a.Close()
-	var b *UDPLink
-	sniff := -1
-	if err := y.Do(func() (err error) {
-		if b, err = listenUDP(UDPOptions{Addrs: []netip.Addr{bIP}}); err != nil {
-			return err
-		}
-		vb, err := net.InterfaceByName("srprb")
-		if err != nil {
-			return err
-		}
-		if sniff, err = unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_IP))); err != nil {
-			return err
-		}
-		return unix.Bind(sniff, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: vb.Index})
-	}); err != nil {
-		t.Fatal(err)
-	}
+	b, sniff := listenSniffed(t, y, bIP, "srprb")
 	defer b.Close()
 	defer unix.Close(sniff)
 	aAP, bAP := netip.AddrPortFrom(aIP, UDPPort), netip.AddrPortFrom(bIP, UDPPort)
