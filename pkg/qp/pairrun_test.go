@@ -1,6 +1,7 @@
 package qp
 
 import (
+	"net/netip"
 	"testing"
 
 	"github.com/softroce/softroce/pkg/bth"
@@ -139,4 +140,64 @@ func TestPairPlain(t *testing.T) {
 	n.pump()
 	expectWC(t, pollAll(b.scq), cq.WC{WRID: 5, Status: cq.StatusSuccess, Opcode: cq.OpRDMAWrite, ByteLen: 92, QPNum: 0x12})
 	eq(t, "b's two WRITEs", a.buf[300:400], b.buf[300:400])
+}
+
+// pairOut is a runOut without GSO runs (RunGSO false) that is a link.PairSender: the AF_XDP
+// path's GSO pairs.
+type pairOut struct {
+	*runOut
+	pairs bool
+}
+
+func (p *pairOut) PairGSO(netip.Addr) bool { return p.pairs }
+
+// TestPairGSOOnly: an Output that sends no GSO runs but GSO pairs (link.PairSender: the AF_XDP
+// path's) gets the deferred ACK and the WRITE posted next as one run [WRITE, ACK], the ACK's
+// ICRC for IPv4 ID 1 (runOut checks), and both reach the peer; two requests stay plain and in
+// order. Once the Output's pairs are off, the pair goes plain, the ACK first, ICRCs for ID 0.
+func TestPairGSOOnly(t *testing.T) {
+	n, a, b, ro := pairSides(t, false)
+	po := &pairOut{runOut: ro, pairs: true}
+	b.qp.pairs = po
+
+	writeDeferred(t, n, a, b, 1, 0)
+	b.fill(100, 8, 2)
+	b.postSend(t, SendWR{WRID: 2, Opcode: WRRDMAWrite, SGL: []SGE{b.sge(100, 8)}, Flags: SendSignaled,
+		RemoteAddr: a.va(100), RKey: a.mr.RKey()})
+	if ro.sendRuns != 1 || ro.plain != 0 || len(ro.runs) != 1 || ro.runs[0] != 2 {
+		t.Fatalf("SendRuns %d (runs %v), plain Sends %d; want one run of 2", ro.sendRuns, ro.runs, ro.plain)
+	}
+	if op0, op1 := bth.BTH(ro.q[0].Buf).Opcode(), bth.BTH(ro.q[1].Buf).Opcode(); op0 != bth.OpRCWriteOnly || op1 != bth.OpRCAck {
+		t.Fatalf("run order %v, %v; want the WRITE, then the ACK", op0, op1)
+	}
+	n.pump()
+	expectWC(t, pollAll(a.scq), cq.WC{WRID: 1, Status: cq.StatusSuccess, Opcode: cq.OpRDMAWrite, ByteLen: 8, QPNum: 0x11})
+	expectWC(t, pollAll(b.scq), cq.WC{WRID: 2, Status: cq.StatusSuccess, Opcode: cq.OpRDMAWrite, ByteLen: 8, QPNum: 0x12})
+	eq(t, "b's WRITE", a.buf[100:108], b.buf[100:108])
+
+	// two requests: no GSO runs for them (RunGSO false), plain and in PSN order
+	ro.runs, ro.sendRuns, ro.plain = nil, 0, 0
+	b.fill(200, 100, 3)
+	b.postSend(t,
+		SendWR{WRID: 3, Opcode: WRRDMAWrite, SGL: []SGE{b.sge(200, 8)}, RemoteAddr: a.va(200), RKey: a.mr.RKey()},
+		SendWR{WRID: 4, Opcode: WRRDMAWrite, SGL: []SGE{b.sge(208, 8)}, Flags: SendSignaled, RemoteAddr: a.va(208), RKey: a.mr.RKey()})
+	if ro.sendRuns != 0 || ro.plain != 1 || len(ro.q) != 2 {
+		t.Fatalf("two requests: %d runs %v, %d plain Sends of %d datagrams", ro.sendRuns, ro.runs, ro.plain, len(ro.q))
+	}
+	n.pump()
+	expectWC(t, pollAll(b.scq), cq.WC{WRID: 4, Status: cq.StatusSuccess, Opcode: cq.OpRDMAWrite, ByteLen: 8, QPNum: 0x12})
+
+	// pairs off (the kernel refused one): the pair is plain again, the ACK first
+	po.pairs = false
+	ro.runs, ro.sendRuns, ro.plain = nil, 0, 0
+	writeDeferred(t, n, a, b, 5, 300)
+	b.fill(400, 8, 6)
+	b.postSend(t, SendWR{WRID: 6, Opcode: WRRDMAWrite, SGL: []SGE{b.sge(400, 8)}, Flags: SendSignaled,
+		RemoteAddr: a.va(400), RKey: a.mr.RKey()})
+	if ro.sendRuns != 0 || ro.plain != 1 || len(ro.q) != 2 || bth.BTH(ro.q[0].Buf).Opcode() != bth.OpRCAck {
+		t.Fatalf("pairs off: %d runs, %d plain Sends of %d datagrams; want one plain Send, the ACK first", ro.sendRuns, ro.plain, len(ro.q))
+	}
+	n.pump()
+	expectWC(t, pollAll(a.scq), cq.WC{WRID: 5, Status: cq.StatusSuccess, Opcode: cq.OpRDMAWrite, ByteLen: 8, QPNum: 0x11})
+	expectWC(t, pollAll(b.scq), cq.WC{WRID: 6, Status: cq.StatusSuccess, Opcode: cq.OpRDMAWrite, ByteLen: 8, QPNum: 0x12})
 }

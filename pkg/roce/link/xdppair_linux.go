@@ -17,10 +17,13 @@ package link
 // Only on a veth: a NIC may segment in hardware (USO), where the IDs of the segments are the
 // NIC's choice and the ICRC of segment 1 could be wrong on the wire. The first refusal of the
 // kernel (EINVAL from a kernel before 6.2: the lab guest's 6.1) turns pairs off for good; the
-// pair then leaves as two ring frames, its second ICRC rewritten for ID 0.
+// pair then leaves as two ring frames, its second ICRC rewritten for ID 0, as does a pair whose
+// send fails otherwise (ENOBUFS, a downed interface) or that would overtake frames a kick left
+// in the ring.
 
 import (
 	"encoding/binary"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -50,7 +53,9 @@ func (x *xdpSock) openPairs() bool {
 		return false
 	}
 	x.pfd = fd
-	x.pto = unix.RawSockaddrLinklayer{Family: unix.AF_PACKET, Protocol: 0x0008, // ETH_P_IP, network order
+	var proto [2]byte
+	binary.BigEndian.PutUint16(proto[:], unix.ETH_P_IP) // sll_protocol: network order
+	x.pto = unix.RawSockaddrLinklayer{Family: unix.AF_PACKET, Protocol: binary.NativeEndian.Uint16(proto[:]),
 		Ifindex: int32(x.lk.Attrs().Index), Halen: 6}
 	x.pbuf = make([]byte, vnetHdrLen+xdpPairMax)
 	x.pairsOn.Store(true)
@@ -65,7 +70,8 @@ var pairSendErr func() unix.Errno
 // this way, batch is untouched and goes as frames (after its second ICRC is rewritten for ID 0).
 // txmu held, nothing queued.
 func (x *xdpSock) sendPair(batch []Datagram) bool {
-	if len(batch) != 2 || !x.pairsOn.Load() {
+	if len(batch) != 2 || !x.pairsOn.Load() || atomic.LoadUint32(x.tx.cons) != x.txProd {
+		// frames a kick left in the ring go first: the ring path's next kick sends them
 		return false
 	}
 	a, b := &batch[0], &batch[1]
@@ -84,10 +90,11 @@ func (x *xdpSock) sendPair(batch []Datagram) bool {
 	v := x.pbuf[:vnetHdrLen]
 	v[0] = unix.VIRTIO_NET_HDR_F_NEEDS_CSUM
 	v[1] = unix.VIRTIO_NET_HDR_GSO_UDP_L4
-	binary.LittleEndian.PutUint16(v[2:], ethIPv4UDP) // hdr_len
-	binary.LittleEndian.PutUint16(v[4:], uint16(la)) // gso_size: the request's length
-	binary.LittleEndian.PutUint16(v[6:], 34)         // csum_start: the UDP header
-	binary.LittleEndian.PutUint16(v[8:], 6)          // csum_offset: its checksum field
+	// the header's 16-bit fields in the host's order (AF_PACKET: a legacy virtio header)
+	binary.NativeEndian.PutUint16(v[2:], ethIPv4UDP) // hdr_len
+	binary.NativeEndian.PutUint16(v[4:], uint16(la)) // gso_size: the request's length
+	binary.NativeEndian.PutUint16(v[6:], 34)         // csum_start: the UDP header
+	binary.NativeEndian.PutUint16(v[8:], 6)          // csum_offset: its checksum field
 	f := x.pbuf[vnetHdrLen : vnetHdrLen+n]
 	x.headers(f, mac, d4, a.TClass, a.Src.Port(), a.Dst.Port()) // ID 0: segment k gets ID k
 	ip, u, ul := f[14:34], f[34:42], n-34
@@ -110,11 +117,11 @@ func (x *xdpSock) sendPair(batch []Datagram) bool {
 	}
 	switch e {
 	case 0:
-	case unix.EAGAIN, unix.ENOBUFS, unix.EINTR: // short of buffers: these two go as frames
-		return false
-	default: // refused (a kernel without UDP GSO in virtio-net headers): for good
+	case unix.EINVAL, unix.EOPNOTSUPP: // refused: a kernel without UDP GSO in virtio-net headers
 		x.pairsOn.Store(false)
 		x.pairsOff.Add(1)
+		return false
+	default: // short of buffers, the interface down for a moment...: these two go as frames
 		return false
 	}
 	x.pairs.Add(1)
