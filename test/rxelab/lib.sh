@@ -48,11 +48,16 @@ log()  { printf '[rxe-lab] %s\n' "$*" >&2; }
 die()  { printf '[rxe-lab] ERROR: %s\n' "$*" >&2; exit "${DIE_RC:-1}"; }
 need_root() { [ "$(id -u)" = 0 ] || die "must run as root"; }
 
-# Newest Debian amd64 kernel installed on the host (the one the guest boots).
+# The Debian amd64 kernel the guest boots: $RXE_LAB_KVER if set (another installed Debian
+# kernel, e.g. bookworm's 6.12 for an experiment: docs/performance.md), else the one Debian's
+# stock metapackage linux-image-amd64 depends on (bookworm: 6.1), else the newest installed.
 # setup records the one it used in $CACHE/kver.
 kernel_version() {
   if [ -s "$CACHE/kver" ]; then cat "$CACHE/kver"; return; fi
+  if [ -n "${RXE_LAB_KVER:-}" ]; then echo "$RXE_LAB_KVER"; return; fi
   local v
+  v=$(dpkg-query -W -f='${Depends}' linux-image-amd64 2>/dev/null | sed -n 's/^linux-image-\([^ ,]*-amd64\).*/\1/p')
+  if [ -n "$v" ] && [ -d "/lib/modules/$v" ]; then echo "$v"; return; fi
   v=$(ls -1 /lib/modules 2>/dev/null | grep -- '-amd64$' | sort -V | tail -n1)
   [ -n "$v" ] || die "no *-amd64 kernel in /lib/modules (run ./setup)"
   echo "$v"
