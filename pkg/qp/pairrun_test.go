@@ -55,15 +55,7 @@ func TestPairRun(t *testing.T) {
 		t.Fatal("the deferred ACK left before FlushReceived or the next post")
 	}
 	// b -> a: its WRITE takes the queued ACK along, as one run [WRITE, ACK]
-	b.fill(100, 8, 2)
-	b.postSend(t, SendWR{WRID: 2, Opcode: WRRDMAWrite, SGL: []SGE{b.sge(100, 8)}, Flags: SendSignaled,
-		RemoteAddr: a.va(100), RKey: a.mr.RKey()})
-	if ro.sendRuns != 1 || ro.plain != 0 || len(ro.runs) != 1 || ro.runs[0] != 2 {
-		t.Fatalf("SendRuns %d (runs %v), plain Sends %d; want one run of 2", ro.sendRuns, ro.runs, ro.plain)
-	}
-	if op0, op1 := bth.BTH(ro.q[0].Buf).Opcode(), bth.BTH(ro.q[1].Buf).Opcode(); op0 != bth.OpRCWriteOnly || op1 != bth.OpRCAck {
-		t.Fatalf("run order %v, %v; want the WRITE, then the ACK", op0, op1)
-	}
+	postPairRun(t, a, b, ro, 2, 100)
 	b.qp.FlushReceived(n.clk.Now()) // nothing left to send
 	if ro.sendRuns != 1 || ro.plain != 0 {
 		t.Fatalf("FlushReceived sent again: %d runs, %d plain", ro.sendRuns, ro.plain)
@@ -75,20 +67,7 @@ func TestPairRun(t *testing.T) {
 	eq(t, "b's WRITE", a.buf[100:108], b.buf[100:108])
 
 	// two requests, the second longer: PSN order stays (two plain datagrams)
-	ro.runs, ro.sendRuns, ro.plain = nil, 0, 0
-	b.fill(200, 100, 3)
-	b.postSend(t,
-		SendWR{WRID: 3, Opcode: WRRDMAWrite, SGL: []SGE{b.sge(200, 8)}, RemoteAddr: a.va(200), RKey: a.mr.RKey()},
-		SendWR{WRID: 4, Opcode: WRRDMAWrite, SGL: []SGE{b.sge(208, 92)}, Flags: SendSignaled, RemoteAddr: a.va(208), RKey: a.mr.RKey()})
-	if ro.sendRuns != 0 || ro.plain != 1 || len(ro.q) != 2 {
-		t.Fatalf("two requests: %d runs %v, %d plain Sends of %d datagrams", ro.sendRuns, ro.runs, ro.plain, len(ro.q))
-	}
-	if p0, p1 := bth.BTH(ro.q[0].Buf).PSN(), bth.BTH(ro.q[1].Buf).PSN(); p1 != p0.Add(1) {
-		t.Fatalf("requests reordered: PSN %v then %v", p0, p1)
-	}
-	n.pump()
-	expectWC(t, pollAll(b.scq), cq.WC{WRID: 4, Status: cq.StatusSuccess, Opcode: cq.OpRDMAWrite, ByteLen: 92, QPNum: 0x12})
-	eq(t, "b's two WRITEs", a.buf[200:300], b.buf[200:300])
+	twoRequests(t, n, a, b, ro, 3, 200, 92)
 }
 
 // TestPairPlain: without GSO (the AF_XDP path's frames, a link that refused UDP_SEGMENT) the
@@ -126,20 +105,7 @@ func TestPairPlain(t *testing.T) {
 	expectWC(t, pollAll(a.scq), cq.WC{WRID: 3, Status: cq.StatusSuccess, Opcode: cq.OpRDMAWrite, ByteLen: 8, QPNum: 0x11})
 
 	// two requests keep their PSN order
-	ro.plain = 0
-	b.fill(300, 100, 4)
-	b.postSend(t,
-		SendWR{WRID: 4, Opcode: WRRDMAWrite, SGL: []SGE{b.sge(300, 8)}, RemoteAddr: a.va(300), RKey: a.mr.RKey()},
-		SendWR{WRID: 5, Opcode: WRRDMAWrite, SGL: []SGE{b.sge(308, 92)}, Flags: SendSignaled, RemoteAddr: a.va(308), RKey: a.mr.RKey()})
-	if ro.plain != 1 || len(ro.q) != 2 {
-		t.Fatalf("two requests: %d plain Sends of %d datagrams", ro.plain, len(ro.q))
-	}
-	if p0, p1 := bth.BTH(ro.q[0].Buf).PSN(), bth.BTH(ro.q[1].Buf).PSN(); p1 != p0.Add(1) {
-		t.Fatalf("requests reordered: PSN %v then %v", p0, p1)
-	}
-	n.pump()
-	expectWC(t, pollAll(b.scq), cq.WC{WRID: 5, Status: cq.StatusSuccess, Opcode: cq.OpRDMAWrite, ByteLen: 92, QPNum: 0x12})
-	eq(t, "b's two WRITEs", a.buf[300:400], b.buf[300:400])
+	twoRequests(t, n, a, b, ro, 4, 300, 92)
 }
 
 // pairOut is a runOut without GSO runs (RunGSO false) that is a link.PairSender: the AF_XDP
@@ -161,31 +127,14 @@ func TestPairGSOOnly(t *testing.T) {
 	b.qp.pairs = po
 
 	writeDeferred(t, n, a, b, 1, 0)
-	b.fill(100, 8, 2)
-	b.postSend(t, SendWR{WRID: 2, Opcode: WRRDMAWrite, SGL: []SGE{b.sge(100, 8)}, Flags: SendSignaled,
-		RemoteAddr: a.va(100), RKey: a.mr.RKey()})
-	if ro.sendRuns != 1 || ro.plain != 0 || len(ro.runs) != 1 || ro.runs[0] != 2 {
-		t.Fatalf("SendRuns %d (runs %v), plain Sends %d; want one run of 2", ro.sendRuns, ro.runs, ro.plain)
-	}
-	if op0, op1 := bth.BTH(ro.q[0].Buf).Opcode(), bth.BTH(ro.q[1].Buf).Opcode(); op0 != bth.OpRCWriteOnly || op1 != bth.OpRCAck {
-		t.Fatalf("run order %v, %v; want the WRITE, then the ACK", op0, op1)
-	}
+	postPairRun(t, a, b, ro, 2, 100)
 	n.pump()
 	expectWC(t, pollAll(a.scq), cq.WC{WRID: 1, Status: cq.StatusSuccess, Opcode: cq.OpRDMAWrite, ByteLen: 8, QPNum: 0x11})
 	expectWC(t, pollAll(b.scq), cq.WC{WRID: 2, Status: cq.StatusSuccess, Opcode: cq.OpRDMAWrite, ByteLen: 8, QPNum: 0x12})
 	eq(t, "b's WRITE", a.buf[100:108], b.buf[100:108])
 
-	// two requests: no GSO runs for them (RunGSO false), plain and in PSN order
-	ro.runs, ro.sendRuns, ro.plain = nil, 0, 0
-	b.fill(200, 100, 3)
-	b.postSend(t,
-		SendWR{WRID: 3, Opcode: WRRDMAWrite, SGL: []SGE{b.sge(200, 8)}, RemoteAddr: a.va(200), RKey: a.mr.RKey()},
-		SendWR{WRID: 4, Opcode: WRRDMAWrite, SGL: []SGE{b.sge(208, 8)}, Flags: SendSignaled, RemoteAddr: a.va(208), RKey: a.mr.RKey()})
-	if ro.sendRuns != 0 || ro.plain != 1 || len(ro.q) != 2 {
-		t.Fatalf("two requests: %d runs %v, %d plain Sends of %d datagrams", ro.sendRuns, ro.runs, ro.plain, len(ro.q))
-	}
-	n.pump()
-	expectWC(t, pollAll(b.scq), cq.WC{WRID: 4, Status: cq.StatusSuccess, Opcode: cq.OpRDMAWrite, ByteLen: 8, QPNum: 0x12})
+	// two requests of one length: no GSO run for them (RunGSO false), plain and in PSN order
+	twoRequests(t, n, a, b, ro, 3, 200, 8)
 
 	// pairs off (the kernel refused one): the pair is plain again, the ACK first
 	po.pairs = false
@@ -200,4 +149,41 @@ func TestPairGSOOnly(t *testing.T) {
 	n.pump()
 	expectWC(t, pollAll(a.scq), cq.WC{WRID: 5, Status: cq.StatusSuccess, Opcode: cq.OpRDMAWrite, ByteLen: 8, QPNum: 0x11})
 	expectWC(t, pollAll(b.scq), cq.WC{WRID: 6, Status: cq.StatusSuccess, Opcode: cq.OpRDMAWrite, ByteLen: 8, QPNum: 0x12})
+}
+
+// twoRequests has b post two WRITEs to a (8 bytes at off, then second bytes, the second
+// signaled; WRIDs wrid, wrid+1) and checks that they leave as one plain Send of two datagrams
+// in PSN order, and that the data lands and the second completes.
+func twoRequests(t *testing.T, n *net, a, b *side, ro *runOut, wrid uint64, off, second int) {
+	t.Helper()
+	ro.runs, ro.sendRuns, ro.plain = nil, 0, 0
+	b.fill(off, 8+second, byte(wrid))
+	b.postSend(t,
+		SendWR{WRID: wrid, Opcode: WRRDMAWrite, SGL: []SGE{b.sge(off, 8)}, RemoteAddr: a.va(off), RKey: a.mr.RKey()},
+		SendWR{WRID: wrid + 1, Opcode: WRRDMAWrite, SGL: []SGE{b.sge(off+8, second)}, Flags: SendSignaled,
+			RemoteAddr: a.va(off + 8), RKey: a.mr.RKey()})
+	if ro.sendRuns != 0 || ro.plain != 1 || len(ro.q) != 2 {
+		t.Fatalf("two requests: %d runs %v, %d plain Sends of %d datagrams", ro.sendRuns, ro.runs, ro.plain, len(ro.q))
+	}
+	if p0, p1 := bth.BTH(ro.q[0].Buf).PSN(), bth.BTH(ro.q[1].Buf).PSN(); p1 != p0.Add(1) {
+		t.Fatalf("requests reordered: PSN %v then %v", p0, p1)
+	}
+	n.pump()
+	expectWC(t, pollAll(b.scq), cq.WC{WRID: wrid + 1, Status: cq.StatusSuccess, Opcode: cq.OpRDMAWrite, ByteLen: uint32(second), QPNum: 0x12})
+	eq(t, "b's two WRITEs", a.buf[off:off+8+second], b.buf[off:off+8+second])
+}
+
+// postPairRun has b, whose ACK of a's last WRITE is still queued, post an 8-byte WRITE (wrid,
+// at off) and checks that both leave as one run of two through SendRuns, the WRITE first.
+func postPairRun(t *testing.T, a, b *side, ro *runOut, wrid uint64, off int) {
+	t.Helper()
+	b.fill(off, 8, byte(wrid))
+	b.postSend(t, SendWR{WRID: wrid, Opcode: WRRDMAWrite, SGL: []SGE{b.sge(off, 8)}, Flags: SendSignaled,
+		RemoteAddr: a.va(off), RKey: a.mr.RKey()})
+	if ro.sendRuns != 1 || ro.plain != 0 || len(ro.runs) != 1 || ro.runs[0] != 2 {
+		t.Fatalf("SendRuns %d (runs %v), plain Sends %d; want one run of 2", ro.sendRuns, ro.runs, ro.plain)
+	}
+	if op0, op1 := bth.BTH(ro.q[0].Buf).Opcode(), bth.BTH(ro.q[1].Buf).Opcode(); op0 != bth.OpRCWriteOnly || op1 != bth.OpRCAck {
+		t.Fatalf("run order %v, %v; want the WRITE, then the ACK", op0, op1)
+	}
 }
