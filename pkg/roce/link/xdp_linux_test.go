@@ -463,3 +463,70 @@ func TestIPChecksum(t *testing.T) {
 		}
 	}
 }
+
+// TestXDPSocketBackoff: TryRecv on a link with the AF_XDP path reads its UDP socket every 256th
+// call while the socket has something, and backs off to every 8192nd call while it finds
+// nothing; a datagram that reaches the socket (one too large for the ring) is still read
+// within that bound, and the read sets the interval back.
+func TestXDPSocketBackoff(t *testing.T) {
+	x, y := netnstest.Veth(t, "srsa", "198.18.10.1/24", "srsb", "198.18.10.2/24", 9000)
+	aIP, bIP := netip.MustParseAddr("198.18.10.1"), netip.MustParseAddr("198.18.10.2")
+	a := listenXDPIn(t, x, aIP, XDPOptions{})
+	defer a.Close()
+	var b *UDPLink
+	if err := y.Do(func() (err error) { b, err = listenUDP(UDPOptions{Addrs: []netip.Addr{bIP}}); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	aAP, bAP := netip.AddrPortFrom(aIP, UDPPort), netip.AddrPortFrom(bIP, UDPPort)
+	p := newPollBatch(8)
+	try := func() int {
+		for i := range p.in {
+			p.in[i].Buf = p.bufs[i]
+		}
+		n, err := a.TryRecv(p.in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for range 64 * xdpSocketMax {
+		if try() != 0 {
+			t.Fatal("A received something before anything was sent")
+		}
+	}
+	if e := a.xdp.sockEvery; e != xdpSocketMax {
+		t.Fatalf("after %d empty polls the socket is read every %d calls, want %d", 64*xdpSocketMax, e, xdpSocketMax)
+	}
+	big := mkRun(bAP, aAP, 1, XDPMaxFrame, XDPMaxFrame, 9) // too large for a ring frame: A's socket
+	if err := b.Send(big); err != nil {
+		t.Fatal(err)
+	}
+	// wait until it is in A's socket (SIOCINQ), then count the polls that read it
+	deadline := time.Now().Add(5 * time.Second)
+	for queued := 0; queued == 0; {
+		if err := a.socks[0].rc.Control(func(fd uintptr) { queued, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) }); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the large datagram never reached A's UDP socket")
+		}
+	}
+	for i := 1; ; i++ {
+		if n := try(); n > 0 {
+			if !bytes.Equal(p.in[0].Buf, big[0].Buf) {
+				t.Fatal("A read a different datagram")
+			}
+			if i > xdpSocketMax {
+				t.Fatalf("the socket's datagram took %d polls, want at most %d", i, xdpSocketMax)
+			}
+			break
+		}
+		if i > 4*xdpSocketMax {
+			t.Fatalf("the socket's datagram not read in %d polls", i)
+		}
+	}
+	if e := a.xdp.sockEvery; e != xdpSocketEvery {
+		t.Fatalf("after a socket read the interval is %d calls, want %d", e, xdpSocketEvery)
+	}
+}
