@@ -3,9 +3,9 @@
 # softroce binary into the share). Three pairings, each on its own veth pair in the guest,
 # same flags, perftest output; prints one "ROW|pair|test|bytes|mtu|value" line per figure.
 #   rxe<->rxe:            rxe1 (veth1 198.19.0.1) <-> rxe2 (veth2 198.19.0.2), `--dual`
-#   softroce<->softroce:  netns sa 198.20.0.1 <-> netns sb 198.20.0.2 (veth, UDP 4791 free there:
+#   softroce<->softroce:  netns sa 198.19.20.1 <-> netns sb 198.19.20.2 (veth, UDP 4791 free there:
 #                         rdma_rxe 6.1 holds 4791 in init_net only)
-#   softroce<->rxe:       netns sc 198.21.0.1 (softroce) <-> init_net vr 198.21.0.2 (rxe3)
+#   softroce<->rxe:       netns sc 198.19.21.1 (softroce) <-> init_net vr 198.19.21.2 (rxe3)
 # usage: lab-guest.sh SOFTROCE_BIN N_BW N_LAT MTU
 set -u
 SR=$1 NBW=${2:-2000} NLAT=${3:-1000} MTU=${4:-4096}
@@ -17,17 +17,17 @@ rxelab-dual up >&2 || true
 ip netns add sa; ip netns add sb; ip netns add sc
 ip link add vsa type veth peer name vsb
 ip link set vsa netns sa; ip link set vsb netns sb
-ip -n sa addr add 198.20.0.1/24 dev vsa; ip -n sb addr add 198.20.0.2/24 dev vsb
+ip -n sa addr add 198.19.20.1/24 dev vsa; ip -n sb addr add 198.19.20.2/24 dev vsb
 ip link add vsc type veth peer name vr
 ip link set vsc netns sc
-ip -n sc addr add 198.21.0.1/24 dev vsc; ip addr add 198.21.0.2/24 dev vr
+ip -n sc addr add 198.19.21.1/24 dev vsc; ip addr add 198.19.21.2/24 dev vr
 for ns in sa sb sc; do ip -n $ns link set lo up; done
 ip -n sa link set vsa mtu $LMTU up; ip -n sb link set vsb mtu $LMTU up
 ip -n sc link set vsc mtu $LMTU up; ip link set vr mtu $LMTU up
 for i in veth1 veth2; do ip link set $i mtu $LMTU; done
 rdma link add rxe3 type rxe netdev vr 2>/dev/null || log "rdma link add rxe3 failed"
 sleep 1
-G1=$(rxelab-gid rxe1 198.19.0.1) G2=$(rxelab-gid rxe2 198.19.0.2) G3=$(rxelab-gid rxe3 198.21.0.2)
+G1=$(rxelab-gid rxe1 198.19.0.1) G2=$(rxelab-gid rxe2 198.19.0.2) G3=$(rxelab-gid rxe3 198.19.21.2)
 log "gids rxe1=$G1 rxe2=$G2 rxe3=$G3; $(nproc) CPUs; clocksource $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource); cmdline $(cat /proc/cmdline)"
 for d in rxe1 rxe2 rxe3; do log "$d active_mtu $(ibv_devinfo -d $d | awk '/active_mtu/ {print $2}')"; done
 
@@ -79,10 +79,10 @@ RXE_SRV="ib_write_bw -d rxe2 -x $G2"; RXE_CLI="ib_write_bw -d rxe1 -x $G1 198.19
 # polls its socket too, link.UDPOptions.BusyPoll).
 SR_ENV=${SR_ENV:-GOMAXPROCS=1}
 BP=--busy-poll
-SR_SRV="ip netns exec sb env $SR_ENV $SR perf write -d 198.20.0.2 --timeout 120s --run-timeout 240s"
-SR_CLI="ip netns exec sa env $SR_ENV $SR perf write -d 198.20.0.1 --timeout 120s --run-timeout 240s 198.20.0.2"
+SR_SRV="ip netns exec sb env $SR_ENV $SR perf write -d 198.19.20.2 --timeout 120s --run-timeout 240s"
+SR_CLI="ip netns exec sa env $SR_ENV $SR perf write -d 198.19.20.1 --timeout 120s --run-timeout 240s 198.19.20.2"
 X_SRV="ib_write_bw -d rxe3 -x $G3"
-X_CLI="ip netns exec sc env $SR_ENV $SR perf write -d 198.21.0.1 --timeout 120s --run-timeout 240s 198.21.0.2"
+X_CLI="ip netns exec sc env $SR_ENV $SR perf write -d 198.19.21.1 --timeout 120s --run-timeout 240s 198.19.21.2"
 # The target rows (64 KiB write_bw, 8-byte write_lat) run ROUNDS times, interleaved (rxe,
 # softroce, softroce --busy-poll, rxe, ...): the host's load moves during a session, and
 # bench/lab.sh reports each pairing's best round (highest bandwidth, lowest latency) and lists
@@ -107,10 +107,10 @@ LAB_ONLY=${LAB_ONLY:-}
 done
 [ "$LAB_ONLY" = lat8 ] || pair softroce-softroce-gmp2 ib_write_bw 65536 $NBW "${SR_SRV/env $SR_ENV/env GOMAXPROCS=2}" "${SR_CLI/env $SR_ENV/env GOMAXPROCS=2}"
 RXE_SRV="ib_write_lat -d rxe2 -x $G2"; RXE_CLI="ib_write_lat -d rxe1 -x $G1 198.19.0.2"
-SR_SRV="ip netns exec sb env $SR_ENV $SR perf write --lat -d 198.20.0.2 --timeout 120s --run-timeout 240s"
-SR_CLI="ip netns exec sa env $SR_ENV $SR perf write --lat -d 198.20.0.1 --timeout 120s --run-timeout 240s 198.20.0.2"
+SR_SRV="ip netns exec sb env $SR_ENV $SR perf write --lat -d 198.19.20.2 --timeout 120s --run-timeout 240s"
+SR_CLI="ip netns exec sa env $SR_ENV $SR perf write --lat -d 198.19.20.1 --timeout 120s --run-timeout 240s 198.19.20.2"
 X_SRV="ib_write_lat -d rxe3 -x $G3"
-X_CLI="ip netns exec sc env $SR_ENV $SR perf write --lat -d 198.21.0.1 --timeout 120s --run-timeout 240s 198.21.0.2"
+X_CLI="ip netns exec sc env $SR_ENV $SR perf write --lat -d 198.19.21.1 --timeout 120s --run-timeout 240s 198.19.21.2"
 # The floor of any user-space stack here (LAB_PROBE=1 in bench/lab.sh copies bench/cprobe and
 # bench/probe): half the median 8-byte UDP round trip between sa and sb, spinning (MSG_DONTWAIT),
 # in C and in Go (GOMAXPROCS=1), pinned like the pairs, once per round: "udp-*-spin-half" rows.
@@ -122,17 +122,17 @@ floor() {
   local v
   if [ -n "$CPP" ]; then
     PORT=$((PORT + 1))
-    timeout 60 $PIN_SRV ip netns exec sb $CPP server 198.20.0.2 $PORT spin > /dev/null 2>&1 &
+    timeout 60 $PIN_SRV ip netns exec sb $CPP server 198.19.20.2 $PORT spin > /dev/null 2>&1 &
     sleep 1
-    v=$(timeout 60 $PIN_CLI ip netns exec sa $CPP client 198.20.0.2 $PORT 2000 spin 2>/dev/null | half)
+    v=$(timeout 60 $PIN_CLI ip netns exec sa $CPP client 198.19.20.2 $PORT 2000 spin 2>/dev/null | half)
     wait
     echo "ROW|udp-c-spin-half|ib_write_lat|8|$MTU|${v:-FAIL}"
   fi
   if [ -n "$GPP" ]; then
     PORT=$((PORT + 1))
-    timeout 60 $PIN_SRV ip netns exec sb env GOMAXPROCS=1 $GPP server -mode spin 198.20.0.2 $PORT > /dev/null 2>&1 &
+    timeout 60 $PIN_SRV ip netns exec sb env GOMAXPROCS=1 $GPP server -mode spin 198.19.20.2 $PORT > /dev/null 2>&1 &
     sleep 1
-    v=$(timeout 60 $PIN_CLI ip netns exec sa env GOMAXPROCS=1 $GPP client -mode spin 198.20.0.2 $PORT 2000 2>/dev/null | half)
+    v=$(timeout 60 $PIN_CLI ip netns exec sa env GOMAXPROCS=1 $GPP client -mode spin 198.19.20.2 $PORT 2000 2>/dev/null | half)
     wait
     echo "ROW|udp-go-spin-half|ib_write_lat|8|$MTU|${v:-FAIL}"
   fi
@@ -141,9 +141,9 @@ floor() {
   # socket (the device defaults), then the [40, 20] GSO pair polled mode sends
   [ -n "$GPP" ] && [ "${LAB_LADDER:-0}" = 1 ] && for rung in "plain:" "gro-ent:-gro -entropy" "pair:-gro -entropy -pair" "xdp:-entropy -xdp" "xdp-pair:-entropy -xdp -pair"; do
     PORT=$((PORT + 1))
-    timeout 60 $PIN_SRV ip netns exec sb env GOMAXPROCS=1 $GPP lserver ${rung#*:} -port $PORT 198.20.0.2 198.20.0.1 > /dev/null 2>/tmp/lsrv.err &
+    timeout 60 $PIN_SRV ip netns exec sb env GOMAXPROCS=1 $GPP lserver ${rung#*:} -port $PORT 198.19.20.2 198.19.20.1 > /dev/null 2>/tmp/lsrv.err &
     sleep 1
-    v=$(timeout 60 $PIN_CLI ip netns exec sa env GOMAXPROCS=1 $GPP lclient ${rung#*:} -port $PORT 198.20.0.1 198.20.0.2 2000 2>/tmp/lcli.err | half)
+    v=$(timeout 60 $PIN_CLI ip netns exec sa env GOMAXPROCS=1 $GPP lclient ${rung#*:} -port $PORT 198.19.20.1 198.19.20.2 2000 2>/tmp/lcli.err | half)
     wait
     [ -n "$v" ] || cat /tmp/lsrv.err /tmp/lcli.err | sed "s/^/lab-guest: link-${rung%%:*}: /" >&2
     echo "ROW|link-${rung%%:*}-half|ib_write_lat|8|$MTU|${v:-FAIL}"
@@ -171,9 +171,9 @@ done
 [ "$LAB_ONLY" = lat8 ] && exit 0
 pair softroce-softroce-gmp2 ib_write_lat 8 $NLAT "${SR_SRV/env $SR_ENV/env GOMAXPROCS=2}" "${SR_CLI/env $SR_ENV/env GOMAXPROCS=2}"
 # the fast path's counters on the softroce<->softroce pair (GSO sends, GRO reads, fallbacks)
-ip netns exec sb env $SR_ENV $SR perf write -d 198.20.0.2 --timeout 60s -s 65536 -n 200 -m $MTU -p 19900 -F > /dev/null 2>&1 &
+ip netns exec sb env $SR_ENV $SR perf write -d 198.19.20.2 --timeout 60s -s 65536 -n 200 -m $MTU -p 19900 -F > /dev/null 2>&1 &
 sleep 1.5
-ip netns exec sa env $SR_ENV $SR perf write -d 198.20.0.1 --timeout 60s -s 65536 -n 200 -m $MTU -p 19900 -F 198.20.0.2 > /dev/null 2>&1
+ip netns exec sa env $SR_ENV $SR perf write -d 198.19.20.1 --timeout 60s -s 65536 -n 200 -m $MTU -p 19900 -F 198.19.20.2 > /dev/null 2>&1
 wait
 ip -n sa -s link show vsa | sed 's/^/lab-guest: vsa /' >&2
 ip netns exec sa ethtool -k vsa 2>/dev/null | grep -E "segmentation-offload|generic-receive|tx-checksumming|udp" | sed 's/^/lab-guest: vsa /' >&2

@@ -21,11 +21,11 @@ dmesg | grep -iE "clocksource|tsc|hpet|hrtimer|clockevent|Switched to|lapic|time
 grep -E "^(flags|model name)" /proc/cpuinfo | head -2 | cut -c1-400 | sed 's/^/   cpuinfo: /'
 grep -E "^Tick Device|^Clock Event Device|event_handler|^ *mode:" /proc/timer_list | head -12 | sed 's/^/   timer_list: /'
 
-# netns pa 198.22.0.1 <-> pb 198.22.0.2 on a veth pair (what softroce<->softroce uses)
+# netns pa 198.19.22.1 <-> pb 198.19.22.2 on a veth pair (what softroce<->softroce uses)
 ip netns add pa; ip netns add pb
 ip link add vpa type veth peer name vpb
 ip link set vpa netns pa; ip link set vpb netns pb
-ip -n pa addr add 198.22.0.1/24 dev vpa; ip -n pb addr add 198.22.0.2/24 dev vpb
+ip -n pa addr add 198.19.22.1/24 dev vpa; ip -n pb addr add 198.19.22.2/24 dev vpb
 for n in pa pb; do ip -n $n link set lo up; done
 ip -n pa link set vpa mtu 9000 up; ip -n pb link set vpb mtu 9000 up
 A="ip netns exec pa" B="ip netns exec pb"
@@ -60,7 +60,7 @@ prof_rows() {
   local m=4096 x=""
   [ "${PROBE_XDP:-0}" = 1 ] && m=2048 x=--xdp
   f="perf write --lat -s 8 -n ${PROF_N:-2000} -m $m -F -p $PORT --timeout 60s --run-timeout 100s --busy-poll $x"
-  echo "softroce<->softroce write_lat 8 B --busy-poll $x GOMAXPROCS=1, profiled: $(srvcli "taskset -c 1 env GOMAXPROCS=1 $SR $f --cpuprofile $D/prof.lat.srv -d 198.22.0.2" "taskset -c 0 env GOMAXPROCS=1 $SR $f --cpuprofile $D/prof.lat.cli -d 198.22.0.1 198.22.0.2" | lat)"
+  echo "softroce<->softroce write_lat 8 B --busy-poll $x GOMAXPROCS=1, profiled: $(srvcli "taskset -c 1 env GOMAXPROCS=1 $SR $f --cpuprofile $D/prof.lat.srv -d 198.19.22.2" "taskset -c 0 env GOMAXPROCS=1 $SR $f --cpuprofile $D/prof.lat.cli -d 198.19.22.1 198.19.22.2" | lat)"
 }
 
 bwres() { awk '/#bytes/ {getline; print $4; exit}'; }
@@ -78,9 +78,9 @@ bw_rows() {
     [ "${v% BP}" != "$v" ] && x=--busy-poll
     f="perf write -s 65536 -n 1000 -m 4096 -F -p $PORT --report_gbits --timeout 60s --run-timeout 100s $x"
     if [ "${v% PROF}" != "$v" ]; then
-      echo "softroce<->softroce write_bw 64 KiB $v: $(srvcli "env $e $SR $f --cpuprofile $D/prof.bw.srv -d 198.22.0.2" "env $e $SR $f --cpuprofile $D/prof.bw.cli -d 198.22.0.1 198.22.0.2" | bwres) Gbit/s"
+      echo "softroce<->softroce write_bw 64 KiB $v: $(srvcli "env $e $SR $f --cpuprofile $D/prof.bw.srv -d 198.19.22.2" "env $e $SR $f --cpuprofile $D/prof.bw.cli -d 198.19.22.1 198.19.22.2" | bwres) Gbit/s"
     else
-      echo "softroce<->softroce write_bw 64 KiB $v: $(srvcli "env $e $SR $f -d 198.22.0.2" "env $e $SR $f -d 198.22.0.1 198.22.0.2" | bwres) Gbit/s"
+      echo "softroce<->softroce write_bw 64 KiB $v: $(srvcli "env $e $SR $f -d 198.19.22.2" "env $e $SR $f -d 198.19.22.1 198.19.22.2" | bwres) Gbit/s"
     fi
   done
 }
@@ -93,14 +93,14 @@ micro() {
   $P sleep 200 50
   $C sleep 100 1000
   for m in "" spin; do
-    PORT=$((PORT + 1)); timeout 60 $B $C server 198.22.0.2 $PORT $m & sleep 1
-    timeout 60 $A $C client 198.22.0.2 $PORT 2000 $m; wait
+    PORT=$((PORT + 1)); timeout 60 $B $C server 198.19.22.2 $PORT $m & sleep 1
+    timeout 60 $A $C client 198.19.22.2 $PORT 2000 $m; wait
   done
   for g in 1 2; do
     for m in netpoll block spin; do
       sm=netpoll; [ $m = spin ] && sm=spin
-      PORT=$((PORT + 1)); timeout 60 $B env GOMAXPROCS=$g $P server -mode $sm 198.22.0.2 $PORT & sleep 1
-      timeout 60 $A env GOMAXPROCS=$g $P client -mode $m 198.22.0.2 $PORT 2000; wait
+      PORT=$((PORT + 1)); timeout 60 $B env GOMAXPROCS=$g $P server -mode $sm 198.19.22.2 $PORT & sleep 1
+      timeout 60 $A env GOMAXPROCS=$g $P client -mode $m 198.19.22.2 $PORT 2000; wait
     done
   done
 }
@@ -115,21 +115,21 @@ softroce_rows() {
   for g in 1 2; do
     PORT=$((PORT + 1))
     f="perf write --lat -s 8 -n $NLAT -m 4096 -F -p $PORT --timeout 60s --run-timeout 100s"
-    echo "softroce<->softroce write_lat 8 B GOMAXPROCS=$g: $(srvcli "env GOMAXPROCS=$g $SR $f -d 198.22.0.2" "env GOMAXPROCS=$g $SR $f -d 198.22.0.1 198.22.0.2" | lat)"
+    echo "softroce<->softroce write_lat 8 B GOMAXPROCS=$g: $(srvcli "env GOMAXPROCS=$g $SR $f -d 198.19.22.2" "env GOMAXPROCS=$g $SR $f -d 198.19.22.1 198.19.22.2" | lat)"
   done
   for g in 1 2; do
     PORT=$((PORT + 1))
     f="perf write --lat -s 8 -n $NLAT -m 4096 -F -p $PORT --timeout 60s --run-timeout 100s --busy-poll"
-    echo "softroce<->softroce write_lat 8 B --busy-poll GOMAXPROCS=$g: $(srvcli "env GOMAXPROCS=$g $SR $f -d 198.22.0.2" "env GOMAXPROCS=$g $SR $f -d 198.22.0.1 198.22.0.2" | lat)"
+    echo "softroce<->softroce write_lat 8 B --busy-poll GOMAXPROCS=$g: $(srvcli "env GOMAXPROCS=$g $SR $f -d 198.19.22.2" "env GOMAXPROCS=$g $SR $f -d 198.19.22.1 198.19.22.2" | lat)"
   done
   [ "${PROBE_TRACE:-1}" = 1 ] || return 0
   # system calls of one softroce latency run (server side; strace slows it, counts matter)
   for bp in "" --busy-poll; do
     PORT=$((PORT + 1))
     f="perf write --lat -s 8 -n 200 -m 4096 -F -p $PORT --timeout 60s --run-timeout 100s $bp"
-    timeout 120 $B strace -f -c -o /tmp/strace.srv env GOMAXPROCS=1 $SR $f -d 198.22.0.2 > /dev/null 2>&1 &
+    timeout 120 $B strace -f -c -o /tmp/strace.srv env GOMAXPROCS=1 $SR $f -d 198.19.22.2 > /dev/null 2>&1 &
     sleep 2.5
-    timeout 120 $A env GOMAXPROCS=1 $SR $f -d 198.22.0.1 198.22.0.2 > /dev/null 2>&1
+    timeout 120 $A env GOMAXPROCS=1 $SR $f -d 198.19.22.1 198.19.22.2 > /dev/null 2>&1
     wait
     echo "strace -c -f of the softroce server, 200 x 8 B WRITE ping-pong (GOMAXPROCS=1) $bp:"
     head -14 /tmp/strace.srv | sed 's/^/   /'
@@ -137,9 +137,9 @@ softroce_rows() {
   # scheduler view of one run
   PORT=$((PORT + 1))
   f="perf write --lat -s 8 -n $NLAT -m 4096 -F -p $PORT --timeout 60s --run-timeout 100s"
-  timeout 120 $B env GOMAXPROCS=1 GODEBUG=schedtrace=1000 $SR $f -d 198.22.0.2 > /tmp/srv.out 2>&1 &
+  timeout 120 $B env GOMAXPROCS=1 GODEBUG=schedtrace=1000 $SR $f -d 198.19.22.2 > /tmp/srv.out 2>&1 &
   sleep 1.5
-  timeout 120 $A env GOMAXPROCS=1 $SR $f -d 198.22.0.1 198.22.0.2 > /dev/null 2>&1
+  timeout 120 $A env GOMAXPROCS=1 $SR $f -d 198.19.22.1 198.19.22.2 > /dev/null 2>&1
   wait
   grep SCHED /tmp/srv.out | tail -3 | sed 's/^/   schedtrace: /'
 }

@@ -17,6 +17,8 @@
 //	                                    or spin (non-blocking recvfrom in a loop)
 //	probe lserver [flags] ADDR PEER     the spin round trip through pkg/roce/link, its options
 //	probe lclient [flags] ADDR PEER N   one at a time (link.go: -size -gro -entropy -pair -xdp)
+//	probe wserver ADDR PEER             ib_write_lat's loop over the link's XDP write responder,
+//	probe wclient ADDR PEER N           no RDMA engine (wresp.go)
 //
 // Only the addresses it is given are used (the lab's veth pairs, or loopback).
 package main
@@ -125,6 +127,8 @@ func run(args []string) error {
 		return nil
 	case "lserver", "lclient":
 		return linkPingPong(args[1:], args[0] == "lclient")
+	case "wserver", "wclient":
+		return writeResponderPingPong(args[1:], args[0] == "wclient")
 	case "server":
 		fs := flag.NewFlagSet("server", flag.ContinueOnError)
 		mode := fs.String("mode", "netpoll", "netpoll | spin")

@@ -92,6 +92,9 @@ type devOpenOptions struct {
 	XDP bool
 	// XDPNoPairs keeps that path's [request, response] pairs as two frames (XDPOptions.NoPairs).
 	XDPNoPairs bool
+	// DM, when > 0, gives that path a write responder with DM bytes of device memory
+	// (XDPOptions.WriteMemory; roce.Device.AllocDM).
+	DM int
 }
 
 // localDev is an opened device and the local address it speaks from.
@@ -126,7 +129,7 @@ func openLocalDevice(f *devFlag, o devOpenOptions) (*localDev, error) {
 		name = "softroce0"
 	}
 	d, err := roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{addr}, Port: o.Port, Portable: o.Portable, MTU: mtu, Name: name,
-		Link: link.UDPOptions{BusyPoll: o.BusyPoll, XDP: link.XDPOptions{On: o.XDP, NoPairs: o.XDPNoPairs}}, Polled: o.Polled})
+		Link: link.UDPOptions{BusyPoll: o.BusyPoll, XDP: link.XDPOptions{On: o.XDP, NoPairs: o.XDPNoPairs, WriteMemory: o.DM}}, Polled: o.Polled})
 	if err != nil {
 		return nil, fmt.Errorf("%w on %v: %w", errDevFlag, addr, err)
 	}

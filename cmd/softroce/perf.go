@@ -123,6 +123,7 @@ type perfConfig struct {
 	Portable   bool
 	XDP        bool // --xdp: the link's AF_XDP path (link.XDPOptions)
 	XDPNoPairs bool // --xdp-no-pairs: that path's [request, ACK] pairs as two frames (XDPOptions.NoPairs)
+	DM         bool // --dm: the buffer in device memory, whose WRITEs the XDP program executes (Device.AllocDM)
 	// Loopback runs both ends in this process (the former tool); Mem uses the in-memory link.
 	Loopback, Mem bool
 	// CPUProfile, if set, is where a pprof CPU profile of the run is written.
@@ -201,6 +202,7 @@ func parsePerf(args []string, stderr io.Writer) (*perfConfig, error) {
 	fs.UintVar(&rocePort, "roce-port", 4791, "softroce: RoCE UDP port")
 	fs.BoolVar(&c.Portable, "portable", false, "softroce: plain UDP sockets instead of sendmmsg/recvmmsg")
 	fs.BoolVar(&c.XDP, "xdp", false, "softroce: the link's AF_XDP path (root, IPv4; active MTU at most 2048; docs/link.md)")
+	fs.BoolVar(&c.DM, "dm", false, "softroce, with --xdp: the buffer in device memory (ibv_alloc_dm): the XDP program executes and ACKs small RDMA WRITEs into it, as kernel rxe does in the sender's softirq (docs/api.md)")
 	fs.BoolVar(&c.XDPNoPairs, "xdp-no-pairs", false, "softroce, with --xdp: send a WRITE and the ACK it carries as two ring frames, not one GSO frame (docs/link.md)")
 	fs.BoolVar(&c.Loopback, "loopback", false, "softroce: both ends in this process (127.0.0.1 <-> 127.0.0.2), no exchange")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "softroce: write a pprof CPU profile of the run to `file`")
@@ -243,6 +245,8 @@ func parsePerf(args []string, stderr io.Writer) (*perfConfig, error) {
 		return nil, fmt.Errorf("%w: --roce-port %d", errPerfUsage, rocePort)
 	case c.XDPNoPairs && !c.XDP:
 		return nil, fmt.Errorf("%w: --xdp-no-pairs needs --xdp", errPerfUsage)
+	case c.DM && !c.XDP:
+		return nil, fmt.Errorf("%w: --dm needs --xdp", errPerfUsage)
 	case c.XDP && (c.Portable || c.Loopback || c.Daemon != ""):
 		return nil, fmt.Errorf("%w: --xdp is an embedded device's batched link: not with --portable, --loopback or --daemon", errPerfUsage)
 	case c.Timeout <= 0 || c.RunTimeout <= 0:

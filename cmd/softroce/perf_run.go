@@ -86,6 +86,31 @@ func perfInc(size int) int {
 	return (size + perfCacheLine - 1) / perfCacheLine * perfCacheLine
 }
 
+// perfDM is a device with device memory (roce.Device.AllocDM through the embedded verbs).
+type perfDM interface {
+	AllocDM(n int) ([]byte, error)
+	FreeDM(b []byte) error
+}
+
+// allocBuffer is the run's buffer: device memory with --dm, else dev.AllocBuffer.
+func (r *perfRes) allocBuffer(n int) ([]byte, error) {
+	if !r.c.DM {
+		return r.dev.AllocBuffer(n)
+	}
+	d, ok := r.dev.(perfDM)
+	if !ok {
+		return nil, fmt.Errorf("%w: --dm: the device has no device memory", errPerfUsage)
+	}
+	return d.AllocDM(n)
+}
+
+func (r *perfRes) freeBuffer(b []byte) error {
+	if d, ok := r.dev.(perfDM); ok && r.c.DM {
+		return d.FreeDM(b)
+	}
+	return r.dev.FreeBuffer(b)
+}
+
 // perfRes is struct pingpong_context: the verbs objects of one run plus the data path's
 // preallocated work requests and time stamps.
 type perfRes struct {
@@ -149,8 +174,8 @@ func newPerfResWith(c *perfConfig, dev roce.Verbs, addr netip.Addr, gidx int, cr
 	r := &perfRes{c: c, dev: dev, addr: addr, gidx: gidx, cycle: perfCycleBuffer}
 	r.area = perfInc(max(c.Size, perfCycleBuffer))
 	var err error
-	// AllocBuffer: memory the daemon can map too (embedded: plain memory)
-	if r.buf, err = dev.AllocBuffer(2 * c.QPs * r.area); err != nil {
+	// AllocBuffer: memory the daemon can map too (embedded: plain memory); --dm: device memory
+	if r.buf, err = r.allocBuffer(2 * c.QPs * r.area); err != nil {
 		return nil, fmt.Errorf("%w: Couldn't allocate the buffer: %w", errPerfVerbs, err)
 	}
 	if r.pd, err = dev.AllocPD(); err != nil {
@@ -254,7 +279,7 @@ func (r *perfRes) close() error {
 		}
 	}
 	if r.buf != nil && bufFree {
-		if err := r.dev.FreeBuffer(r.buf); err != nil {
+		if err := r.freeBuffer(r.buf); err != nil {
 			errs = append(errs, fmt.Errorf("%w: Couldn't free the buffer: %w", errPerfVerbs, err))
 		}
 		r.buf = nil
@@ -773,7 +798,7 @@ func perfRun(c *perfConfig, env *perfEnv) (err error) {
 	open := func(peer netip.Addr) error {
 		var e error
 		if ld, e = openVerbsDevice(c.Daemon, &c.Dev, devOpenOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer,
-			BusyPoll: c.linkBusyPoll(), Polled: c.polled(), XDP: c.XDP, XDPNoPairs: c.XDPNoPairs}); e != nil {
+			BusyPoll: c.linkBusyPoll(), Polled: c.polled(), XDP: c.XDP, XDPNoPairs: c.XDPNoPairs, DM: c.dmBytes()}); e != nil {
 			return e
 		}
 		if c.MTU != 0 && c.MTU > ld.MTU {
@@ -1045,4 +1070,12 @@ func perfPrintStats(w io.Writer, vd *verbsDev) {
 				s.XDPSent, s.XDPReceived, s.XDPFallbacks, s.XDPPairs, off)
 		}
 	}
+}
+
+// dmBytes is the device memory a run needs (--dm: newPerfResWith's buffer), 0 without.
+func (c *perfConfig) dmBytes() int {
+	if !c.DM {
+		return 0
+	}
+	return 2 * c.QPs * perfInc(max(c.Size, perfCycleBuffer))
 }

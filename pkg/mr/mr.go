@@ -170,6 +170,23 @@ type TableOptions struct {
 	MaxMR, MaxPD, MaxMW int
 	// Rand supplies key bytes. Nil means crypto/rand. Tests inject deterministic readers.
 	Rand io.Reader
+	// OnKey, if set, hears of every change of a key's mapping (registration, fast
+	// registration, re-registration, invalidation, a window's bind, deregistration), with the
+	// table's lock held: it must not call the table. A device's write responder outside the
+	// engine keeps its own R_Key table with it (pkg/roce, devmem.go).
+	OnKey func(KeyEvent)
+}
+
+// KeyEvent is a key's new mapping (TableOptions.OnKey).
+type KeyEvent struct {
+	Key uint32
+	// MR is true for a memory region's valid key; Buf, IOVA, PD and Access are then its
+	// mapping. Anything else (a free, invalid or released key, a window) has MR false.
+	MR     bool
+	Buf    []byte
+	IOVA   uint64
+	PD     uint32
+	Access Access
 }
 
 // Default limits (rxe_param.h: RXE_MAX_MR, RXE_MAX_PD; MaxMW is softroce's choice).
@@ -276,6 +293,9 @@ func (t *Table) drawKey(s *slot) (uint8, error) {
 func setKeyByte(s *slot, b uint8) { s.used, s.last = true, b }
 
 func (t *Table) releaseIndex(idx uint32) {
+	if old := t.slotOf(idx).m.Load(); old != nil && t.o.OnKey != nil {
+		t.o.OnKey(KeyEvent{Key: old.key})
+	}
 	t.slotOf(idx).m.Store(nil)
 	t.free = append(t.free, idx)
 }
@@ -351,6 +371,13 @@ func (m *MR) release() {
 func (t *Table) publish(s *slot, cur *atomic.Pointer[mapping], mp *mapping) {
 	cur.Store(mp)
 	s.m.Store(mp)
+	if t.o.OnKey != nil {
+		e := KeyEvent{Key: mp.key}
+		if mp.kind == kindMR && mp.state == KeyValid {
+			e.MR, e.Buf, e.IOVA, e.PD, e.Access = true, mp.buf, mp.iova, mp.pd.handle, mp.acc
+		}
+		t.o.OnKey(e)
+	}
 }
 
 func newMR(t *Table, pd *PD, idx uint32) *MR {

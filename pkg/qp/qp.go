@@ -127,6 +127,8 @@ type Config struct {
 	// owner posts receives it has accepted but not yet handed to the engine
 	// (refill.go). Not called on QPs with an SRQ.
 	RecvRefill func()
+	// Writes, if set, executes RC WRITE Only requests outside the engine (writes.go).
+	Writes WriteResponder
 }
 
 // Engine tunables (rxe values: RXE_MAX_UNACKED_PSNS, RXE_MAX_PKT_PER_ACK).
@@ -180,6 +182,8 @@ type recvWQE struct {
 type QP struct {
 	mu       sync.Mutex
 	cfg      Config
+	wo       WriteState  // the write responder's shared state (writes.go), nil without
+	woInfo   WriteQPInfo // what wo was attached with
 	num      uint32
 	typ      Type
 	state    State
@@ -303,6 +307,7 @@ func (q *QP) Modify(a *Attr, mask AttrMask) error {
 	if q.dead {
 		return ErrDestroyed
 	}
+	defer q.syncWrites()
 	next, err := CheckModify(q.typ, q.state, a, mask, q.dev)
 	if err != nil {
 		return err
@@ -436,6 +441,7 @@ func (q *QP) applyAttr(a *Attr, m AttrMask) {
 // resetLocked returns the QP to its just-created state (IBTA 10.3.1: a
 // transition to RESET empties both work queues without completions).
 func (q *QP) resetLocked() {
+	q.detachWrites()
 	for i := range q.sq {
 		q.sq[i].reset()
 	}
@@ -482,6 +488,7 @@ func (q *QP) Destroy() {
 	// A deferred receive (ReceiveDeferred) completed its requests before their ACKs leave at
 	// FlushReceived: send them now, the program may destroy the QP as soon as it polled.
 	q.flush()
+	q.detachWrites()
 	q.dead = true
 	q.state = StateReset
 	if q.tmr.t != nil {
@@ -499,6 +506,7 @@ func (q *QP) enterError() {
 		return
 	}
 	q.state = StateErr
+	q.detachWrites()
 	q.tmr.t.Stop()
 	q.tmr.armed = false
 	q.tmr.rnrWait = false

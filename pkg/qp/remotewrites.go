@@ -7,6 +7,8 @@ import "sync/atomic"
 type writeCount struct {
 	n  atomic.Uint64
 	ch atomic.Pointer[chan struct{}]
+	// shared: the write responders this QP had since RESET (writes.go); their WRITEs count
+	shared atomic.Pointer[[]WriteState]
 }
 
 // done counts one executed WRITE message (called after its last byte is placed).
@@ -27,7 +29,10 @@ func (w *writeCount) done() {
 // applications that poll memory for a peer's WRITE (perftest's ib_write_lat polls the last
 // byte of its buffer) load this counter first: the atomic load orders their read after the
 // placement of every counted message, without a data race on the buffer.
-func (q *QP) RemoteWrites() uint64 { return q.resp.writes.n.Load() }
+//
+// WRITEs a write responder outside the engine executed (Config.Writes, writes.go) count too;
+// they do not wake RemoteWriteNotify (nothing in the process runs for them).
+func (q *QP) RemoteWrites() uint64 { return q.resp.writes.n.Load() + q.resp.writes.sharedWrites() }
 
 // RemoteWriteNotify returns a channel that receives after RemoteWrites moves (one buffered
 // event; events coalesce, like cq.CQ.Channel), so a memory poller can sleep until a WRITE

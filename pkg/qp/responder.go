@@ -94,7 +94,11 @@ func (q *QP) receive(now time.Time, p *bth.Packet, src, dst netip.AddrPort) bool
 				q.cfg.Events(event.Event{Type: event.CommEst, Object: q, QPN: q.num})
 			}
 		}
-		q.respond(now, p, src, dst)
+		if q.wo != nil {
+			q.respondShared(now, p, src, dst)
+		} else {
+			q.respond(now, p, src, dst)
+		}
 	} else {
 		q.complete(now, p)
 	}

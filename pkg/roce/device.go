@@ -146,6 +146,8 @@ type Device struct {
 
 	// pl is the polled mode's receive state (Options.Polled; poll.go); nil otherwise.
 	pl *pollState
+	// dm is the device memory and the XDP write responder (devmem.go); nil without
+	dm *devMem
 }
 
 // QP is a queue pair of a Device: the pkg/qp engine object (Modify, Query,
@@ -189,6 +191,9 @@ func Open(o Options) (*Device, error) {
 	}
 	to := d.attr.TableOptions()
 	to.Rand = o.KeyRand
+	if d.dm = newDevMem(o.Link); d.dm != nil {
+		to.OnKey = d.dm.keyChanged
+	}
 	d.tbl = mr.NewTable(to)
 	d.gids = o.GIDs
 	if d.gids == nil {
@@ -433,6 +438,7 @@ func (d *Device) CreateQP(in QPInit) (*QP, error) {
 		SRQ: in.SRQ, Cap: in.Cap, SigAll: in.SigAll, Out: d.links[qpn%uint32(len(d.links))], Clock: d.clock,
 		Resolve: d.resolve, DstPort: d.port, Device: &d.attr, Counters: &d.cnt,
 		AtomicMu: &d.atomicMu, Events: d.sink, MTU: d.mtu, RecvRefill: in.RecvRefill,
+		Writes: d.writesFor(qpn),
 	})
 	if err != nil {
 		return nil, err
@@ -524,6 +530,13 @@ func (d *Device) Close() error {
 	}
 	d.batchMu.Lock() // a batch being handled flushes its deferred ACKs first
 	d.closePoll()    // polled mode: the last Poll's deferred packets leave (poll.go)
+	if d.dm != nil { // the QPs leave the write responder before its memory goes
+		for i := range d.qps {
+			if q := d.qps[i].Load(); q != nil {
+				q.QP.DetachWrites()
+			}
+		}
+	}
 	err := d.link.Close()
 	for _, l := range d.links[1:] {
 		l.Close()

@@ -163,6 +163,11 @@ func (e embedded) AllocPD() (ProtectionDomain, error) {
 	return pd, nil
 }
 
+// AllocDM and FreeDM are Device.AllocDM and FreeDM (device memory: the AF_XDP path's write
+// responder, devmem.go); an embedded device's RegMR takes device memory like any buffer.
+func (e embedded) AllocDM(n int) ([]byte, error) { return e.d.AllocDM(n) }
+func (e embedded) FreeDM(b []byte) error         { return e.d.FreeDM(b) }
+
 func (e embedded) AllocBuffer(n int) ([]byte, error) {
 	if n <= 0 {
 		return nil, ErrInvalidArg

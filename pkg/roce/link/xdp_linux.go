@@ -53,6 +53,10 @@ type XDPOptions struct {
 	// a veth, such a pair leaves as one AF_PACKET frame asking for UDP GSO (xdppair_linux.go),
 	// where the kernel takes it (Linux 6.2 and later).
 	NoPairs bool
+	// WriteMemory, when > 0, gives the XDP program a write responder with this many bytes of
+	// device memory (xdpwrite_linux.go): RC WRITE Only requests to QPs and MRs registered with
+	// AddWriteQP / AddWriteMR are executed and ACKed in the program.
+	WriteMemory int
 }
 
 const (
@@ -153,6 +157,8 @@ type xdpSock struct {
 	pairsOn  atomic.Bool
 	pairs    atomic.Uint64
 	pairsOff atomic.Uint64
+
+	writes *xdpWrite // the write responder (nil without)
 }
 
 type xdpPeer struct {
@@ -245,7 +251,12 @@ func openXDP(s *udpSock, o XDPOptions) (_ *xdpSock, err error) {
 	if err := bpfMapSet(x.xmap, o.Queue, uint32(x.fd)); err != nil {
 		return nil, err
 	}
-	if x.prog, err = bpfLoadXDP(xdpProgram(x.xmap, x.addr4, x.port, XDPMaxFrame), o.Native); err != nil {
+	if o.WriteMemory > 0 {
+		if x.writes, err = newXDPWrite(o.WriteMemory); err != nil {
+			return nil, err
+		}
+	}
+	if x.prog, err = bpfLoadXDP(xdpProgram(x.xmap, x.addr4, x.port, XDPMaxFrame, x.writes), o.Native); err != nil {
 		return nil, err
 	}
 	// a BPF link, not netlink: it goes with its descriptor (Close from any thread or
@@ -297,6 +308,9 @@ func (x *xdpSock) close() {
 	if x.umem != nil {
 		_ = unix.Munmap(x.umem)
 		x.umem = nil
+	}
+	if x.writes != nil {
+		x.writes.close()
 	}
 }
 
@@ -694,69 +708,58 @@ func insn(code, dst, src uint8, off int16, imm int32) bpfInsn {
 	return bpfInsn{code: code, regs: dst | src<<4, off: off, imm: imm}
 }
 
-// xdpPass marks a jump to the program's XDP_PASS exit (resolved by xdpProgram).
-const xdpPass = -32768
-
 // xdpProgram returns an XDP program that redirects IPv4 (header of 20 bytes, not a fragment)
 // UDP datagrams to addr:port of at most maxFrame bytes (bpf_xdp_get_buff_len: all of the
 // frame, also when a driver hands it over in several buffers) to the XSKMAP entry of the
 // receive queue, and passes everything else (and everything, if the queue has no socket) to
-// the stack.
-func xdpProgram(xmap int, addr [4]byte, port uint16, maxFrame int) []bpfInsn {
-	const (
-		ldxW, ldxH, ldxB = 0x61, 0x69, 0x71
-		movX, movK       = 0xbf, 0xb7
-		addK, andK       = 0x07, 0x57
-		jgtX, jgtK, jneK = 0x2d, 0x25, 0x55
-		jne32K           = 0x56
-		call, exit       = 0x85, 0x95
-		ldImm64          = 0x18
-		xdpPassCode      = 2
-		redirectMap      = 51  // BPF_FUNC_redirect_map
-		getBuffLen       = 188 // BPF_FUNC_xdp_get_buff_len
-	)
+// the stack. With w, RC WRITE Only requests that w's tables allow are executed in the program
+// first (xdpwrite_linux.go); whatever it declines is redirected as before.
+func xdpProgram(xmap int, addr [4]byte, port uint16, maxFrame int, w *xdpWrite) []bpfInsn {
+	const xdpPassCode, redirectMap, getBuffLen = 2, 51, 188 // BPF_FUNC_redirect_map, BPF_FUNC_xdp_get_buff_len
 	// packet loads are in the host's byte order: compare with the wire bytes loaded so
 	ne := binary.NativeEndian
 	addrC := int32(ne.Uint32(addr[:]))
 	portC := int32(ne.Uint16([]byte{byte(port >> 8), byte(port)}))
 	ipv4C := int32(ne.Uint16([]byte{0x08, 0x00}))
 	fragC := int32(ne.Uint16([]byte{0x3f, 0xff})) // MF and the fragment offset
-	p := []bpfInsn{
-		insn(movX, 6, 1, 0, 0), // r6 = ctx
-		insn(call, 0, 0, 0, getBuffLen),
-		insn(jgtK, 0, 0, xdpPass, int32(maxFrame)),
-		insn(ldxW, 2, 6, 0, 0), // r2 = ctx->data
-		insn(ldxW, 3, 6, 4, 0), // r3 = ctx->data_end
-		insn(movX, 4, 2, 0, 0),
-		insn(addK, 4, 0, 0, ethIPv4UDP),
-		insn(jgtX, 4, 3, xdpPass, 0),     // shorter than Ethernet + IPv4 + UDP
-		insn(ldxH, 5, 2, 12, 0),          // EtherType
-		insn(jneK, 5, 0, xdpPass, ipv4C), // EtherType 0x0800
-		insn(ldxB, 5, 2, 14, 0),
-		insn(jneK, 5, 0, xdpPass, 0x45), // IPv4, 20-byte header
-		insn(ldxB, 5, 2, 23, 0),
-		insn(jneK, 5, 0, xdpPass, unix.IPPROTO_UDP),
-		insn(ldxH, 5, 2, 20, 0),
-		insn(andK, 5, 0, 0, fragC),
-		insn(jneK, 5, 0, xdpPass, 0),
-		insn(ldxW, 5, 2, 30, 0),
-		insn(jne32K, 5, 0, xdpPass, addrC),
-		insn(ldxH, 5, 2, 36, 0),
-		insn(jneK, 5, 0, xdpPass, portC),
-		insn(ldxW, 2, 6, 16, 0), // r2 = ctx->rx_queue_index
-		insn(ldImm64, 1, unix.BPF_PSEUDO_MAP_FD, 0, int32(xmap)), insn(0, 0, 0, 0, 0),
-		insn(movK, 3, 0, 0, xdpPassCode), // no socket on this queue: XDP_PASS
-		insn(call, 0, 0, 0, redirectMap),
-		insn(exit, 0, 0, 0, 0),
+	a := newBPFAsm()
+	a.op(bMovX, 6, 1, 0, 0) // r6 = ctx
+	a.op(bCall, 0, 0, 0, getBuffLen)
+	a.jmp(bJgtK, 0, 0, int32(maxFrame), "pass")
+	if w != nil {
+		a.op(bStxDW, 10, 0, wsFrameLen, 0)
 	}
-	pass := len(p)
-	p = append(p, insn(movK, 0, 0, 0, xdpPassCode), insn(exit, 0, 0, 0, 0))
-	for i := range p {
-		if p[i].off == xdpPass {
-			p[i].off = int16(pass - i - 1)
-		}
+	a.op(bLdxW, 2, 6, 0, 0) // r2 = ctx->data
+	a.op(bLdxW, 3, 6, 4, 0) // r3 = ctx->data_end
+	a.op(bMovX, 4, 2, 0, 0)
+	a.op(bAddK, 4, 0, 0, ethIPv4UDP)
+	a.jmp(bJgtX, 4, 3, 0, "pass") // shorter than Ethernet + IPv4 + UDP
+	a.op(bLdxH, 5, 2, 12, 0)
+	a.jmp(bJneK, 5, 0, ipv4C, "pass") // EtherType 0x0800
+	a.op(bLdxB, 5, 2, 14, 0)
+	a.jmp(bJneK, 5, 0, 0x45, "pass") // IPv4, 20-byte header
+	a.op(bLdxB, 5, 2, 23, 0)
+	a.jmp(bJneK, 5, 0, unix.IPPROTO_UDP, "pass")
+	a.op(bLdxH, 5, 2, 20, 0)
+	a.op(bAndK, 5, 0, 0, fragC)
+	a.jmp(bJneK, 5, 0, 0, "pass")
+	a.op(bLdxW, 5, 2, 30, 0)
+	a.jmp(0x56 /* jne32 K */, 5, 0, addrC, "pass")
+	a.op(bLdxH, 5, 2, 36, 0)
+	a.jmp(bJneK, 5, 0, portC, "pass")
+	if w != nil {
+		w.program(a, "redirect")
 	}
-	return p
+	a.label("redirect")
+	a.op(bLdxW, 2, 6, 16, 0) // r2 = ctx->rx_queue_index
+	a.mapFD(1, xmap)
+	a.op(bMovK, 3, 0, 0, xdpPassCode) // no socket on this queue: XDP_PASS
+	a.op(bCall, 0, 0, 0, redirectMap)
+	a.op(bExit, 0, 0, 0, 0)
+	a.label("pass")
+	a.op(bMovK, 0, 0, 0, xdpPassCode)
+	a.op(bExit, 0, 0, 0, 0)
+	return a.done()
 }
 
 func bpfCall(cmd int, attr unsafe.Pointer, size uintptr) (int, error) {
@@ -809,8 +812,29 @@ func bpfAttachXDP(prog, ifindex int, native bool) (int, error) {
 // bpfLoadXDP loads prog as an XDP program (frags: one that accepts multi-buffer frames, which a
 // driver hook with a large MTU requires); the verifier's log comes with a refusal.
 func bpfLoadXDP(prog []bpfInsn, frags bool) (int, error) {
+	fd, err := bpfLoadXDPLog(prog, frags, nil)
+	if err == nil {
+		return fd, nil
+	}
+	// again with the verifier's log (not the first time: a long program's log of a success
+	// can overflow any buffer, which fails the load); its end says why
+	vlog := make([]byte, 1<<20)
+	if fd, err2 := bpfLoadXDPLog(prog, frags, vlog); err2 == nil {
+		return fd, nil // refused once, not twice: take it
+	}
+	n := 0
+	for n < len(vlog) && vlog[n] != 0 {
+		n++
+	}
+	msg := vlog[:n]
+	if len(msg) > 4096 {
+		msg = msg[len(msg)-4096:]
+	}
+	return -1, fmt.Errorf("bpf: load XDP program: %w: %s", err, msg)
+}
+
+func bpfLoadXDPLog(prog []bpfInsn, frags bool, vlog []byte) (int, error) {
 	license := []byte("Dual MIT/GPL\x00")
-	vlog := make([]byte, 1<<16)
 	attr := struct {
 		typ, cnt       uint32
 		insns, license uint64
@@ -820,8 +844,10 @@ func bpfLoadXDP(prog []bpfInsn, frags bool) (int, error) {
 		name           [16]byte
 		ifindex, eat   uint32
 	}{typ: unix.BPF_PROG_TYPE_XDP, cnt: uint32(len(prog)), insns: uint64(uintptr(unsafe.Pointer(&prog[0]))),
-		license: uint64(uintptr(unsafe.Pointer(&license[0]))), level: 1, size: uint32(len(vlog)),
-		log: uint64(uintptr(unsafe.Pointer(&vlog[0])))}
+		license: uint64(uintptr(unsafe.Pointer(&license[0])))}
+	if vlog != nil {
+		attr.level, attr.size, attr.log = 1, uint32(len(vlog)), uint64(uintptr(unsafe.Pointer(&vlog[0])))
+	}
 	copy(attr.name[:], "softroce_xsk")
 	if frags {
 		attr.flags = unix.BPF_F_XDP_HAS_FRAGS
@@ -830,12 +856,5 @@ func bpfLoadXDP(prog []bpfInsn, frags bool) (int, error) {
 	runtime.KeepAlive(prog)
 	runtime.KeepAlive(license)
 	runtime.KeepAlive(vlog)
-	if err != nil {
-		n := 0
-		for n < len(vlog) && vlog[n] != 0 {
-			n++
-		}
-		return -1, fmt.Errorf("bpf: load XDP program: %w: %s", err, vlog[:n])
-	}
-	return fd, nil
+	return fd, err
 }

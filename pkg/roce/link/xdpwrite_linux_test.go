@@ -1,0 +1,393 @@
+package link
+
+import (
+	"bytes"
+	"encoding/binary"
+	"hash/crc32"
+	"net/netip"
+	"os"
+	"runtime"
+	"testing"
+	"unsafe"
+
+	"github.com/softroce/softroce/pkg/bth"
+	"golang.org/x/sys/unix"
+)
+
+// The write responder's program is run with BPF_PROG_TEST_RUN: a frame in, the verdict and
+// the frame out, the device memory and the QP's word read back.
+
+const (
+	xdpVerdictDrop, xdpVerdictPass, xdpVerdictTx = 1, 2, 3
+)
+
+// writeRig is a write responder and its program, loaded, without an interface.
+type writeRig struct {
+	l     *UDPLink
+	w     *xdpWrite
+	prog  int
+	xmap  int
+	st    *WriteState
+	local [4]byte
+}
+
+var (
+	rigLocal   = [4]byte{198, 18, 9, 1}
+	rigPeer    = [4]byte{198, 18, 9, 2}
+	rigMACA    = [6]byte{2, 0, 0, 0, 0, 0xa}
+	rigMACB    = [6]byte{2, 0, 0, 0, 0, 0xb}
+	rigQPN     = uint32(0x11)
+	rigDestQPN = uint32(0x22)
+	rigRKey    = uint32(0x1234)
+	rigVA      = uint64(0x7f00_0000_1000)
+)
+
+// rigACK is the BTH and AETH of the rig QP's ACK, PSN 0, MSN 0.
+func rigACK() (a [16]byte) {
+	bth.BTH(a[:]).Encode(&bth.BTHFields{Opcode: bth.OpRCAck, PKey: 0xFFFF, DestQP: rigDestQPN})
+	bth.AETH(a[bth.BTHSize:]).Encode(&bth.AETHFields{Syndrome: bth.SyndromeACK(0x1F)})
+	return a
+}
+
+func newWriteRig(t testing.TB, epsn, msn uint32) *writeRig {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (BPF programs and maps)")
+	}
+	w, err := newXDPWrite(3 * xdpPage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := &xdpSock{mac: rigMACA, addr4: rigLocal, writes: w, prog: -1, xmap: -1}
+	r := &writeRig{l: &UDPLink{xdp: x}, w: w, prog: -1, local: rigLocal}
+	t.Cleanup(func() {
+		w.close()
+		for _, fd := range []int{r.prog, r.xmap} {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+		}
+	})
+	if r.xmap, err = bpfXSKMap(1); err != nil {
+		t.Fatal(err)
+	}
+	if r.prog, err = bpfLoadXDP(xdpProgram(r.xmap, rigLocal, UDPPort, XDPMaxFrame, w), false); err != nil {
+		t.Fatal(err)
+	}
+	if r.st, err = r.l.AddWriteQP(WriteQP{QPN: rigQPN, PD: 1, Peer: netip.AddrFrom4(rigPeer), SrcPort: 0xC011, TClass: 0x28, ACK: rigACK()}, epsn, msn, false); err != nil {
+		t.Fatal(err)
+	}
+	// the MR: device memory [4096, 4096+6000), addressed from rigVA
+	if err := r.l.AddWriteMR(rigRKey, 1, rigVA, 6000, xdpPage); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// run runs the program over frame: its verdict and the frame it leaves.
+func (r *writeRig) run(t testing.TB, frame []byte) (uint32, []byte) {
+	t.Helper()
+	out := make([]byte, 4096)
+	in := append([]byte(nil), frame...)
+	attr := struct {
+		prog, retval, sizeIn, sizeOut uint32
+		in, out                       uint64
+		repeat, duration              uint32
+		ctxIn, ctxOut                 uint32
+		ctxInP, ctxOutP               uint64
+		flags, cpu, batch             uint32
+		_                             uint32
+	}{prog: uint32(r.prog), sizeIn: uint32(len(in)), sizeOut: uint32(len(out)),
+		in: uint64(uintptr(unsafe.Pointer(&in[0]))), out: uint64(uintptr(unsafe.Pointer(&out[0]))), repeat: 1}
+	_, err := bpfCall(unix.BPF_PROG_TEST_RUN, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
+	runtime.KeepAlive(in)
+	runtime.KeepAlive(out)
+	if err != nil {
+		t.Fatalf("BPF_PROG_TEST_RUN: %v", err)
+	}
+	return attr.retval, out[:attr.sizeOut]
+}
+
+// wframe describes a WRITE frame from the rig's peer.
+type wframe struct {
+	opcode  bth.Opcode
+	qpn     uint32
+	psn     uint32
+	va      uint64
+	rkey    uint32
+	payload []byte
+	ackReq  bool
+	pkey    uint16
+	tver    uint8
+	pad     int // -1: the one the length needs
+	dmaLen  int // -1: the payload's
+	extra   int // bytes after the ICRC
+	src     [4]byte
+	id      uint16
+	ipLen   int // added to the IPv4 total length (with a correct ICRC for it)
+	udpLen  int // added to the UDP length (likewise)
+}
+
+func goodWrite(psn uint32, payload []byte) wframe {
+	return wframe{opcode: bth.OpRCWriteOnly, qpn: rigQPN, psn: psn, va: rigVA + 16, rkey: rigRKey,
+		payload: payload, ackReq: true, pkey: 0xFFFF, pad: -1, dmaLen: -1, src: rigPeer}
+}
+
+// frame builds f as an Ethernet frame: IPv4 (DF, TTL 64, ID f.id), UDP to 4791, BTH, RETH,
+// payload, pad, a correct ICRC.
+func (f wframe) frame() []byte {
+	pad := f.pad
+	if pad < 0 {
+		pad = (4 - len(f.payload)%4) % 4
+	}
+	dma := f.dmaLen
+	if dma < 0 {
+		dma = len(f.payload)
+	}
+	n := fPayload + len(f.payload) + pad + 4
+	b := make([]byte, n+f.extra)
+	copy(b[0:6], rigMACA[:])
+	copy(b[6:12], rigMACB[:])
+	b[12], b[13] = 0x08, 0x00
+	ip := b[14:34]
+	ip[0], ip[1] = 0x45, 0x28
+	binary.BigEndian.PutUint16(ip[2:], uint16(n-14+f.ipLen))
+	binary.BigEndian.PutUint16(ip[4:], f.id)
+	ip[6], ip[8], ip[9] = 0x40, 64, unix.IPPROTO_UDP
+	copy(ip[12:16], f.src[:])
+	copy(ip[16:20], rigLocal[:])
+	ipChecksum(ip)
+	binary.BigEndian.PutUint16(b[34:], 0xC022)
+	binary.BigEndian.PutUint16(b[36:], UDPPort)
+	binary.BigEndian.PutUint16(b[38:], uint16(n-34+f.udpLen))
+	bth.BTH(b[fBTH:]).Encode(&bth.BTHFields{Opcode: f.opcode, PadCnt: uint8(pad), TVer: f.tver, PKey: f.pkey,
+		DestQP: f.qpn, AckReq: f.ackReq, PSN: bth.PSN(f.psn)})
+	bth.RETH(b[fRETH:]).Encode(&bth.RETHFields{VA: f.va, RKey: f.rkey, DMALen: uint32(dma)})
+	copy(b[fPayload:], f.payload)
+	var c uint32
+	if f.ipLen == 0 && f.udpLen == 0 {
+		var err error
+		if c, err = bth.ICRCFromIP(b[14:n]); err != nil {
+			panic(err)
+		}
+	} else { // lengths that disagree with the frame: the ICRC the sender would compute over them
+		m := append(bytes.Repeat([]byte{0xff}, 8), b[14:n-4]...)
+		for i := range m {
+			if icrcMasked(i - 8 + 14) {
+				m[i] = 0xff
+			}
+		}
+		c = crc32.ChecksumIEEE(m)
+	}
+	bth.SetICRC(b[34+8:n], c)
+	if f.extra > 0 { // the lengths take the bytes after the ICRC in
+		binary.BigEndian.PutUint16(ip[2:], uint16(n+f.extra-14))
+		binary.BigEndian.PutUint16(b[38:], uint16(n+f.extra-34))
+		ipChecksum0(ip)
+	}
+	return b
+}
+
+// wantACK is the ACK the program must make of WRITE f, MSN msn.
+func wantACK(f wframe, msn uint32) []byte {
+	b := make([]byte, ackFrame)
+	copy(b[0:6], rigMACB[:])
+	copy(b[6:12], rigMACA[:])
+	b[12], b[13] = 0x08, 0x00
+	ip := b[14:34]
+	ip[0], ip[1] = 0x45, 0x28
+	binary.BigEndian.PutUint16(ip[2:], ackFrame-14)
+	ip[6], ip[8], ip[9] = 0x40, 64, unix.IPPROTO_UDP
+	copy(ip[12:16], rigLocal[:])
+	copy(ip[16:20], rigPeer[:])
+	ipChecksum(ip)
+	binary.BigEndian.PutUint16(b[34:], 0xC011)
+	binary.BigEndian.PutUint16(b[36:], UDPPort)
+	binary.BigEndian.PutUint16(b[38:], ackFrame-34)
+	bth.BTH(b[fBTH:]).Encode(&bth.BTHFields{Opcode: bth.OpRCAck, PKey: 0xFFFF, DestQP: rigDestQPN, PSN: bth.PSN(f.psn)})
+	bth.AETH(b[fBTH+12:]).Encode(&bth.AETHFields{Syndrome: bth.SyndromeACK(0x1F), MSN: msn})
+	c, err := bth.ICRCFromIP(b[14:])
+	if err != nil {
+		panic(err)
+	}
+	bth.SetICRC(b[42:], c)
+	return b
+}
+
+// memAt is the device memory the rig's MR maps at va, n bytes.
+func (r *writeRig) memAt(va uint64, n int) []byte {
+	off := xdpPage + int(va-rigVA)
+	return r.w.memory[off : off+n]
+}
+
+func (r *writeRig) word() uint64 { return *(*uint64)(unsafe.Pointer(&r.w.state[r.st.slot*16])) }
+
+// TestXDPWriteExecutes: a WRITE Only at the expected PSN is written to the device memory, the
+// PSN and MSN advance, and the frame leaves as the ACK user space would send, with an ICRC
+// that verifies. The next PSN goes the same way; no AckReq: written, dropped, no ACK.
+func TestXDPWriteExecutes(t *testing.T) {
+	r := newWriteRig(t, 100, 5)
+	for i, size := range []int{8, 1, 3, 64} {
+		payload := bytes.Repeat([]byte{byte(0xa0 + i)}, size)
+		f := goodWrite(uint32(100+i), payload)
+		v, out := r.run(t, f.frame())
+		if v != xdpVerdictTx {
+			t.Fatalf("size %d: verdict %d, want XDP_TX", size, v)
+		}
+		if want := wantACK(f, uint32(6+i)); !bytes.Equal(out, want) {
+			t.Fatalf("size %d: ACK\n%x\nwant\n%x", size, out, want)
+		}
+		if got := r.memAt(f.va, size); !bytes.Equal(got, payload) {
+			t.Fatalf("size %d: memory %x", size, got)
+		}
+		if r.memAt(f.va, size+1)[size] != 0 && size < 64 {
+			t.Fatalf("size %d: wrote past the payload", size)
+		}
+		clear(r.memAt(f.va, size))
+		if w := r.word(); w != uint64(101+i)|uint64(6+i)<<24 {
+			t.Fatalf("size %d: word %#x", size, w)
+		}
+		if r.st.Executed() != uint64(i+1) {
+			t.Fatalf("executed %d", r.st.Executed())
+		}
+	}
+	f := goodWrite(104, []byte("no ack!!"))
+	f.ackReq = false
+	if v, _ := r.run(t, f.frame()); v != xdpVerdictDrop {
+		t.Fatalf("no AckReq: verdict %d, want XDP_DROP", v)
+	}
+	if got := r.memAt(f.va, 8); string(got) != "no ack!!" || r.word() != 105|10<<24 {
+		t.Fatalf("no AckReq: memory %q word %#x", got, r.word())
+	}
+	// a kernel rxe peer's IPv4 IDs count: the ICRC covers them
+	f = goodWrite(105, []byte("rxe-id.."))
+	f.id = 0x3c1f
+	if v, _ := r.run(t, f.frame()); v != xdpVerdictTx {
+		t.Fatalf("IPv4 ID %#x: verdict %d", f.id, v)
+	}
+}
+
+// TestXDPWriteDeclines: whatever the program must not execute reaches the socket untouched
+// (XDP_PASS here: the rig's XSKMAP is empty), memory and state unchanged.
+func TestXDPWriteDeclines(t *testing.T) {
+	r := newWriteRig(t, 7, 0)
+	eight := []byte("12345678")
+	cases := map[string]func(f *wframe){
+		"duplicate PSN":      func(f *wframe) { f.psn = 6 },
+		"PSN ahead":          func(f *wframe) { f.psn = 8 },
+		"other QP":           func(f *wframe) { f.qpn = 0x12 },
+		"other peer":         func(f *wframe) { f.src = [4]byte{198, 18, 9, 3} },
+		"wrong R_Key":        func(f *wframe) { f.rkey = 0x1235 },
+		"below the MR":       func(f *wframe) { f.va = rigVA - 1 },
+		"past the MR":        func(f *wframe) { f.va = rigVA + 6000 - 7 },
+		"VA wraps":           func(f *wframe) { f.va = ^uint64(0) - 3 },
+		"crosses a page":     func(f *wframe) { f.va = rigVA + xdpPage - 4 },
+		"WRITE First":        func(f *wframe) { f.opcode = bth.OpRCWriteFirst },
+		"WRITE with imm":     func(f *wframe) { f.opcode = bth.OpRCWriteOnlyImm },
+		"UC WRITE":           func(f *wframe) { f.opcode = bth.OpUCWriteOnly },
+		"SEND":               func(f *wframe) { f.opcode = bth.OpRCSendOnly },
+		"TVer 1":             func(f *wframe) { f.tver = 1 },
+		"P_Key 0x8001":       func(f *wframe) { f.pkey = 0x8001 },
+		"65 bytes":           func(f *wframe) { f.payload = make([]byte, 65) },
+		"0 bytes":            func(f *wframe) { f.payload = nil },
+		"DMA length longer":  func(f *wframe) { f.dmaLen = 12 },
+		"DMA length shorter": func(f *wframe) { f.dmaLen = 4 },
+		"pad 1":              func(f *wframe) { f.payload = []byte("1234567"); f.pad = 0 },
+		"bytes after":        func(f *wframe) { f.extra = 4 },
+		"short IP length":    func(f *wframe) { f.ipLen = -4 },
+		"long IP length":     func(f *wframe) { f.ipLen = 4 },
+		"short UDP length":   func(f *wframe) { f.udpLen = -4 },
+		"long UDP length":    func(f *wframe) { f.udpLen = 4 },
+	}
+	for name, mod := range cases {
+		f := goodWrite(7, eight)
+		mod(&f)
+		fr := f.frame()
+		v, out := r.run(t, fr)
+		if v != xdpVerdictPass || !bytes.Equal(out, fr) {
+			t.Errorf("%s: verdict %d (frame changed: %v), want XDP_PASS untouched", name, v, !bytes.Equal(out, fr))
+		}
+	}
+	// a bad ICRC, a flipped bit anywhere the ICRC covers unmasked
+	fr := goodWrite(7, eight).frame()
+	for i := 14; i < len(fr); i++ {
+		if icrcMasked(i) || (i >= 26 && i < 34) || i == fBTH || i == fBTH+1 {
+			continue // masked, or the addresses and opcode (declined before the ICRC anyway)
+		}
+		bad := append([]byte(nil), fr...)
+		bad[i] ^= 0x10
+		if v, out := r.run(t, bad); v != xdpVerdictPass || !bytes.Equal(out, bad) {
+			t.Fatalf("bit flipped at %d: verdict %d", i, v)
+		}
+	}
+	// the masked fields do not count
+	ok := append([]byte(nil), fr...)
+	ok[15], ok[22], ok[fBTH+4] = 0x03, 7, 0xc0
+	ipChecksum0(ok[14:34])
+	// every truncation: declined
+	for n := 0; n < len(fr); n++ {
+		if n < 14 {
+			continue // BPF_PROG_TEST_RUN takes an Ethernet header at least
+		}
+		if v, _ := r.run(t, fr[:n]); v != xdpVerdictPass {
+			t.Fatalf("truncated to %d: verdict %d", n, v)
+		}
+	}
+	if clear := make([]byte, 6000); !bytes.Equal(r.memAt(rigVA, 6000), clear) {
+		t.Fatal("a declined WRITE touched the memory")
+	}
+	if r.word() != 7 || r.st.Executed() != 0 {
+		t.Fatalf("word %#x executed %d", r.word(), r.st.Executed())
+	}
+	if v, _ := r.run(t, ok); v != xdpVerdictTx {
+		t.Fatalf("masked fields changed: verdict %d, want XDP_TX", v)
+	}
+}
+
+// ipChecksum0 recomputes an IPv4 header's checksum.
+func ipChecksum0(h []byte) {
+	h[10], h[11] = 0, 0
+	ipChecksum(h)
+}
+
+// TestXDPWritePause: a paused QP's WRITEs go to user space; Resume with a new PSN lets the
+// program in at that PSN; RemoveWriteQP and RemoveWriteMR take them out.
+func TestXDPWritePause(t *testing.T) {
+	r := newWriteRig(t, 50, 3)
+	psn, msn := r.st.Pause()
+	if psn != 50 || msn != 3 {
+		t.Fatalf("Pause: %d %d", psn, msn)
+	}
+	f := goodWrite(50, []byte("paused.."))
+	if v, _ := r.run(t, f.frame()); v != xdpVerdictPass {
+		t.Fatalf("paused: verdict %d", v)
+	}
+	r.st.Resume(51, 4, false) // user space executed 50
+	if v, _ := r.run(t, f.frame()); v != xdpVerdictPass {
+		t.Fatalf("50 again after resume at 51: verdict %d", v)
+	}
+	f = goodWrite(51, []byte("resumed!"))
+	if v, out := r.run(t, f.frame()); v != xdpVerdictTx || !bytes.Equal(out, wantACK(f, 5)) {
+		t.Fatalf("resumed: verdict %d", v)
+	}
+	r.l.RemoveWriteMR(rigRKey)
+	if v, _ := r.run(t, goodWrite(52, []byte("no mr...")).frame()); v != xdpVerdictPass {
+		t.Fatalf("MR removed: verdict %d", v)
+	}
+	if err := r.l.AddWriteMR(rigRKey, 2, rigVA, 6000, xdpPage); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := r.run(t, goodWrite(52, []byte("other pd")).frame()); v != xdpVerdictPass {
+		t.Fatalf("MR of another PD: verdict %d", v)
+	}
+	if err := r.l.AddWriteMR(rigRKey, 1, rigVA, 6000, xdpPage); err != nil {
+		t.Fatal(err)
+	}
+	r.l.RemoveWriteQP(r.st)
+	if v, _ := r.run(t, goodWrite(52, []byte("no qp...")).frame()); v != xdpVerdictPass {
+		t.Fatalf("QP removed: verdict %d", v)
+	}
+	if err := r.l.AddWriteMR(rigRKey, 1, rigVA, 1<<20, 0); err == nil {
+		t.Fatal("an MR larger than the device memory was accepted")
+	}
+}
