@@ -94,6 +94,10 @@ func (q *QP) syncWrites() {
 			n = append(append(n[:0:0], *old...), s)
 		}
 		q.resp.writes.shared.Store(&n)
+	} else {
+		// still attached: the program may have executed WRITEs since the QP last looked;
+		// publishing the QP's own (older) PSN and MSN would undo them
+		q.adoptWrites()
 	}
 	q.publishWrites()
 }
