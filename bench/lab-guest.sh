@@ -160,6 +160,9 @@ for size in $LSIZES; do
     # the link's AF_XDP path (docs/link.md): its active MTU is at most 2048, so this row runs
     # at -m 2048 (an 8-byte message is one packet at any MTU)
     [ "${LAB_XDP:-1}" = 1 ] && MTU=2048 pair softroce-softroce-xdp ib_write_lat $size $NLAT "$SR_SRV $BP --xdp$LSTATS" "$SR_CLI $BP --xdp$LSTATS"
+    # the buffers in device memory (--dm): the peer's XDP program executes and ACKs each small
+    # WRITE in the sender's softirq, as kernel rxe does (docs/link.md "XDP write responder")
+    [ "${LAB_XDP:-1}" = 1 ] && MTU=2048 pair softroce-softroce-xdp-dm ib_write_lat $size $NLAT "$SR_SRV $BP --xdp --dm$LSTATS" "$SR_CLI $BP --xdp --dm$LSTATS"
     [ $size = 8 ] && floor
     [ -n "$OLD" ] && [ $size = 8 ] && pair softroce-softroce-bp-old ib_write_lat $size $NLAT "${SR_SRV/ $SR / $OLD } $BP" "${SR_CLI/ $SR / $OLD } $BP"
     [ -n "$OLD" ] && [ $size = 8 ] && [ "${LAB_XDP:-1}" = 1 ] && MTU=2048 pair softroce-softroce-xdp-old ib_write_lat $size $NLAT "${SR_SRV/ $SR / $OLD } $BP --xdp" "${SR_CLI/ $SR / $OLD } $BP --xdp"
@@ -167,6 +170,8 @@ for size in $LSIZES; do
   pair softroce-rxe ib_write_lat $size $NLAT "$X_SRV" "$X_CLI"
   pair softroce-rxe-bp ib_write_lat $size $NLAT "$X_SRV" "$X_CLI $BP"
   [ "${LAB_XDP:-1}" = 1 ] && MTU=2048 pair softroce-rxe-xdp ib_write_lat $size $NLAT "$X_SRV" "$X_CLI $BP --xdp"
+  # kernel rxe's WRITEs into softroce's device memory, executed by softroce's XDP program
+  [ "${LAB_XDP:-1}" = 1 ] && MTU=2048 pair softroce-rxe-xdp-dm ib_write_lat $size $NLAT "$X_SRV" "$X_CLI $BP --xdp --dm"
 done
 [ "$LAB_ONLY" = lat8 ] && exit 0
 pair softroce-softroce-gmp2 ib_write_lat 8 $NLAT "${SR_SRV/env $SR_ENV/env GOMAXPROCS=2}" "${SR_CLI/env $SR_ENV/env GOMAXPROCS=2}"

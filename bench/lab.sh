@@ -68,16 +68,20 @@ awk -F'|' '
       split(t, a, "|"); test = a[1]; size = a[2]
       r = v["rxe-rxe|" t]; s = v["softroce-softroce|" t]; x = v["softroce-rxe|" t]; s2 = v["softroce-softroce-gmp2|" t]; sb = v["softroce-softroce-bp|" t]; xb = v["softroce-rxe-bp|" t]
       sx = v["softroce-softroce-xdp|" t]; xx = v["softroce-rxe-xdp|" t]
+      sd = v["softroce-softroce-xdp-dm|" t]; xd = v["softroce-rxe-xdp-dm|" t]
       rounds = ""
-      if (cnt["rxe-rxe|" t] > 1) rounds = sprintf(" [best of rounds: rxe %s, softroce %s, --busy-poll %s%s%s%s]", all["rxe-rxe|" t], all["softroce-softroce|" t], all["softroce-softroce-bp|" t], ("softroce-softroce-xdp|" t in all) ? ", --busy-poll --xdp " all["softroce-softroce-xdp|" t] : "", ("softroce-softroce-bp-old|" t in all) ? ", --busy-poll with LAB_OLD_BIN " all["softroce-softroce-bp-old|" t] : "", ("softroce-softroce-xdp-old|" t in all) ? ", --busy-poll --xdp with LAB_OLD_BIN " all["softroce-softroce-xdp-old|" t] : "")
+      if (cnt["rxe-rxe|" t] > 1) rounds = sprintf(" [best of rounds: rxe %s, softroce %s, --busy-poll %s%s%s%s%s]", all["rxe-rxe|" t], all["softroce-softroce|" t], all["softroce-softroce-bp|" t], ("softroce-softroce-xdp|" t in all) ? ", --busy-poll --xdp " all["softroce-softroce-xdp|" t] : "", ("softroce-softroce-xdp-dm|" t in all) ? ", --busy-poll --xdp --dm " all["softroce-softroce-xdp-dm|" t] : "", ("softroce-softroce-bp-old|" t in all) ? ", --busy-poll with LAB_OLD_BIN " all["softroce-softroce-bp-old|" t] : "", ("softroce-softroce-xdp-old|" t in all) ? ", --busy-poll --xdp with LAB_OLD_BIN " all["softroce-softroce-xdp-old|" t] : "")
       unit = (test ~ /_bw$/) ? "Gbit/s" : "us typical"
       ratio = "?"; rb = ""
       if (r + 0 > 0 && s + 0 > 0) ratio = sprintf("%.2fx", (test ~ /_bw$/) ? s / r : r / s)
       if (r + 0 > 0 && sb + 0 > 0) rb = sprintf(", --busy-poll %.2fx", (test ~ /_bw$/) ? sb / r : r / sb)
       if (r + 0 > 0 && sx + 0 > 0) rb = rb sprintf(", --busy-poll --xdp %.2fx", (test ~ /_bw$/) ? sx / r : r / sx)
-      printf "lab|%s (TCG guest)|%s|%s|1|rxe<->rxe %s, softroce<->softroce %s%s%s%s, softroce<->rxe %s%s%s %s; softroce/rxe %s%s%s%s\n",
+      if (r + 0 > 0 && sd + 0 > 0) rb = rb sprintf(", --busy-poll --xdp --dm %.2fx", (test ~ /_bw$/) ? sd / r : r / sd)
+      printf "lab|%s (TCG guest)|%s|%s|1|rxe<->rxe %s, softroce<->softroce %s%s%s%s%s, softroce<->rxe %s%s%s%s %s; softroce/rxe %s%s%s%s\n",
         test, size, m, r, s, (s2 != "") ? " (GOMAXPROCS=2: " s2 ")" : "", (sb != "") ? " (--busy-poll: " sb ")" : "", (sx != "") ? " (--busy-poll --xdp: " sx ")" : "",
-        x, (xb != "") ? " (--busy-poll: " xb ")" : "", (xx != "") ? " (--busy-poll --xdp: " xx ")" : "", unit, ratio, rb, (test ~ /_lat$/) ? " (rxe latency / softroce latency)" : "", rounds
+        (sd != "") ? " (--busy-poll --xdp --dm: " sd ")" : "",
+        x, (xb != "") ? " (--busy-poll: " xb ")" : "", (xx != "") ? " (--busy-poll --xdp: " xx ")" : "", (xd != "") ? " (--busy-poll --xdp --dm: " xd ")" : "",
+        unit, ratio, rb, (test ~ /_lat$/) ? " (rxe latency / softroce latency)" : "", rounds
     }
   }' "$OUT/lab.rows" | sort
 # every pairing's rounds, in session order (including LAB_OLD_BIN and LAB_PROBE rows), and

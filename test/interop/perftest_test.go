@@ -46,6 +46,9 @@ type pfCase struct {
 	// capture point, so the check is kernel rxe's (it drops a frame whose headers or ICRC are
 	// wrong: the test would not complete) and softroce's counters (--stats), not the capture.
 	XDP bool
+	// DM (with XDP): softroce's buffer in device memory (--dm): its XDP program executes and
+	// ACKs kernel rxe's WRITEs, so its ring receives only responses.
+	DM bool
 }
 
 func (c pfCase) tool() string {
@@ -70,6 +73,9 @@ func (c pfCase) name() string {
 	}
 	if c.XDP {
 		n = "perftest-xdp-" + strings.TrimPrefix(c.tool(), "ib_")
+	}
+	if c.DM {
+		n = "perftest-xdp-dm-" + strings.TrimPrefix(c.tool(), "ib_")
 	}
 	if c.Verb == "atomic" {
 		return n + "-" + map[string]string{"CMP_AND_SWAP": "cas", "FETCH_AND_ADD": "faa"}[c.Atomic]
@@ -118,7 +124,8 @@ func init() {
 		pfCase{Verb: "atomic", Iters: 200, Atomic: "FETCH_AND_ADD", Daemon: true},
 		// softroce on its AF_XDP link
 		pfCase{Verb: "write", Lat: true, Size: 8, Iters: 200, XDP: true},
-		pfCase{Verb: "write", Size: 3000, Iters: 200, XDP: true})
+		pfCase{Verb: "write", Size: 3000, Iters: 200, XDP: true},
+		pfCase{Verb: "write", Lat: true, Size: 8, Iters: 200, XDP: true, DM: true})
 	for _, c := range cases {
 		c := c
 		pairings = append(pairings,
@@ -148,6 +155,9 @@ func pfInterop(t *testing.T, lab *rxelab.Lab, c pfCase, client bool) {
 	ourArgs = append(ourArgs, daemonArgs...)
 	if c.XDP {
 		ourArgs = append(ourArgs, "--xdp", "--busy-poll", "--stats")
+	}
+	if c.DM {
+		ourArgs = append(ourArgs, "--dm")
 	}
 	ourArgs = append(ourArgs, strings.Fields(c.flags())...)
 	if client {
@@ -195,6 +205,11 @@ func pfCheckXDP(t *testing.T, c pfCase, stderr string) {
 	}
 	if sent == 0 || recv == 0 || sent+recv < 2*c.Iters || fb > maxFB {
 		t.Errorf("AF_XDP sent %d, received %d, socket sends %d; want the test's %d messages and their responses in the rings, at most %d socket sends", sent, recv, fb, c.Iters, maxFB)
+	}
+	if c.DM && (recv > c.Iters+1 || sent+fb > c.Iters+1) {
+		// kernel rxe's WRITEs were executed (and ACKed) by the XDP program: the ring saw
+		// only the ACKs of our WRITEs, and we sent no ACK
+		t.Errorf("--dm: AF_XDP received %d, sent %d (+%d by the socket); want at most %d each: rxe's WRITEs executed by the XDP program", recv, sent, fb, c.Iters+1)
 	}
 }
 

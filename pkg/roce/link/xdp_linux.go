@@ -772,8 +772,7 @@ func bpfCall(cmd int, attr unsafe.Pointer, size uintptr) (int, error) {
 
 // bpfXSKMap creates an XSKMAP of n entries (queue index -> AF_XDP socket).
 func bpfXSKMap(n int) (int, error) {
-	attr := struct{ typ, key, val, max, flags uint32 }{unix.BPF_MAP_TYPE_XSKMAP, 4, 4, uint32(n), 0}
-	fd, err := bpfCall(unix.BPF_MAP_CREATE, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
+	fd, err := bpfMapCreate(unix.BPF_MAP_TYPE_XSKMAP, 4, 4, uint32(n), 0)
 	if err != nil {
 		return -1, fmt.Errorf("bpf: create XSKMAP: %w", err)
 	}
@@ -781,11 +780,7 @@ func bpfXSKMap(n int) (int, error) {
 }
 
 func bpfMapSet(m int, key, val uint32) error {
-	attr := struct {
-		fd, _           uint32
-		key, val, flags uint64
-	}{fd: uint32(m), key: uint64(uintptr(unsafe.Pointer(&key))), val: uint64(uintptr(unsafe.Pointer(&val)))}
-	_, err := bpfCall(unix.BPF_MAP_UPDATE_ELEM, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
+	err := bpfMapUpdate(m, unsafe.Pointer(&key), unsafe.Pointer(&val))
 	runtime.KeepAlive(&key)
 	runtime.KeepAlive(&val)
 	if err != nil {

@@ -1,0 +1,200 @@
+package roce
+
+import (
+	"bytes"
+	"errors"
+	"net/netip"
+	"testing"
+
+	"github.com/softroce/softroce/internal/netnstest"
+	"github.com/softroce/softroce/pkg/cq"
+	"github.com/softroce/softroce/pkg/mr"
+	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/pkg/roce/link"
+)
+
+// dmPair opens two polled devices on the AF_XDP path between two namespaces, b with a
+// write responder and 64 KiB of device memory (root).
+func dmPair(t *testing.T) (a, b *Device) {
+	t.Helper()
+	x, y := netnstest.Veth(t, "srdma", "198.18.8.1/24", "srdmb", "198.18.8.2/24", 1500)
+	var la, lb link.Link
+	if err := x.Do(func() (err error) {
+		la, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr("198.18.8.1")}, XDP: link.XDPOptions{On: true}})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := y.Do(func() (err error) {
+		lb, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr("198.18.8.2")},
+			XDP: link.XDPOptions{On: true, WriteMemory: 64 << 10}})
+		return err
+	}); err != nil {
+		la.Close()
+		t.Fatal(err)
+	}
+	return openPolled(t, la), openPolled(t, lb)
+}
+
+// dmEnd is newEnd over device memory: size bytes from AllocDM, registered with remote access.
+func dmEnd(t *testing.T, d *Device, size int) *end {
+	t.Helper()
+	e := &end{dev: d, addr: d.Addrs()[0]}
+	var err error
+	if e.buf, err = d.AllocDM(size); err != nil {
+		t.Fatal(err)
+	}
+	if e.pd, err = d.AllocPD(); err != nil {
+		t.Fatal(err)
+	}
+	if e.scq, err = d.CreateCQ(64); err != nil {
+		t.Fatal(err)
+	}
+	if e.rcq, err = d.CreateCQ(64); err != nil {
+		t.Fatal(err)
+	}
+	if e.mr, err = d.RegMR(e.pd, e.buf, 0x5000_0000, mr.AccessLocalWrite|mr.AccessRemoteWrite|mr.AccessRemoteRead); err != nil {
+		t.Fatal(err)
+	}
+	if e.qp, err = d.CreateQP(QPInit{Type: qp.TypeRC, PD: e.pd, SendCQ: e.scq, RecvCQ: e.rcq,
+		Cap: qp.Cap{MaxSendWR: 64, MaxRecvWR: 64, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// TestDeviceMemoryWrites: RDMA WRITEs of 1..64 bytes into b's device memory are executed and
+// ACKed by b's XDP program: a's WRITEs complete and the data is in b's memory while b never
+// polls (its process runs nothing). What the program leaves — a WRITE over 64 bytes, one that
+// crosses a page, one into ordinary memory — waits for b's Poll, and afterwards the program
+// goes on from the PSN b's engine reached. A deregistered MR's R_Key gets the remote access
+// NAK from b's engine. b's RemoteWrites counts both kinds, also after Close.
+func TestDeviceMemoryWrites(t *testing.T) {
+	da, db := dmPair(t)
+	a := newEnd(t, da, qp.TypeRC, 1<<14)
+	b := dmEnd(t, db, 3*4096)
+	connect(t, a, b, qp.MTU1024, 100, 200)
+	wr := func(id uint64, off, n int) qp.SendWR {
+		return qp.SendWR{WRID: id, Opcode: qp.WRRDMAWrite, SGL: []qp.SGE{a.sge(off, n)}, Flags: qp.SendSignaled,
+			RemoteAddr: b.va(off), RKey: b.mr.RKey()}
+	}
+	id := uint64(0)
+	// one WRITE; only a polls unless pollB: its completion, then b's memory and count
+	write := func(off, n int, pollB bool) {
+		t.Helper()
+		id++
+		a.fill(off, n, byte(id))
+		before := b.qp.RemoteWrites()
+		post(t, a, wr(id, off, n))
+		devs := []*Device{da}
+		if pollB {
+			devs = append(devs, db)
+		}
+		if w := pollWC(t, a.scq, devs...); w.Status != cq.StatusSuccess || w.WRID != id {
+			t.Fatalf("WRITE %d (%d bytes at %d): completion %+v", id, n, off, w)
+		}
+		if got := b.qp.RemoteWrites(); got != before+1 {
+			t.Fatalf("WRITE %d: b's RemoteWrites %d, want %d", id, got, before+1)
+		}
+		if !bytes.Equal(b.buf[off:off+n], a.buf[off:off+n]) {
+			t.Fatalf("WRITE %d (%d bytes at %d): b has %x, want %x", id, n, off, b.buf[off:off+n], a.buf[off:off+n])
+		}
+	}
+	for i, n := range []int{8, 1, 3, 64, 8, 33} {
+		write(64*i, n, false) // b's engine never runs
+	}
+	write(1000, 100, true) // over 64 bytes: b's engine
+	write(1200, 8, false)  // the program again, from the PSN b's engine reached
+	write(4090, 8, true)   // crosses a page: b's engine
+	write(4200, 8, false)
+	// an MR of ordinary memory in the same PD: b's engine
+	plain := make([]byte, 4096)
+	pm, err := db.RegMR(b.pd, plain, 0x6000_0000, mr.AccessLocalWrite|mr.AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id++
+	a.fill(0, 8, byte(id))
+	post(t, a, qp.SendWR{WRID: id, Opcode: qp.WRRDMAWrite, SGL: []qp.SGE{a.sge(0, 8)}, Flags: qp.SendSignaled,
+		RemoteAddr: 0x6000_0010, RKey: pm.RKey()})
+	if w := pollWC(t, a.scq, da, db); w.Status != cq.StatusSuccess || !bytes.Equal(plain[16:24], a.buf[0:8]) {
+		t.Fatalf("WRITE into ordinary memory: completion %+v, memory %x", w, plain[16:24])
+	}
+	write(4300, 8, false) // and the program after it
+	st := db.link.(*link.UDPLink).Stats()
+	if st.XDPReceived != 3 { // over 64 bytes, across a page, ordinary memory
+		t.Fatalf("b's ring received %d datagrams, want 3 (everything else executed in the program)", st.XDPReceived)
+	}
+
+	// deregister b's MR: a's next WRITE gets NAK remote access error from b's engine
+	if err := b.mr.Dereg(); err != nil {
+		t.Fatal(err)
+	}
+	id++
+	post(t, a, wr(id, 0, 8))
+	if w := pollWC(t, a.scq, da, db); w.Status != cq.StatusRemAccessErr {
+		t.Fatalf("WRITE after Dereg: completion %+v, want remote access error", w)
+	}
+	n := b.qp.RemoteWrites()
+	if n != 12 {
+		t.Fatalf("b's RemoteWrites %d, want 12", n)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.qp.RemoteWrites(); got != n {
+		t.Fatalf("RemoteWrites after Close: %d, want %d", got, n)
+	}
+}
+
+// TestAllocDM: device memory comes in pages, zeroed, reused after FreeDM; a device without it
+// says so.
+func TestAllocDM(t *testing.T) {
+	_, db := dmPair(t)
+	m1, err := db.AllocDM(5000) // two pages
+	if err != nil {
+		t.Fatal(err)
+	}
+	m2, err := db.AllocDM(56 << 10) // the rest (64 KiB in all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.AllocDM(1); !errors.Is(err, ErrLimit) {
+		t.Fatalf("AllocDM with none left: %v, want ErrLimit", err)
+	}
+	if len(m1) != 5000 || cap(m1) != 5000 || len(m2) != 56<<10 {
+		t.Fatalf("lengths %d/%d, %d", len(m1), cap(m1), len(m2))
+	}
+	m1[0], m1[4999] = 1, 2
+	if err := db.FreeDM(m1[1:]); !errors.Is(err, ErrInvalidArg) {
+		t.Fatalf("FreeDM of a slice inside: %v", err)
+	}
+	if err := db.FreeDM(make([]byte, 10)); !errors.Is(err, ErrInvalidArg) {
+		t.Fatalf("FreeDM of other memory: %v", err)
+	}
+	if err := db.FreeDM(m1); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.FreeDM(m1); !errors.Is(err, ErrInvalidArg) {
+		t.Fatalf("FreeDM twice: %v", err)
+	}
+	m3, err := db.AllocDM(8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if &m3[0] != &m1[0] || m3[0] != 0 || m3[4999] != 0 {
+		t.Fatal("the freed pages were not reused, or not zeroed")
+	}
+	l, err := link.NewMemNetwork(link.MemOptions{}).Attach(netip.MustParseAddr("198.18.9.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := Open(Options{Link: l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if _, err := d.AllocDM(8); !errors.Is(err, ErrNoDM) {
+		t.Fatalf("AllocDM without device memory: %v", err)
+	}
+}
