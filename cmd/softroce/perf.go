@@ -245,8 +245,9 @@ func parsePerf(args []string, stderr io.Writer) (*perfConfig, error) {
 		return nil, fmt.Errorf("%w: --roce-port %d", errPerfUsage, rocePort)
 	case c.XDPNoPairs && !c.XDP:
 		return nil, fmt.Errorf("%w: --xdp-no-pairs needs --xdp", errPerfUsage)
-	case c.DM && !c.XDP:
-		return nil, fmt.Errorf("%w: --dm needs --xdp", errPerfUsage)
+	case c.DM && (!c.XDP || !c.BusyPoll):
+		// the XDP program's WRITEs wake no sleeper (RemoteWriteNotify): the loops must poll
+		return nil, fmt.Errorf("%w: --dm needs --xdp and --busy-poll", errPerfUsage)
 	case c.XDP && (c.Portable || c.Loopback || c.Daemon != ""):
 		return nil, fmt.Errorf("%w: --xdp is an embedded device's batched link: not with --portable, --loopback or --daemon", errPerfUsage)
 	case c.Timeout <= 0 || c.RunTimeout <= 0:

@@ -171,7 +171,7 @@ type TableOptions struct {
 	// Rand supplies key bytes. Nil means crypto/rand. Tests inject deterministic readers.
 	Rand io.Reader
 	// OnKey, if set, hears of every change of a key's mapping (registration, fast
-	// registration, re-registration, invalidation, a window's bind, deregistration), with the
+	// registration, invalidation, a window's bind, deregistration), with the
 	// table's lock held: it must not call the table. A device's write responder outside the
 	// engine keeps its own R_Key table with it (pkg/roce, devmem.go).
 	OnKey func(KeyEvent)

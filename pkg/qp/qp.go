@@ -180,20 +180,23 @@ type recvWQE struct {
 // QP is a queue pair with its transport engine (requester, responder,
 // completer, timers). All methods are safe for concurrent use.
 type QP struct {
-	mu       sync.Mutex
-	cfg      Config
-	wo       WriteState  // the write responder's shared state (writes.go), nil without
-	woInfo   WriteQPInfo // what wo was attached with
-	num      uint32
-	typ      Type
-	state    State
-	attr     Attr
-	path     Path
-	mtu      uint32
-	dev      *DeviceAttr
-	cnt      *Counters
-	atomicMu *sync.Mutex
-	dead     bool
+	mu     sync.Mutex
+	cfg    Config
+	wo     WriteState  // the write responder's shared state (writes.go), nil without
+	woInfo WriteQPInfo // what wo was attached with
+	// woHeld: the QP holds wo paused (its responder ran, or what it queued is not sent yet);
+	// woResponding: inside respondShared (a flush there must not publish)
+	woHeld, woResponding bool
+	num                  uint32
+	typ                  Type
+	state                State
+	attr                 Attr
+	path                 Path
+	mtu                  uint32
+	dev                  *DeviceAttr
+	cnt                  *Counters
+	atomicMu             *sync.Mutex
+	dead                 bool
 
 	// send queue ring: head (oldest not retired) <= req (next to transmit) <= tail
 	sq               []sendWQE

@@ -467,18 +467,19 @@ func (q *QP) finish(buf []byte, op bth.Opcode, se, ackReq bool, dqpn uint32, psn
 
 // flush hands the pending batch to the Output.
 func (q *QP) flush() {
-	t := q.out
-	if t == nil {
-		return
-	}
-	if n := len(t.batch); n > 0 {
-		if err := q.sendBurst(t); err != nil {
-			q.cnt.SendErr.Add(1)
-		} else {
-			q.cnt.SentPkts.Add(uint64(n))
+	if t := q.out; t != nil {
+		if n := len(t.batch); n > 0 {
+			if err := q.sendBurst(t); err != nil {
+				q.cnt.SendErr.Add(1)
+			} else {
+				q.cnt.SentPkts.Add(uint64(n))
+			}
 		}
+		q.releaseTx()
 	}
-	q.releaseTx()
+	if q.woHeld && !q.woResponding {
+		q.publishWrites() // what the responder queued has left: the write responder may go on
+	}
 }
 
 // localOp executes LOCAL_INV or BIND_MW through pkg/mr (IBTA 10.6.7.2

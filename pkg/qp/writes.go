@@ -87,7 +87,7 @@ func (q *QP) syncWrites() {
 		if err != nil || s == nil {
 			return
 		}
-		q.wo, q.woInfo = s, info
+		q.wo, q.woInfo, q.woHeld = s, info, true // attached paused
 		old := q.resp.writes.shared.Load()
 		n := []WriteState{s}
 		if old != nil {
@@ -117,31 +117,44 @@ func (q *QP) detachWrites() {
 	}
 	q.adoptWrites()
 	q.cfg.Writes.DetachWrites(q.wo)
-	q.wo = nil
+	q.wo, q.woHeld = nil, false
 }
 
-// adoptWrites pauses the write responder and takes over the PSN and MSN it advanced to.
+// adoptWrites pauses the write responder, unless the QP holds it paused already, and takes
+// over the PSN and MSN it advanced to.
 func (q *QP) adoptWrites() {
+	if q.woHeld {
+		return
+	}
 	epsn, msn := q.wo.Pause()
+	q.woHeld = true
 	if bth.PSN(epsn) != q.resp.epsn {
 		// it executed WRITEs from our expected PSN on: we were at rest then
 		q.resp.epsn, q.resp.msn, q.resp.nakSent = bth.PSN(epsn), msn, false
 	}
 }
 
-// publishWrites hands the responder's state back, paused unless the responder is at rest.
+// publishWrites hands the responder's state back (the QP holding it paused): unpaused only
+// if the responder is at rest — no NAK outstanding, no message in progress, communication
+// established (IBTA 11.6.3: the first request in RTR raises CommEst, which only the engine
+// does) — and nothing the engine queued is still to be sent (an ACK of the program's must not
+// overtake a response the engine built first: flush publishes again after sending).
 func (q *QP) publishWrites() {
-	if q.wo == nil {
+	if q.wo == nil || !q.woHeld {
 		return
 	}
-	rest := !q.resp.nakSent && q.resp.inMsg == msgNone && q.writesWanted()
+	rest := !q.resp.nakSent && q.resp.inMsg == msgNone && q.writesWanted() &&
+		(q.state != StateRTR || q.resp.commEst) && (q.out == nil || len(q.out.batch) == 0)
 	q.wo.Resume(uint32(q.resp.epsn), q.resp.msn, !rest)
+	q.woHeld = !rest
 }
 
 // respondShared is respond for a QP with a write responder: paused while it runs.
 func (q *QP) respondShared(now time.Time, p *bth.Packet, src, dst netip.AddrPort) {
 	q.adoptWrites()
+	q.woResponding = true
 	q.respond(now, p, src, dst)
+	q.woResponding = false
 	q.publishWrites()
 }
 

@@ -53,6 +53,8 @@ var (
 	ErrNoLink = errors.New("roce: no link")
 	// ErrLimit: a device limit (max_qp, max_cq, max_ah, ...) was reached.
 	ErrLimit = errors.New("roce: device limit reached")
+	// ErrBusy: the object is in use (device memory with an MR over it).
+	ErrBusy = errors.New("roce: resource busy")
 	// ErrBadGIDIndex: an address vector names a GID index the table does not have.
 	ErrBadGIDIndex = errors.New("roce: GID index out of range")
 	// ErrInvalidArg: a nil or malformed argument.

@@ -27,10 +27,17 @@ var ErrNoDM = errors.New("roce: the device has no device memory (AF_XDP path wit
 type devMem struct {
 	l     *link.UDPLink
 	mem   []byte
-	mu    sync.Mutex        // pages and allocs
-	pages []bool            // in use
-	alloc map[int]int       // first page -> pages, per allocation
-	keys  map[uint32]uint32 // MR index (key >> 8) -> the key entered in the program's table (under the MR table's lock)
+	mu    sync.Mutex  // pages and allocs
+	pages []bool      // in use
+	alloc map[int]int // first page -> pages, per allocation
+	// keys: MR index (key >> 8) -> the key entered in the program's table and the device
+	// memory it covers (under the MR table's lock and mu)
+	keys map[uint32]dmKey
+}
+
+type dmKey struct {
+	key    uint32
+	off, n int
 }
 
 const dmPage = 4096
@@ -44,7 +51,7 @@ func newDevMem(l link.Link) *devMem {
 	if len(mem) == 0 {
 		return nil
 	}
-	return &devMem{l: u, mem: mem, pages: make([]bool, len(mem)/dmPage), alloc: map[int]int{}, keys: map[uint32]uint32{}}
+	return &devMem{l: u, mem: mem, pages: make([]bool, len(mem)/dmPage), alloc: map[int]int{}, keys: map[uint32]dmKey{}}
 }
 
 // AllocDM allocates n bytes of device memory (ibv_alloc_dm), zeroed and page-aligned, for
@@ -86,8 +93,8 @@ func (d *Device) AllocDM(n int) ([]byte, error) {
 	return nil, fmt.Errorf("%w: no %d free bytes of device memory (%d in all)", ErrLimit, n, len(m.mem))
 }
 
-// FreeDM frees device memory AllocDM returned (ibv_free_dm). MRs over it must be deregistered
-// first.
+// FreeDM frees device memory AllocDM returned (ibv_free_dm). MRs over it that allow remote
+// writes must be deregistered first (ErrBusy).
 func (d *Device) FreeDM(b []byte) error {
 	m := d.dm
 	if m == nil {
@@ -102,6 +109,11 @@ func (d *Device) FreeDM(b []byte) error {
 	np, ok := m.alloc[off/dmPage]
 	if !ok {
 		return fmt.Errorf("%w: not device memory AllocDM returned", ErrInvalidArg)
+	}
+	for _, k := range m.keys {
+		if k.off < off+np*dmPage && off < k.off+k.n {
+			return fmt.Errorf("%w: MR %#x is registered over this device memory", ErrBusy, k.key)
+		}
 	}
 	delete(m.alloc, off/dmPage)
 	for i := off / dmPage; i < off/dmPage+np; i++ {
@@ -126,16 +138,21 @@ func (m *devMem) offsetOf(b []byte) (int, bool) {
 // allow remote writes (mr.TableOptions.OnKey: the MR table's lock is held).
 func (m *devMem) keyChanged(e mr.KeyEvent) {
 	idx := e.Key >> 8
-	if old, ok := m.keys[idx]; ok {
-		m.l.RemoveWriteMR(old)
-		delete(m.keys, idx)
+	m.mu.Lock()
+	old, had := m.keys[idx]
+	delete(m.keys, idx)
+	m.mu.Unlock()
+	if had {
+		m.l.RemoveWriteMR(old.key) // returns once no program run can write through it
 	}
 	if !e.MR || e.Access&mr.AccessRemoteWrite == 0 {
 		return
 	}
 	if off, ok := m.offsetOf(e.Buf); ok {
 		if m.l.AddWriteMR(e.Key, e.PD, e.IOVA, uint64(len(e.Buf)), uint64(off)) == nil {
-			m.keys[idx] = e.Key
+			m.mu.Lock()
+			m.keys[idx] = dmKey{key: e.Key, off: off, n: len(e.Buf)}
+			m.mu.Unlock()
 		}
 	}
 }

@@ -126,6 +126,10 @@ func TestDeviceMemoryWrites(t *testing.T) {
 		t.Fatalf("b's ring received %d datagrams, want 3 (everything else executed in the program)", st.XDPReceived)
 	}
 
+	// device memory under an MR is not freed (ibv_free_dm: EBUSY)
+	if err := db.FreeDM(b.buf); !errors.Is(err, ErrBusy) {
+		t.Fatalf("FreeDM under a registered MR: %v, want ErrBusy", err)
+	}
 	// deregister b's MR: a's next WRITE gets NAK remote access error from b's engine
 	if err := b.mr.Dereg(); err != nil {
 		t.Fatal(err)
@@ -134,6 +138,9 @@ func TestDeviceMemoryWrites(t *testing.T) {
 	post(t, a, wr(id, 0, 8))
 	if w := pollWC(t, a.scq, da, db); w.Status != cq.StatusRemAccessErr {
 		t.Fatalf("WRITE after Dereg: completion %+v, want remote access error", w)
+	}
+	if err := db.FreeDM(b.buf); err != nil {
+		t.Fatalf("FreeDM after Dereg: %v", err)
 	}
 	n := b.qp.RemoteWrites()
 	if n != 12 {

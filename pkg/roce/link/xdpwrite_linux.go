@@ -70,7 +70,7 @@ const (
 	ackFrame = fBTH + 12 + 4 + 4 // BTH, AETH, ICRC
 
 	// the QP table's value (xdpQPEntry)
-	qeSlot, qePD, qePeer, qeACKCRC, qeTemplate, qeSize = 0, 4, 8, 12, 16, 64
+	qeSlot, qePD, qePeer, qeACKCRC, qeTemplate, qeMAC, qeSize = 0, 4, 8, 12, 16, 64, 72
 	// the MR table's value (xdpMREntry)
 	meSize = 32
 )
@@ -83,6 +83,7 @@ type xdpQPEntry struct {
 	Peer   [4]byte  // the requester's IPv4 address (wire order)
 	ACKCRC uint32   // CRC state (not inverted) over the ACK's bytes before its PSN
 	Tmpl   [48]byte // the ACK's IPv4, UDP, BTH and AETH (44 bytes) as sent, PSN and MSN 0
+	MAC    [8]byte  // the link's MAC address: the ACK's source
 }
 
 // xdpMREntry is the MR table's value.
@@ -98,17 +99,26 @@ type xdpMREntry struct {
 type xdpWrite struct {
 	qps, mrs, crc, mem int // BPF map descriptors
 	region             []byte
-	state              []byte // the first page of region: the QP slots
-	memory             []byte // the rest: device memory
-	mu                 sync.Mutex
+	state              []byte     // the first page of region: the QP slots
+	memory             []byte     // the rest: device memory
+	mu                 sync.Mutex // the tables' updates, the slots, closed
 	live               [xdpWriteSlots]*WriteState
-	freed              [xdpWriteSlots]time.Time // a slot is reused only xdpSlotQuiet after
+	// stale: a removed QP's slot, reused only after an RCU grace period (a program that
+	// looked the QP up before its removal may still be running: rcuGrace)
+	stale  [xdpWriteSlots]bool
+	closed bool
 }
 
-// xdpSlotQuiet: a removed QP's slot is not given to another QP before this has passed (a
-// program that looked the QP up before its removal may still be about to touch the slot; a
-// program runs for microseconds).
-const xdpSlotQuiet = 100 * time.Millisecond
+// rcuGrace waits until every XDP program run that began before it has ended: programs run
+// under the RCU read lock, and membarrier(MEMBARRIER_CMD_GLOBAL) is synchronize_rcu() in the
+// kernel (kernel/sched/membarrier.c). Where it is refused (nohz_full), a pause far longer than
+// any program run.
+func rcuGrace() {
+	const membarrierCmdGlobal = 1
+	if _, _, e := unix.Syscall(unix.SYS_MEMBARRIER, membarrierCmdGlobal, 0, 0); e != 0 {
+		time.Sleep(50 * time.Millisecond)
+	}
+}
 
 func bpfMapCreate(typ, key, val, max, flags uint32) (int, error) {
 	attr := struct{ typ, key, val, max, flags uint32 }{typ, key, val, max, flags}
@@ -145,11 +155,14 @@ func newXDPWrite(size int) (_ *xdpWrite, err error) {
 			w.close()
 		}
 	}()
-	const hash, array, mmapable = unix.BPF_MAP_TYPE_HASH, unix.BPF_MAP_TYPE_ARRAY, unix.BPF_F_MMAPABLE
-	if w.qps, err = bpfMapCreate(hash, 4, qeSize, xdpWriteSlots, 0); err != nil {
+	// the hash tables without preallocation: a replaced or deleted element is freed after an
+	// RCU grace period, so a program that looked it up reads it whole (a preallocated table
+	// reuses elements at once: a program could read one entry's fields and another's)
+	const hash, array, mmapable, noPrealloc = unix.BPF_MAP_TYPE_HASH, unix.BPF_MAP_TYPE_ARRAY, unix.BPF_F_MMAPABLE, unix.BPF_F_NO_PREALLOC
+	if w.qps, err = bpfMapCreate(hash, 4, qeSize, xdpWriteSlots, noPrealloc); err != nil {
 		return nil, fmt.Errorf("XDP write responder: QP table: %w", err)
 	}
-	if w.mrs, err = bpfMapCreate(hash, 4, meSize, 4096, 0); err != nil {
+	if w.mrs, err = bpfMapCreate(hash, 4, meSize, 4096, noPrealloc); err != nil {
 		return nil, fmt.Errorf("XDP write responder: MR table: %w", err)
 	}
 	if w.crc, err = bpfMapCreate(array, 4, 1024, 1, 0); err != nil {
@@ -173,17 +186,26 @@ func newXDPWrite(size int) (_ *xdpWrite, err error) {
 
 func (w *xdpWrite) close() {
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	for i, s := range w.live {
 		if s != nil {
 			s.retire()
 			w.live[i] = nil
 		}
 	}
+	w.closed = true
 	if w.region != nil {
-		_ = unix.Munmap(w.region)
-		w.region, w.state, w.memory = nil, nil, nil
+		// Not unmapped: anonymous memory takes the map's place at the same addresses, so a
+		// late access through a slice of it (an application's buffer, a receive in flight
+		// while the device closes, a WriteState read racing Close) reads and writes harmless
+		// memory instead of faulting; the map's pages go with its last reference below. The
+		// address range stays reserved for the process's life.
+		p := uintptr(unsafe.Pointer(&w.region[0]))
+		if _, _, e := unix.Syscall6(unix.SYS_MMAP, p, uintptr(len(w.region)), unix.PROT_READ|unix.PROT_WRITE,
+			unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED, ^uintptr(0), 0); e != 0 {
+			_ = unix.Munmap(w.region) // only if the kernel refuses: then unmapped after all
+		}
 	}
-	w.mu.Unlock()
 	for _, fd := range []*int{&w.qps, &w.mrs, &w.crc, &w.mem} {
 		if *fd >= 0 {
 			unix.Close(*fd)
@@ -422,12 +444,12 @@ func (w *xdpWrite) program(a *bpfAsm, decline string) {
 
 	// the ACK in place: the MAC addresses swapped, the QP's headers, the PSN, the MSN, the ICRC
 	a.label("w_ack")
-	a.op(bLdxW, 1, 7, 0, 0)
-	a.op(bLdxH, 2, 7, 4, 0)
-	a.op(bLdxW, 3, 7, 6, 0)
+	a.op(bLdxW, 3, 7, 6, 0) // to the request's source, from the link's MAC address
 	a.op(bLdxH, 4, 7, 10, 0)
 	a.op(bStxW, 7, 3, 0, 0)
 	a.op(bStxH, 7, 4, 4, 0)
+	a.op(bLdxW, 1, 9, qeMAC, 0)
+	a.op(bLdxH, 2, 9, qeMAC+4, 0)
 	a.op(bStxW, 7, 1, 6, 0)
 	a.op(bStxH, 7, 2, 10, 0)
 	for k := int16(0); k < 48; k += 8 {
@@ -540,17 +562,10 @@ func (l *UDPLink) AddWriteQP(q WriteQP, epsn, msn uint32, paused bool) (*WriteSt
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.region == nil {
+	if w.closed {
 		return nil, net.ErrClosed
 	}
-	slot := -1
-	now := time.Now()
-	for i, s := range w.live {
-		if s == nil && now.Sub(w.freed[i]) >= xdpSlotQuiet {
-			slot = i
-			break
-		}
-	}
+	slot := w.freeSlot()
 	if slot < 0 {
 		return nil, fmt.Errorf("XDP write responder: all %d QP slots in use", xdpWriteSlots)
 	}
@@ -560,6 +575,7 @@ func (l *UDPLink) AddWriteQP(q WriteQP, epsn, msn uint32, paused bool) (*WriteSt
 	atomic.StoreUint64(s.count, 0)
 	s.Resume(epsn, msn, paused)
 	e := xdpQPEntry{Slot: uint32(slot), PD: q.PD, Peer: q.Peer.Unmap().As4()}
+	copy(e.MAC[:], x.mac[:])
 	// the ACK as it leaves: IPv4 (ID 0, DF, TTL 64: the ring's), UDP (checksum 0), BTH, AETH
 	f := make([]byte, ackFrame)
 	copy(f[fBTH:], q.ACK[:])
@@ -593,12 +609,42 @@ func (l *UDPLink) RemoveWriteQP(s *WriteState) {
 	if s.gone.Load() || w.live[s.slot] != s {
 		return
 	}
-	s.Pause()
+	s.Pause() // and it stays paused: a program that found the QP before the delete declines
 	key := s.qpn
 	_ = bpfMapDelete(w.qps, unsafe.Pointer(&key))
 	s.retire()
 	w.live[s.slot] = nil
-	w.freed[s.slot] = time.Now()
+	w.stale[s.slot] = true
+}
+
+// freeSlot returns a free QP slot, after one RCU grace period for all removed QPs' slots if
+// only those are left; -1: none (w.mu held).
+func (w *xdpWrite) freeSlot() int {
+	for i, s := range w.live {
+		if s == nil && !w.stale[i] {
+			return i
+		}
+	}
+	any := false
+	for i, s := range w.live {
+		if s == nil && w.stale[i] {
+			any = true
+		}
+	}
+	if !any {
+		return -1
+	}
+	rcuGrace()
+	slot := -1
+	for i := range w.stale {
+		if w.stale[i] {
+			w.stale[i] = false
+			if slot < 0 {
+				slot = i
+			}
+		}
+	}
+	return slot
 }
 
 // Pause stops the program from executing the QP's WRITEs (waiting out one it is executing)
@@ -657,6 +703,11 @@ func (l *UDPLink) AddWriteMR(rkey, pd uint32, va, length, off uint64) error {
 	var key [4]byte
 	binary.BigEndian.PutUint32(key[:], rkey)
 	e := xdpMREntry{PD: pd, VA: va, Length: length, Off: off}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return net.ErrClosed
+	}
 	if err := bpfMapUpdate(w.mrs, unsafe.Pointer(&key), unsafe.Pointer(&e)); err != nil {
 		return fmt.Errorf("XDP write responder: MR table: %w", err)
 	}
@@ -664,12 +715,21 @@ func (l *UDPLink) AddWriteMR(rkey, pd uint32, va, length, off uint64) error {
 	return nil
 }
 
-// RemoveWriteMR takes R_Key rkey out of the program (a WRITE it is executing may still land).
+// RemoveWriteMR takes R_Key rkey out of the program and returns once no program run can
+// still write through it (an RCU grace period: IBTA 10.6.3.5, no access after deregistration).
 func (l *UDPLink) RemoveWriteMR(rkey uint32) {
 	if l.xdp == nil || l.xdp.writes == nil {
 		return
 	}
+	w := l.xdp.writes
 	var key [4]byte
 	binary.BigEndian.PutUint32(key[:], rkey)
-	_ = bpfMapDelete(l.xdp.writes.mrs, unsafe.Pointer(&key))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return
+	}
+	if bpfMapDelete(w.mrs, unsafe.Pointer(&key)) == nil {
+		rcuGrace()
+	}
 }

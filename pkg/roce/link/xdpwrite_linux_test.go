@@ -123,6 +123,7 @@ type wframe struct {
 	dmaLen  int // -1: the payload's
 	extra   int // bytes after the ICRC
 	src     [4]byte
+	dstMAC  *[6]byte // nil: the rig's (rigMACA)
 	id      uint16
 	ipLen   int // added to the IPv4 total length (with a correct ICRC for it)
 	udpLen  int // added to the UDP length (likewise)
@@ -147,6 +148,9 @@ func (f wframe) frame() []byte {
 	n := fPayload + len(f.payload) + pad + 4
 	b := make([]byte, n+f.extra)
 	copy(b[0:6], rigMACA[:])
+	if f.dstMAC != nil {
+		copy(b[0:6], f.dstMAC[:])
+	}
 	copy(b[6:12], rigMACB[:])
 	b[12], b[13] = 0x08, 0x00
 	ip := b[14:34]
@@ -264,6 +268,33 @@ func TestXDPWriteExecutes(t *testing.T) {
 	f.id = 0x3c1f
 	if v, _ := r.run(t, f.frame()); v != xdpVerdictTx {
 		t.Fatalf("IPv4 ID %#x: verdict %d", f.id, v)
+	}
+	// to a broadcast MAC address: the ACK still leaves from the link's own
+	f = goodWrite(106, []byte("bcast..."))
+	f.dstMAC = &[6]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	if v, out := r.run(t, f.frame()); v != xdpVerdictTx || !bytes.Equal(out, wantACK(f, 12)) {
+		t.Fatalf("broadcast destination: verdict %d, ACK %x", v, out)
+	}
+	// the last 64 bytes a page takes (the MR starts at device memory offset 4096: VA rigVA+4032
+	// is page offset 4032)
+	f = goodWrite(107, bytes.Repeat([]byte{0x77}, 64))
+	f.va = rigVA + 4032
+	if v, _ := r.run(t, f.frame()); v != xdpVerdictTx || !bytes.Equal(r.memAt(f.va, 64), f.payload) {
+		t.Fatalf("64 bytes to the end of a page: verdict %d", v)
+	}
+	// an MR that ends where the device memory does: its last 64 bytes, and one byte past
+	if err := r.l.AddWriteMR(0x5678, 1, 0x1000, xdpPage, 2*xdpPage); err != nil {
+		t.Fatal(err)
+	}
+	f = goodWrite(108, bytes.Repeat([]byte{0x66}, 64))
+	f.rkey, f.va = 0x5678, 0x1000+xdpPage-64
+	if v, _ := r.run(t, f.frame()); v != xdpVerdictTx || !bytes.Equal(r.w.memory[3*xdpPage-64:], f.payload) {
+		t.Fatalf("the device memory's last 64 bytes: verdict %d", v)
+	}
+	f = goodWrite(109, bytes.Repeat([]byte{0x55}, 64))
+	f.rkey, f.va = 0x5678, 0x1000+xdpPage-63
+	if v, _ := r.run(t, f.frame()); v != xdpVerdictPass {
+		t.Fatalf("one byte past the MR and the device memory: verdict %d", v)
 	}
 }
 
