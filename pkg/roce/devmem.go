@@ -55,8 +55,8 @@ func newDevMem(l link.Link) *devMem {
 }
 
 // AllocDM allocates n bytes of device memory (ibv_alloc_dm), zeroed and page-aligned, for
-// MRs whose remote WRITEs the AF_XDP path's write responder executes. It is valid until
-// FreeDM or Close: nothing may use it after that. ErrNoDM without a write responder.
+// MRs whose remote WRITEs the AF_XDP path's write responder executes, until FreeDM (after
+// Close it is plain memory, no longer the program's). ErrNoDM without a write responder.
 func (d *Device) AllocDM(n int) ([]byte, error) {
 	m := d.dm
 	if m == nil {

@@ -152,6 +152,12 @@ func TestDeviceMemoryWrites(t *testing.T) {
 	if got := b.qp.RemoteWrites(); got != n {
 		t.Fatalf("RemoteWrites after Close: %d, want %d", got, n)
 	}
+	// device memory after Close: plain memory at the same addresses (a late access does not
+	// fault: the process would die here if it were unmapped)
+	b.buf[0], b.buf[len(b.buf)-1] = 0x42, 0x43
+	if b.buf[0] != 0x42 || b.buf[len(b.buf)-1] != 0x43 {
+		t.Fatal("device memory after Close does not hold what was written")
+	}
 }
 
 // TestAllocDM: device memory comes in pages, zeroed, reused after FreeDM; a device without it

@@ -498,8 +498,8 @@ func crcLRHState() uint32 {
 var ErrNoWriteResponder = errors.New("link: no XDP write responder")
 
 // DeviceMemory is the XDP write responder's device memory (XDPOptions.WriteMemory bytes,
-// rounded up to pages), nil without it. It is unmapped when the link closes: nothing may use
-// it after Close.
+// rounded up to pages), nil without it. When the link closes, anonymous memory replaces it at
+// the same addresses: a late access does not fault, but nothing is shared any more.
 func (l *UDPLink) DeviceMemory() []byte {
 	if l.xdp == nil || l.xdp.writes == nil {
 		return nil

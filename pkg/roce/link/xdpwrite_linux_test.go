@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"sync"
 	"testing"
 	"unsafe"
 
@@ -51,6 +52,23 @@ func rigACK() (a [16]byte) {
 
 func newWriteRig(t testing.TB, epsn, msn uint32) *writeRig {
 	t.Helper()
+	r := openWriteRig(t, epsn, msn)
+	t.Cleanup(r.close)
+	return r
+}
+
+func (r *writeRig) close() {
+	r.w.close()
+	for _, fd := range []int{r.prog, r.xmap} {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
+}
+
+// openWriteRig is newWriteRig whose rig the caller closes (the fuzz target keeps one).
+func openWriteRig(t testing.TB, epsn, msn uint32) *writeRig {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (BPF programs and maps)")
 	}
@@ -60,26 +78,22 @@ func newWriteRig(t testing.TB, epsn, msn uint32) *writeRig {
 	}
 	x := &xdpSock{mac: rigMACA, addr4: rigLocal, writes: w, prog: -1, xmap: -1}
 	r := &writeRig{l: &UDPLink{xdp: x}, w: w, prog: -1, local: rigLocal}
-	t.Cleanup(func() {
-		w.close()
-		for _, fd := range []int{r.prog, r.xmap} {
-			if fd >= 0 {
-				unix.Close(fd)
-			}
-		}
-	})
-	if r.xmap, err = bpfXSKMap(1); err != nil {
+	fail := func(err error) {
+		r.close()
 		t.Fatal(err)
+	}
+	if r.xmap, err = bpfXSKMap(1); err != nil {
+		fail(err)
 	}
 	if r.prog, err = bpfLoadXDP(xdpProgram(r.xmap, rigLocal, UDPPort, XDPMaxFrame, w), false); err != nil {
-		t.Fatal(err)
+		fail(err)
 	}
 	if r.st, err = r.l.AddWriteQP(WriteQP{QPN: rigQPN, PD: 1, Peer: netip.AddrFrom4(rigPeer), SrcPort: 0xC011, TClass: 0x28, ACK: rigACK()}, epsn, msn, false); err != nil {
-		t.Fatal(err)
+		fail(err)
 	}
 	// the MR: device memory [4096, 4096+6000), addressed from rigVA
 	if err := r.l.AddWriteMR(rigRKey, 1, rigVA, 6000, xdpPage); err != nil {
-		t.Fatal(err)
+		fail(err)
 	}
 	return r
 }
@@ -193,30 +207,7 @@ func (f wframe) frame() []byte {
 }
 
 // wantACK is the ACK the program must make of WRITE f, MSN msn.
-func wantACK(f wframe, msn uint32) []byte {
-	b := make([]byte, ackFrame)
-	copy(b[0:6], rigMACB[:])
-	copy(b[6:12], rigMACA[:])
-	b[12], b[13] = 0x08, 0x00
-	ip := b[14:34]
-	ip[0], ip[1] = 0x45, 0x28
-	binary.BigEndian.PutUint16(ip[2:], ackFrame-14)
-	ip[6], ip[8], ip[9] = 0x40, 64, unix.IPPROTO_UDP
-	copy(ip[12:16], rigLocal[:])
-	copy(ip[16:20], rigPeer[:])
-	ipChecksum(ip)
-	binary.BigEndian.PutUint16(b[34:], 0xC011)
-	binary.BigEndian.PutUint16(b[36:], UDPPort)
-	binary.BigEndian.PutUint16(b[38:], ackFrame-34)
-	bth.BTH(b[fBTH:]).Encode(&bth.BTHFields{Opcode: bth.OpRCAck, PKey: 0xFFFF, DestQP: rigDestQPN, PSN: bth.PSN(f.psn)})
-	bth.AETH(b[fBTH+12:]).Encode(&bth.AETHFields{Syndrome: bth.SyndromeACK(0x1F), MSN: msn})
-	c, err := bth.ICRCFromIP(b[14:])
-	if err != nil {
-		panic(err)
-	}
-	bth.SetICRC(b[42:], c)
-	return b
-}
+func wantACK(f wframe, msn uint32) []byte { return ackFrame62(f.frame(), f.psn, msn) }
 
 // memAt is the device memory the rig's MR maps at va, n bytes.
 func (r *writeRig) memAt(va uint64, n int) []byte {
@@ -421,4 +412,141 @@ func TestXDPWritePause(t *testing.T) {
 	if err := r.l.AddWriteMR(rigRKey, 1, rigVA, 1<<20, 0); err == nil {
 		t.Fatal("an MR larger than the device memory was accepted")
 	}
+}
+
+var (
+	fuzzRigOnce sync.Once
+	fuzzRig     *writeRig
+)
+
+// FuzzXDPWrite: frames are remote input. The program's verdict, the device memory and the
+// QP's word after any frame agree with a model written from pkg/bth (not from the program's
+// generator): it executes exactly the valid RC WRITE Only requests of 1..64 bytes at the
+// expected PSN to the rig's MR, within a page, and touches nothing else. fix makes the frame's
+// PSN the expected one and its ICRC correct (over its own lengths), so mutations reach the
+// checks behind them.
+func FuzzXDPWrite(f *testing.F) {
+	for i, n := range []int{1, 8, 64, 3} {
+		g := goodWrite(100, bytes.Repeat([]byte{byte(i)}, n))
+		g.ackReq = i != 3
+		f.Add(g.frame(), true)
+		f.Add(g.frame(), false)
+	}
+	g := goodWrite(100, []byte("12345678"))
+	g.va = rigVA + 4090
+	f.Add(g.frame(), true)
+	f.Add(make([]byte, 14), false)
+	f.Fuzz(func(t *testing.T, frame []byte, fix bool) {
+		fuzzRigOnce.Do(func() { fuzzRig = openWriteRig(t, 100, 0) }) // kept for the process
+		r := fuzzRig
+		if r == nil || len(frame) < 14 || len(frame) > 1500 {
+			return
+		}
+		frame = append([]byte(nil), frame...)
+		word := r.word()
+		if fix && len(frame) >= fPayload+4 {
+			psn := uint32(word & wordPSN)
+			frame[fBTH+9], frame[fBTH+10], frame[fBTH+11] = byte(psn>>16), byte(psn>>8), byte(psn)
+			if c, err := bth.ICRCFromIP(frame[14:]); err == nil {
+				if tot := int(binary.BigEndian.Uint16(frame[16:])); tot >= 28+4 && 14+tot <= len(frame) {
+					bth.SetICRC(frame[34+8:14+tot], c)
+				}
+			}
+		}
+		before := append([]byte(nil), r.w.memory...)
+		exec, off, payload, ackReq := modelWrite(frame, word)
+		v, out := r.run(t, frame)
+		after := r.w.memory
+		switch {
+		case !exec && v != xdpVerdictPass:
+			t.Fatalf("verdict %d for a frame the model leaves to user space:\n%x", v, frame)
+		case exec && ackReq && v != xdpVerdictTx, exec && !ackReq && v != xdpVerdictDrop:
+			t.Fatalf("verdict %d for a WRITE the model executes (AckReq %v):\n%x", v, ackReq, frame)
+		}
+		if exec {
+			copy(before[off:], payload)
+		}
+		if !bytes.Equal(before, after) {
+			t.Fatalf("device memory differs from the model's (executed %v at %d)", exec, off)
+		}
+		wantWord := word
+		if exec {
+			wantWord = (word+1)&wordPSN | ((word>>24+1)&wordPSN)<<24
+		}
+		if got := r.word(); got != wantWord {
+			t.Fatalf("word %#x, want %#x", got, wantWord)
+		}
+		if v == xdpVerdictTx {
+			psn := uint32(word & wordPSN)
+			if want := ackFrame62(frame, psn, uint32(wantWord>>24)); !bytes.Equal(out, want) {
+				t.Fatalf("ACK\n%x\nwant\n%x", out, want)
+			}
+		}
+	})
+}
+
+// modelWrite decides, from pkg/bth, whether the rig's program must execute frame with the
+// QP's word as given: where the payload goes (device memory offset) and whether an ACK is due.
+func modelWrite(frame []byte, word uint64) (exec bool, off int, payload []byte, ackReq bool) {
+	n := len(frame)
+	if n < fPayload+4 || frame[12] != 0x08 || frame[13] != 0 || frame[14] != 0x45 || frame[23] != unix.IPPROTO_UDP ||
+		binary.BigEndian.Uint16(frame[20:])&0x3fff != 0 || [4]byte(frame[30:34]) != rigLocal ||
+		binary.BigEndian.Uint16(frame[36:]) != UDPPort || [4]byte(frame[26:30]) != rigPeer ||
+		int(binary.BigEndian.Uint16(frame[16:])) != n-14 || int(binary.BigEndian.Uint16(frame[38:])) != n-34 {
+		return
+	}
+	b := bth.BTH(frame[fBTH:])
+	re := bth.RETH(frame[fRETH:])
+	l := int(re.DMALen())
+	pad := int(b.PadCnt())
+	if b.Opcode() != bth.OpRCWriteOnly || b.TVer() != 0 || b.DestQP() != rigQPN || b.PKey()&0x7fff != 0x7fff ||
+		l < 1 || l > 64 || pad != (4-l%4)%4 || n != fPayload+l+pad+4 || uint32(b.PSN()) != uint32(word&wordPSN) ||
+		word>>48 != 0 {
+		return
+	}
+	if c, err := bth.ICRCFromIP(frame[14:]); err != nil || c != bth.GetICRC(frame[34+8:]) {
+		return
+	}
+	var mrVA, mrLen, mrOff uint64
+	switch re.RKey() {
+	case rigRKey:
+		mrVA, mrLen, mrOff = rigVA, 6000, xdpPage
+	default:
+		return
+	}
+	va := re.VA()
+	if va < mrVA || va-mrVA > mrLen || uint64(l) > mrLen-(va-mrVA) {
+		return
+	}
+	dev := mrOff + (va - mrVA)
+	if dev%xdpPage > xdpPage-64 {
+		return
+	}
+	return true, int(dev), frame[fPayload : fPayload+l], b.AckReq()
+}
+
+// ackFrame62 is the ACK the program must send for request frame (PSN psn, new MSN msn).
+func ackFrame62(req []byte, psn, msn uint32) []byte {
+	b := make([]byte, ackFrame)
+	copy(b[0:6], req[6:12])
+	copy(b[6:12], rigMACA[:])
+	b[12], b[13] = 0x08, 0x00
+	ip := b[14:34]
+	ip[0], ip[1] = 0x45, 0x28
+	binary.BigEndian.PutUint16(ip[2:], ackFrame-14)
+	ip[6], ip[8], ip[9] = 0x40, 64, unix.IPPROTO_UDP
+	copy(ip[12:16], rigLocal[:])
+	copy(ip[16:20], rigPeer[:])
+	ipChecksum(ip)
+	binary.BigEndian.PutUint16(b[34:], 0xC011)
+	binary.BigEndian.PutUint16(b[36:], UDPPort)
+	binary.BigEndian.PutUint16(b[38:], ackFrame-34)
+	bth.BTH(b[fBTH:]).Encode(&bth.BTHFields{Opcode: bth.OpRCAck, PKey: 0xFFFF, DestQP: rigDestQPN, PSN: bth.PSN(psn)})
+	bth.AETH(b[fBTH+12:]).Encode(&bth.AETHFields{Syndrome: bth.SyndromeACK(0x1F), MSN: msn})
+	c, err := bth.ICRCFromIP(b[14:])
+	if err != nil {
+		panic(err)
+	}
+	bth.SetICRC(b[42:], c)
+	return b
 }
