@@ -159,6 +159,12 @@ func perfXDPRun(t *testing.T, dm bool) {
 			if sent+fb != iters || sent < iters-1 || recv < iters || recv > iters+1 {
 				t.Errorf("%s: AF_XDP sent %d, received %d, socket sends %d; want the %d WRITEs sent and only their ACKs received", side, sent, recv, fb, iters)
 			}
+			var ex int
+			if j := strings.Index(e[i:], "WRITEs executed by the XDP program "); j < 0 {
+				t.Errorf("%s: no count of the XDP program's WRITEs", side)
+			} else if _, err := fmt.Sscanf(e[i+j:], "WRITEs executed by the XDP program %d", &ex); err != nil || ex != iters {
+				t.Errorf("%s: the XDP program executed %d of the peer's WRITEs (%v), want all %d", side, ex, err, iters)
+			}
 			continue
 		}
 		if sent < iters || recv < iters || fb > 1 {

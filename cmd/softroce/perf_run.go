@@ -1066,6 +1066,9 @@ func perfPrintStats(w io.Writer, vd *verbsDev) {
 			if s.XDPPairsOff > 0 {
 				off = " (refused by the kernel: off)"
 			}
+			if s.XDPWrites > 0 {
+				off += fmt.Sprintf(", WRITEs executed by the XDP program %d", s.XDPWrites)
+			}
 			fmt.Fprintf(w, "stats: link AF_XDP path sent %d, received %d, sends through the UDP socket %d, pairs as one GSO frame %d%s\n",
 				s.XDPSent, s.XDPReceived, s.XDPFallbacks, s.XDPPairs, off)
 		}

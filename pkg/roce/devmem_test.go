@@ -122,8 +122,8 @@ func TestDeviceMemoryWrites(t *testing.T) {
 	}
 	write(4300, 8, false) // and the program after it
 	st := db.link.(*link.UDPLink).Stats()
-	if st.XDPReceived != 3 { // over 64 bytes, across a page, ordinary memory
-		t.Fatalf("b's ring received %d datagrams, want 3 (everything else executed in the program)", st.XDPReceived)
+	if st.XDPReceived != 3 || st.XDPWrites != 9 { // over 64 bytes, across a page, ordinary memory
+		t.Fatalf("b's ring received %d datagrams, the program executed %d WRITEs; want 3 and 9", st.XDPReceived, st.XDPWrites)
 	}
 
 	// device memory under an MR is not freed (ibv_free_dm: EBUSY)

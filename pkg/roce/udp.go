@@ -157,6 +157,7 @@ func (d *Device) LinkStats() (link.Stats, bool) {
 		s.XDPFallbacks += t.XDPFallbacks
 		s.XDPPairs += t.XDPPairs
 		s.XDPPairsOff += t.XDPPairsOff
+		s.XDPWrites += t.XDPWrites
 	}
 	return s, ok
 }

@@ -211,6 +211,14 @@ func pfCheckXDP(t *testing.T, c pfCase, stderr string) {
 		// only the ACKs of our WRITEs, and we sent no ACK
 		t.Errorf("--dm: AF_XDP received %d, sent %d (+%d by the socket); want at most %d each: rxe's WRITEs executed by the XDP program", recv, sent, fb, c.Iters+1)
 	}
+	if c.DM {
+		var ex int
+		if j := strings.Index(stderr[i:], "WRITEs executed by the XDP program "); j < 0 {
+			t.Errorf("--dm: no count of the XDP program's WRITEs in --stats")
+		} else if _, err := fmt.Sscanf(stderr[i+j:], "WRITEs executed by the XDP program %d", &ex); err != nil || ex != c.Iters {
+			t.Errorf("--dm: the XDP program executed %d of kernel rxe's WRITEs (%v), want all %d", ex, err, c.Iters)
+		}
+	}
 }
 
 var (

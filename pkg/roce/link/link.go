@@ -89,6 +89,10 @@ type Stats struct {
 	// (their datagrams are in XDPSent); XDPPairsOff is 1 once the kernel refused one and pairs
 	// went off for good (a kernel before 6.2).
 	XDPPairs, XDPPairsOff uint64
+	// XDPWrites counts the RDMA WRITEs the AF_XDP path's write responder executed in its XDP
+	// program (and ACKed there): requests and ACKs that no other counter sees
+	// (XDPOptions.WriteMemory).
+	XDPWrites uint64
 }
 
 // StatsLink is implemented by links that count (both implementations here).

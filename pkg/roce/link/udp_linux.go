@@ -1036,6 +1036,9 @@ func (l *UDPLink) Stats() Stats {
 	if x := l.xdp; x != nil {
 		st.XDPSent, st.XDPReceived, st.XDPFallbacks = x.sent.Load(), x.received.Load(), x.fallbacks.Load()
 		st.XDPPairs, st.XDPPairsOff = x.pairs.Load(), x.pairsOff.Load()
+		if x.writes != nil {
+			st.XDPWrites = x.writes.executed()
+		}
 	}
 	l.entropyStats(&st)
 	return st

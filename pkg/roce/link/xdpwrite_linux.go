@@ -107,6 +107,20 @@ type xdpWrite struct {
 	// looked the QP up before its removal may still be running: rcuGrace)
 	stale  [xdpWriteSlots]bool
 	closed bool
+	gone   uint64 // WRITEs executed for QPs removed since (under mu)
+}
+
+// executed counts the WRITEs the program executed, for every QP it had.
+func (w *xdpWrite) executed() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := w.gone
+	for _, s := range w.live {
+		if s != nil {
+			n += s.Executed()
+		}
+	}
+	return n
 }
 
 // rcuGrace waits until every XDP program run that began before it has ended: programs run
@@ -190,6 +204,7 @@ func (w *xdpWrite) close() {
 	for i, s := range w.live {
 		if s != nil {
 			s.retire()
+			w.gone += s.final.Load()
 			w.live[i] = nil
 		}
 	}
@@ -613,6 +628,7 @@ func (l *UDPLink) RemoveWriteQP(s *WriteState) {
 	key := s.qpn
 	_ = bpfMapDelete(w.qps, unsafe.Pointer(&key))
 	s.retire()
+	w.gone += s.final.Load()
 	w.live[s.slot] = nil
 	w.stale[s.slot] = true
 }
