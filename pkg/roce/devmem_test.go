@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 
 	"github.com/softroce/softroce/internal/netnstest"
+	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/cq"
 	"github.com/softroce/softroce/pkg/mr"
 	"github.com/softroce/softroce/pkg/qp"
@@ -209,5 +211,79 @@ func TestAllocDM(t *testing.T) {
 	defer d.Close()
 	if _, err := d.AllocDM(8); !errors.Is(err, ErrNoDM) {
 		t.Fatalf("AllocDM without device memory: %v", err)
+	}
+}
+
+// ackDropLink loses the first ACK it receives once armed (a pollable link).
+type ackDropLink struct {
+	link.Link
+	armed, dropped atomic.Bool
+}
+
+func (l *ackDropLink) TryRecv(b []link.Datagram) (int, error) {
+	n, err := l.Link.(link.PollReceiver).TryRecv(b)
+	if l.armed.Load() && !l.dropped.Load() {
+		for i := 0; i < n; i++ {
+			if len(b[i].Buf) > 0 && bth.Opcode(b[i].Buf[0]) == bth.OpRCAck {
+				l.dropped.Store(true)
+				copy(b[i:], b[i+1:n])
+				n--
+				break
+			}
+		}
+	}
+	return n, err
+}
+
+// TestDeviceMemoryLostACK: the ACK the XDP program sent is lost. The requester's timer resends
+// the WRITE; the program leaves the duplicate to the responder's engine (its PSN is behind the
+// one the program published), which re-ACKs it (IBTA C9-105) with the MSN it adopted: the
+// requester completes, the WRITE counts once.
+func TestDeviceMemoryLostACK(t *testing.T) {
+	x, y := netnstest.Veth(t, "srdmc", "198.18.11.1/24", "srdmd", "198.18.11.2/24", 1500)
+	var la, lb link.Link
+	if err := x.Do(func() (err error) {
+		la, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr("198.18.11.1")}, XDP: link.XDPOptions{On: true}})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := y.Do(func() (err error) {
+		lb, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr("198.18.11.2")},
+			XDP: link.XDPOptions{On: true, WriteMemory: 16 << 10}})
+		return err
+	}); err != nil {
+		la.Close()
+		t.Fatal(err)
+	}
+	drop := &ackDropLink{Link: la}
+	da, db := openPolled(t, drop), openPolled(t, lb)
+	a := newEnd(t, da, qp.TypeRC, 4096)
+	b := dmEnd(t, db, 4096)
+	connect(t, a, b, qp.MTU1024, 10, 20)
+	for id := uint64(1); id <= 3; id++ {
+		if id == 2 {
+			drop.armed.Store(true)
+		}
+		a.fill(int(8*id), 8, byte(id))
+		post(t, a, qp.SendWR{WRID: id, Opcode: qp.WRRDMAWrite, SGL: []qp.SGE{a.sge(int(8*id), 8)}, Flags: qp.SendSignaled,
+			RemoteAddr: b.va(int(8 * id)), RKey: b.mr.RKey()})
+		if w := pollWC(t, a.scq, da, db); w.Status != cq.StatusSuccess || w.WRID != id {
+			t.Fatalf("WRITE %d: completion %+v", id, w)
+		}
+		if !bytes.Equal(b.buf[8*id:8*id+8], a.buf[8*id:8*id+8]) {
+			t.Fatalf("WRITE %d: b has %x", id, b.buf[8*id:8*id+8])
+		}
+	}
+	if !drop.dropped.Load() {
+		t.Fatal("no ACK was dropped")
+	}
+	st := db.link.(*link.UDPLink).Stats()
+	if n := b.qp.RemoteWrites(); n != 3 || st.XDPWrites != 3 || st.XDPReceived != 1 {
+		t.Fatalf("RemoteWrites %d, the program executed %d, b's ring received %d; want 3, 3 and the one resent WRITE",
+			n, st.XDPWrites, st.XDPReceived)
+	}
+	if c := db.Stats().DuplicateRequest; c != 1 {
+		t.Fatalf("b's duplicate requests %d, want 1", c)
 	}
 }
