@@ -8,6 +8,7 @@ import (
 
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/cq"
+	"github.com/softroce/softroce/pkg/event"
 	"github.com/softroce/softroce/pkg/mr"
 	"github.com/softroce/softroce/pkg/roce/link"
 )
@@ -162,18 +163,75 @@ type wenv struct {
 	// mu serializes the program's ACKs with the test's reading of them (TestWritesRace)
 	mu   sync.Mutex
 	acks []link.Datagram
+	// wire logs, in order, what left b: the engine's packets when its Output sends them, the
+	// program's ACKs when it executes (XDP_TX)
+	wire []wirePkt
+}
+
+// wirePkt is one packet b put on the wire.
+type wirePkt struct {
+	program bool // the program's ACK (else the engine's)
+	op      bth.Opcode
+	psn     bth.PSN
+}
+
+// wireOut is b's Output: it logs what the engine sends in e.wire.
+type wireOut struct {
+	portOut
+	e *wenv
+}
+
+func (w wireOut) Send(batch []link.Datagram) error {
+	w.e.mu.Lock()
+	for i := range batch {
+		p, err := bth.Parse(batch[i].Buf)
+		if err != nil {
+			w.e.t.Errorf("engine sent an unparsable packet: %v", err)
+			continue
+		}
+		w.e.wire = append(w.e.wire, wirePkt{op: p.BTH.Opcode(), psn: p.BTH.PSN()})
+	}
+	w.e.mu.Unlock()
+	return w.portOut.Send(batch)
 }
 
 // writesPSN is b's RQPSN: near the 24-bit wrap, so the PSNs and the fake wrap during tests.
 const writesPSN = 0xFFFFFE
 
-func newWEnv(t *testing.T) *wenv {
+func newWEnv(t *testing.T) *wenv { return newWEnvOpts(t, wenvOpts{}) }
+
+// wenvOpts vary newWEnv's b.
+type wenvOpts struct {
+	events  event.Sink // b's affiliated events
+	rtrOnly bool       // b only to RTR (a in RTS)
+}
+
+func newWEnvOpts(t *testing.T, o wenvOpts) *wenv {
 	e := &wenv{t: t, n: newNet(t), fw: &fakeWrites{}, psn: writesPSN}
 	e.a = e.n.newSide("10.0.0.1", sideOpts{qpn: 0x11, bufSize: 1 << 20})
-	e.b = e.n.newSide("10.0.0.2", sideOpts{qpn: 0x12, bufSize: 1 << 20,
-		out: func(c *chanOut) Output { return portOut{c} }})
+	e.b = e.n.newSide("10.0.0.2", sideOpts{qpn: 0x12, bufSize: 1 << 20, events: o.events,
+		out: func(c *chanOut) Output { return wireOut{portOut{c}, e} }})
 	e.b.qp.cfg.Writes = e.fw
-	e.n.connect(e.a, e.b, connOpts{mtu: MTU1024, psnA: writesPSN, psnB: 77})
+	co := connOpts{mtu: MTU1024, psnA: writesPSN, psnB: 77}
+	if !o.rtrOnly {
+		e.n.connect(e.a, e.b, co)
+		return e
+	}
+	all := mr.AccessLocalWrite | mr.AccessRemoteWrite | mr.AccessRemoteRead | mr.AccessRemoteAtomic
+	e.n.bringUp(e.a, e.b, all, co.psnB, co.psnA, co)
+	for _, m := range []struct {
+		a    Attr
+		mask AttrMask
+	}{
+		{Attr{State: StateInit, Port: 1, AccessFlags: all}, AttrState | AttrPKeyIndex | AttrPort | AttrAccessFlags},
+		{Attr{State: StateRTR, AH: AHAttr{DGID: e.a.addr, Port: 1}, PathMTU: MTU1024, DestQPN: e.a.qp.Num(),
+			RQPSN: writesPSN, MaxDestRDAtomic: 16},
+			AttrState | AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN | AttrMaxDestRDAtomic | AttrMinRNRTimer},
+	} {
+		if err := e.b.qp.Modify(&m.a, m.mask); err != nil {
+			t.Fatal(err)
+		}
+	}
 	return e
 }
 
@@ -223,6 +281,7 @@ func (e *wenv) claim(d *link.Datagram) bool {
 	reencode(&a)
 	e.mu.Lock()
 	e.acks = append(e.acks, a)
+	e.wire = append(e.wire, wirePkt{program: true, op: bth.OpRCAck, psn: p.BTH.PSN()})
 	e.mu.Unlock()
 	return true
 }
@@ -874,4 +933,183 @@ func TestWritesRace(t *testing.T) {
 		eq(t, "WRITE data", e.b.buf[i*128:i*128+n], e.a.buf[i*128:i*128+n])
 	}
 	t.Logf("program executed %d of %d WRITEs", taken, nw)
+}
+
+// receiveDeferred hands d to b's QP with ReceiveDeferred (no flush), as the device's batched
+// receive loop and the polled device do.
+func (e *wenv) receiveDeferred(d *link.Datagram) {
+	e.t.Helper()
+	p, err := bth.Parse(d.Buf)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if !e.b.qp.ReceiveDeferred(e.n.clk.Now(), &p, d.Src, d.Dst) {
+		e.t.Fatalf("b dropped PSN %#x", uint32(p.BTH.PSN()))
+	}
+}
+
+// wireLog returns what b put on the wire so far and clears the log.
+func (e *wenv) wireLog() []wirePkt {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	w := e.wire
+	e.wire = nil
+	return w
+}
+
+// TestWritesPausedUntilFlushed: responses the engine built but has not sent yet (a deferred
+// receive: ReceiveDeferred before FlushReceived or FlushDeferred) keep the program paused: the
+// state is published with the advanced PSN and MSN but paused, the program executes nothing and
+// leaves the next WRITE to the QP (whose ACK queues behind the response); the flush sends them
+// and unpauses the state. So on the wire the engine's READ response or ACK precedes every ACK
+// the program sends afterwards: responses leave in the order of their requests (IBTA 9.5).
+func TestWritesPausedUntilFlushed(t *testing.T) {
+	flushReceived := func(e *wenv) { e.b.qp.FlushReceived(e.n.clk.Now()) }
+	flushDeferred := func(e *wenv) { e.b.qp.FlushDeferred() }
+	for _, tc := range []struct {
+		name  string
+		read  bool // the engine's request is an RDMA READ of 2000 bytes (else a 100-byte WRITE)
+		flush func(e *wenv)
+	}{
+		{"read/FlushReceived", true, flushReceived},
+		{"read/FlushDeferred", true, flushDeferred},
+		{"write/FlushReceived", false, flushReceived},
+		{"write/FlushDeferred", false, flushDeferred},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newWEnv(t)
+			e.a.fill(0, 8192, 7)
+			e.b.fill(4096, 2000, 9)
+			// the program executes two WRITEs first (the QP adopts them at its request)
+			e.write(1, 0, 8)
+			e.write(2, 64, 8)
+			if got := e.program(); got != 2 {
+				t.Fatalf("program executed %d, want 2", got)
+			}
+			e.deliverAcks()
+			e.wantWCs(2)
+			e.wireLog()
+
+			// the request the engine answers, then an 8-byte WRITE the program could execute
+			npsn := uint32(1)
+			if tc.read {
+				e.a.postSend(t, SendWR{WRID: 3, Opcode: WRRDMARead, SGL: []SGE{e.a.sge(16384, 2000)},
+					Flags: SendSignaled, RemoteAddr: e.b.va(4096), RKey: e.b.mr.RKey()})
+				npsn = 2 // READ Response First and Last at MTU 1024
+			} else {
+				e.write(3, 1024, 100)
+			}
+			e.write(4, 128, 8)
+			q := e.a.out.q
+			e.a.out.q = nil
+			if len(q) != 2 {
+				t.Fatalf("a sent %d packets, want 2", len(q))
+			}
+			if e.claim(&q[0]) {
+				t.Fatal("the program took the engine's request")
+			}
+			e.receiveDeferred(&q[0])
+			if len(e.b.out.q) != 0 {
+				t.Fatalf("b sent before the flush: %+v", e.bAcks())
+			}
+			next := e.psn.Add(2 + npsn)
+			e.wantState("response queued, not sent", next, 3, true)
+			if got := e.fw.cur().execute(1); got != 0 {
+				t.Fatal("the program executed while the engine's response was unsent")
+			}
+			// the WRITE behind it: the program leaves it to the QP
+			if e.claim(&q[1]) {
+				t.Fatal("the program executed a WRITE while the engine's response was unsent")
+			}
+			e.receiveDeferred(&q[1])
+			e.wantState("two responses queued", next.Add(1), 4, true)
+			if w := e.wireLog(); len(w) != 0 {
+				t.Fatalf("on the wire before the flush: %+v", w)
+			}
+
+			tc.flush(e)
+			e.wantState("after the flush", next.Add(1), 4, false)
+			e.write(5, 192, 8)
+			if got := e.program(); got != 1 {
+				t.Fatalf("program executed %d after the flush, want 1", got)
+			}
+			e.wantState("after the program", next.Add(2), 5, false)
+
+			var want []wirePkt
+			if tc.read {
+				want = append(want, wirePkt{op: bth.OpRCReadRespFirst, psn: e.psn.Add(2)},
+					wirePkt{op: bth.OpRCReadRespLast, psn: e.psn.Add(3)})
+			} else {
+				want = append(want, wirePkt{op: bth.OpRCAck, psn: e.psn.Add(2)})
+			}
+			want = append(want, wirePkt{op: bth.OpRCAck, psn: next},
+				wirePkt{program: true, op: bth.OpRCAck, psn: next.Add(1)})
+			got := e.wireLog()
+			if len(got) != len(want) {
+				t.Fatalf("wire %+v, want %+v", got, want)
+			}
+			for i := range want {
+				if got[i] != want[i] {
+					t.Fatalf("wire %+v, want %+v", got, want)
+				}
+			}
+
+			e.n.pump()
+			e.deliverAcks()
+			e.wantWCs(3)
+			if tc.read {
+				eq(t, "READ data", e.a.buf[16384:16384+2000], e.b.buf[4096:4096+2000])
+			} else {
+				eq(t, "QP's WRITE", e.b.buf[1024:1124], e.a.buf[1024:1124])
+			}
+			eq(t, "WRITE behind the response", e.b.buf[128:136], e.a.buf[128:136])
+			eq(t, "program's WRITE", e.b.buf[192:200], e.a.buf[192:200])
+		})
+	}
+}
+
+// TestWritesCommEstInRTR: a QP attached in RTR is published paused at its RQPSN, since only
+// the engine raises the Communication Established event of the first request received in RTR
+// (IBTA 11.6.3); the program executes nothing and leaves that request to the QP, which raises
+// CommEst (once), ACKs it and publishes the state unpaused: the program executes the next
+// WRITE while the QP is still in RTR.
+func TestWritesCommEstInRTR(t *testing.T) {
+	ev := &evLog{}
+	e := newWEnvOpts(t, wenvOpts{events: ev.sink, rtrOnly: true})
+	if st := e.b.qp.State(); st != StateRTR {
+		t.Fatalf("b in %v", st)
+	}
+	e.wantState("attached in RTR", e.psn, 0, true)
+	if got := e.fw.cur().execute(1); got != 0 {
+		t.Fatal("the program executed before communication was established")
+	}
+	e.a.fill(0, 1024, 4)
+	e.write(1, 0, 8)
+	e.write(2, 64, 8)
+	q := e.a.out.q
+	e.a.out.q = nil
+	sameEvents(t, "b before any request", ev.types())
+	if e.claim(&q[0]) {
+		t.Fatal("the program executed the first request in RTR")
+	}
+	e.n.deliver(e.a, &q[0])
+	sameEvents(t, "b after the first request", ev.types(), event.CommEst)
+	e.wantAck("first request", bth.AckTypeACK, 0, e.psn, 1)
+	e.wantState("after the first request", e.psn.Add(1), 1, false)
+	if !e.claim(&q[1]) {
+		t.Fatal("the program did not execute the second WRITE")
+	}
+	e.wantState("after the program", e.psn.Add(2), 2, false)
+	if st := e.b.qp.State(); st != StateRTR {
+		t.Fatalf("b in %v, want RTR", st)
+	}
+	sameEvents(t, "b at the end", ev.types(), event.CommEst)
+	e.n.pump()
+	e.deliverAcks()
+	e.wantWCs(2)
+	eq(t, "QP's WRITE", e.b.buf[0:8], e.a.buf[0:8])
+	eq(t, "program's WRITE", e.b.buf[64:72], e.a.buf[64:72])
+	if got := e.b.qp.RemoteWrites(); got != 2 {
+		t.Fatalf("RemoteWrites %d, want 2", got)
+	}
 }
