@@ -163,7 +163,7 @@ func nmEngine(t *testing.T, lab *rxelab.Lab, o rawOptions) {
 	}
 	sent, recvd, sendBusy := 0, 0, false
 	lastRace := false // our last SEND's ACK lost after the peer finished (accepted below)
-	var last []byte // our last message: rxe echoes it
+	var last []byte   // our last message: rxe echoes it
 	wcs := make([]cq.WC, 16)
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
