@@ -68,18 +68,10 @@ func linkPingPong(args []string, isClient bool) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	want := 2
-	if isClient {
-		want = 3
-	}
-	if fs.NArg() != want || *size < 21 || *size > 1400 || *port <= 0 || *port > 65535 {
+	if *size < 21 || *size > 1400 || *port <= 0 || *port > 65535 {
 		return errUsage
 	}
-	local, err := netip.ParseAddr(fs.Arg(0))
-	if err != nil {
-		return err
-	}
-	peer, err := netip.ParseAddr(fs.Arg(1))
+	local, peer, err := probeAddrs(fs, isClient)
 	if err != nil {
 		return err
 	}
@@ -269,4 +261,20 @@ func gsoSend(fd int, buf []byte, seg int, peer netip.Addr, port int, connected b
 		return unix.Sendmsg(fd, buf, oob, nil, 0)
 	}
 	return unix.Sendmsg(fd, buf, oob, &unix.SockaddrInet4{Addr: peer.As4(), Port: port}, 0)
+}
+
+// probeAddrs reads a server's ADDR PEER or a client's ADDR PEER N (N read by the caller).
+func probeAddrs(fs *flag.FlagSet, isClient bool) (local, peer netip.Addr, err error) {
+	want := 2
+	if isClient {
+		want = 3
+	}
+	if fs.NArg() != want {
+		return local, peer, errUsage
+	}
+	if local, err = netip.ParseAddr(fs.Arg(0)); err != nil {
+		return local, peer, err
+	}
+	peer, err = netip.ParseAddr(fs.Arg(1))
+	return local, peer, err
 }

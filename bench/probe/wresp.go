@@ -28,18 +28,7 @@ func writeResponderPingPong(args []string, isClient bool) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	want := 2
-	if isClient {
-		want = 3
-	}
-	if fs.NArg() != want {
-		return errUsage
-	}
-	local, err := netip.ParseAddr(fs.Arg(0))
-	if err != nil {
-		return err
-	}
-	peer, err := netip.ParseAddr(fs.Arg(1))
+	local, peer, err := probeAddrs(fs, isClient)
 	if err != nil {
 		return err
 	}
