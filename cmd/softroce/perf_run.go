@@ -172,10 +172,10 @@ type perfCreateQP func(i int, in roce.VerbsQPInit) (roce.QueuePair, error)
 // newPerfResWith is newPerfRes with the QPs made by create (nil: dev.CreateQP, then INIT).
 func newPerfResWith(c *perfConfig, dev roce.Verbs, addr netip.Addr, gidx int, create perfCreateQP) (*perfRes, error) {
 	r := &perfRes{c: c, dev: dev, addr: addr, gidx: gidx, cycle: perfCycleBuffer}
-	r.area = perfInc(max(c.Size, perfCycleBuffer))
+	r.area = c.area()
 	var err error
 	// AllocBuffer: memory the daemon can map too (embedded: plain memory); --dm: device memory
-	if r.buf, err = r.allocBuffer(2 * c.QPs * r.area); err != nil {
+	if r.buf, err = r.allocBuffer(c.bufferBytes()); err != nil {
 		return nil, fmt.Errorf("%w: Couldn't allocate the buffer: %w", errPerfVerbs, err)
 	}
 	if r.pd, err = dev.AllocPD(); err != nil {
@@ -1075,10 +1075,15 @@ func perfPrintStats(w io.Writer, vd *verbsDev) {
 	}
 }
 
-// dmBytes is the device memory a run needs (--dm: newPerfResWith's buffer), 0 without.
+// area is one QP's half of the buffer (perftest's INC(size) of the largest message, at least
+// the cycle buffer); bufferBytes the whole buffer (a send and a receive area per QP).
+func (c *perfConfig) area() int        { return perfInc(max(c.Size, perfCycleBuffer)) }
+func (c *perfConfig) bufferBytes() int { return 2 * c.QPs * c.area() }
+
+// dmBytes is the device memory a run needs (--dm: the buffer), 0 without.
 func (c *perfConfig) dmBytes() int {
 	if !c.DM {
 		return 0
 	}
-	return 2 * c.QPs * perfInc(max(c.Size, perfCycleBuffer))
+	return c.bufferBytes()
 }

@@ -14,8 +14,8 @@ import (
 // and ACKs them itself. The QP and the program share the responder's expected PSN and MSN
 // through a WriteState: before the QP's own responder runs for a request it pauses the state
 // (the program then leaves every request to the QP) and adopts what the program advanced;
-// after, it publishes its state, paused while the responder is anywhere but at rest (a PSN
-// sequence NAK or RNR NAK outstanding, a multi-packet message in progress). So each request
+// after, it publishes its state, and keeps the program paused until its responder is at rest
+// and what it queued has been sent (publishWrites). So each request
 // is executed once, in PSN order, by one of the two, and a duplicate of a WRITE the program
 // executed reaches the QP as a duplicate.
 
@@ -88,11 +88,12 @@ func (q *QP) syncWrites() {
 			return
 		}
 		q.wo, q.woInfo, q.woHeld = s, info, true // attached paused
-		old := q.resp.writes.shared.Load()
-		n := []WriteState{s}
-		if old != nil {
-			n = append(append(n[:0:0], *old...), s)
+		// a new slice: RemoteWrites reads the old one without q.mu
+		var n []WriteState
+		if old := q.resp.writes.shared.Load(); old != nil {
+			n = append(n, *old...)
 		}
+		n = append(n, s)
 		q.resp.writes.shared.Store(&n)
 	} else {
 		// still attached: the program may have executed WRITEs since the QP last looked;
@@ -100,14 +101,6 @@ func (q *QP) syncWrites() {
 		q.adoptWrites()
 	}
 	q.publishWrites()
-}
-
-// DetachWrites takes the QP out of its write responder for good (a device closing the link
-// that holds it); a later Modify may attach it again, if the responder takes it.
-func (q *QP) DetachWrites() {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.detachWrites()
 }
 
 // detachWrites takes the QP out of its write responder, adopting what it executed (q.mu held).

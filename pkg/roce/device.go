@@ -532,13 +532,6 @@ func (d *Device) Close() error {
 	}
 	d.batchMu.Lock() // a batch being handled flushes its deferred ACKs first
 	d.closePoll()    // polled mode: the last Poll's deferred packets leave (poll.go)
-	if d.dm != nil { // the QPs leave the write responder before its memory goes
-		for i := range d.qps {
-			if q := d.qps[i].Load(); q != nil {
-				q.QP.DetachWrites()
-			}
-		}
-	}
 	err := d.link.Close()
 	for _, l := range d.links[1:] {
 		l.Close()

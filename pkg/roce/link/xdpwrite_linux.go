@@ -508,6 +508,14 @@ func crcLRHState() uint32 {
 	return ^crc32.Update(0, crc32.IEEETable, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
 }
 
+// writeResponder is the link's write responder, nil without.
+func (l *UDPLink) writeResponder() *xdpWrite {
+	if l.xdp == nil {
+		return nil
+	}
+	return l.xdp.writes
+}
+
 // ErrNoWriteResponder: the link has no XDP write responder (XDPOptions.WriteMemory 0, or no
 // AF_XDP path).
 var ErrNoWriteResponder = errors.New("link: no XDP write responder")
@@ -516,10 +524,10 @@ var ErrNoWriteResponder = errors.New("link: no XDP write responder")
 // rounded up to pages), nil without it. When the link closes, anonymous memory replaces it at
 // the same addresses: a late access does not fault, but nothing is shared any more.
 func (l *UDPLink) DeviceMemory() []byte {
-	if l.xdp == nil || l.xdp.writes == nil {
-		return nil
+	if w := l.writeResponder(); w != nil {
+		return w.memory
 	}
-	return l.xdp.writes.memory
+	return nil
 }
 
 // WriteQP describes an RC QP whose WRITE Only requests the XDP program may execute.
@@ -561,10 +569,11 @@ func (s *WriteState) retire() {
 // AddWriteQP lets the program execute q's WRITEs from expected PSN epsn and MSN msn on. The
 // QP starts paused if paused is set (Resume lets the program in).
 func (l *UDPLink) AddWriteQP(q WriteQP, epsn, msn uint32, paused bool) (*WriteState, error) {
-	if l.xdp == nil || l.xdp.writes == nil {
+	w := l.writeResponder()
+	if w == nil {
 		return nil, ErrNoWriteResponder
 	}
-	x, w := l.xdp, l.xdp.writes
+	x := l.xdp
 	if !q.Peer.Unmap().Is4() {
 		return nil, fmt.Errorf("XDP write responder: peer %v is not IPv4", q.Peer)
 	}
@@ -636,31 +645,22 @@ func (l *UDPLink) RemoveWriteQP(s *WriteState) {
 // freeSlot returns a free QP slot, after one RCU grace period for all removed QPs' slots if
 // only those are left; -1: none (w.mu held).
 func (w *xdpWrite) freeSlot() int {
+	stale := -1
 	for i, s := range w.live {
-		if s == nil && !w.stale[i] {
-			return i
-		}
-	}
-	any := false
-	for i, s := range w.live {
-		if s == nil && w.stale[i] {
-			any = true
-		}
-	}
-	if !any {
-		return -1
-	}
-	rcuGrace()
-	slot := -1
-	for i := range w.stale {
-		if w.stale[i] {
-			w.stale[i] = false
-			if slot < 0 {
-				slot = i
+		if s == nil {
+			if !w.stale[i] {
+				return i
+			}
+			if stale < 0 {
+				stale = i
 			}
 		}
 	}
-	return slot
+	if stale >= 0 {
+		rcuGrace() // one grace period frees every removed QP's slot
+		clear(w.stale[:])
+	}
+	return stale
 }
 
 // Pause stops the program from executing the QP's WRITEs (waiting out one it is executing)
@@ -709,10 +709,10 @@ func (s *WriteState) Executed() uint64 {
 // which the requester addresses from va on, in protection domain pd (only MRs that allow
 // remote writes belong here).
 func (l *UDPLink) AddWriteMR(rkey, pd uint32, va, length, off uint64) error {
-	if l.xdp == nil || l.xdp.writes == nil {
+	w := l.writeResponder()
+	if w == nil {
 		return ErrNoWriteResponder
 	}
-	w := l.xdp.writes
 	if off > uint64(len(w.memory)) || length > uint64(len(w.memory))-off || va+length < va {
 		return fmt.Errorf("XDP write responder: MR [%d, +%d) outside the %d bytes of device memory", off, length, len(w.memory))
 	}
@@ -734,10 +734,10 @@ func (l *UDPLink) AddWriteMR(rkey, pd uint32, va, length, off uint64) error {
 // RemoveWriteMR takes R_Key rkey out of the program and returns once no program run can
 // still write through it (an RCU grace period: IBTA 10.6.3.5, no access after deregistration).
 func (l *UDPLink) RemoveWriteMR(rkey uint32) {
-	if l.xdp == nil || l.xdp.writes == nil {
+	w := l.writeResponder()
+	if w == nil {
 		return
 	}
-	w := l.xdp.writes
 	var key [4]byte
 	binary.BigEndian.PutUint32(key[:], rkey)
 	w.mu.Lock()
