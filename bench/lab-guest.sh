@@ -136,7 +136,7 @@ floor() {
     wait
     echo "ROW|udp-go-spin-half|ib_write_lat|8|$MTU|${v:-FAIL}"
   fi
-  # LAB_LADDER=1: the same round trip through pkg/roce/link, its options one at a time
+  # LAB_LADDER=1: the same round trip through pkg/link, its options one at a time
   # (bench/probe/link.go): 40-byte datagrams (an 8-byte WRITE), then + GRO and entropy
   # socket (the device defaults), then the [40, 20] GSO pair polled mode sends
   [ -n "$GPP" ] && [ "${LAB_LADDER:-0}" = 1 ] && for rung in "plain:" "gro-ent:-gro -entropy" "pair:-gro -entropy -pair" "xdp:-entropy -xdp" "xdp-pair:-entropy -xdp -pair"; do

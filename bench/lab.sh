@@ -19,7 +19,7 @@ cp "$SR" "$SHARE/softroce" && cp bench/lab-guest.sh "$SHARE/lab-guest.sh" || exi
 # LAB_ONLY=lat8: only the 8-byte write_lat rows (lab-guest.sh)
 [ -n "${LAB_OLD_BIN:-}" ] && { cp "$LAB_OLD_BIN" "$SHARE/softroce-old" || exit 1; }
 # LAB_PROBE=1: the spinning 8-byte UDP round trip in C and Go in every 8-byte round (the floor);
-# with LAB_LADDER=1 also through pkg/roce/link, its options one at a time (bench/probe/link.go)
+# with LAB_LADDER=1 also through pkg/link, its options one at a time (bench/probe/link.go)
 if [ "${LAB_PROBE:-0}" = 1 ]; then
   CGO_ENABLED=0 /usr/local/go/bin/go build -trimpath -o "$SHARE/probe" ./bench/probe &&
     gcc -O2 -static -o "$SHARE/pingpong" bench/cprobe/pingpong.c || { echo "bench/lab.sh: probe build failed" >&2; exit 1; }

@@ -10,12 +10,12 @@ import (
 	"runtime"
 	"time"
 
-	"github.com/softroce/softroce/pkg/roce/link"
+	"github.com/softroce/softroce/pkg/link"
 	"golang.org/x/sys/unix"
 )
 
 // The link ladder (lserver / lclient): the 8-byte round trip of the floor rows, but through
-// softroce's own UDP link (pkg/roce/link) with its options switched on one at a time, so a lab
+// softroce's own UDP link (pkg/link) with its options switched on one at a time, so a lab
 // session can tell which of them the kernel makes expensive. Every rung spins on TryRecv
 // (one raw non-blocking recvmmsg, as a polled device does) and sends what it read back:
 //

@@ -15,7 +15,7 @@
 //	probe client [-mode M] ADDR PORT N  8-byte round trips; M = netpoll (net.UDPConn),
 //	                                    block (blocking recvfrom system calls, no netpoller)
 //	                                    or spin (non-blocking recvfrom in a loop)
-//	probe lserver [flags] ADDR PEER     the spin round trip through pkg/roce/link, its options
+//	probe lserver [flags] ADDR PEER     the spin round trip through pkg/link, its options
 //	probe lclient [flags] ADDR PEER N   one at a time (link.go: -size -gro -entropy -pair -xdp)
 //	probe wserver ADDR PEER             ib_write_lat's loop over the link's XDP write responder,
 //	probe wclient ADDR PEER N           no RDMA engine (wresp.go)

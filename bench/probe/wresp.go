@@ -11,7 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/softroce/softroce/pkg/bth"
-	"github.com/softroce/softroce/pkg/roce/link"
+	"github.com/softroce/softroce/pkg/link"
 )
 
 // wserver / wclient: ib_write_lat's loop over the link's XDP write responder

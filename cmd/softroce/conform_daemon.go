@@ -12,8 +12,8 @@ import (
 	"net/netip"
 
 	"github.com/softroce/softroce/pkg/bth"
+	"github.com/softroce/softroce/pkg/client"
 	"github.com/softroce/softroce/pkg/conform"
-	"github.com/softroce/softroce/pkg/roce/client"
 )
 
 // conformAddr parses ADDR or ADDR:PORT (port defaults to def).

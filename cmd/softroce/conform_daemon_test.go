@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/internal/daemon"
 	"github.com/softroce/softroce/internal/daemontest"
+	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/conform"
-	"github.com/softroce/softroce/pkg/daemon"
-	"github.com/softroce/softroce/pkg/qp"
 	"github.com/softroce/softroce/pkg/roce"
 	"go.uber.org/goleak"
 )

@@ -1,7 +1,7 @@
 package main
 
 // softroce daemon: one RoCE endpoint per host shared by local programs
-// (pkg/daemon; clients use pkg/roce/client). See docs/daemon.md.
+// (internal/daemon; clients use pkg/client). See docs/daemon.md.
 
 import (
 	"context"
@@ -24,11 +24,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/softroce/softroce/pkg/daemon"
-	"github.com/softroce/softroce/pkg/event"
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/internal/daemon"
+	"github.com/softroce/softroce/internal/event"
+	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/pkg/client"
 	"github.com/softroce/softroce/pkg/roce"
-	"github.com/softroce/softroce/pkg/roce/client"
 )
 
 func init() {

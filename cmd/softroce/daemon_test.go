@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softroce/softroce/pkg/daemon"
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/internal/daemon"
+	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/pkg/link"
 	"github.com/softroce/softroce/pkg/roce"
-	"github.com/softroce/softroce/pkg/roce/link"
 )
 
 func TestDevinfoEmbedded(t *testing.T) {

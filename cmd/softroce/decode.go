@@ -18,9 +18,9 @@ import (
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 
+	"github.com/softroce/softroce/internal/cm"
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/bth/layer"
-	"github.com/softroce/softroce/pkg/cm"
 )
 
 func init() {
@@ -270,7 +270,7 @@ type dethJSON struct {
 }
 
 // cmJSON (text form only) names a CM message (IBTA 12.6, 12.11) carried by a UD SEND ONLY to QP1 and its
-// key fields; present only for such packets whose payload parses as a CM MAD (pkg/cm).
+// key fields; present only for such packets whose payload parses as a CM MAD (internal/cm).
 type cmJSON struct {
 	Msg          string  `json:"msg"` // REQ, MRA, REJ, REP, RTU, DREQ, DREP, SIDR_REQ, SIDR_REP
 	TID          uint64  `json:"tid"`

@@ -18,10 +18,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/pkg/client"
+	"github.com/softroce/softroce/pkg/link"
 	"github.com/softroce/softroce/pkg/roce"
-	"github.com/softroce/softroce/pkg/roce/client"
-	"github.com/softroce/softroce/pkg/roce/link"
 )
 
 // errDevFlag is wrapped by every error about the -d flag and the local address it names.

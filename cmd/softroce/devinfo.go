@@ -9,11 +9,11 @@ import (
 	"io"
 	"net/netip"
 
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/internal/gid"
+	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/pkg/client"
+	"github.com/softroce/softroce/pkg/link"
 	"github.com/softroce/softroce/pkg/roce"
-	"github.com/softroce/softroce/pkg/roce/client"
-	"github.com/softroce/softroce/pkg/roce/gid"
-	"github.com/softroce/softroce/pkg/roce/link"
 )
 
 func init() {

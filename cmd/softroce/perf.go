@@ -2,7 +2,7 @@ package main
 
 // softroce perf: perftest's ib_{send,write,read,atomic}_{bw,lat} (perftest 6.06 as Debian 12
 // ships it in perftest 4.5+0.17), wire-compatible with them: the TCP 18515 exchange of
-// pkg/oob/perftest, the same QP attributes, the same message flows (perftest_resources.c
+// internal/oob/perftest, the same QP attributes, the same message flows (perftest_resources.c
 // run_iter_bw, run_iter_bw_server, run_iter_lat_write, run_iter_lat_send, run_iter_lat) and
 // the same result tables.
 //
@@ -26,10 +26,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/oob"
-	"github.com/softroce/softroce/pkg/oob/perftest"
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/oob"
+	"github.com/softroce/softroce/internal/oob/perftest"
+	"github.com/softroce/softroce/internal/qp"
 )
 
 func init() {

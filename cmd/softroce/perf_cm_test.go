@@ -11,12 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/oob/perftest"
+	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/internal/rocetest"
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/oob/perftest"
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/pkg/link"
 	"github.com/softroce/softroce/pkg/roce"
-	"github.com/softroce/softroce/pkg/roce/link"
 )
 
 // TestPerfCMRecord: the binary key record of -R has perftest's layout (struct pingpong_dest

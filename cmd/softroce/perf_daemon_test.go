@@ -13,10 +13,10 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/softroce/softroce/internal/oob/perftest"
+	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/internal/rocetest"
-	"github.com/softroce/softroce/pkg/oob/perftest"
-	"github.com/softroce/softroce/pkg/qp"
-	"github.com/softroce/softroce/pkg/roce/client"
+	"github.com/softroce/softroce/pkg/client"
 )
 
 // daemonStats returns the counters of the daemon's device, read through a client of it.

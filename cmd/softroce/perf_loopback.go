@@ -12,10 +12,10 @@ import (
 	"sort"
 	"time"
 
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/pkg/link"
 	"github.com/softroce/softroce/pkg/roce"
-	"github.com/softroce/softroce/pkg/roce/link"
 )
 
 // perfLoopback runs c.Verb (write, read or send) between two devices in this process with

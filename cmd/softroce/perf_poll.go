@@ -21,7 +21,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/roce"
 )
 

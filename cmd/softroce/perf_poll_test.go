@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"github.com/softroce/softroce/internal/netnstest"
-	"github.com/softroce/softroce/pkg/oob/perftest"
+	"github.com/softroce/softroce/internal/oob/perftest"
 )
 
 // TestPerfPolledMode: --lat --busy-poll runs the embedded device in polled mode (not for

@@ -1,7 +1,7 @@
 package main
 
 // The perftest-compatible run of softroce perf: resources (perftest_resources.c ctx_init,
-// create_mr, ctx_modify_qp_to_*), the out-of-band exchange (pkg/oob/perftest) and the
+// create_mr, ctx_modify_qp_to_*), the out-of-band exchange (internal/oob/perftest) and the
 // message flows of perftest 6.06:
 //
 //   - BW client (run_iter_bw): up to tx_depth WRs in flight per QP, every cq_mod-th WR (and
@@ -38,11 +38,11 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/mr"
-	"github.com/softroce/softroce/pkg/oob"
-	"github.com/softroce/softroce/pkg/oob/perftest"
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/mr"
+	"github.com/softroce/softroce/internal/oob"
+	"github.com/softroce/softroce/internal/oob/perftest"
+	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/roce"
 )
 

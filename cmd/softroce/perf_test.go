@@ -18,11 +18,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/internal/oob/perftest"
+	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/internal/rocetest"
-	"github.com/softroce/softroce/pkg/oob/perftest"
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/pkg/link"
 	"github.com/softroce/softroce/pkg/roce"
-	"github.com/softroce/softroce/pkg/roce/link"
 )
 
 // TestPerfFlags checks perftest's defaults and dependencies (perftest_parameters.c

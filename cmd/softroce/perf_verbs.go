@@ -25,7 +25,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/roce"
 )
 

@@ -2,7 +2,7 @@ package main
 
 // softroce pingpong: rdma-core's ibv_rc_pingpong, ibv_uc_pingpong, ibv_ud_pingpong and
 // ibv_srq_pingpong (libibverbs/examples, v44 as Debian 12 ships it), wire-compatible with
-// them: the same TCP 18515 exchange (pkg/oob/pingpong), the same QP attributes, the same
+// them: the same TCP 18515 exchange (internal/oob/pingpong), the same QP attributes, the same
 // SEND ping-pong driven by completions, and the same output lines.
 //
 // The flow of the C tools, reproduced here step by step:
@@ -50,11 +50,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/mr"
-	"github.com/softroce/softroce/pkg/oob"
-	"github.com/softroce/softroce/pkg/oob/pingpong"
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/mr"
+	"github.com/softroce/softroce/internal/oob"
+	"github.com/softroce/softroce/internal/oob/pingpong"
+	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/roce"
 )
 

@@ -12,7 +12,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/softroce/softroce/pkg/daemon"
+	"github.com/softroce/softroce/internal/daemon"
 )
 
 // daemonIdle waits until srv has no client and checks it holds no object.

@@ -16,10 +16,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/oob"
-	"github.com/softroce/softroce/pkg/oob/pingpong"
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/oob"
+	"github.com/softroce/softroce/internal/oob/pingpong"
+	"github.com/softroce/softroce/internal/qp"
 )
 
 // freeUDPPort returns a UDP port free on both 127.0.0.1 and 127.0.0.2 (the RoCE port of

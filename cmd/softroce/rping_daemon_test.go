@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/internal/daemon"
 	"github.com/softroce/softroce/internal/daemontest"
-	"github.com/softroce/softroce/pkg/daemon"
 	"github.com/softroce/softroce/pkg/roce"
 )
 

@@ -14,11 +14,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/softroce/softroce/pkg/mr"
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/internal/mr"
+	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/fault"
 	"github.com/softroce/softroce/pkg/roce"
-	"github.com/softroce/softroce/pkg/roce/link"
-	"github.com/softroce/softroce/pkg/roce/link/fault"
 )
 
 // softroce stats: the transport counters with kernel rxe's names

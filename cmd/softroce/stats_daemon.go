@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/softroce/softroce/pkg/roce/client"
+	"github.com/softroce/softroce/pkg/client"
 )
 
 func init() {

@@ -1,6 +1,6 @@
-// Package daemontest runs an in-test softroce daemon (pkg/daemon) on a unix socket in a
+// Package daemontest runs an in-test softroce daemon (internal/daemon) on a unix socket in a
 // temporary directory, as `softroce daemon` does, for the tests of programs that use it
-// through pkg/roce/client.
+// through pkg/client.
 package daemontest
 
 import (
@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softroce/softroce/pkg/daemon"
+	"github.com/softroce/softroce/internal/daemon"
 	"github.com/softroce/softroce/pkg/roce"
 )
 

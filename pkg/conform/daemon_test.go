@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/softroce/softroce/internal/daemontest"
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/pkg/client"
 	"github.com/softroce/softroce/pkg/roce"
-	"github.com/softroce/softroce/pkg/roce/client"
 )
 
 // daemonNotThrough lists the scenarios that cannot run with the DUT behind the softroce

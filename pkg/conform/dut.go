@@ -7,9 +7,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/mr"
 	"github.com/softroce/softroce/pkg/bth"
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/mr"
 )
 
 // QPType is the transport service of a DUT QP (IBTA 9.8.1). Its values are the

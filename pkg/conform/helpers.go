@@ -3,9 +3,9 @@ package conform
 import (
 	"encoding/binary"
 
+	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/rocetest"
 	"github.com/softroce/softroce/pkg/bth"
-	"github.com/softroce/softroce/pkg/cq"
 )
 
 // Shorthands the scenarios share.

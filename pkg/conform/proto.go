@@ -32,9 +32,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/mr"
 	"github.com/softroce/softroce/pkg/bth"
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/mr"
 )
 
 // MaxLine bounds a protocol line (a 256 KiB region in hex fits).

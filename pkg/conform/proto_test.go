@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softroce/softroce/pkg/cq"
+	"github.com/softroce/softroce/internal/cq"
 )
 
 // TestClientServe runs scenarios through the control protocol: Client -> Serve ->

@@ -9,10 +9,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/mr"
 	"github.com/softroce/softroce/internal/rocetest"
 	"github.com/softroce/softroce/pkg/bth"
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/mr"
 )
 
 // Scenario is one conformance check: a DUT setup, packets the bench sends, and the

@@ -1,9 +1,9 @@
 package conform
 
 import (
+	"github.com/softroce/softroce/internal/mr"
 	"github.com/softroce/softroce/internal/rocetest"
 	"github.com/softroce/softroce/pkg/bth"
-	"github.com/softroce/softroce/pkg/mr"
 )
 
 // expectAtomicAck expects an ATOMIC Acknowledge (IBTA 9.3.6: AETH + AtomicAckETH) for

@@ -3,10 +3,10 @@ package conform
 import (
 	"bytes"
 
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/mr"
 	"github.com/softroce/softroce/internal/rocetest"
 	"github.com/softroce/softroce/pkg/bth"
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/mr"
 )
 
 // RC responder: SEND, ACK generation, PSN checks and duplicates.

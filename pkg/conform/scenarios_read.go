@@ -3,9 +3,9 @@ package conform
 import (
 	"fmt"
 
+	"github.com/softroce/softroce/internal/mr"
 	"github.com/softroce/softroce/internal/rocetest"
 	"github.com/softroce/softroce/pkg/bth"
-	"github.com/softroce/softroce/pkg/mr"
 )
 
 // expectReadResponses expects the READ responses for n bytes starting at psn with the

@@ -5,9 +5,9 @@ import (
 	"encoding/binary"
 	"fmt"
 
+	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/rocetest"
 	"github.com/softroce/softroce/pkg/bth"
-	"github.com/softroce/softroce/pkg/cq"
 )
 
 // The DUT as requester: the bench plays the responder.

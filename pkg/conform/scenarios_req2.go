@@ -1,9 +1,9 @@
 package conform
 
 import (
+	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/rocetest"
 	"github.com/softroce/softroce/pkg/bth"
-	"github.com/softroce/softroce/pkg/cq"
 )
 
 func postSend(c *Case, s SendConfig) {

@@ -3,9 +3,9 @@ package conform
 import (
 	"bytes"
 
+	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/rocetest"
 	"github.com/softroce/softroce/pkg/bth"
-	"github.com/softroce/softroce/pkg/cq"
 )
 
 // GRHSize is the 40-byte GRH space at the start of every UD receive buffer (IBTA 11.4.1.1,

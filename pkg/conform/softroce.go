@@ -9,8 +9,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -25,7 +25,7 @@ type SoftroceOptions struct {
 	MTU int
 	// Verbs, if set, is the device the DUT's objects are created on instead of opening one:
 	// an embedded device (roce.Device.Verbs) or a client of the softroce daemon
-	// (pkg/roce/client.Dial). Addr must then be one of its addresses and Port its UDP port;
+	// (pkg/client.Dial). Addr must then be one of its addresses and Port its UDP port;
 	// MTU is ignored (the device's). Close releases the DUT's objects, not the device.
 	Verbs roce.Verbs
 }

@@ -11,7 +11,7 @@ import (
 // VerbsBenchOptions configure NewVerbsBench.
 type VerbsBenchOptions struct {
 	// Verbs is the device the DUT runs on (SoftroceOptions.Verbs): e.g. a client of the
-	// softroce daemon (pkg/roce/client.Dial).
+	// softroce daemon (pkg/client.Dial).
 	Verbs roce.Verbs
 	// DUTAddr is the DUT's address, one of the device's; BenchAddr is where the bench socket
 	// binds (another local address).

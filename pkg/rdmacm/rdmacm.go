@@ -1,7 +1,7 @@
 // Package rdmacm is an rdma_cm-shaped connection API over softroce devices
 // (librdmacm's rdma_create_id, rdma_resolve_addr/route, rdma_listen,
 // rdma_connect, rdma_accept, rdma_reject, rdma_disconnect and
-// rdma_get_cm_event), speaking the IBTA CM protocol (pkg/cm) through each
+// rdma_get_cm_event), speaking the IBTA CM protocol (internal/cm) through each
 // device's QP1 to any peer, kernel rdma_cm included.
 //
 // Addressing follows rdma_cm on RoCE (IBTA Annex A11, "RDMA IP CM
@@ -24,7 +24,7 @@
 //
 // Two modes, one API: IDOptions.Device (or IDOptions.Verbs = Device.Verbs())
 // runs rdma_cm in this process on an embedded device; IDOptions.Verbs = a
-// softroce daemon client (pkg/roce/client, a Remote) runs it in the daemon,
+// softroce daemon client (pkg/client, a Remote) runs it in the daemon,
 // bound to the client's own QPs (remote.go). CreateQPVerbs and QueuePair
 // work in both modes.
 package rdmacm
@@ -38,17 +38,17 @@ import (
 	"sync"
 	"time"
 
+	"github.com/softroce/softroce/internal/cm"
+	"github.com/softroce/softroce/internal/mr"
+	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/bth"
-	"github.com/softroce/softroce/pkg/cm"
-	"github.com/softroce/softroce/pkg/mr"
-	"github.com/softroce/softroce/pkg/qp"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
 // EventType is the rdma_cm event type (enum rdma_cm_event_type numbering).
 type EventType = cm.EventType
 
-// Event types, re-exported from pkg/cm.
+// Event types, re-exported from internal/cm.
 const (
 	EventAddrResolved    = cm.EventAddrResolved
 	EventAddrError       = cm.EventAddrError
@@ -166,7 +166,7 @@ type IDOptions struct {
 	Device *roce.Device
 	// Verbs, when Device is nil, names the device as a roce.Verbs: an
 	// embedded device (Device.Verbs) or a client of the softroce daemon
-	// (pkg/roce/client.Conn, which implements Remote), whose IDs live in
+	// (pkg/client.Conn, which implements Remote), whose IDs live in
 	// the daemon, bound to this client's QPs (docs/cm.md). A program
 	// written against Verbs uses CreateQPVerbs and QueuePair, which work
 	// in both modes.

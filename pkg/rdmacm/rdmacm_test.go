@@ -10,13 +10,13 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/softroce/softroce/pkg/cm"
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/mr"
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/internal/cm"
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/mr"
+	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/fault"
 	"github.com/softroce/softroce/pkg/roce"
-	"github.com/softroce/softroce/pkg/roce/link"
-	"github.com/softroce/softroce/pkg/roce/link/fault"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -10,15 +10,15 @@ import (
 	"net/netip"
 	"sync"
 
-	"github.com/softroce/softroce/pkg/cm"
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/mr"
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/internal/cm"
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/mr"
+	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
 // Remote is an rdma_cm running in another process: the softroce daemon,
-// reached through a client connection (pkg/roce/client.Conn implements
+// reached through a client connection (pkg/client.Conn implements
 // it). IDs are handles of the client's session; the daemon checks every
 // state and ownership rule, these methods only forward. Programs do not
 // call them: they pass the Verbs in IDOptions.Verbs.

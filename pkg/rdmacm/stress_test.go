@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softroce/softroce/pkg/cm"
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/internal/cm"
+	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/pkg/link"
 	"github.com/softroce/softroce/pkg/roce"
-	"github.com/softroce/softroce/pkg/roce/link"
 )
 
 // TestConcurrentConnections: 16 clients on their own goroutines connect at once to one

@@ -5,8 +5,8 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/softroce/softroce/pkg/cm"
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/internal/cm"
+	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/roce"
 )
 

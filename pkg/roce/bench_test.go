@@ -3,9 +3,9 @@ package roce
 import (
 	"testing"
 
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/qp"
-	"github.com/softroce/softroce/pkg/roce/link"
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/pkg/link"
 )
 
 // BenchmarkMemWrite streams signaled 64 KiB RDMA WRITEs between two

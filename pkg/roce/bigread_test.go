@@ -3,15 +3,15 @@ package roce
 import (
 	"testing"
 
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/qp"
-	"github.com/softroce/softroce/pkg/roce/link"
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/pkg/link"
 )
 
 // TestBigReadShallowLink: READs far larger than the link's queue (the
 // in-memory network's default 1024 datagrams) complete without the
 // queue ever overflowing, because the requester asks for them in chunks
-// of MaxUnackedPSNs responses (pkg/qp readChunk). Unchunked, the
+// of MaxUnackedPSNs responses (internal/qp readChunk). Unchunked, the
 // responder's burst overflowed the queue and only the ACK timeout
 // recovered each lost tail (a 4 MiB READ: 3 timeouts, 209 ms).
 func TestBigReadShallowLink(t *testing.T) {

@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/bth"
-	"github.com/softroce/softroce/pkg/qp"
-	"github.com/softroce/softroce/pkg/roce/link"
+	"github.com/softroce/softroce/pkg/link"
 )
 
 // gatherLink returns datagrams from Recv only in batches of want, so a test knows what one

@@ -23,7 +23,7 @@
 //     goroutine, and destroys every QP (stopping its timer), so no
 //     goroutine outlives the Device.
 //
-// The per-QP rules (which packet a QP accepts) are in pkg/qp; see
+// The per-QP rules (which packet a QP accepts) are in internal/qp; see
 // docs/engine.md and docs/api.md.
 package roce
 
@@ -36,13 +36,13 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/event"
+	"github.com/softroce/softroce/internal/gid"
+	"github.com/softroce/softroce/internal/mr"
+	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/bth"
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/event"
-	"github.com/softroce/softroce/pkg/mr"
-	"github.com/softroce/softroce/pkg/qp"
-	"github.com/softroce/softroce/pkg/roce/gid"
-	"github.com/softroce/softroce/pkg/roce/link"
+	"github.com/softroce/softroce/pkg/link"
 )
 
 // Errors returned by the device API.
@@ -152,7 +152,7 @@ type Device struct {
 	dm *devMem
 }
 
-// QP is a queue pair of a Device: the pkg/qp engine object (Modify, Query,
+// QP is a queue pair of a Device: the internal/qp engine object (Modify, Query,
 // PostSend, PostRecv, State, Num) plus Destroy.
 type QP struct {
 	*qp.QP
@@ -237,7 +237,7 @@ func (d *Device) PortAttr() qp.PortAttr {
 	return p
 }
 
-// GIDTable returns the GID table (pkg/roce/gid; immutable).
+// GIDTable returns the GID table (internal/gid; immutable).
 func (d *Device) GIDTable() *gid.Table { return d.gids }
 
 // GIDs returns the address of every GID table entry, in index order
@@ -326,7 +326,7 @@ func (d *Device) RegMR(pd *mr.PD, buf []byte, iova uint64, acc mr.Access) (*mr.M
 }
 
 // MRTable returns the device's memory-region table (memory windows,
-// fast registration and invalidation live there; see pkg/mr).
+// fast registration and invalidation live there; see internal/mr).
 func (d *Device) MRTable() *mr.Table { return d.tbl }
 
 // CreateCQ creates a completion queue of capacity cqe (ibv_create_cq).

@@ -7,12 +7,12 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/mr"
 	"github.com/softroce/softroce/internal/netnstest"
+	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/bth"
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/mr"
-	"github.com/softroce/softroce/pkg/qp"
-	"github.com/softroce/softroce/pkg/roce/link"
+	"github.com/softroce/softroce/pkg/link"
 )
 
 // dmPair opens two polled devices on the AF_XDP path between two namespaces, b with a

@@ -7,10 +7,10 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/bth"
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/qp"
-	"github.com/softroce/softroce/pkg/roce/link"
+	"github.com/softroce/softroce/pkg/link"
 )
 
 // Addresses of the entropy tests: every softroce test numbers its QPs alike, so on 127.0.0.1 the

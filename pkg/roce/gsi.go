@@ -9,7 +9,7 @@ package roce
 // application's limits or key space. Sends go out as UD SEND ONLY to the
 // peer's QP1 with P_Key 0xFFFF and the UD/GSI UDP source port
 // (bth.UDSourcePort, as rxe). Received QP1 payloads are handed to a
-// cm.Manager, the CM state machine of pkg/cm, from the receive goroutine
+// cm.Manager, the CM state machine of internal/cm, from the receive goroutine
 // after the engine has checked them (Q_Key, single packet, P_Key). The
 // engine's COMM_EST event (first packet on an RTR QP, IBTA 11.6.3 and 12.9)
 // is forwarded to Manager.CommEstablished once the QP's lock is released.
@@ -23,11 +23,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/softroce/softroce/pkg/cm"
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/event"
-	"github.com/softroce/softroce/pkg/mr"
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/internal/cm"
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/event"
+	"github.com/softroce/softroce/internal/mr"
+	"github.com/softroce/softroce/internal/qp"
 )
 
 // CMOptions configure the device's GSI QP and Communication Manager.
@@ -288,7 +288,7 @@ func (g *gsi) afterReceive(qpn uint32) {
 	}
 }
 
-// CM returns the device's Communication Manager (pkg/cm), which sends and
+// CM returns the device's Communication Manager (internal/cm), which sends and
 // receives its MADs on QP1; nil if the device was opened without it.
 func (d *Device) CM() *cm.Manager {
 	if d.g == nil {

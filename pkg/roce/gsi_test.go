@@ -7,12 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/internal/cm"
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/mr"
+	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/bth"
-	"github.com/softroce/softroce/pkg/cm"
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/mr"
-	"github.com/softroce/softroce/pkg/qp"
-	"github.com/softroce/softroce/pkg/roce/link"
+	"github.com/softroce/softroce/pkg/link"
 )
 
 // cmPair opens two devices on the in-memory network on a manual clock (no

@@ -7,9 +7,9 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/qp"
-	"github.com/softroce/softroce/pkg/roce/gid"
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/gid"
+	"github.com/softroce/softroce/internal/qp"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )

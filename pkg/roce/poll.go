@@ -5,7 +5,7 @@ import (
 	"net"
 	"sync"
 
-	"github.com/softroce/softroce/pkg/roce/link"
+	"github.com/softroce/softroce/pkg/link"
 )
 
 // Polled mode (Options.Polled, UDPOptions.Polled): run to completion on the application's

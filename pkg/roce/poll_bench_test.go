@@ -4,10 +4,10 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/netnstest"
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/qp"
-	"github.com/softroce/softroce/pkg/roce/link"
+	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/pkg/link"
 )
 
 // BenchmarkPollEmpty: one Device.Poll with nothing to read and nothing queued — the spin of a

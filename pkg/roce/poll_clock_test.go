@@ -4,9 +4,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/qp"
-	"github.com/softroce/softroce/pkg/roce/link"
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/pkg/link"
 )
 
 // TestPolledClockReadsPerRoundTrip: a polled ping-pong of 8-byte WRITEs (ib_write_lat's loop)

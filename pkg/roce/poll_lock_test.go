@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/netnstest"
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/qp"
-	"github.com/softroce/softroce/pkg/roce/link"
+	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/pkg/link"
 )
 
 // TestPollUsesLinkRecvLock: a polled device whose one link is a link.LockedPollReceiver (a UDP

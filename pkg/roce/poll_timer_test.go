@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/qp"
 )
 
 // TestPolledFlushRearmsAtPollTime: the packets a Poll read wait on their QPs for the next Poll,

@@ -7,12 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/mr"
+	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/internal/testcap"
 	"github.com/softroce/softroce/pkg/bth"
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/mr"
-	"github.com/softroce/softroce/pkg/qp"
-	"github.com/softroce/softroce/pkg/roce/link"
+	"github.com/softroce/softroce/pkg/link"
 )
 
 // TestReplayRxePingpong plays the client side of kernel rxe captures of

@@ -9,8 +9,8 @@ import (
 	"hash"
 	"math/rand/v2"
 
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/qp"
 )
 
 // The two-process soak's work plan and checkers (soak2p_test.go runs them

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/qp"
 )
 
 // The two-process soak's checkers must catch every way delivery can go

@@ -13,19 +13,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/mr"
+	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/bth"
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/mr"
-	"github.com/softroce/softroce/pkg/qp"
-	"github.com/softroce/softroce/pkg/roce/link"
-	"github.com/softroce/softroce/pkg/roce/link/fault"
+	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/fault"
 )
 
 // The soak test (docs/reliability.md): random mixes of SEND, SEND_WITH_IMM,
 // WRITE, WRITE_WITH_IMM, READ, CMP_SWP and FETCH_ADD on several RC QP pairs,
 // in both directions at once, between two devices whose links drop 10%,
 // duplicate 5%, reorder 5% and corrupt 1% of the datagrams they send
-// (pkg/roce/link/fault, seeded). Every work request must complete
+// (pkg/link/fault, seeded). Every work request must complete
 // successfully, every byte must arrive as sent, and every atomic must return
 // exactly the value a sequential model predicts (so none ran twice or not
 // at all); the final atomic words must equal the model's.

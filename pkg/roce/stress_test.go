@@ -5,8 +5,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/qp"
 )
 
 // TestConcurrentQPs: several RC QP pairs driven from their own

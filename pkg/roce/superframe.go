@@ -2,7 +2,7 @@ package roce
 
 import (
 	"github.com/softroce/softroce/pkg/bth"
-	"github.com/softroce/softroce/pkg/roce/link"
+	"github.com/softroce/softroce/pkg/link"
 )
 
 // Unsegmented UDP GSO messages ("superframes").

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/bth"
-	"github.com/softroce/softroce/pkg/qp"
-	"github.com/softroce/softroce/pkg/roce/link"
+	"github.com/softroce/softroce/pkg/link"
 )
 
 // gsoMergeLink sends each batch of two or more datagrams of one flow as one datagram, as a

@@ -5,10 +5,10 @@ import (
 	"net"
 	"net/netip"
 
-	"github.com/softroce/softroce/pkg/event"
-	"github.com/softroce/softroce/pkg/qp"
-	"github.com/softroce/softroce/pkg/roce/gid"
-	"github.com/softroce/softroce/pkg/roce/link"
+	"github.com/softroce/softroce/internal/event"
+	"github.com/softroce/softroce/internal/gid"
+	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/pkg/link"
 )
 
 // UDPOptions configure OpenUDP.

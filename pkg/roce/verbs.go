@@ -3,14 +3,14 @@ package roce
 import (
 	"net/netip"
 
-	"github.com/softroce/softroce/pkg/cq"
-	"github.com/softroce/softroce/pkg/event"
-	"github.com/softroce/softroce/pkg/mr"
-	"github.com/softroce/softroce/pkg/qp"
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/event"
+	"github.com/softroce/softroce/internal/mr"
+	"github.com/softroce/softroce/internal/qp"
 )
 
 // Verbs is the device API shared by the embedded device (Device.Verbs) and
-// a client of the softroce daemon (pkg/roce/client.Dial): a program written
+// a client of the softroce daemon (pkg/client.Dial): a program written
 // against Verbs switches between the two with one line. Objects are
 // interfaces; an object must be used only with the Verbs that created it.
 //

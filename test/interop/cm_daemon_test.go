@@ -2,7 +2,7 @@
 
 package interop
 
-// softroce rping through the softroce daemon (rdma_cm in the daemon, pkg/daemon cm.go: the
+// softroce rping through the softroce daemon (rdma_cm in the daemon, internal/daemon cm.go: the
 // client's CM IDs are daemon handles bound to its QPs) against rdmacm-utils' rping on kernel
 // rxe, both directions (issue #10, "usable ... through the daemon"):
 //

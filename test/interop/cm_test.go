@@ -26,9 +26,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/internal/cm"
 	"github.com/softroce/softroce/internal/rocetest"
 	"github.com/softroce/softroce/pkg/bth"
-	"github.com/softroce/softroce/pkg/cm"
 	"github.com/softroce/softroce/test/rxelab"
 )
 

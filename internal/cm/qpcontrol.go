@@ -1,0 +1,61 @@
+package cm
+
+import "github.com/softroce/softroce/internal/qp"
+
+// QPModifier is the part of *qp.QP that NewQPControl uses.
+type QPModifier interface {
+	Type() qp.Type
+	Modify(a *qp.Attr, mask qp.AttrMask) error
+}
+
+// QPControlOptions configure NewQPControl.
+type QPControlOptions struct {
+	SGIDIndex uint8 // GID table index of the local address (rdma_cm: the route's source GID)
+	Port      uint8 // 0 = 1
+}
+
+// NewQPControl adapts an engine QP (already in INIT, as rdma_create_qp leaves
+// it) to QPControl: the attribute sets and masks are those of
+// ib_cm_init_qp_attr for RC and UC (UC takes no RDMA-atomic, RNR or ACK
+// attributes).
+func NewQPControl(q QPModifier, o QPControlOptions) QPControl {
+	if o.Port == 0 {
+		o.Port = 1
+	}
+	return &qpControl{q: q, o: o}
+}
+
+type qpControl struct {
+	q QPModifier
+	o QPControlOptions
+}
+
+// ToRTR implements QPControl.
+func (c *qpControl) ToRTR(p *RTRParams) error {
+	a := qp.Attr{State: qp.StateRTR, PathMTU: qp.MTU(p.PathMTU), DestQPN: p.DestQPN, RQPSN: p.RQPSN,
+		MaxDestRDAtomic: p.MaxDestRDAtomic, MinRNRTimer: p.MinRNRTimer,
+		AH: qp.AHAttr{DGID: p.Path.DGID, SGIDIndex: c.o.SGIDIndex, HopLimit: p.Path.HopLimit,
+			TrafficClass: p.Path.TrafficClass, FlowLabel: p.Path.FlowLabel, SL: p.Path.SL, Port: c.o.Port}}
+	m := qp.AttrState | qp.AttrAV | qp.AttrPathMTU | qp.AttrDestQPN | qp.AttrRQPSN
+	if c.q.Type() == qp.TypeRC {
+		m |= qp.AttrMaxDestRDAtomic | qp.AttrMinRNRTimer
+	}
+	return c.q.Modify(&a, m)
+}
+
+// ToRTS implements QPControl.
+func (c *qpControl) ToRTS(p *RTSParams) error {
+	a := qp.Attr{State: qp.StateRTS, SQPSN: p.SQPSN, Timeout: p.Timeout, RetryCnt: p.RetryCnt,
+		RNRRetry: p.RNRRetry, MaxRDAtomic: p.MaxRDAtomic}
+	m := qp.AttrState | qp.AttrSQPSN
+	if c.q.Type() == qp.TypeRC {
+		m |= qp.AttrTimeout | qp.AttrRetryCnt | qp.AttrRNRRetry | qp.AttrMaxQPRDAtomic
+	}
+	return c.q.Modify(&a, m)
+}
+
+// ToErr implements QPControl.
+func (c *qpControl) ToErr() {
+	a := qp.Attr{State: qp.StateErr}
+	_ = c.q.Modify(&a, qp.AttrState)
+}

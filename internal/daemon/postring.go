@@ -1,0 +1,230 @@
+package daemon
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"sync/atomic"
+	"time"
+
+	"github.com/softroce/softroce/internal/daemon/proto"
+)
+
+// postRing is a session's post ring (proto.PostRing): the client writes its
+// asynchronous posts into shared memory and rings the doorbell eventfd only
+// when the drainer sleeps; the drainer goroutine validates and posts each
+// record exactly as it would the same message from the socket.
+type postRing struct {
+	r      *proto.PostRing
+	mem    []byte
+	bell   *os.File // the daemon's copy of the doorbell eventfd
+	buf    []byte   // private copy of the record being decoded
+	broken bool
+	done   chan struct{}
+}
+
+// evRing is a session's asynchronous event ring (proto.EventRing) and the
+// eventfd that tells the client about new events; guarded by session.evMu
+// (events arrive from engine goroutines).
+type evRing struct {
+	r       *proto.EventRing
+	fd      int
+	dropped uint64
+}
+
+// openPostRing creates the ring memfd and the doorbell (OpOpenPostRing);
+// the returned fds (memfd, doorbell) go to the client and are closed after
+// sending. Called with postMu held.
+func (ss *session) openPostRing() (proto.PostRingResp, []int, error) {
+	if ss.ring != nil {
+		return proto.PostRingResp{}, nil, fmt.Errorf("%w: post ring already open", proto.ErrProtocol)
+	}
+	memfd, mem, err := proto.NewMemfd("softroce-post", proto.EventRingOff+proto.EventRingBytes)
+	if err != nil {
+		return proto.PostRingResp{}, nil, err
+	}
+	r, _ := proto.NewPostRing(mem, false)
+	bell, err := proto.NewEventFD()
+	if err != nil {
+		proto.CloseFD(memfd)
+		proto.Unmap(mem)
+		return proto.PostRingResp{}, nil, err
+	}
+	evfd, err := proto.NewEventFD()
+	if err != nil {
+		proto.CloseFD(memfd)
+		proto.CloseFD(bell)
+		proto.Unmap(mem)
+		return proto.PostRingResp{}, nil, err
+	}
+	fdsOut, err := dupAll(memfd, bell, evfd)
+	proto.CloseFD(memfd)
+	if err != nil {
+		proto.CloseFD(bell)
+		proto.CloseFD(evfd)
+		proto.Unmap(mem)
+		return proto.PostRingResp{}, nil, err
+	}
+	er, _ := proto.NewEventRing(mem[proto.EventRingOff:], true)
+	ss.evMu.Lock()
+	ss.ev = &evRing{r: er, fd: evfd}
+	ss.evMu.Unlock()
+	pr := &postRing{r: r, mem: mem, bell: proto.EventFile(bell, "softroce-post-bell"), done: make(chan struct{})}
+	ss.ring = pr
+	ss.s.mapped.Add(int64(len(mem)))
+	go ss.drainLoop(pr)
+	return proto.PostRingResp{Bytes: len(mem)}, fdsOut, nil
+}
+
+// drainLoop drains the ring whenever the doorbell rings. While it drains,
+// the ring's awake flag tells the client not to ring; before sleeping it
+// clears the flag and looks once more (proto.PostRing's doorbell rule).
+// A corrupt ring disconnects the client.
+func (ss *session) drainLoop(pr *postRing) {
+	defer close(pr.done)
+	spin := ss.s.postSpin
+	// Each doorbell is an edge in the Go poller; the eventfd is not read
+	// (proto.WaitLoop: no system call per wakeup). It returns when
+	// stopRing closes the doorbell, or here on a corrupt ring.
+	proto.WaitLoop(pr.bell, func(bool) bool {
+		if ss.s.drainPaused.Load() {
+			return false
+		}
+		for {
+			ss.postMu.Lock()
+			pr.r.SetAwake(1)
+			err := ss.drainLocked()
+			ss.postMu.Unlock()
+			if err != nil {
+				return true
+			}
+			// Stay awake a little: a client re-posting as completions arrive
+			// then needs no doorbell, and this goroutine no wakeup.
+			if spin > 0 && spinFor(spin, pr.r.Pending) {
+				continue
+			}
+			if pr.r.Sleep() {
+				return false // wait for the doorbell
+			}
+		}
+	})
+}
+
+// spinFor polls ready, yielding the processor between looks, for at most d.
+func spinFor(d time.Duration, ready func() bool) bool {
+	t0 := time.Now()
+	for time.Since(t0) < d {
+		if ready() {
+			return true
+		}
+		runtime.Gosched()
+	}
+	return ready()
+}
+
+// drainLocked posts every record in the ring, in order (postMu held). Each
+// record is one asynchronous post message, checked as on the socket
+// (handle of this client, WR encoding, then the engine's own checks: PD of
+// every lkey, sizes, queue room). Anything else marks the ring broken and
+// closes the connection (the session's cleanup follows).
+func (ss *session) drainLocked() error {
+	pr := ss.ring
+	if pr == nil {
+		return nil
+	}
+	if pr.broken {
+		return proto.ErrRingCorrupt
+	}
+	for {
+		msg, err := pr.r.Next(&pr.buf)
+		if err == nil && msg == nil {
+			return nil
+		}
+		if err == nil {
+			ss.s.ringPosts.Add(1)
+			switch proto.Op(msg[0]) {
+			case proto.OpPostSendAsync:
+				ss.postSendAsync(msg)
+				continue
+			case proto.OpPostRecvAsync:
+				ss.postRecvAsync(msg)
+				continue
+			}
+			err = fmt.Errorf("%w: op %d in the post ring", proto.ErrRingCorrupt, msg[0])
+		}
+		pr.broken = true
+		ss.s.log.Warn("post ring: disconnecting client", "client", ss.id, "err", err)
+		if ss.conn != nil {
+			ss.conn.Close()
+		}
+		return err
+	}
+}
+
+// stopRing stops the drainer (closing the doorbell ends its wait), drains
+// what the client published last (so asynchronous posts sent before a
+// shutdown reach the engine) and unmaps the ring. postMu must not be held.
+func (ss *session) stopRing(drain bool) {
+	pr := ss.ring
+	if pr == nil {
+		return
+	}
+	ss.evMu.Lock()
+	if ss.ev != nil {
+		proto.CloseFD(ss.ev.fd)
+		ss.ev = nil
+	}
+	ss.evMu.Unlock()
+	pr.bell.Close()
+	<-pr.done
+	ss.postMu.Lock()
+	pr.r.Close() // the client's later posts fail (proto.ErrDisconnected)
+	if drain {
+		ss.drainLocked()
+	}
+	ss.ring = nil
+	ss.postMu.Unlock()
+	proto.Unmap(pr.mem)
+	ss.s.mapped.Add(-int64(len(pr.mem)))
+}
+
+// pushEvent forwards an asynchronous event to the client (any goroutine;
+// never blocks). A full event ring drops it.
+func (ss *session) pushEvent(e proto.Event) {
+	ss.evMu.Lock()
+	defer ss.evMu.Unlock()
+	if ss.ev == nil {
+		return
+	}
+	if !ss.ev.r.Put(e) {
+		ss.ev.dropped++
+		ss.s.log.Warn("event ring full: event dropped", "client", ss.id, "type", e.Type.String(), "dropped", ss.ev.dropped)
+		return
+	}
+	proto.Signal(ss.ev.fd)
+}
+
+// recvRefillOff disables the RecvRefill hook (a test knob: SetRecvRefillDisabled in
+// export_test.go).
+var recvRefillOff atomic.Bool
+
+// refill is the engine's RecvRefill hook (qp.Config) on every QP of the session without an
+// SRQ: a packet that consumes a receive WQE found the QP's receive queue empty. The client may
+// have published receives in the post ring before its peer sent that packet (PostRecv returned,
+// then the program told the peer to send), so the ring is drained here, synchronously, before
+// the engine decides "no receive WQE" (RNR NAK on RC, a dropped message on UC and UD). postMu
+// serializes this with the drainer goroutine and with socket requests: a drain in progress
+// (a record taken from the ring but not yet posted) is waited for. Called on the device's
+// receive goroutine with no QP lock held (the drain posts to this session's QPs and takes
+// their locks); a stopped session has no ring (nothing to do).
+func (ss *session) refill() {
+	if recvRefillOff.Load() {
+		return
+	}
+	ss.postMu.Lock()
+	if ss.ring != nil {
+		ss.s.refills.Add(1)
+		ss.drainLocked()
+	}
+	ss.postMu.Unlock()
+}

@@ -1,0 +1,83 @@
+package daemon
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/netip"
+	"sync/atomic"
+	"testing"
+	"unsafe"
+
+	"github.com/softroce/softroce/internal/daemon/proto"
+	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/roce"
+)
+
+// FuzzPostRingDrain: whatever bytes a client puts into its post ring (data
+// and tail), a session with live objects (PD, CQ, QP in RTS-capable INIT,
+// MR-less) drains it without panicking, and cleanup leaves no object,
+// mapping or goroutine of the ring behind.
+func FuzzPostRingDrain(f *testing.F) {
+	l, err := link.NewMemNetwork(link.MemOptions{}).Attach(netip.MustParseAddr("10.6.0.2"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	dev, err := roce.Open(roce.Options{Link: l})
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer dev.Close()
+	srv, _ := New(Options{Device: dev, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	msg := func(op proto.Op, v any) []byte {
+		j, _ := json.Marshal(v)
+		return append([]byte{byte(op)}, j...)
+	}
+	record := func(m []byte) []byte {
+		b := binary.LittleEndian.AppendUint32(nil, uint32(len(m)))
+		b = binary.LittleEndian.AppendUint32(b, proto.RecordPost)
+		b = append(b, m...)
+		for len(b)%8 != 0 {
+			b = append(b, 0)
+		}
+		return b
+	}
+	post, _ := proto.AppendPostSend(nil, proto.OpPostSendAsync, 3, []qp.SendWR{{WRID: 1, Opcode: qp.WRSend, Flags: qp.SendSignaled, SGL: []qp.SGE{{Length: 8, LKey: 1}}}})
+	recv, _ := proto.AppendPostRecv(nil, proto.OpPostRecvAsync, 3, []qp.RecvWR{{WRID: 1, SGL: []qp.SGE{{Length: 8}}}})
+	f.Add(append(record(post), record(recv)...), uint64(0))
+	f.Add(record(recv), uint64(8))
+	f.Add([]byte{16, 0, 0, 0, 2, 0, 0, 0}, uint64(3))
+	f.Fuzz(func(t *testing.T, data []byte, tailAdj uint64) {
+		if len(data) > proto.PostRingData {
+			return
+		}
+		ss := &session{s: srv, next: 1, objs: map[proto.Handle]any{}}
+		var fds []int
+		for _, m := range [][]byte{msg(proto.OpAllocPD, nil), msg(proto.OpCreateCQ, proto.CreateCQReq{CQE: 4}),
+			msg(proto.OpCreateQP, proto.CreateQPReq{Type: qp.TypeRC, PD: 1, SendCQ: 2, RecvCQ: 2, Cap: qp.Cap{MaxSendWR: 2, MaxRecvWR: 2, MaxSendSGE: 1, MaxRecvSGE: 1}}),
+			msg(proto.OpModifyQP, proto.ModifyQPReq{H: 3, Attr: qp.Attr{State: qp.StateInit, Port: 1}, Mask: qp.AttrState | qp.AttrPort | qp.AttrPKeyIndex | qp.AttrAccessFlags}),
+			{byte(proto.OpOpenPostRing)}} {
+			rights := ss.handle(m, &fds)
+			proto.CloseFDs(proto.ParseRights(rights))
+			if ss.wbuf[0] != proto.StatusOK {
+				t.Fatalf("setup op %d failed: %s", m[0], ss.wbuf[1:])
+			}
+		}
+		mem := ss.ring.mem
+		copy(mem[proto.PostRingHeader:], data)
+		tail := uint64(len(data)) + tailAdj%16
+		if tailAdj%5 == 0 {
+			tail = tailAdj
+		}
+		atomic.StoreUint64((*uint64)(unsafe.Pointer(&mem[0])), tail) // publish, as a client does
+		ss.postMu.Lock()
+		ss.drainLocked()
+		ss.postMu.Unlock()
+		ss.cleanup()
+		if d := srv.Debug(); d.PDs != 0 || d.MRs != 0 || d.CQs != 0 || d.SRQs != 0 || d.QPs != 0 || d.MappedBytes != 0 {
+			t.Fatalf("objects left after cleanup: %+v", d)
+		}
+	})
+}

@@ -1,0 +1,242 @@
+package proto
+
+import (
+	"encoding/binary"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/softroce/softroce/internal/cq"
+)
+
+// Completion ring: a single-producer (daemon) single-consumer (client)
+// ring of work completions in a shared memfd. Layout (little endian):
+//
+//	0    tail   uint64  entries produced (daemon writes)
+//	64   head   uint64  entries consumed (client writes)
+//	128  armed  uint32  client: ReqNotify's arm, bits 0-1: 1 = the next completion, 2 = the next
+//	                    solicited one; bit 2 (ArmSleeping): the client waits on the notify eventfd
+//	132  wait   uint32  daemon: 1 = ring was full, signal the space eventfd after consuming
+//	256  entries, RingEntrySize bytes each, capacity a power of two
+//
+// The counters are free-running; index = counter & (capacity-1). The
+// daemon never trusts the head it reads: if tail-head exceeds the capacity
+// it treats the ring as full, so a client corrupting the header only hurts
+// its own completions.
+//
+// Notification (ReqNotify, IBTA 11.4.2.2): the daemon publishes a
+// completion, then takes a matching arm (Fire: compare-and-swap of the arm
+// word to 0) and writes the notify eventfd only if the arm carried
+// ArmSleeping. A client that arms without ArmSleeping is awake and
+// watching the arm word: the arm turning 0 is its event, no system call on
+// either side. Before it blocks it sets ArmSleeping with a compare-and-swap
+// on the same word (Sleep), which fails if the daemon took the arm
+// meanwhile: setting "sleeping" and re-checking are one atomic step, so
+// the daemon either sees the flag (and signals) or took the arm first (and
+// the client does not block). Client side: arm, then read the tail (Poll);
+// daemon side: publish the tail, then read the arm — all sequentially
+// consistent, so a completion racing ReqNotify is polled or signalled.
+const (
+	ringTail      = 0
+	ringHead      = 64
+	ringArmed     = 128
+	ringWait      = 132
+	RingHeader    = 256
+	RingEntrySize = 64
+)
+
+// Armed values: the arm kind (bits 0-1) and the ArmSleeping flag.
+const (
+	ArmNone      = 0
+	ArmNext      = 1
+	ArmSolicited = 2
+	// ArmSleeping: the client's waiter is blocked on the notify eventfd; a
+	// matching completion must write it.
+	ArmSleeping = 4
+
+	armKind = 3
+)
+
+// RingBytes is the memfd size of a ring of capacity entries.
+func RingBytes(capacity int) int { return RoundPage(RingHeader + capacity*RingEntrySize) }
+
+// RingCapacity is the ring capacity for a CQ of cqe entries: the next
+// power of two >= cqe.
+func RingCapacity(cqe int) int {
+	n := 1
+	for n < cqe {
+		n <<= 1
+	}
+	return n
+}
+
+// Ring is a view of a completion ring in mapped memory.
+type Ring struct {
+	mem  []byte
+	mask uint64
+}
+
+// NewRing views mem (RingBytes(capacity) bytes) as a ring; capacity must be a power of two.
+func NewRing(mem []byte, capacity int) (*Ring, bool) {
+	if capacity <= 0 || capacity&(capacity-1) != 0 || len(mem) < RingHeader+capacity*RingEntrySize {
+		return nil, false
+	}
+	return &Ring{mem: mem, mask: uint64(capacity - 1)}, true
+}
+
+func (r *Ring) u64(off int) *uint64 { return (*uint64)(unsafe.Pointer(&r.mem[off])) }
+func (r *Ring) u32(off int) *uint32 { return (*uint32)(unsafe.Pointer(&r.mem[off])) }
+
+// Capacity is the number of entries.
+func (r *Ring) Capacity() int { return int(r.mask + 1) }
+
+// Tail loads the producer counter.
+func (r *Ring) Tail() uint64 { return atomic.LoadUint64(r.u64(ringTail)) }
+
+// Head loads the consumer counter.
+func (r *Ring) Head() uint64 { return atomic.LoadUint64(r.u64(ringHead)) }
+
+// Space returns how many entries the producer may write after tail (its own
+// copy): 0 if the ring is full or the consumer's head is corrupt.
+func (r *Ring) Space(tail uint64) int {
+	used := tail - r.Head()
+	if used > r.mask+1 {
+		return 0
+	}
+	return int(r.mask + 1 - used)
+}
+
+// Put writes wc at position pos (not yet published).
+func (r *Ring) Put(pos uint64, wc *cq.WC) {
+	EncodeWC(r.mem[RingHeader+int(pos&r.mask)*RingEntrySize:], wc)
+}
+
+// Publish makes entries up to tail visible to the consumer.
+func (r *Ring) Publish(tail uint64) { atomic.StoreUint64(r.u64(ringTail), tail) }
+
+// Get reads the entry at position pos.
+func (r *Ring) Get(pos uint64, wc *cq.WC) {
+	DecodeWC(r.mem[RingHeader+int(pos&r.mask)*RingEntrySize:], wc)
+}
+
+// Consume publishes the consumer counter.
+func (r *Ring) Consume(head uint64) { atomic.StoreUint64(r.u64(ringHead), head) }
+
+// Arm sets the notification request kind (ArmNext or ArmSolicited;
+// ArmNext upgrades ArmSolicited, IBTA 11.4.2.2), sleeping or awake
+// (client). An awake arm must be followed by Sleep (or by watching Taken).
+func (r *Ring) Arm(kind uint32, sleeping bool) {
+	p := r.u32(ringArmed)
+	for {
+		w := atomic.LoadUint32(p)
+		k := kind
+		if w&armKind == ArmNext {
+			k = ArmNext
+		}
+		nw := k
+		if sleeping || w&armKind != 0 && w&ArmSleeping != 0 {
+			nw |= ArmSleeping // an earlier arm's waiter still blocks
+		}
+		if atomic.CompareAndSwapUint32(p, w, nw) {
+			return
+		}
+	}
+}
+
+// Sleep marks an armed client as blocked (client): the daemon will write
+// the notify eventfd for the completion that takes the arm. It reports
+// false, changing nothing, if the arm was already taken (the completion is
+// in the ring: the caller does not block and raises the event itself).
+func (r *Ring) Sleep() bool {
+	p := r.u32(ringArmed)
+	for {
+		w := atomic.LoadUint32(p)
+		if w&armKind == ArmNone {
+			return false
+		}
+		if atomic.CompareAndSwapUint32(p, w, w|ArmSleeping) {
+			return true
+		}
+	}
+}
+
+// Taken reports whether no arm is pending (client: after Arm, the daemon
+// took it for a completion).
+func (r *Ring) Taken() bool { return atomic.LoadUint32(r.u32(ringArmed))&armKind == ArmNone }
+
+// fireTries bounds Fire's compare-and-swap retries against a client that
+// keeps rewriting the arm word.
+const fireTries = 8
+
+// Fire takes the arm if it matches a just-published completion (daemon,
+// after Publish): ArmNext always, ArmSolicited if solicited (the caller
+// passes true for an unsuccessful completion too, IBTA 11.4.2.2). It
+// reports whether the client sleeps, i.e. whether to write the notify
+// eventfd. A client rewriting the word so that every compare-and-swap
+// fails gets the arm taken by force and a signal.
+func (r *Ring) Fire(solicited bool) bool {
+	p := r.u32(ringArmed)
+	for i := 0; i < fireTries; i++ {
+		w := atomic.LoadUint32(p)
+		if k := w & armKind; k != ArmNext && (k != ArmSolicited || !solicited) {
+			return false
+		}
+		if atomic.CompareAndSwapUint32(p, w, ArmNone) {
+			return w&ArmSleeping != 0
+		}
+	}
+	return atomic.SwapUint32(p, ArmNone)&armKind != ArmNone
+}
+
+// Armed loads the notification request kind (ArmNone, ArmNext or ArmSolicited).
+func (r *Ring) Armed() uint32 { return atomic.LoadUint32(r.u32(ringArmed)) & armKind }
+
+// Sleeping reports whether the arm word carries ArmSleeping.
+func (r *Ring) Sleeping() bool { return atomic.LoadUint32(r.u32(ringArmed))&ArmSleeping != 0 }
+
+// SetWaiting records that the producer waits for space (1) or not (0).
+// An exchange, not a store: the producer then re-reads the head (a store followed by a load,
+// which must not pass it, even under the race detector: fenceStore in postring.go).
+func (r *Ring) SetWaiting(v uint32) { atomic.SwapUint32(r.u32(ringWait), v) }
+
+// TakeWaiting clears the producer-waiting flag and reports whether it was set.
+func (r *Ring) TakeWaiting() bool { return atomic.SwapUint32(r.u32(ringWait), 0) != 0 }
+
+// EncodeWC writes wc into b (RingEntrySize bytes).
+func EncodeWC(b []byte, wc *cq.WC) {
+	_ = b[47]
+	le := binary.LittleEndian
+	le.PutUint64(b[0:], wc.WRID)
+	le.PutUint32(b[8:], wc.VendorErr)
+	le.PutUint32(b[12:], wc.ByteLen)
+	le.PutUint32(b[16:], wc.ImmData)
+	le.PutUint32(b[20:], wc.InvalidatedRKey)
+	le.PutUint32(b[24:], wc.QPNum)
+	le.PutUint32(b[28:], wc.SrcQP)
+	le.PutUint16(b[32:], wc.PKeyIndex)
+	le.PutUint16(b[34:], wc.SLID)
+	b[36] = byte(wc.Status)
+	b[37] = byte(wc.Opcode)
+	b[38] = byte(wc.Flags)
+	b[39] = wc.SL
+	b[40] = wc.DLIDPathBits
+}
+
+// DecodeWC reads a completion written by EncodeWC.
+func DecodeWC(b []byte, wc *cq.WC) {
+	_ = b[47]
+	le := binary.LittleEndian
+	wc.WRID = le.Uint64(b[0:])
+	wc.VendorErr = le.Uint32(b[8:])
+	wc.ByteLen = le.Uint32(b[12:])
+	wc.ImmData = le.Uint32(b[16:])
+	wc.InvalidatedRKey = le.Uint32(b[20:])
+	wc.QPNum = le.Uint32(b[24:])
+	wc.SrcQP = le.Uint32(b[28:])
+	wc.PKeyIndex = le.Uint16(b[32:])
+	wc.SLID = le.Uint16(b[34:])
+	wc.Status = cq.Status(b[36])
+	wc.Opcode = cq.Opcode(b[37])
+	wc.Flags = cq.Flags(b[38])
+	wc.SL = b[39]
+	wc.DLIDPathBits = b[40]
+}

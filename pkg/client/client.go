@@ -1,0 +1,753 @@
+// Package client connects a program to the softroce daemon (internal/daemon):
+// Dial returns a roce.Verbs, the same device API an embedded device offers
+// through (*roce.Device).Verbs, so a program switches with one line:
+//
+//	v := dev.Verbs()                        // embedded: the engine runs in this process
+//	v, err := client.Dial(client.DefaultSocket) // daemon: the engine runs in softroce daemon
+//
+// Control operations (PD, MR, CQ, QP, SRQ, AH, modify, query, destroy) are
+// requests on the daemon's unix socket. Data does not cross it: memory from
+// AllocBuffer is a sealed memfd the daemon maps too, so RDMA lands directly
+// in the buffer, and completions arrive in a shared-memory ring (Poll reads
+// memory; no system call) with an eventfd for blocking waits. Work
+// requests the client can vouch for (see qpc) are written into the
+// connection's post ring in shared memory, with an eventfd doorbell rung
+// only while the daemon's drainer sleeps; others are a request/response on
+// the socket. Asynchronous events come through an event ring (Events).
+// See docs/daemon.md.
+package client
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/daemon/proto"
+	"github.com/softroce/softroce/internal/event"
+	"github.com/softroce/softroce/internal/mr"
+	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/pkg/roce"
+)
+
+// DefaultSocket is the daemon's default socket path.
+const DefaultSocket = "/run/softroce/softroce.sock"
+
+// Conn is a connection to the daemon; it implements roce.Verbs. Its methods
+// are safe for concurrent use (requests are serialized on the socket).
+type Conn struct {
+	mu     sync.Mutex // one request at a time
+	sock   *net.UnixConn
+	wbuf   []byte
+	rbuf   []byte
+	oob    []byte
+	closed bool
+
+	hello proto.Hello
+
+	// The post ring (nil if the daemon offered none): asynchronous posts
+	// are written here under mu, the doorbell rung only when the drainer sleeps.
+	pring    *proto.PostRing
+	pringMem []byte
+	bell     int
+
+	// Asynchronous events: the event ring (in the post ring's memfd), its
+	// eventfd and the goroutine moving events to the events channel.
+	evRing *proto.EventRing
+	evFile *os.File
+	events chan event.Event
+	evDone chan struct{}
+
+	bmu  sync.Mutex
+	bufs map[uintptr]*buffer // by base address
+	cqs  map[*cqc]struct{}   // live CQs (released by Close)
+	qps  map[uint32]*qpc     // by QPN, for completion accounting
+	srqs map[proto.Handle]*srq
+
+	cm clientCM // rdma_cm (cm.go)
+}
+
+var _ roce.Verbs = (*Conn)(nil)
+
+// buffer is one AllocBuffer allocation: a sealed memfd mapped here.
+type buffer struct {
+	fd  int
+	mem []byte
+}
+
+// Dial connects to the daemon listening on path.
+func Dial(path string) (*Conn, error) {
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return nil, err
+	}
+	cn := &Conn{sock: c, rbuf: make([]byte, proto.MaxMsg), oob: make([]byte, unix.CmsgSpace(4*8)),
+		bufs: map[uintptr]*buffer{}, cqs: map[*cqc]struct{}{}, qps: map[uint32]*qpc{},
+		srqs: map[proto.Handle]*srq{}, events: make(chan event.Event, proto.EventRingCap)}
+	if _, err := cn.call(proto.OpHello, nil, &cn.hello); err != nil {
+		c.Close()
+		return nil, err
+	}
+	if cn.hello.Version != proto.Version {
+		c.Close()
+		return nil, fmt.Errorf("%w: daemon protocol %d, client %d", proto.ErrProtocol, cn.hello.Version, proto.Version)
+	}
+	if err := cn.openPostRing(); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return cn, nil
+}
+
+// openPostRing maps the connection's post ring (proto.PostRing).
+func (c *Conn) openPostRing() error {
+	var r proto.PostRingResp
+	fds, err := c.call(proto.OpOpenPostRing, nil, &r)
+	if err != nil {
+		return err
+	}
+	if len(fds) != 3 || r.Bytes < proto.EventRingOff+proto.EventRingBytes {
+		proto.CloseFDs(fds)
+		return fmt.Errorf("%w: post ring: %d fds, %d bytes", proto.ErrProtocol, len(fds), r.Bytes)
+	}
+	mem, err := unix.Mmap(fds[0], 0, r.Bytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	proto.CloseFD(fds[0])
+	if err != nil {
+		proto.CloseFDs(fds[1:])
+		return fmt.Errorf("mmap post ring: %w", err)
+	}
+	c.pring, _ = proto.NewPostRing(mem, true)
+	c.pringMem, c.bell = mem, fds[1]
+	c.evRing, _ = proto.NewEventRing(mem[proto.EventRingOff:], false)
+	c.evFile = proto.EventFile(fds[2], "softroce-events")
+	c.evDone = make(chan struct{})
+	go c.readEvents()
+	return nil
+}
+
+// Events returns the asynchronous event channel (ibv_get_async_event):
+// QP, CQ and SRQ events of this client's objects (Object is this client's
+// roce.QueuePair, roce.CompletionQueue or roce.SharedReceiveQueue) and the
+// device's port events, forwarded by the daemon. Events are dropped if the
+// channel is full.
+func (c *Conn) Events() <-chan event.Event { return c.events }
+
+// readEvents moves events from the event ring to the channel whenever the
+// daemon signals; it ends when Close closes the eventfd.
+func (c *Conn) readEvents() {
+	defer close(c.evDone)
+	var b [8]byte
+	var e proto.Event
+	for {
+		if _, err := c.evFile.Read(b[:]); err != nil {
+			return
+		}
+		for c.evRing.Get(&e) {
+			ev := event.Event{Type: e.Type, QPN: e.QPN, Port: e.Port}
+			c.bmu.Lock()
+			switch e.Kind {
+			case proto.EventOnQP:
+				if q := c.qps[e.QPN]; q != nil {
+					ev.Object = roce.QueuePair(q)
+				}
+			case proto.EventOnCQ:
+				for q := range c.cqs {
+					if q.h == e.Handle {
+						ev.Object = roce.CompletionQueue(q)
+					}
+				}
+			case proto.EventOnSRQ:
+				if s := c.srqs[e.Handle]; s != nil {
+					ev.Object = roce.SharedReceiveQueue(s)
+				}
+			}
+			c.bmu.Unlock()
+			select {
+			case c.events <- ev:
+			default:
+			}
+		}
+		c.cmWake()
+	}
+}
+
+// sendAsync hands the asynchronous post in c.wbuf to the daemon (c.mu
+// held): through the post ring (no system call while the daemon drains,
+// else one eventfd write), or over the socket when the ring is full or the
+// post too large. The daemon drains the ring before serving any socket
+// request, so the order of posts holds either way.
+func (c *Conn) sendAsync() error {
+	if c.pring != nil {
+		if ok, ring := c.pring.Write(c.wbuf); ok {
+			if ring {
+				proto.Signal(c.bell)
+			}
+			if c.pring.Closed() { // read after publishing: the daemon may not have taken it
+				return fmt.Errorf("%w: post ring stopped", proto.ErrDisconnected)
+			}
+			return nil
+		}
+	}
+	return c.send()
+}
+
+// call sends a JSON request (with fds) and decodes the response into out;
+// it returns the fds that came with the response (the caller owns them).
+func (c *Conn) call(op proto.Op, req any, out any, fds ...int) ([]int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, roce.ErrClosed
+	}
+	c.wbuf = append(c.wbuf[:0], byte(op))
+	if req != nil {
+		j, err := json.Marshal(req)
+		if err != nil {
+			return nil, err
+		}
+		c.wbuf = append(c.wbuf, j...)
+	}
+	if _, _, err := c.sock.WriteMsgUnix(c.wbuf, proto.Rights(fds...), nil); err != nil {
+		return nil, fmt.Errorf("%w: %v", proto.ErrDisconnected, err)
+	}
+	n, oobn, _, _, err := c.sock.ReadMsgUnix(c.rbuf, c.oob)
+	if err != nil || n == 0 {
+		return nil, fmt.Errorf("%w: %v", proto.ErrDisconnected, err)
+	}
+	var got []int
+	if oobn > 0 {
+		got = proto.ParseRights(c.oob[:oobn])
+	}
+	if err := decodeResp(c.rbuf[:n], out); err != nil {
+		proto.CloseFDs(got)
+		return nil, err
+	}
+	return got, nil
+}
+
+func decodeResp(b []byte, out any) error {
+	if b[0] != proto.StatusOK {
+		var e proto.ErrorBody
+		if err := json.Unmarshal(b[1:], &e); err != nil {
+			return fmt.Errorf("%w: bad error response", proto.ErrProtocol)
+		}
+		return proto.FromBody(e)
+	}
+	if out != nil && len(b) > 1 {
+		if err := json.Unmarshal(b[1:], out); err != nil {
+			return fmt.Errorf("%w: %v", proto.ErrProtocol, err)
+		}
+	}
+	return nil
+}
+
+// send sends the request in c.wbuf without waiting for a response (c.mu held).
+func (c *Conn) send() error {
+	if _, err := c.sock.Write(c.wbuf); err != nil {
+		return fmt.Errorf("%w: %v", proto.ErrDisconnected, err)
+	}
+	return nil
+}
+
+// post sends a binary post request already encoded in c.wbuf (c.mu held).
+func (c *Conn) post() (int, error) {
+	if err := c.send(); err != nil {
+		return 0, err
+	}
+	n, err := c.sock.Read(c.rbuf)
+	if err != nil || n == 0 {
+		return 0, fmt.Errorf("%w: %v", proto.ErrDisconnected, err)
+	}
+	b := c.rbuf[:n]
+	if b[0] != proto.StatusOK {
+		var e proto.ErrorBody
+		if err := json.Unmarshal(b[1:], &e); err != nil {
+			return 0, fmt.Errorf("%w: bad error response", proto.ErrProtocol)
+		}
+		return e.Posted, proto.FromBody(e)
+	}
+	return proto.Posted(b[1:])
+}
+
+// Name is the daemon device's name.
+func (c *Conn) Name() string { return c.hello.Name }
+
+// Attr is the daemon device's attributes (as of Dial).
+func (c *Conn) Attr() qp.DeviceAttr { return c.hello.Attr }
+
+// PortAttr is the daemon device's port 1 attributes (as of Dial).
+func (c *Conn) PortAttr() qp.PortAttr { return c.hello.PortAttr }
+
+// GIDs is the daemon device's GID table (as of Dial).
+func (c *Conn) GIDs() []netip.Addr { return append([]netip.Addr(nil), c.hello.GIDs...) }
+
+// GIDIndex returns the GID index of addr, or -1.
+func (c *Conn) GIDIndex(addr netip.Addr) int {
+	addr = addr.Unmap()
+	for i, g := range c.hello.GIDs {
+		if g.Unmap() == addr {
+			return i
+		}
+	}
+	return -1
+}
+
+// Stats fetches the device counters (zero on error).
+func (c *Conn) Stats() qp.Stats {
+	var s qp.Stats
+	c.call(proto.OpStats, nil, &s)
+	return s
+}
+
+// Debug fetches the daemon's resource counts (introspection for tests and
+// operators).
+func (c *Conn) Debug() (proto.Debug, error) {
+	var d proto.Debug
+	_, err := c.call(proto.OpDebug, nil, &d)
+	return d, err
+}
+
+// Close disconnects; the daemon destroys every object of this client.
+// Buffers from AllocBuffer stay mapped here until FreeBuffer.
+func (c *Conn) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	err := c.sock.Close()
+	if c.pring != nil {
+		c.evFile.Close()
+		<-c.evDone
+		proto.CloseFD(c.bell)
+		proto.Unmap(c.pringMem)
+		c.pring, c.pringMem = nil, nil
+	}
+	c.mu.Unlock()
+	c.bmu.Lock()
+	cqs := c.cqs
+	c.cqs = map[*cqc]struct{}{}
+	c.bmu.Unlock()
+	for q := range cqs {
+		q.release()
+	}
+	return err
+}
+
+// AllocBuffer allocates n bytes of daemon-shareable memory: a memfd (size
+// sealed, so neither side can truncate it under the other) mapped shared.
+// Register it (or any sub-slice) with RegMR; the daemon maps the same
+// pages, so RDMA reads and writes it directly. Release it with FreeBuffer.
+func (c *Conn) AllocBuffer(n int) ([]byte, error) {
+	if n <= 0 {
+		return nil, roce.ErrInvalidArg
+	}
+	fd, mem, err := proto.NewMemfd("softroce-buf", n)
+	if err != nil {
+		return nil, err
+	}
+	c.bmu.Lock()
+	c.bufs[uintptr(unsafe.Pointer(&mem[0]))] = &buffer{fd: fd, mem: mem}
+	c.bmu.Unlock()
+	return mem[:n:n], nil
+}
+
+// FreeBuffer unmaps a buffer from AllocBuffer. MRs on it should be
+// deregistered first (the daemon's mapping otherwise keeps the memory
+// alive until they are).
+func (c *Conn) FreeBuffer(b []byte) error {
+	if len(b) == 0 {
+		return roce.ErrInvalidArg
+	}
+	c.bmu.Lock()
+	base := uintptr(unsafe.Pointer(&b[0]))
+	bf, ok := c.bufs[base]
+	if ok {
+		delete(c.bufs, base)
+	}
+	c.bmu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: not the start of a buffer from AllocBuffer", proto.ErrNotShareable)
+	}
+	proto.CloseFD(bf.fd)
+	return proto.Unmap(bf.mem)
+}
+
+// find returns the allocation holding b and b's offset in it.
+func (c *Conn) find(b []byte) (*buffer, uint64, bool) {
+	if len(b) == 0 {
+		return nil, 0, false
+	}
+	p := uintptr(unsafe.Pointer(&b[0]))
+	c.bmu.Lock()
+	defer c.bmu.Unlock()
+	for base, bf := range c.bufs {
+		if p >= base && p+uintptr(len(b)) <= base+uintptr(len(bf.mem)) {
+			return bf, uint64(p - base), true
+		}
+	}
+	return nil, 0, false
+}
+
+// pd is a client PD.
+type pd struct {
+	c *Conn
+	h proto.Handle
+}
+
+// AllocPD is ibv_alloc_pd.
+func (c *Conn) AllocPD() (roce.ProtectionDomain, error) {
+	var r proto.HandleResp
+	if _, err := c.call(proto.OpAllocPD, nil, &r); err != nil {
+		return nil, err
+	}
+	return &pd{c: c, h: r.H}, nil
+}
+
+// Dealloc is ibv_dealloc_pd.
+func (p *pd) Dealloc() error {
+	_, err := p.c.call(proto.OpDeallocPD, proto.HandleReq{H: p.h}, nil)
+	return err
+}
+
+func (c *Conn) handleOf(x any) (proto.Handle, error) {
+	switch o := x.(type) {
+	case *pd:
+		if o != nil && o.c == c {
+			return o.h, nil
+		}
+	case *cqc:
+		if o != nil && o.c == c {
+			return o.h, nil
+		}
+	case *srq:
+		if o != nil && o.c == c {
+			return o.h, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: object of another connection or device", roce.ErrInvalidArg)
+}
+
+// mrc is a client MR.
+type mrc struct {
+	c          *Conn
+	h          proto.Handle
+	lkey, rkey uint32
+	iova       uint64
+	n          int
+}
+
+func (m *mrc) LKey() uint32 { return m.lkey }
+func (m *mrc) RKey() uint32 { return m.rkey }
+func (m *mrc) IOVA() uint64 { return m.iova }
+func (m *mrc) Len() int     { return m.n }
+
+// Dereg is ibv_dereg_mr.
+func (m *mrc) Dereg() error {
+	_, err := m.c.call(proto.OpDeregMR, proto.HandleReq{H: m.h}, nil)
+	return err
+}
+
+// RegMR is ibv_reg_mr. buf must lie inside a buffer from AllocBuffer
+// (proto.ErrNotShareable otherwise).
+func (c *Conn) RegMR(p roce.ProtectionDomain, buf []byte, iova uint64, acc mr.Access) (roce.MemoryRegion, error) {
+	h, err := c.handleOf(p)
+	if err != nil {
+		return nil, err
+	}
+	bf, off, ok := c.find(buf)
+	if !ok {
+		return nil, fmt.Errorf("%w: RegMR needs memory from AllocBuffer", proto.ErrNotShareable)
+	}
+	var r proto.RegMRResp
+	fds, err := c.call(proto.OpRegMR, proto.RegMRReq{PD: h, Off: off, Len: len(buf), IOVA: iova, Access: uint32(acc)}, &r, bf.fd)
+	proto.CloseFDs(fds)
+	if err != nil {
+		return nil, err
+	}
+	return &mrc{c: c, h: r.H, lkey: r.LKey, rkey: r.RKey, iova: iova, n: len(buf)}, nil
+}
+
+// CreateAH is ibv_create_ah (resolved by the daemon against its GID table).
+func (c *Conn) CreateAH(p roce.ProtectionDomain, a qp.AHAttr) (*qp.AH, error) {
+	h, err := c.handleOf(p)
+	if err != nil {
+		return nil, err
+	}
+	var ah qp.AH
+	if _, err := c.call(proto.OpCreateAH, proto.CreateAHReq{PD: h, Attr: a}, &ah); err != nil {
+		return nil, err
+	}
+	return &ah, nil
+}
+
+// srq is a client SRQ.
+type srq struct {
+	c *Conn
+	h proto.Handle
+}
+
+// CreateSRQ is ibv_create_srq (o.Events and o.Device are not used).
+func (c *Conn) CreateSRQ(o qp.SRQOptions) (roce.SharedReceiveQueue, error) {
+	var r proto.HandleResp
+	if _, err := c.call(proto.OpCreateSRQ, proto.CreateSRQReq{MaxWR: o.MaxWR, MaxSGE: o.MaxSGE, Limit: o.Limit}, &r); err != nil {
+		return nil, err
+	}
+	s := &srq{c: c, h: r.H}
+	c.bmu.Lock()
+	c.srqs[s.h] = s
+	c.bmu.Unlock()
+	return s, nil
+}
+
+// DestroySRQ is ibv_destroy_srq.
+func (c *Conn) DestroySRQ(s roce.SharedReceiveQueue) error {
+	h, err := c.handleOf(s)
+	if err != nil {
+		return err
+	}
+	if _, err = c.call(proto.OpDestroySRQ, proto.HandleReq{H: h}, nil); err == nil {
+		c.bmu.Lock()
+		delete(c.srqs, h)
+		c.bmu.Unlock()
+	}
+	return err
+}
+
+// Post is ibv_post_srq_recv.
+func (s *srq) Post(wrs []qp.RecvWR) (int, error) {
+	return s.c.postRecv(proto.OpPostSRQRecv, s.h, wrs)
+}
+
+// Modify is ibv_modify_srq.
+func (s *srq) Modify(a qp.SRQAttr, mask qp.SRQAttrMask) error {
+	_, err := s.c.call(proto.OpModifySRQ, proto.ModifySRQReq{H: s.h, Attr: a, Mask: mask}, nil)
+	return err
+}
+
+// Query is ibv_query_srq (zero on error).
+func (s *srq) Query() qp.SRQAttr {
+	var a qp.SRQAttr
+	s.c.call(proto.OpQuerySRQ, proto.HandleReq{H: s.h}, &a)
+	return a
+}
+
+func (c *Conn) postRecv(op proto.Op, h proto.Handle, wrs []qp.RecvWR) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, roce.ErrClosed
+	}
+	var err error
+	if c.wbuf, err = proto.AppendPostRecv(c.wbuf, op, h, wrs); err != nil {
+		return 0, err
+	}
+	return c.post()
+}
+
+// qpc is a client QP.
+//
+// Posts are asynchronous (written into the post ring, no response) when the client can
+// tell the engine will accept them: an RC/UC QP it last moved to RTS
+// (receives: INIT, RTR or RTS), WRs that pass qp.ValidateSend /
+// qp.ValidateRecv, not inline (the engine reads inline data at post time),
+// every send WR signaled (so each produces exactly one completion), no
+// SRQ, and room in the queue by the client's count: WRs posted minus
+// completions for this QP polled from its CQs. Otherwise the post is a
+// round trip and the engine's answer is returned.
+type qpc struct {
+	c      *Conn
+	h      proto.Handle
+	num    uint32
+	typ    qp.Type
+	caps   qp.Cap
+	sigAll bool
+	srq    bool
+	lim    qp.WRLimits
+
+	sendOK, recvOK atomic.Bool  // states by the client's own Modify calls
+	sqOut, rqOut   atomic.Int64 // posted minus completions polled
+	unsignaled     atomic.Bool  // an unsignaled send WR was posted: sends stay synchronous
+}
+
+// CreateQP is ibv_create_qp.
+func (c *Conn) CreateQP(in roce.VerbsQPInit) (roce.QueuePair, error) {
+	var req proto.CreateQPReq
+	var err error
+	if req.PD, err = c.handleOf(in.PD); err != nil {
+		return nil, err
+	}
+	if req.SendCQ, err = c.handleOf(in.SendCQ); err != nil {
+		return nil, err
+	}
+	if req.RecvCQ, err = c.handleOf(in.RecvCQ); err != nil {
+		return nil, err
+	}
+	if in.SRQ != nil {
+		if req.SRQ, err = c.handleOf(in.SRQ); err != nil {
+			return nil, err
+		}
+	}
+	req.Type, req.Cap, req.SigAll = in.Type, in.Cap, in.SigAll
+	var r proto.CreateQPResp
+	if _, err := c.call(proto.OpCreateQP, req, &r); err != nil {
+		return nil, err
+	}
+	q := &qpc{c: c, h: r.H, num: r.QPN, typ: in.Type, caps: in.Cap, sigAll: in.SigAll, srq: in.SRQ != nil,
+		lim: qp.WRLimits{MaxSGE: int(in.Cap.MaxSendSGE), MaxInlineData: int(in.Cap.MaxInlineData), MaxMsgSize: c.hello.Attr.MaxMsgSize}}
+	c.bmu.Lock()
+	c.qps[q.num] = q
+	c.bmu.Unlock()
+	return q, nil
+}
+
+// completed accounts one polled completion of this QP.
+func (q *qpc) completed(wc *cq.WC) {
+	if wc.Opcode >= cq.OpRecv {
+		q.rqOut.Add(-1)
+	} else {
+		q.sqOut.Add(-1)
+	}
+}
+
+func (q *qpc) Num() uint32   { return q.num }
+func (q *qpc) Type() qp.Type { return q.typ }
+
+// State is the QP state (one request; ErrState reads as StateErr).
+func (q *qpc) State() qp.State {
+	var r proto.QueryQPResp
+	if _, err := q.c.call(proto.OpQueryQP, proto.HandleReq{H: q.h}, &r); err != nil {
+		return qp.StateErr
+	}
+	return r.State
+}
+
+// Query is ibv_query_qp.
+func (q *qpc) Query() qp.Attr {
+	var r proto.QueryQPResp
+	q.c.call(proto.OpQueryQP, proto.HandleReq{H: q.h}, &r)
+	return r.Attr
+}
+
+// Modify is ibv_modify_qp.
+func (q *qpc) Modify(a *qp.Attr, mask qp.AttrMask) error {
+	if a == nil {
+		return roce.ErrInvalidArg
+	}
+	q.sendOK.Store(false) // while the state is in flux, posts are synchronous
+	q.recvOK.Store(false)
+	_, err := q.c.call(proto.OpModifyQP, proto.ModifyQPReq{H: q.h, Attr: *a, Mask: mask}, nil)
+	if err == nil && mask&qp.AttrState != 0 && !q.typ.Datagram() {
+		q.sendOK.Store(a.State == qp.StateRTS)
+		q.recvOK.Store(a.State == qp.StateInit || a.State == qp.StateRTR || a.State == qp.StateRTS)
+	}
+	return err
+}
+
+// Destroy is ibv_destroy_qp.
+func (q *qpc) Destroy() error {
+	q.sendOK.Store(false)
+	q.recvOK.Store(false)
+	_, err := q.c.call(proto.OpDestroyQP, proto.HandleReq{H: q.h}, nil)
+	if err == nil {
+		q.c.bmu.Lock()
+		delete(q.c.qps, q.num)
+		q.c.bmu.Unlock()
+	}
+	return err
+}
+
+// PostSend is ibv_post_send: a record in the post ring when the client
+// can vouch for the WRs (see qpc; the socket if the ring is full), else a
+// round trip. It does not allocate.
+func (q *qpc) PostSend(wrs []qp.SendWR) (int, error) {
+	c := q.c
+	async := q.sendOK.Load() && !q.unsignaled.Load()
+	for i := range wrs {
+		if !async {
+			break
+		}
+		w := &wrs[i]
+		if w.Flags&qp.SendInline != 0 || w.AH != nil || w.Bind != nil || w.Opcode == qp.WRBindMW {
+			async = false
+		} else if w.Opcode.Local() {
+			async = w.Opcode.Valid()
+		} else if _, err := qp.ValidateSend(q.typ, w, q.lim); err != nil {
+			async = false
+		}
+		if w.Flags&qp.SendSignaled == 0 && !q.sigAll {
+			q.unsignaled.Store(true) // completions no longer map 1:1 to WRs
+			async = false
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, roce.ErrClosed
+	}
+	// The room check is under c.mu: posts of concurrent goroutines count in turn.
+	async = async && q.sqOut.Load()+int64(len(wrs)) <= int64(q.caps.MaxSendWR)
+	op := proto.OpPostSend
+	if async {
+		op = proto.OpPostSendAsync
+	}
+	var err error
+	if c.wbuf, err = proto.AppendPostSend(c.wbuf, op, q.h, wrs); err != nil {
+		return 0, err
+	}
+	if async {
+		q.sqOut.Add(int64(len(wrs)))
+		if err := c.sendAsync(); err != nil {
+			q.sqOut.Add(-int64(len(wrs)))
+			return 0, err
+		}
+		return len(wrs), nil
+	}
+	n, err := c.post()
+	q.sqOut.Add(int64(n))
+	return n, err
+}
+
+// PostRecv is ibv_post_recv (asynchronous like PostSend when it can be).
+func (q *qpc) PostRecv(wrs []qp.RecvWR) (int, error) {
+	async := q.recvOK.Load() && !q.srq
+	for i := 0; async && i < len(wrs); i++ {
+		if _, err := qp.ValidateRecv(&wrs[i], int(q.caps.MaxRecvSGE)); err != nil {
+			async = false
+		}
+	}
+	c := q.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, roce.ErrClosed
+	}
+	async = async && q.rqOut.Load()+int64(len(wrs)) <= int64(q.caps.MaxRecvWR)
+	op := proto.OpPostRecv
+	if async {
+		op = proto.OpPostRecvAsync
+	}
+	var err error
+	if c.wbuf, err = proto.AppendPostRecv(c.wbuf, op, q.h, wrs); err != nil {
+		return 0, err
+	}
+	if async {
+		q.rqOut.Add(int64(len(wrs)))
+		if err := c.sendAsync(); err != nil {
+			q.rqOut.Add(-int64(len(wrs)))
+			return 0, err
+		}
+		return len(wrs), nil
+	}
+	n, err := c.post()
+	q.rqOut.Add(int64(n))
+	return n, err
+}

@@ -1,0 +1,708 @@
+package fault
+
+import (
+	"math"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/softroce/softroce/pkg/bth"
+	"github.com/softroce/softroce/pkg/link"
+)
+
+// pbuf is a pooled datagram copy (held, corrupted, duplicated or queued for Recv). Buffers are
+// reused: the pool stops allocating once it holds as many as the traffic needs at once.
+type pbuf struct{ b []byte }
+
+// maxFree bounds the free list, so a burst does not pin memory forever.
+const maxFree = 4096
+
+// held is a datagram held back by Delay, Reorder or a delayed Duplicate. It is released when the
+// clock reaches deadline or, if count > 0, when count more datagrams have passed.
+type held struct {
+	pb       *pbuf
+	src, dst netip.AddrPort
+	seq      uint64
+	rule     int
+	deadline time.Time
+	count    int
+}
+
+type readyEnt struct {
+	pb       *pbuf
+	src, dst netip.AddrPort
+}
+
+// decision is what happens to one datagram.
+type decision struct {
+	rule      int
+	drop      bool
+	corrupt   bool
+	bitU      uint64
+	dup       bool
+	dupDelay  time.Duration
+	reorder   bool
+	hold      int
+	holdDelay time.Duration
+	delay     time.Duration
+}
+
+// draws are the random values of one datagram, always drawn in this order so that each fault
+// kind's outcome depends only on the seed, the direction and the datagram's index.
+type draws struct {
+	drop, corrupt, dup, reorder float64
+	bit, dupDelay, hold, jitter uint64
+}
+
+// dir is one direction of the injector. All fields below mu are guarded by it.
+type dir struct {
+	l       *Link
+	which   Direction
+	o       DirOptions
+	valid   []bool // o.Rules[i] passed Validate
+	active  bool
+	random  bool
+	clock   Clock
+	onEvent func(Event)
+	seed1   uint64
+	seed2   uint64
+	qmax    int
+	onTimer func()
+
+	// pass-through counters (direction with no fault: no lock taken)
+	ptSeen, ptDelivered atomic.Uint64
+
+	mu      sync.Mutex
+	closed  bool
+	pcg     rand.PCG
+	rng     *rand.Rand
+	pkt     bth.Packet
+	seq     uint64
+	matches []uint64
+	held    []held
+	timer   Timer
+	armed   bool
+	armedAt time.Time
+	now     time.Time
+	haveNow bool
+	free    []*pbuf
+	out     []link.Datagram
+	outPB   []*pbuf
+	stats   DirStats
+
+	// receive side
+	ready    []readyEnt // ring
+	rhead    int
+	rcount   int
+	notEmpty sync.Cond
+	notFull  sync.Cond
+	pumpErr  error
+}
+
+func clampP(p float64) float64 {
+	if !(p > 0) { // NaN too
+		return 0
+	}
+	return math.Min(p, 1)
+}
+
+func clampD(d time.Duration) time.Duration { return max(d, 0) }
+
+func newDir(l *Link, which Direction, o DirOptions) *dir {
+	o.Drop, o.Duplicate, o.Reorder, o.Corrupt = clampP(o.Drop), clampP(o.Duplicate), clampP(o.Reorder), clampP(o.Corrupt)
+	o.DuplicateDelay, o.ReorderDelay = clampD(o.DuplicateDelay), clampD(o.ReorderDelay)
+	o.Delay, o.Jitter = clampD(o.Delay), clampD(o.Jitter)
+	o.ReorderDepth = max(o.ReorderDepth, 1)
+	if o.ReorderDelay == 0 {
+		o.ReorderDelay = DefaultReorderDelay
+	}
+	if o.CorruptRegion > CorruptAnywhere {
+		o.CorruptRegion = CorruptCovered
+	}
+	o.Rules = append([]Rule(nil), o.Rules...)
+	d := &dir{l: l, which: which, o: o, clock: l.opts.Clock, onEvent: l.opts.OnEvent,
+		seed1: l.opts.Seed1, seed2: l.opts.Seed2, qmax: l.opts.RecvQueue}
+	d.valid = make([]bool, len(o.Rules))
+	for i := range o.Rules {
+		d.valid[i] = o.Rules[i].Validate() == nil
+	}
+	d.matches = make([]uint64, len(o.Rules))
+	d.random = o.random()
+	d.active = o.active()
+	d.rng = rand.New(&d.pcg)
+	d.onTimer = d.fire
+	d.notEmpty.L = &d.mu
+	d.notFull.L = &d.mu
+	if which == DirRecv && d.active {
+		d.ready = make([]readyEnt, d.qmax)
+	}
+	return d
+}
+
+// splitmix64's finalizer: decorrelates consecutive datagram indexes before they seed the PCG.
+func mix(x uint64) uint64 {
+	x += 0x9E3779B97F4A7C15
+	x = (x ^ x>>30) * 0xBF58476D1CE4E5B9
+	x = (x ^ x>>27) * 0x94D049BB133111EB
+	return x ^ x>>31
+}
+
+// draw seeds the PCG for datagram seq of this direction and draws its values.
+func (d *dir) draw(seq uint64) draws {
+	salt := uint64(d.which+1) * 0xD1B54A32D192ED03
+	d.pcg.Seed(mix(d.seed1^salt^mix(seq)), mix(d.seed2+seq))
+	var v draws
+	v.drop = d.rng.Float64()
+	v.corrupt = d.rng.Float64()
+	v.bit = d.rng.Uint64()
+	v.dup = d.rng.Float64()
+	v.dupDelay = d.rng.Uint64()
+	v.reorder = d.rng.Float64()
+	v.hold = d.rng.Uint64()
+	v.jitter = d.rng.Uint64()
+	return v
+}
+
+// parseBTH returns the BTH of b if bth.ParseInto accepts b. The cheap checks first keep
+// ParseInto's error allocation off the path for datagrams that are obviously not RoCE.
+func parseBTH(p *bth.Packet, b []byte) (bth.BTH, bool) {
+	if len(b) < bth.BTHSize+bth.ICRCSize {
+		return nil, false
+	}
+	h := bth.BTH(b[:bth.BTHSize])
+	if h.TVer() != 0 || !h.Opcode().Valid() {
+		return nil, false
+	}
+	if bth.ParseInto(p, b) != nil {
+		return nil, false
+	}
+	return h, true
+}
+
+func (d *dir) clockNow() time.Time {
+	if !d.haveNow {
+		d.now, d.haveNow = d.clock.Now(), true
+	}
+	return d.now
+}
+
+func (d *dir) get(src []byte) *pbuf {
+	var pb *pbuf
+	if n := len(d.free); n > 0 {
+		pb = d.free[n-1]
+		d.free[n-1] = nil
+		d.free = d.free[:n-1]
+	} else {
+		pb = &pbuf{b: make([]byte, 0, max(len(src), 2048))}
+	}
+	pb.b = append(pb.b[:0], src...)
+	return pb
+}
+
+func (d *dir) put(pb *pbuf) {
+	if len(d.free) < maxFree {
+		d.free = append(d.free, pb)
+	}
+}
+
+func (d *dir) event(kind Action, seq uint64, rule int, buf []byte, bit int, delay time.Duration, hold int) {
+	if d.onEvent == nil {
+		return
+	}
+	e := Event{Dir: d.which, Kind: kind, Seq: seq, Rule: rule, Len: len(buf), Bit: bit, Delay: delay, Hold: hold}
+	if h, ok := parseBTH(&d.pkt, buf); ok {
+		e.Parsed, e.Op, e.PSN, e.QPN = true, h.Opcode(), h.PSN(), h.DestQP()
+	}
+	d.onEvent(e)
+}
+
+// flip flips the bit chosen by u within the region; ok=false if the region is empty.
+// The bit index is byte*8 + (0 = most significant bit).
+func flip(b []byte, region CorruptRegion, u uint64) (bit int, ok bool) {
+	n := len(b)
+	skip4 := region != CorruptAnywhere
+	if region == CorruptOutsideICRC {
+		n -= bth.ICRCSize
+	}
+	if n <= 0 {
+		return 0, false
+	}
+	bits := uint64(n) * 8
+	if skip4 && n > 4 {
+		bits -= 8 // BTH byte 4 is masked by the ICRC (IBTA A17.3.3)
+	}
+	k := u % bits
+	byteIdx := int(k / 8)
+	if skip4 && byteIdx >= 4 {
+		byteIdx++
+	}
+	b[byteIdx] ^= 0x80 >> (k % 8)
+	return byteIdx*8 + int(k%8), true
+}
+
+// decide returns the fault for datagram seq with payload buf.
+func (d *dir) decide(seq uint64, buf []byte) decision {
+	dec := decision{rule: -1}
+	if len(d.o.Rules) > 0 {
+		h, ok := parseBTH(&d.pkt, buf)
+		for i := range d.o.Rules {
+			r := &d.o.Rules[i]
+			if !d.valid[i] || !r.matches(h, ok) {
+				continue
+			}
+			d.matches[i]++
+			if dec.rule < 0 && (r.Nth == 0 || d.matches[i] == uint64(r.Nth)) {
+				dec.rule = i
+			}
+		}
+	}
+	latency := d.o.Delay > 0 || d.o.Jitter > 0
+	if dec.rule >= 0 {
+		r := &d.o.Rules[dec.rule]
+		d.stats.RuleFired++
+		var v draws
+		if r.Action == Corrupt || latency {
+			v = d.draw(seq)
+		}
+		switch r.Action {
+		case Drop:
+			dec.drop = true
+		case Corrupt:
+			dec.corrupt, dec.bitU = true, v.bit
+		case Duplicate:
+			dec.dup, dec.dupDelay = true, r.Delay
+		case Reorder:
+			dec.reorder, dec.hold, dec.holdDelay = true, max(r.Hold, 1), r.Delay
+			if dec.holdDelay == 0 {
+				dec.holdDelay = d.o.ReorderDelay
+			}
+			return dec
+		case Delay:
+			dec.delay = r.Delay
+			return dec
+		}
+		if latency {
+			dec.delay = d.latency(&v)
+		}
+		return dec
+	}
+	if !d.random {
+		return dec
+	}
+	v := d.draw(seq)
+	o := &d.o
+	dec.drop = v.drop < o.Drop
+	dec.corrupt, dec.bitU = v.corrupt < o.Corrupt, v.bit
+	dec.dup = v.dup < o.Duplicate
+	if dec.dup && o.DuplicateDelay > 0 {
+		dec.dupDelay = time.Duration(1 + v.dupDelay%uint64(o.DuplicateDelay))
+	}
+	dec.reorder = v.reorder < o.Reorder
+	if dec.reorder {
+		dec.hold = 1 + int(v.hold%uint64(o.ReorderDepth))
+		dec.holdDelay = o.ReorderDelay
+	}
+	if latency {
+		dec.delay = d.latency(&v)
+	}
+	return dec
+}
+
+func (d *dir) latency(v *draws) time.Duration {
+	j := time.Duration(0)
+	if d.o.Jitter > 0 {
+		j = time.Duration(v.jitter % uint64(d.o.Jitter+1))
+	}
+	return d.o.Delay + j
+}
+
+// process applies the faults to one datagram, appending what goes out now to d.out.
+func (d *dir) process(dg *link.Datagram) {
+	seq := d.seq
+	d.seq++
+	d.stats.Seen++
+	buf := dg.Buf
+	dec := d.decide(seq, buf)
+	if dec.drop {
+		d.stats.Dropped++
+		d.event(Drop, seq, dec.rule, buf, 0, 0, 0)
+		return
+	}
+	var pb *pbuf
+	if dec.corrupt {
+		pb = d.get(buf)
+		if bit, ok := flip(pb.b, d.o.CorruptRegion, dec.bitU); ok {
+			d.stats.Corrupted++
+			d.event(Corrupt, seq, dec.rule, pb.b, bit, 0, 0)
+			buf = pb.b
+		} else {
+			d.put(pb)
+			pb = nil
+		}
+	}
+	passed := false
+	var deadline time.Time
+	count := 0
+	switch {
+	case dec.reorder:
+		if pb == nil {
+			pb = d.get(buf)
+		}
+		deadline, count = d.clockNow().Add(dec.holdDelay), dec.hold
+		d.stats.Reordered++
+		d.hold(held{pb: pb, src: dg.Src, dst: dg.Dst, seq: seq, rule: dec.rule, deadline: deadline, count: count})
+		d.event(Reorder, seq, dec.rule, buf, 0, dec.holdDelay, dec.hold)
+	case dec.delay > 0:
+		if pb == nil {
+			pb = d.get(buf)
+		}
+		deadline = d.clockNow().Add(dec.delay)
+		d.stats.Delayed++
+		d.hold(held{pb: pb, src: dg.Src, dst: dg.Dst, seq: seq, rule: dec.rule, deadline: deadline})
+		d.event(Delay, seq, dec.rule, buf, 0, dec.delay, 0)
+	default:
+		d.emit(buf, pb, dg.Src, dg.Dst)
+		passed = true
+	}
+	if dec.dup {
+		d.stats.Duplicated++
+		switch {
+		case dec.dupDelay > 0:
+			d.hold(held{pb: d.get(buf), src: dg.Src, dst: dg.Dst, seq: seq, rule: dec.rule,
+				deadline: d.clockNow().Add(dec.dupDelay)})
+			d.event(Duplicate, seq, dec.rule, buf, 0, dec.dupDelay, 0)
+		case !passed:
+			// the original is held: the copy waits right behind it
+			d.hold(held{pb: d.get(buf), src: dg.Src, dst: dg.Dst, seq: seq, rule: dec.rule,
+				deadline: deadline, count: count})
+			d.event(Duplicate, seq, dec.rule, buf, 0, 0, 0)
+		default:
+			d.event(Duplicate, seq, dec.rule, buf, 0, 0, 0)
+			d.emit(buf, nil, dg.Src, dg.Dst)
+		}
+	}
+	if passed {
+		d.tick()
+	}
+}
+
+// emit appends a datagram to the outgoing list; pb (if not nil) is returned to the pool once the
+// datagram has been handed on.
+func (d *dir) emit(buf []byte, pb *pbuf, src, dst netip.AddrPort) {
+	d.out = append(d.out, link.Datagram{Buf: buf, Src: src, Dst: dst})
+	d.outPB = append(d.outPB, pb)
+}
+
+// hold inserts h keeping d.held sorted by deadline, after entries with the same deadline.
+func (d *dir) hold(h held) {
+	i := len(d.held)
+	for i > 0 && d.held[i-1].deadline.After(h.deadline) {
+		i--
+	}
+	d.held = append(d.held, held{})
+	copy(d.held[i+1:], d.held[i:])
+	d.held[i] = h
+	d.rearm()
+}
+
+// tick counts one datagram going out (a fresh one, or a delayed one the clock releases) past the
+// held ones, and releases the reordered ones whose count reaches zero (in held order), right
+// after it.
+func (d *dir) tick() {
+	released := false
+	j := 0
+	for i := range d.held {
+		h := d.held[i]
+		if h.count > 0 {
+			h.count--
+			if h.count == 0 {
+				d.release(&h)
+				released = true
+				continue
+			}
+		}
+		d.held[j] = h
+		j++
+	}
+	if released {
+		clear(d.held[j:])
+		d.held = d.held[:j]
+		d.rearm()
+	}
+}
+
+func (d *dir) release(h *held) {
+	d.stats.Released++
+	d.event(Release, h.seq, h.rule, h.pb.b, 0, 0, 0)
+	d.emit(h.pb.b, h.pb, h.src, h.dst)
+}
+
+// rearm points the direction's one timer at the earliest deadline.
+func (d *dir) rearm() {
+	if d.closed {
+		return
+	}
+	if len(d.held) == 0 {
+		if d.armed {
+			d.timer.Stop()
+			d.armed = false
+		}
+		return
+	}
+	first := d.held[0].deadline
+	if d.armed && first.Equal(d.armedAt) {
+		return
+	}
+	wait := max(first.Sub(d.clock.Now()), 0)
+	if d.timer == nil {
+		d.timer = d.clock.AfterFunc(wait, d.onTimer)
+	} else {
+		d.timer.Reset(wait)
+	}
+	d.armed, d.armedAt = true, first
+}
+
+// fire is the timer callback: it releases every held datagram whose deadline has come.
+func (d *dir) fire() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return
+	}
+	d.armed = false
+	now := d.clock.Now()
+	for len(d.held) > 0 && !d.held[0].deadline.After(now) {
+		h := d.held[0]
+		m := copy(d.held, d.held[1:])
+		d.held[m] = held{}
+		d.held = d.held[:m]
+		d.release(&h)
+		if h.count == 0 {
+			// a delayed datagram going out passes the reordered ones, like a fresh one
+			d.tick()
+		}
+	}
+	d.rearm()
+	if d.which == DirSend {
+		_ = d.flushSend() // counted in stats; a timer has nobody to report to
+	} else {
+		d.flushRecv()
+	}
+}
+
+// flushSend hands d.out to the inner link and recycles the pooled buffers.
+func (d *dir) flushSend() error {
+	if len(d.out) == 0 {
+		return nil
+	}
+	err := d.l.inner.Send(d.out)
+	if err == nil {
+		d.stats.Delivered += uint64(len(d.out))
+	} else {
+		d.stats.Errors++
+	}
+	for i := range d.out {
+		if d.outPB[i] != nil {
+			d.put(d.outPB[i])
+		}
+		d.out[i] = link.Datagram{}
+		d.outPB[i] = nil
+	}
+	d.out = d.out[:0]
+	d.outPB = d.outPB[:0]
+	return err
+}
+
+// flushRecv moves d.out into the ready queue (copying datagrams still in the pump's buffers).
+func (d *dir) flushRecv() {
+	if len(d.out) == 0 {
+		return
+	}
+	for i := range d.out {
+		pb := d.outPB[i]
+		if pb == nil {
+			pb = d.get(d.out[i].Buf)
+		}
+		d.push(readyEnt{pb: pb, src: d.out[i].Src, dst: d.out[i].Dst})
+		d.out[i] = link.Datagram{}
+		d.outPB[i] = nil
+	}
+	d.stats.Delivered += uint64(len(d.out))
+	d.out = d.out[:0]
+	d.outPB = d.outPB[:0]
+	d.notEmpty.Broadcast()
+}
+
+func (d *dir) push(e readyEnt) {
+	if d.rcount == len(d.ready) {
+		grown := make([]readyEnt, 2*len(d.ready)+1)
+		for i := 0; i < d.rcount; i++ {
+			grown[i] = d.ready[(d.rhead+i)%len(d.ready)]
+		}
+		d.ready, d.rhead = grown, 0
+	}
+	d.ready[(d.rhead+d.rcount)%len(d.ready)] = e
+	d.rcount++
+}
+
+func (d *dir) sendBatch(batch []link.Datagram) error {
+	if !d.active {
+		err := d.l.inner.Send(batch)
+		if err == nil {
+			d.ptSeen.Add(uint64(len(batch)))
+			d.ptDelivered.Add(uint64(len(batch)))
+		}
+		return err
+	}
+	if err := d.l.validate(batch); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return net.ErrClosed
+	}
+	d.haveNow = false
+	for i := range batch {
+		d.process(&batch[i])
+	}
+	return d.flushSend()
+}
+
+func (d *dir) recvBatch(batch []link.Datagram) (int, error) {
+	if !d.active {
+		n, err := d.l.inner.Recv(batch)
+		if n > 0 {
+			d.ptSeen.Add(uint64(n))
+			d.ptDelivered.Add(uint64(n))
+		}
+		return n, err
+	}
+	if len(batch) == 0 {
+		return 0, nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return 0, net.ErrClosed
+	}
+	for d.rcount == 0 && !d.closed && d.pumpErr == nil {
+		d.notEmpty.Wait()
+	}
+	if d.closed {
+		return 0, net.ErrClosed
+	}
+	if d.rcount == 0 {
+		return 0, d.pumpErr
+	}
+	n := 0
+	for n < len(batch) && d.rcount > 0 {
+		e := &d.ready[d.rhead]
+		b := batch[n].Buf[:cap(batch[n].Buf)]
+		c := copy(b, e.pb.b)
+		batch[n].Buf = b[:c]
+		batch[n].Src = e.src
+		batch[n].Dst = e.dst
+		d.put(e.pb)
+		*e = readyEnt{}
+		d.rhead = (d.rhead + 1) % len(d.ready)
+		d.rcount--
+		n++
+	}
+	d.notFull.Broadcast()
+	return n, nil
+}
+
+// pump reads the inner link, applies the receive faults and queues the survivors for Recv.
+func (d *dir) pump() {
+	defer d.l.pumps.Done()
+	n := min(max(d.l.inner.BatchSize(), 1), 64)
+	rb := make([]link.Datagram, n)
+	for i := range rb {
+		rb[i].Buf = make([]byte, link.MaxDatagram)
+	}
+	for {
+		for i := range rb {
+			rb[i].Buf = rb[i].Buf[:cap(rb[i].Buf)]
+		}
+		k, err := d.l.inner.Recv(rb)
+		d.mu.Lock()
+		if d.closed {
+			d.mu.Unlock()
+			return
+		}
+		if err != nil {
+			d.pumpErr = err
+			d.notEmpty.Broadcast()
+			d.mu.Unlock()
+			return
+		}
+		d.haveNow = false
+		for i := 0; i < k; i++ {
+			d.process(&rb[i])
+		}
+		d.flushRecv()
+		for d.rcount >= d.qmax && !d.closed {
+			d.notFull.Wait()
+		}
+		d.mu.Unlock()
+	}
+}
+
+// close stops the timer and frees everything held or queued.
+func (d *dir) close() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return
+	}
+	d.closed = true
+	if d.timer != nil {
+		d.timer.Stop()
+	}
+	d.armed = false
+	for i := range d.held {
+		h := &d.held[i]
+		d.stats.Discarded++
+		d.event(Discard, h.seq, h.rule, h.pb.b, 0, 0, 0)
+		d.put(h.pb)
+	}
+	clear(d.held)
+	d.held = d.held[:0]
+	for d.rcount > 0 {
+		e := &d.ready[d.rhead]
+		d.stats.Discarded++
+		d.put(e.pb)
+		*e = readyEnt{}
+		d.rhead = (d.rhead + 1) % len(d.ready)
+		d.rcount--
+	}
+	d.free = nil
+	d.notEmpty.Broadcast()
+	d.notFull.Broadcast()
+}
+
+func (d *dir) statsSnapshot() DirStats {
+	d.mu.Lock()
+	s := d.stats
+	s.Held = uint64(len(d.held))
+	d.mu.Unlock()
+	s.Seen += d.ptSeen.Load()
+	s.Delivered += d.ptDelivered.Load()
+	return s
+}
+
+func (d *dir) heldLen() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.held)
+}
+
+func (d *dir) queuedLen() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.rcount
+}
