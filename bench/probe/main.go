@@ -113,7 +113,7 @@ func run(args []string) error {
 		}
 		d := time.Since(t0)
 		fmt.Printf("go %s %d B: %.1f MB/s (%.2f us per op; %x)\n", args[0], size,
-			float64(size)*float64(n)/d.Seconds()/1e6, float64(d.Nanoseconds())/float64(n)/1e3, sum&0)
+			float64(size)*float64(n)/d.Seconds()/1e6, float64(d.Nanoseconds())/float64(n)/1e3, sum)
 		return nil
 	case "ops":
 		if len(args) != 2 {

@@ -243,8 +243,6 @@ func (r *perfRes) recvOff(i int) int     { return (r.c.QPs + i) * r.area }
 func (r *perfRes) sendIOVA(i int) uint64 { return perfIOVA + uint64(r.sendOff(i)) }
 func (r *perfRes) recvIOVA(i int) uint64 { return perfIOVA + uint64(r.recvOff(i)) }
 func (r *perfRes) since() time.Duration  { return time.Since(r.t0) }
-func (r *perfRes) lat() bool             { return r.c.Lat }
-func (r *perfRes) oneSided() bool        { return r.c.Verb != "send" }
 func (r *perfRes) readOrAtomic() bool    { return r.c.Verb == "read" || r.c.Verb == "atomic" }
 func (r *perfRes) server() bool          { return r.c.Server == "" }
 func (r *perfRes) cycles(size int) bool  { return size <= r.cycle/2 }

@@ -334,7 +334,8 @@ func (c *CQ) SetPushHooks(h PushHook, after func()) {
 	c.mu.Lock()
 	c.hook, c.after = h, after
 	c.mu.Unlock()
-	c.afterMu.Lock() // waits for the AfterPush calls already running
+	c.afterMu.Lock()
+	//lint:ignore SA2001 the empty section waits for the AfterPush calls already running
 	c.afterMu.Unlock()
 }
 

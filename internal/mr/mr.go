@@ -353,10 +353,9 @@ type MR struct {
 	drain    chan struct{}
 	doneFn   func()
 
-	nmw     int  // windows bound to this MR (under t.mu)
-	dereg   bool // a Dereg is in progress (under t.mu)
-	dead    bool // deregistered (under t.mu)
-	regAttr mapping
+	nmw   int  // windows bound to this MR (under t.mu)
+	dereg bool // a Dereg is in progress (under t.mu)
+	dead  bool // deregistered (under t.mu)
 }
 
 func (m *MR) release() {

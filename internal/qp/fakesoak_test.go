@@ -56,7 +56,6 @@ type fsDir struct {
 	wrs       [fsWindow]fsWR
 	expect    []fsWR // SEND/WRITE_IMM receive completions, in order
 	faa, cas  uint64
-	recvs     int
 	sizes     map[uint64]int // seq -> size (diagnostics)
 }
 

@@ -141,9 +141,8 @@ type connOpts struct {
 	rnrRetry, minRNR uint8
 	rdAtomic         uint8
 	// destRDAtomic is both sides' max_dest_rd_atomic (0 = 16).
-	destRDAtomic       uint8
-	accessA, accessB   mr.Access
-	noAccessA, noAcces bool
+	destRDAtomic     uint8
+	accessA, accessB mr.Access
 	// noTimer sets timeout 0 (no ACK timer); timeout 0 above means 14.
 	noTimer bool
 }

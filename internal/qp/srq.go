@@ -157,20 +157,6 @@ func (s *SRQ) Take(dst *RecvWR) bool {
 	return e != nil
 }
 
-// pop is Take in the engine's receive-WQE form.
-func (s *SRQ) pop(dst *recvWQE) bool {
-	s.mu.Lock()
-	e, fire := s.take()
-	if e != nil {
-		dst.wrid = e.wrid
-		dst.sge = append(dst.sge[:0], e.sge...)
-		dst.n = len(e.sge)
-	}
-	s.mu.Unlock()
-	s.raise(fire)
-	return e != nil
-}
-
 // Len returns the number of queued WRs.
 func (s *SRQ) Len() int {
 	s.mu.Lock()

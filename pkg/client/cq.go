@@ -291,7 +291,8 @@ func (q *cqc) release() error {
 	q.destroyed = true
 	q.gone.Store(true)
 	q.notifyFile.Close() // ends a Wait parked on it
-	q.waitMu.Lock()      // and a Wait still looking at the ring
+	q.waitMu.Lock()
+	//lint:ignore SA2001 the empty section waits for a Wait still looking at the ring
 	q.waitMu.Unlock()
 	q.chOnce.Do(func() { close(q.done) }) // no reader was started
 	<-q.done

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/softroce/softroce/internal/rocetest"
-	"github.com/softroce/softroce/pkg/bth"
 )
 
 // Bench is the testbench side: a raw RoCEv2 socket (rocetest.Peer) facing the DUT, and the
@@ -122,6 +121,3 @@ func (b *Bench) Drain() {
 		}
 	}
 }
-
-// psnOf is a convenience for Expect fields.
-func psnOf(p bth.PSN) *bth.PSN { return &p }

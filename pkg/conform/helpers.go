@@ -29,8 +29,6 @@ func atomicReq(op bth.Opcode, psn bth.PSN, va uint64, rkey uint32, swapAdd, comp
 	return rocetest.Spec{Opcode: op, PSN: psn, AtomicETH: &bth.AtomicETHFields{VA: va, RKey: rkey, SwapAdd: swapAdd, Compare: compare}}
 }
 
-func u64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
-
 // memU64 reads an 8-byte value as the DUT's CPU stores it: both DUTs are little-endian
 // hosts and atomics operate on host-order words (IBTA 9.4.5 leaves the byte order to the
 // host; ibverbs uses the CPU's).

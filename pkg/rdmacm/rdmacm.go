@@ -186,23 +186,22 @@ type ID struct {
 	ds *devState
 	ps cm.PortSpace
 
-	mu        sync.Mutex
-	state     idState
-	local     netip.AddrPort
-	remote    netip.AddrPort
-	route     Route
-	qp        *roce.QP
-	pd        *mr.PD // the QP's PD (UD address handles are made in it)
-	conn      *cm.Conn
-	listener  *cm.Listener
-	backlog   int
-	pending   int
-	parent    *ID
-	reqParam  ConnParam
-	ownsPort  bool
-	udRemote  UDParam
-	connected bool
-	attached  bool // the QP came from AttachQP: not ours to destroy
+	mu       sync.Mutex
+	state    idState
+	local    netip.AddrPort
+	remote   netip.AddrPort
+	route    Route
+	qp       *roce.QP
+	pd       *mr.PD // the QP's PD (UD address handles are made in it)
+	conn     *cm.Conn
+	listener *cm.Listener
+	backlog  int
+	pending  int
+	parent   *ID
+	reqParam ConnParam
+	ownsPort bool
+	udRemote UDParam
+	attached bool // the QP came from AttachQP: not ours to destroy
 
 	// daemon mode (rem != nil): the ID is handle rh of the client's
 	// session; vqp is the QP bound with CreateQPVerbs.

@@ -266,8 +266,7 @@ func replayClient(t *testing.T, path string) {
 	}
 	// the work requests the client posted, rebuilt from its packets
 	type expect struct {
-		wc   cq.WC
-		data []byte // what lands in local memory (READ data, atomic original value)
+		wc cq.WC
 	}
 	var wrs []qp.SendWR
 	var reqPSN []bth.PSN

@@ -148,7 +148,7 @@ func nmEngine(t *testing.T, lab *rxelab.Lab, o rawOptions) {
 			t.Fatalf("accept: %v", err)
 		}
 		_ = conn.SetDeadline(deadline)
-		theirs, err = rocetest.PingpongServerExchange(conn, mine, up)
+		_, err = rocetest.PingpongServerExchange(conn, mine, up)
 		conn.Close()
 		if err != nil {
 			t.Fatal(err)
