@@ -278,6 +278,11 @@ func openSock(l *UDPLink, a netip.Addr, o *UDPOptions) (*udpSock, error) {
 	if err := setBuf(fd, unix.SO_RCVBUF, unix.SO_RCVBUFFORCE, o.RecvBuf, o.NoForce); err != nil {
 		return fail("setsockopt SO_RCVBUF", err)
 	}
+	if s.v6 {
+		if err := AcceptZeroChecksum6(fd); err != nil {
+			return fail("setsockopt UDP_NO_CHECK6_RX", err)
+		}
+	}
 	port := int(o.Port)
 	if o.AnyPort {
 		port = 0
@@ -385,6 +390,15 @@ func setSendOpts(fd int, v6 bool, sendBuf int, noForce bool) (string, error) {
 		return "setsockopt SO_SNDBUF", err
 	}
 	return "", nil
+}
+
+// AcceptZeroChecksum6 lets the IPv6 UDP socket fd receive datagrams whose UDP checksum is
+// zero (UDP_NO_CHECK6_RX, RFC 6935/6936): kernel rxe and RDMA NICs send RoCEv2 over IPv6 with
+// checksum 0, the ICRC protecting the packet (IBTA Vol 1 Annex A17.3.3), and without the
+// option Linux drops them before the socket (Udp6InCsumErrors). A non-zero checksum is still
+// verified and a wrong one dropped. docs/link.md, "IPv6 and the UDP checksum".
+func AcceptZeroChecksum6(fd int) error {
+	return unix.SetsockoptInt(fd, unix.IPPROTO_UDP, unix.UDP_NO_CHECK6_RX, 1)
 }
 
 func setBuf(fd, opt, force, size int, noForce bool) error {

@@ -45,7 +45,8 @@ type stdRx struct {
 const stdPool = 256
 
 // listenStdUDP binds one socket per address to addr:port with DF set
-// (IP_PMTUDISC_DO: IPv4 ID 0 on the wire, which the ICRC covers).
+// (IP_PMTUDISC_DO: IPv4 ID 0 on the wire, which the ICRC covers); IPv6 sockets accept a
+// zero UDP checksum (link.AcceptZeroChecksum6).
 func listenStdUDP(addrs []netip.Addr, port uint16) (*stdUDP, error) {
 	if len(addrs) == 0 {
 		return nil, fmt.Errorf("%w: no addresses", ErrInvalidArg)
@@ -69,6 +70,7 @@ func listenStdUDP(addrs []netip.Addr, port uint16) (*stdUDP, error) {
 					unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
 				} else {
 					unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_DO)
+					link.AcceptZeroChecksum6(int(fd)) // kernel rxe's zero UDP checksums
 				}
 			})
 		}
