@@ -42,7 +42,8 @@ LAB_PACKAGES=(qemu-system-x86 linux-image-amd64 kmod rdma-core ibverbs-providers
   libibverbs1 ibverbs-utils perftest rdmacm-utils busybox-static tcpdump tshark
   iproute2 iputils-ping ethtool cpio python3 binutils util-linux procps strace
   gcc libc6-dev libibverbs-dev    # build the conformance agent (test/conform/agent)
-  nftables)                       # host-side loss on softroce->rxe in the netem pairings
+  nftables                        # host-side loss on softroce->rxe in the netem pairings
+  make librdmacm-dev python3-pyverbs)   # the drop-in libraries (clib/) and rdma-core's tests
 
 log()  { printf '[rxe-lab] %s\n' "$*" >&2; }
 die()  { printf '[rxe-lab] ERROR: %s\n' "$*" >&2; exit "${DIE_RC:-1}"; }
