@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/google/gopacket v1.1.19
+	github.com/spf13/pflag v1.1.0
 	github.com/vishvananda/netlink v1.3.1
 	github.com/vishvananda/netns v0.0.5
 	go.uber.org/goleak v1.3.0

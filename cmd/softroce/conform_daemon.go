@@ -8,6 +8,8 @@ package main
 // receive posts (conform.Softroce.PostRecv).
 
 import (
+	"github.com/softroce/softroce/internal/tools/cli"
+
 	"fmt"
 	"net/netip"
 
@@ -29,7 +31,7 @@ func conformAddr(s string, def uint16) (netip.AddrPort, error) {
 }
 
 // conformDaemonDUT dials the daemon and makes the DUT on its device: at --roce's address (one
-// of the daemon's; default its first IPv4 address, as devflag.go picks one) and port (the
+// of the daemon's; default its first IPv4 address, as cli.DaemonLocalAddr picks one) and port (the
 // daemon's RoCE port, default 4791). done releases the DUT's objects and the connection.
 func conformDaemonDUT(f *conformFlags) (*conform.Softroce, func() error, error) {
 	c, err := client.Dial(f.daemon)
@@ -47,7 +49,7 @@ func conformDaemonDUT(f *conformFlags) (*conform.Softroce, func() error, error) 
 			return nil, nil, fmt.Errorf("--roce %v: not an address of the daemon's device %s %v", roce.Addr(), c.Name(), c.GIDs())
 		}
 	} else {
-		a, err := daemonLocalAddr(c, nil, netip.Addr{})
+		a, err := cli.DaemonLocalAddr(c, nil, netip.Addr{})
 		if err != nil {
 			c.Close()
 			return nil, nil, err

@@ -1,18 +1,24 @@
 // Command softroce is the CLI and daemon of softroce, a userspace RoCEv2
 // (InfiniBand transport over UDP 4791) stack.
 //
-// Each subcommand lives in its own file and registers itself in init with
-// register, so subcommands can be added without touching this file.
+// Each subcommand is a package under internal/tools; this file only dispatches to them.
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
 	"sort"
+
+	"github.com/softroce/softroce/internal/tools/cli"
+	"github.com/softroce/softroce/internal/tools/daemon"
+	"github.com/softroce/softroce/internal/tools/demo"
+	"github.com/softroce/softroce/internal/tools/devinfo"
+	"github.com/softroce/softroce/internal/tools/stats"
 )
 
-// command is one subcommand of the CLI.
+// command is a subcommand not yet moved to its own package (see register).
 type command struct {
 	name    string
 	summary string
@@ -21,18 +27,32 @@ type command struct {
 	run func(args []string, stdout, stderr io.Writer) int
 }
 
-var commands = map[string]*command{}
+var commands = map[string]cli.Command{}
 
-// register adds a subcommand; it is called from init functions.
-func register(c *command) {
-	if _, dup := commands[c.name]; dup {
-		panic("softroce: duplicate command " + c.name)
+func init() {
+	for _, c := range []cli.Command{daemon.Command, demo.Command, devinfo.Command, stats.Command} {
+		add(c)
 	}
-	commands[c.name] = c
+}
+
+// add adds a subcommand.
+func add(c cli.Command) {
+	if _, dup := commands[c.Name]; dup {
+		panic("softroce: duplicate command " + c.Name)
+	}
+	commands[c.Name] = c
+}
+
+// register adds a subcommand of package main; it is called from init functions.
+func register(c *command) {
+	add(cli.Command{Name: c.name, Summary: c.summary,
+		Main: func(_ context.Context, args []string, stdout, stderr io.Writer) int {
+			return c.run(args, stdout, stderr)
+		}})
 }
 
 func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: softroce COMMAND [flags] [args]")
+	fmt.Fprintln(w, "usage: softroce COMMAND [options] [args]   (softroce COMMAND -h: the command's options)")
 	fmt.Fprintln(w, "\ncommands:")
 	names := make([]string, 0, len(commands))
 	for n := range commands {
@@ -40,7 +60,7 @@ func usage(w io.Writer) {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
+		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].Summary)
 	}
 }
 
@@ -62,5 +82,5 @@ func run(args []string, stdout, stderr io.Writer) int {
 		usage(stderr)
 		return 2
 	}
-	return c.run(args[1:], stdout, stderr)
+	return c.Main(context.Background(), args[1:], stdout, stderr)
 }

@@ -11,7 +11,7 @@ package main
 //
 // --loopback keeps the former in-process tool (two devices in this process, no exchange;
 // perf_loopback.go). Softroce differences: -d names a local address or interface (see
-// devflag.go), every exchange step and every wait for a completion is bounded (--timeout,
+// internal/tools/cli), every exchange step and every wait for a completion is bounded (--timeout,
 // --run-timeout) where perftest waits forever, and a process waits for completions on the CQ's
 // channel instead of spinning a core (--busy-poll spins first, as perftest does).
 
@@ -30,6 +30,7 @@ import (
 	"github.com/softroce/softroce/internal/oob"
 	"github.com/softroce/softroce/internal/oob/perftest"
 	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/internal/tools/cli"
 )
 
 func init() {
@@ -99,7 +100,7 @@ type perfConfig struct {
 	// Server is the host to connect to; empty means server mode.
 	Server string
 	Port   int // -p: TCP port of the exchange
-	Dev    devFlag
+	Dev    cli.DevFlag
 	Size   int    // -s (the largest size with -a)
 	All    bool   // -a: sizes 2, 4, ... 2^23
 	Iters  int    // -n

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/softroce/softroce/internal/tools/cli"
+
 	"io"
 	"net/netip"
 	"runtime"
@@ -10,7 +12,7 @@ import (
 )
 
 // TestPerfLinkBusyPoll: --busy-poll gives the device's link a receive busy-poll budget (not
-// with --portable, whose plain sockets have none), and openLocalDevice hands it to the link:
+// with --portable, whose plain sockets have none), and cli.OpenLocal hands it to the link:
 // the device's receive goroutine is then found polling (busyRecv) instead of parked.
 func TestPerfLinkBusyPoll(t *testing.T) {
 	for _, c := range []struct {
@@ -30,8 +32,8 @@ func TestPerfLinkBusyPoll(t *testing.T) {
 		}
 	}
 
-	f := devFlag{Addr: netip.MustParseAddr("127.0.0.1")}
-	ld, err := openLocalDevice(&f, devOpenOptions{Port: freeUDPPort(t), BusyPoll: time.Hour})
+	f := cli.DevFlag{Addr: netip.MustParseAddr("127.0.0.1")}
+	ld, err := cli.OpenLocal(&f, cli.DevOptions{Port: freeUDPPort(t), BusyPoll: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

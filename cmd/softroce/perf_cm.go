@@ -39,6 +39,7 @@ import (
 	"github.com/softroce/softroce/internal/mr"
 	"github.com/softroce/softroce/internal/oob/perftest"
 	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/internal/tools/cli"
 	"github.com/softroce/softroce/pkg/rdmacm"
 	"github.com/softroce/softroce/pkg/roce"
 )
@@ -735,18 +736,18 @@ func perfRunCM(c *perfConfig, env *perfEnv) (err error) {
 		role = perftest.Server
 	}
 	var (
-		ld     *verbsDev
+		ld     *cli.VerbsDev
 		server netip.AddrPort
 		peer   netip.Addr
 	)
 	if role == perftest.Client {
-		host, e := ppResolve(ctx, c.Server, c.Timeout)
+		host, e := cli.ResolveHost(ctx, c.Server, c.Timeout)
 		if e != nil {
 			return e
 		}
 		server, peer = netip.AddrPortFrom(host.Unmap(), uint16(c.Port)), host
 	}
-	if ld, err = openVerbsDevice(c.Daemon, &c.Dev, devOpenOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer, BusyPoll: c.linkBusyPoll()}); err != nil {
+	if ld, err = cli.OpenVerbs(c.Daemon, &c.Dev, cli.DevOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer, BusyPoll: c.linkBusyPoll()}); err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, ld.Close()) }()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/internal/tools/demo"
 	"github.com/softroce/softroce/pkg/link"
 	"github.com/softroce/softroce/pkg/roce"
 )
@@ -56,11 +57,11 @@ func perfLoopback(c *perfConfig, stdout, stderr io.Writer) int {
 		return 1
 	}
 	span := size * depth
-	a, err := newDemoEnd(da, span)
-	var b *demoEnd
+	a, err := demo.NewEnd(da, span)
+	var b *demo.End
 	if err == nil {
-		if b, err = newDemoEnd(db, span); err == nil {
-			err = demoConnect(a, b, mtu)
+		if b, err = demo.NewEnd(db, span); err == nil {
+			err = demo.Connect(a, b, mtu)
 		}
 	}
 	if err != nil {
@@ -73,8 +74,8 @@ func perfLoopback(c *perfConfig, stdout, stderr io.Writer) int {
 	wr := make([]qp.SendWR, 1)
 	wrFor := func(i int) []qp.SendWR {
 		off := (i % depth) * size
-		sge[0] = a.sge(off, size)
-		wr[0] = qp.SendWR{WRID: uint64(i), SGL: sge, Flags: qp.SendSignaled, RemoteAddr: b.va(off), RKey: b.mr.RKey()}
+		sge[0] = a.SGE(off, size)
+		wr[0] = qp.SendWR{WRID: uint64(i), SGL: sge, Flags: qp.SendSignaled, RemoteAddr: b.VA(off), RKey: b.MR.RKey()}
 		switch c.Verb {
 		case "write":
 			wr[0].Opcode = qp.WRRDMAWrite
@@ -88,9 +89,9 @@ func perfLoopback(c *perfConfig, stdout, stderr io.Writer) int {
 	rsge := make([]qp.SGE, 1)
 	rwr := make([]qp.RecvWR, 1)
 	postRecv := func(i int) error {
-		rsge[0] = b.sge((i%depth)*size, size)
+		rsge[0] = b.SGE((i%depth)*size, size)
 		rwr[0] = qp.RecvWR{WRID: uint64(i), SGL: rsge}
-		_, err := b.qp.PostRecv(rwr)
+		_, err := b.QP.PostRecv(rwr)
 		return err
 	}
 	if c.Verb == "send" { // one receive per message, reposted as they complete
@@ -109,13 +110,13 @@ func perfLoopback(c *perfConfig, stdout, stderr io.Writer) int {
 	for done < iters {
 		for posted < iters && posted-done < depth {
 			sent[posted%depth] = time.Now()
-			if _, err := a.qp.PostSend(wrFor(posted)); err != nil {
+			if _, err := a.QP.PostSend(wrFor(posted)); err != nil {
 				fmt.Fprintf(stderr, "perf: post: %v\n", err)
 				return 1
 			}
 			posted++
 		}
-		k := a.scq.Poll(wcs)
+		k := a.SCQ.Poll(wcs)
 		now := time.Now()
 		for i := 0; i < k; i++ {
 			if wcs[i].Status != cq.StatusSuccess {
@@ -126,7 +127,7 @@ func perfLoopback(c *perfConfig, stdout, stderr io.Writer) int {
 		}
 		done += k
 		if c.Verb == "send" {
-			r := b.rcq.Poll(rwcs)
+			r := b.RCQ.Poll(rwcs)
 			for i := 0; i < r && recvPosted < iters; i++ {
 				if err := postRecv(recvPosted); err != nil {
 					fmt.Fprintf(stderr, "perf: %v\n", err)
@@ -141,12 +142,12 @@ func perfLoopback(c *perfConfig, stdout, stderr io.Writer) int {
 				return 1
 			}
 			// sleep until a completion instead of spinning (2 cores)
-			_ = a.scq.ReqNotify(false)
-			_ = b.rcq.ReqNotify(false)
-			if a.scq.Len() == 0 && (c.Verb != "send" || b.rcq.Len() == 0) {
+			_ = a.SCQ.ReqNotify(false)
+			_ = b.RCQ.ReqNotify(false)
+			if a.SCQ.Len() == 0 && (c.Verb != "send" || b.RCQ.Len() == 0) {
 				select {
-				case <-a.scq.Channel():
-				case <-b.rcq.Channel():
+				case <-a.SCQ.Channel():
+				case <-b.RCQ.Channel():
 				case <-time.After(100 * time.Millisecond):
 				}
 			}

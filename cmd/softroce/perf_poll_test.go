@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/softroce/softroce/internal/tools/cli"
+
 	"bytes"
 	"errors"
 	"fmt"
@@ -16,7 +18,7 @@ import (
 )
 
 // TestPerfPolledMode: --lat --busy-poll runs the embedded device in polled mode (not for
-// bandwidth tests, --portable, --daemon, -R or --loopback), openLocalDevice opens it so, and
+// bandwidth tests, --portable, --daemon, -R or --loopback), cli.OpenLocal opens it so, and
 // every latency test completes in it softroce <-> softroce with perftest's output.
 func TestPerfPolledMode(t *testing.T) {
 	for _, c := range []struct {
@@ -38,13 +40,13 @@ func TestPerfPolledMode(t *testing.T) {
 			t.Errorf("%v: polled %v, want %v", c.args, got, c.want)
 		}
 	}
-	f := devFlag{Addr: netip.MustParseAddr("127.0.0.1")}
-	ld, err := openLocalDevice(&f, devOpenOptions{Port: freeUDPPort(t), Polled: true})
+	f := cli.DevFlag{Addr: netip.MustParseAddr("127.0.0.1")}
+	ld, err := cli.OpenLocal(&f, cli.DevOptions{Port: freeUDPPort(t), Polled: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !ld.Dev.Polled() {
-		t.Error("openLocalDevice with Polled: the device has a receive goroutine")
+		t.Error("cli.OpenLocal with Polled: the device has a receive goroutine")
 	}
 	ld.Dev.Close()
 

@@ -43,6 +43,7 @@ import (
 	"github.com/softroce/softroce/internal/oob"
 	"github.com/softroce/softroce/internal/oob/perftest"
 	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/internal/tools/cli"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -771,7 +772,7 @@ func perfRun(c *perfConfig, env *perfEnv) (err error) {
 	ctx := context.Background()
 	out := env.Stdout
 	var (
-		ld   *verbsDev
+		ld   *cli.VerbsDev
 		r    *perfRes
 		host netip.Addr
 	)
@@ -795,7 +796,7 @@ func perfRun(c *perfConfig, env *perfEnv) (err error) {
 	}()
 	open := func(peer netip.Addr) error {
 		var e error
-		if ld, e = openVerbsDevice(c.Daemon, &c.Dev, devOpenOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer,
+		if ld, e = cli.OpenVerbs(c.Daemon, &c.Dev, cli.DevOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer,
 			BusyPoll: c.linkBusyPoll(), Polled: c.polled(), XDP: c.XDP, XDPNoPairs: c.XDPNoPairs, DM: c.dmBytes()}); e != nil {
 			return e
 		}
@@ -819,13 +820,13 @@ func perfRun(c *perfConfig, env *perfEnv) (err error) {
 	var tcpPeer netip.Addr
 	if c.Server != "" {
 		var e error
-		if host, e = ppResolve(ctx, c.Server, c.Timeout); e != nil {
+		if host, e = cli.ResolveHost(ctx, c.Server, c.Timeout); e != nil {
 			return e
 		}
 		if e := open(host); e != nil {
 			return e
 		}
-		tc, e := ppDial(ctx, netip.AddrPortFrom(host, uint16(c.Port)), c.Timeout)
+		tc, e := cli.Dial(ctx, netip.AddrPortFrom(host, uint16(c.Port)), c.Timeout)
 		if e != nil {
 			return fmt.Errorf("Couldn't connect to %v:%d: %w", host, c.Port, e)
 		}
@@ -857,9 +858,9 @@ func perfRun(c *perfConfig, env *perfEnv) (err error) {
 			}
 			return fmt.Errorf("accept() failed: %w", e)
 		}
-		tcpPeer = ppAddrOf(tc.RemoteAddr())
+		tcpPeer = cli.AddrOf(tc.RemoteAddr())
 		if r == nil { // no -d: speak from the address the client reached
-			if e := open(ppAddrOf(tc.LocalAddr())); e != nil {
+			if e := open(cli.AddrOf(tc.LocalAddr())); e != nil {
 				tc.Close()
 				return e
 			}
@@ -1039,7 +1040,7 @@ func perfMeasure(ctx context.Context, r *perfRes, conn perfExchanger, role perft
 // perfPrintStats writes the device's non-zero counters and its link's counters (--stats).
 // Through the daemon the counters are the daemon device's (every client's traffic) and the
 // link's are not available.
-func perfPrintStats(w io.Writer, vd *verbsDev) {
+func perfPrintStats(w io.Writer, vd *cli.VerbsDev) {
 	m := vd.V.Stats().Map()
 	keys := make([]string, 0, len(m))
 	for k, v := range m {

@@ -47,7 +47,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/softroce/softroce/internal/cq"
@@ -55,6 +54,7 @@ import (
 	"github.com/softroce/softroce/internal/oob"
 	"github.com/softroce/softroce/internal/oob/pingpong"
 	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/internal/tools/cli"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -123,7 +123,7 @@ type ppConfig struct {
 	Events   bool // -e
 	Validate bool // -c
 	NumQP    int  // -q (srq)
-	Dev      devFlag
+	Dev      cli.DevFlag
 	// softroce additions
 	Timeout  time.Duration // bound of every step
 	RocePort uint16        // UDP port of RoCE (4791)
@@ -349,7 +349,7 @@ func pingpongMain(args []string, env *ppEnv) int {
 type ppCtx struct {
 	c    *ppConfig
 	env  *ppEnv
-	ld   *verbsDev // the embedded device or the daemon (--daemon)
+	ld   *cli.VerbsDev // the embedded device or the daemon (--daemon)
 	pd   roce.ProtectionDomain
 	mr   roce.MemoryRegion
 	cq   roce.CompletionQueue
@@ -374,7 +374,7 @@ type ppCtx struct {
 }
 
 // newPPCtx is pp_init_ctx plus the initial receives and the local addresses.
-func newPPCtx(c *ppConfig, env *ppEnv, ld *verbsDev) (*ppCtx, error) {
+func newPPCtx(c *ppConfig, env *ppEnv, ld *cli.VerbsDev) (*ppCtx, error) {
 	p := &ppCtx{c: c, env: env, ld: ld}
 	d := ld.V
 	n := c.Size
@@ -869,7 +869,7 @@ func ppCheckPages(w io.Writer, b []byte) int {
 func pingpongRun(ctx context.Context, c *ppConfig, env *ppEnv) (err error) {
 	oo := pingpong.Options{Options: oob.Options{Timeout: c.Timeout}, Records: c.Tool.Records()}
 	var (
-		ld *verbsDev
+		ld *cli.VerbsDev
 		p  *ppCtx
 	)
 	defer func() {
@@ -882,7 +882,7 @@ func pingpongRun(ctx context.Context, c *ppConfig, env *ppEnv) (err error) {
 	}()
 	open := func(peer netip.Addr) error {
 		var e error
-		if ld, e = openVerbsDevice(c.Daemon, &c.Dev, devOpenOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer}); e != nil {
+		if ld, e = cli.OpenVerbs(c.Daemon, &c.Dev, cli.DevOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer}); e != nil {
 			return e
 		}
 		if p, e = newPPCtx(c, env, ld); e != nil {
@@ -895,14 +895,14 @@ func pingpongRun(ctx context.Context, c *ppConfig, env *ppEnv) (err error) {
 	}
 	var remote []pingpong.Dest
 	if c.Server != "" {
-		host, err := ppResolve(ctx, c.Server, c.Timeout)
+		host, err := cli.ResolveHost(ctx, c.Server, c.Timeout)
 		if err != nil {
 			return err
 		}
 		if err := open(host); err != nil {
 			return err
 		}
-		conn, err := ppDial(ctx, netip.AddrPortFrom(host, uint16(c.Port)), c.Timeout)
+		conn, err := cli.Dial(ctx, netip.AddrPortFrom(host, uint16(c.Port)), c.Timeout)
 		if err != nil {
 			return err
 		}
@@ -943,10 +943,10 @@ func pingpongRun(ctx context.Context, c *ppConfig, env *ppEnv) (err error) {
 			}
 			return fmt.Errorf("accept() failed: %w", err)
 		}
-		tcpPeer := ppAddrOf(conn.RemoteAddr())
+		tcpPeer := cli.AddrOf(conn.RemoteAddr())
 		remote, err = pingpong.Server(ctx, conn, oo, func(r []pingpong.Dest) ([]pingpong.Dest, error) {
 			if p == nil { // no -d: the device speaks from the address the client reached
-				if err := open(ppAddrOf(conn.LocalAddr())); err != nil {
+				if err := open(cli.AddrOf(conn.LocalAddr())); err != nil {
 					return nil, err
 				}
 			}
@@ -972,58 +972,6 @@ func pingpongRun(ctx context.Context, c *ppConfig, env *ppEnv) (err error) {
 		ppCheckPages(env.Stdout, p.finalBuf())
 	}
 	return nil
-}
-
-// ppAddrOf returns the IP of a TCP address.
-func ppAddrOf(a net.Addr) netip.Addr {
-	if t, ok := a.(*net.TCPAddr); ok {
-		return t.AddrPort().Addr().Unmap()
-	}
-	return netip.Addr{}
-}
-
-// ppResolve turns SERVER into an address (a literal, or the first of a name lookup).
-func ppResolve(ctx context.Context, host string, timeout time.Duration) (netip.Addr, error) {
-	if a, err := netip.ParseAddr(host); err == nil {
-		return a.Unmap(), nil
-	}
-	rctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	as, err := net.DefaultResolver.LookupNetIP(rctx, "ip", host)
-	if err != nil || len(as) == 0 {
-		return netip.Addr{}, fmt.Errorf("%w: cannot resolve %q: %v", errPPUsage, host, err)
-	}
-	for _, a := range as {
-		if a.Unmap().Is4() {
-			return a.Unmap(), nil
-		}
-	}
-	return as[0], nil
-}
-
-// ppDial connects to the server, retrying while it refuses (it may not listen yet), for at
-// most timeout.
-func ppDial(ctx context.Context, to netip.AddrPort, timeout time.Duration) (net.Conn, error) {
-	dctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	for {
-		c, err := oob.Dial(dctx, to.String(), oob.Options{Timeout: timeout})
-		if err == nil {
-			return c, nil
-		}
-		if !errors.Is(err, syscall.ECONNREFUSED) || dctx.Err() != nil {
-			if dctx.Err() != nil {
-				err = fmt.Errorf("%w: %w", errPPTimeout, err)
-			}
-			return nil, fmt.Errorf("Couldn't connect to %v: %w", to, err)
-		}
-		t := time.NewTimer(100 * time.Millisecond)
-		select {
-		case <-t.C:
-		case <-dctx.Done():
-			t.Stop()
-		}
-	}
 }
 
 // ppCQErr is the CQ's overrun error (ibv_poll_cq failing): the embedded CQ's Err; through the

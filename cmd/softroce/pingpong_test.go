@@ -20,6 +20,7 @@ import (
 	"github.com/softroce/softroce/internal/oob"
 	"github.com/softroce/softroce/internal/oob/pingpong"
 	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/internal/tools/cli"
 )
 
 // freeUDPPort returns a UDP port free on both 127.0.0.1 and 127.0.0.2 (the RoCE port of
@@ -441,47 +442,6 @@ func TestPingpongPages(t *testing.T) {
 }
 
 // TestDevFlag checks -d parsing, local address resolution and rxe's port MTU rule.
-func TestDevFlag(t *testing.T) {
-	var f devFlag
-	for in, want := range map[string]string{"127.0.0.2": "127.0.0.2", "::ffff:198.18.0.1": "198.18.0.1", "lo": "lo", "fd00::1": "fd00::1"} {
-		if err := f.Set(in); err != nil || f.String() != want || !f.IsSet() {
-			t.Errorf("Set(%q): %v, %q", in, err, f.String())
-		}
-	}
-	for _, in := range []string{"", "0.0.0.0", "224.0.0.1", "fe80::1%lo", "a/b", "averyveryverylongname"} {
-		if err := f.Set(in); err == nil {
-			t.Errorf("Set(%q) accepted", in)
-		}
-	}
-	var unset devFlag
-	if a, err := resolveLocalAddr(&unset, netip.MustParseAddr("127.0.0.1")); err != nil || !a.IsLoopback() {
-		t.Errorf("route to 127.0.0.1: %v %v", a, err)
-	}
-	if _, err := resolveLocalAddr(&unset, netip.Addr{}); err == nil {
-		t.Error("no -d and no peer accepted")
-	}
-	lo := devFlag{Interface: "lo"}
-	if a, err := resolveLocalAddr(&lo, netip.Addr{}); err != nil || a != netip.MustParseAddr("127.0.0.1") {
-		t.Errorf("lo: %v %v", a, err)
-	}
-	if interfaceMTU(netip.MustParseAddr("127.0.0.1")) < 1500 {
-		t.Errorf("lo MTU %d", interfaceMTU(netip.MustParseAddr("127.0.0.1")))
-	}
-	for mtu, want := range map[int]qp.MTU{1500: qp.MTU1024, 9000: qp.MTU4096, 65536: qp.MTU4096, 1104: qp.MTU1024, 1103: qp.MTU512, 2128: qp.MTU2048, 0: qp.MTU4096, 300: qp.MTU256} {
-		if got := activeMTU(mtu); got != want {
-			t.Errorf("activeMTU(%d) = %v, want %v", mtu, got, want)
-		}
-	}
-	d, err := openLocalDevice(&devFlag{Addr: netip.MustParseAddr("127.0.0.2")}, devOpenOptions{Port: freeUDPPort(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Dev.Close()
-	if g, err := d.Dev.GID(d.GIDIndex); err != nil || g.Unmap() != d.Addr || d.MTU != qp.MTU4096 || d.GID() != netip.MustParseAddr("::ffff:127.0.0.2").As16() {
-		t.Errorf("device %+v: GID(%d) = %v, %v", d, d.GIDIndex, g, err)
-	}
-}
-
 // TestPingpongLoopAllocs: one ping-pong round trip (SEND, RECV, echo, with the receive
 // refills) between two in-process devices on UDP sockets (127.0.0.1, 127.0.0.2) allocates
 // nothing, in the pingpong loop nor in the engine and link under it. (The in-memory test link
@@ -502,7 +462,7 @@ func TestPingpongLoopAllocs(t *testing.T) {
 			var ctxs [2]*ppCtx
 			var loops [2]*ppLoop
 			for i, a := range addrs {
-				ld, err := openLocalDevice(&devFlag{Addr: a}, devOpenOptions{Port: port, MTU: qp.MTU1024})
+				ld, err := cli.OpenLocal(&cli.DevFlag{Addr: a}, cli.DevOptions{Port: port, MTU: qp.MTU1024})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -512,7 +472,7 @@ func TestPingpongLoopAllocs(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if ctxs[i], err = newPPCtx(c, &ppEnv{Stdout: &eb, Stderr: &eb}, ld.verbs()); err != nil {
+				if ctxs[i], err = newPPCtx(c, &ppEnv{Stdout: &eb, Stderr: &eb}, ld.Verbs()); err != nil {
 					t.Fatal(err)
 				}
 				defer ctxs[i].close()

@@ -36,6 +36,7 @@ import (
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/mr"
 	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/internal/tools/cli"
 	"github.com/softroce/softroce/pkg/rdmacm"
 	"github.com/softroce/softroce/pkg/roce"
 )
@@ -64,16 +65,16 @@ const (
 // rpingConfig is a parsed rping command line.
 type rpingConfig struct {
 	Server, Client bool
-	Addr           netip.Addr // -a
-	Source         netip.Addr // -I
-	Port           uint16     // -p
-	Count          int        // -C (0 = forever)
-	Size           int        // -S
-	Verbose        bool       // -v
-	Validate       bool       // -V
-	Debug          bool       // -d
-	Persistent     bool       // -P (accepted; one connection at a time)
-	Dev            devFlag    // --dev
+	Addr           netip.Addr  // -a
+	Source         netip.Addr  // -I
+	Port           uint16      // -p
+	Count          int         // -C (0 = forever)
+	Size           int         // -S
+	Verbose        bool        // -v
+	Validate       bool        // -V
+	Debug          bool        // -d
+	Persistent     bool        // -P (accepted; one connection at a time)
+	Dev            cli.DevFlag // --dev
 	Timeout        time.Duration
 	RocePort       uint16
 	Portable       bool   // --portable: plain sockets (roce.UDPOptions.Portable)
@@ -290,13 +291,13 @@ func (r *rpinger) run() error {
 	case c.Client && c.Source.IsValid():
 		local = c.Source
 	case c.Client:
-		a, err := resolveLocalAddr(&c.Dev, c.Addr)
+		a, err := cli.ResolveLocalAddr(&c.Dev, c.Addr)
 		if err != nil {
 			return err
 		}
 		local = a
 	case c.Dev.IsSet():
-		a, err := resolveLocalAddr(&c.Dev, c.Addr)
+		a, err := cli.ResolveLocalAddr(&c.Dev, c.Addr)
 		if err != nil {
 			return err
 		}
@@ -304,12 +305,12 @@ func (r *rpinger) run() error {
 	case c.Addr.IsValid() && !c.Addr.IsUnspecified():
 		local = c.Addr
 	default:
-		return fmt.Errorf("%w: the server needs -a ADDR or --dev ADDR|IFNAME (a softroce device is one address)", errDevFlag)
+		return fmt.Errorf("%w: the server needs -a ADDR or --dev ADDR|IFNAME (a softroce device is one address)", cli.ErrDev)
 	}
-	mtu := activeMTU(interfaceMTU(local))
+	mtu := cli.ActiveMTU(cli.InterfaceMTU(local))
 	d, err := roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{local}, Port: c.RocePort, Portable: c.Portable, MTU: mtu, Name: "softroce0"})
 	if err != nil {
-		return fmt.Errorf("%w on %v: %w", errDevFlag, local, err)
+		return fmt.Errorf("%w on %v: %w", cli.ErrDev, local, err)
 	}
 	defer d.Close()
 	return r.runOn(d.Verbs(), local)
@@ -331,7 +332,7 @@ func (r *rpinger) runDaemon() error {
 	if c.Server {
 		peer = netip.Addr{}
 	}
-	vd, err := openVerbsDevice(c.Daemon, &dev, devOpenOptions{Peer: peer})
+	vd, err := cli.OpenVerbs(c.Daemon, &dev, cli.DevOptions{Peer: peer})
 	if err != nil {
 		return err
 	}

@@ -32,6 +32,7 @@ import (
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/mr"
 	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/internal/tools/cli"
 	"github.com/softroce/softroce/pkg/rdmacm"
 	"github.com/softroce/softroce/pkg/roce"
 )
@@ -57,7 +58,7 @@ type cmtConfig struct {
 	Conns    int        // -c
 	Count    int        // -C
 	Size     int        // -S
-	Dev      devFlag
+	Dev      cli.DevFlag
 	Timeout  time.Duration
 	RocePort uint16
 	Portable bool
@@ -267,7 +268,7 @@ func (t *cmTest) run() int {
 		if !dev.IsSet() && c.Src.IsValid() {
 			dev.Addr = c.Src
 		}
-		vd, err := openVerbsDevice(c.Daemon, &dev, devOpenOptions{Peer: c.Dst})
+		vd, err := cli.OpenVerbs(c.Daemon, &dev, cli.DevOptions{Peer: c.Dst})
 		if err != nil {
 			fmt.Fprintf(t.errw, "%s: %v\n", c.tool(), err)
 			return 1
@@ -276,7 +277,7 @@ func (t *cmTest) run() int {
 	case c.Src.IsValid():
 		local = c.Src
 	case c.Dst.IsValid() || c.Dev.IsSet():
-		if local, err = resolveLocalAddr(&c.Dev, c.Dst); err != nil {
+		if local, err = cli.ResolveLocalAddr(&c.Dev, c.Dst); err != nil {
 			fmt.Fprintf(t.errw, "%s: %v\n", c.tool(), err)
 			return 1
 		}
@@ -286,9 +287,9 @@ func (t *cmTest) run() int {
 	}
 	if t.v == nil {
 		d, err := roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{local}, Port: c.RocePort, Portable: c.Portable,
-			MTU: activeMTU(interfaceMTU(local)), Name: "softroce0"})
+			MTU: cli.ActiveMTU(cli.InterfaceMTU(local)), Name: "softroce0"})
 		if err != nil {
-			fmt.Fprintf(t.errw, "%s: %v on %v: %v\n", c.tool(), errDevFlag, local, err)
+			fmt.Fprintf(t.errw, "%s: %v on %v: %v\n", c.tool(), cli.ErrDev, local, err)
 			return 1
 		}
 		t.v = d.Verbs()

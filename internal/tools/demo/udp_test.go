@@ -1,11 +1,14 @@
-package main
+package demo
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/softroce/softroce/internal/tools/tooltest"
 )
 
 // TestDemoUDP runs the README's demo as it runs by default: two devices on
@@ -15,12 +18,12 @@ import (
 func TestDemoUDP(t *testing.T) {
 	for _, portable := range []bool{false, true} {
 		t.Run(fmt.Sprintf("portable=%v", portable), func(t *testing.T) {
-			args := []string{"-port", fmt.Sprint(freeUDPPort(t)), "-bytes", "8388608"}
+			args := []string{"--port", fmt.Sprint(tooltest.FreeUDPPort(t)), "--bytes", "8388608"}
 			if portable {
 				args = append(args, "--portable")
 			}
 			var out, errb bytes.Buffer
-			if rc := runDemo(args, &out, &errb); rc != 0 {
+			if rc := Main(context.Background(), args, &out, &errb); rc != 0 {
 				t.Fatalf("exit %d\n%s%s", rc, out.String(), errb.String())
 			}
 			s := out.String()

@@ -1,7 +1,8 @@
-package main
+package stats
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -15,7 +16,7 @@ import (
 func TestStatsDemo(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "stats.json")
 	var out, errb bytes.Buffer
-	if rc := run([]string{"stats", "--demo", "-rounds", "6", "-write", file}, &out, &errb); rc != 0 {
+	if rc := Main(context.Background(), []string{"--demo", "--rounds", "6", "--write", file}, &out, &errb); rc != 0 {
 		t.Fatalf("rc %d: %s", rc, errb.String())
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
@@ -46,7 +47,7 @@ func TestStatsDemo(t *testing.T) {
 		t.Errorf("rdma_sends %d rdma_recvs %d retry_exceeded_err %d, want 6 6 0", sum["rdma_sends"], sum["rdma_recvs"], sum["retry_exceeded_err"])
 	}
 	var again bytes.Buffer
-	if rc := run([]string{"stats", file}, &again, &errb); rc != 0 {
+	if rc := Main(context.Background(), []string{file}, &again, &errb); rc != 0 {
 		t.Fatalf("stats FILE: rc %d: %s", rc, errb.String())
 	}
 	if again.String() != out.String() {
@@ -61,9 +62,9 @@ func TestStatsBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out, errb bytes.Buffer
-	for _, args := range [][]string{{"stats"}, {"stats", bad}, {"stats", filepath.Join(dir, "none.json")},
-		{"stats", "--demo", "-faults", "drop=2"}, {"stats", "--demo", "x.json"}} {
-		if rc := run(args, &out, &errb); rc == 0 {
+	for _, args := range [][]string{{}, {bad}, {filepath.Join(dir, "none.json")},
+		{"--demo", "--faults", "drop=2"}, {"--demo", "x.json"}, {"--demo", "-rounds", "6"}, {"--daemon", "s", "--demo"}} {
+		if rc := Main(context.Background(), args, &out, &errb); rc == 0 {
 			t.Errorf("%v: rc 0", args)
 		}
 	}

@@ -1,7 +1,8 @@
-package main
+package demo
 
 import (
 	"bytes"
+	"context"
 	"strings"
 	"testing"
 )
@@ -10,7 +11,7 @@ import (
 // and the exit status must be 0.
 func TestDemoMem(t *testing.T) {
 	var out, errb bytes.Buffer
-	if rc := runDemo([]string{"--mem", "-bytes", "8388608", "-mtu", "1024"}, &out, &errb); rc != 0 {
+	if rc := Main(context.Background(), []string{"--mem", "--bytes", "8388608", "--mtu", "1024"}, &out, &errb); rc != 0 {
 		t.Fatalf("exit %d\n%s%s", rc, out.String(), errb.String())
 	}
 	for _, want := range []string{"SEND             ok", "RDMA_READ        ok", "ATOMIC_FETCH_ADD ok", "PASS: all 7 checks passed"} {
@@ -22,7 +23,7 @@ func TestDemoMem(t *testing.T) {
 
 func TestDemoBadFlags(t *testing.T) {
 	var out, errb bytes.Buffer
-	if rc := runDemo([]string{"-mtu", "1000"}, &out, &errb); rc != 2 {
+	if rc := Main(context.Background(), []string{"--mtu", "1000"}, &out, &errb); rc != 2 {
 		t.Fatalf("exit %d", rc)
 	}
 }

@@ -1,8 +1,8 @@
-package main
+package cli
 
 // The -d ADDR|IFNAME device flag shared by the tool-compatible subcommands (pingpong, perf),
-// and --daemon SOCKET (openVerbsDevice): run through the softroce daemon instead of an
-// embedded device.
+// and --daemon SOCKET (OpenVerbs): run through the softroce daemon instead of an embedded
+// device.
 //
 // The rdma-core and perftest tools name an RDMA device with -d (ibv_get_device_name). A
 // softroce device is a set of UDP sockets on local IP addresses, so our -d names the local
@@ -24,20 +24,20 @@ import (
 	"github.com/softroce/softroce/pkg/roce"
 )
 
-// errDevFlag is wrapped by every error about the -d flag and the local address it names.
-var errDevFlag = errors.New("device")
+// ErrDev is wrapped by every error about the -d flag and the local address it names.
+var ErrDev = errors.New("device")
 
-// devFlag is the value of a -d ADDR|IFNAME flag (a flag.Value). The zero value means "not
-// given": openLocalDevice then picks the address the kernel would route to the peer from.
-type devFlag struct {
+// DevFlag is the value of a -d ADDR|IFNAME flag (a pflag.Value). The zero value means "not
+// given": OpenLocal then picks the address the kernel would route to the peer from.
+type DevFlag struct {
 	// Addr is the local address, when -d named one.
 	Addr netip.Addr
 	// Interface is the interface name, when -d named one.
 	Interface string
 }
 
-// String implements flag.Value.
-func (f *devFlag) String() string {
+// String implements pflag.Value.
+func (f *DevFlag) String() string {
 	switch {
 	case f == nil:
 		return ""
@@ -47,29 +47,33 @@ func (f *devFlag) String() string {
 	return f.Interface
 }
 
-// Set implements flag.Value: an IP address (IPv4, IPv6, IPv4-mapped IPv6 as a GID is
-// written) or an interface name.
-func (f *devFlag) Set(s string) error {
-	*f = devFlag{}
-	if a, err := netip.ParseAddr(s); err == nil {
-		if a.Zone() != "" || a.IsUnspecified() || a.IsMulticast() {
-			return fmt.Errorf("%w %q: a RoCEv2 GID needs a unicast address without a zone", errDevFlag, s)
+// Type implements pflag.Value.
+func (f *DevFlag) Type() string { return "ADDR|IFNAME" }
+
+// Set implements pflag.Value: an IP address (ParseAddr: IPv4, IPv6, IPv4-mapped IPv6 as a GID
+// is written) or an interface name.
+func (f *DevFlag) Set(s string) error {
+	*f = DevFlag{}
+	if _, err := netip.ParseAddr(s); err == nil {
+		a, err := ParseAddr(s)
+		if err != nil {
+			return fmt.Errorf("%w %q: %w", ErrDev, s, err)
 		}
-		f.Addr = a.Unmap()
+		f.Addr = a
 		return nil
 	}
 	if s == "" || strings.ContainsAny(s, " /:") || len(s) > 15 { // IFNAMSIZ-1
-		return fmt.Errorf("%w %q: neither an IP address nor an interface name", errDevFlag, s)
+		return fmt.Errorf("%w %q: neither an IP address nor an interface name", ErrDev, s)
 	}
 	f.Interface = s
 	return nil
 }
 
 // IsSet reports whether -d was given.
-func (f *devFlag) IsSet() bool { return f.Addr.IsValid() || f.Interface != "" }
+func (f *DevFlag) IsSet() bool { return f.Addr.IsValid() || f.Interface != "" }
 
-// devOpenOptions configure openLocalDevice.
-type devOpenOptions struct {
+// DevOptions configure OpenLocal.
+type DevOptions struct {
 	// Port is the RoCE UDP port to listen on and send to (0 = 4791).
 	Port uint16
 	// Portable uses plain sockets instead of the batched link (roce.UDPOptions.Portable).
@@ -97,8 +101,8 @@ type devOpenOptions struct {
 	DM int
 }
 
-// localDev is an opened device and the local address it speaks from.
-type localDev struct {
+// LocalDev is an opened device and the local address it speaks from.
+type LocalDev struct {
 	Dev *roce.Device
 	// Addr is the local address (GID index GIDIndex).
 	Addr     netip.Addr
@@ -108,18 +112,18 @@ type localDev struct {
 }
 
 // GID returns the local address as a RoCEv2 GID (IPv4-mapped for IPv4, IBTA A17.8).
-func (l *localDev) GID() [16]byte { return l.Addr.As16() }
+func (l *LocalDev) GID() [16]byte { return l.Addr.As16() }
 
-// openLocalDevice resolves f (or, unset, the route to o.Peer) to one local address and opens a
+// OpenLocal resolves f (or, unset, the route to o.Peer) to one local address and opens a
 // softroce device on it.
-func openLocalDevice(f *devFlag, o devOpenOptions) (*localDev, error) {
-	addr, err := resolveLocalAddr(f, o.Peer)
+func OpenLocal(f *DevFlag, o DevOptions) (*LocalDev, error) {
+	addr, err := ResolveLocalAddr(f, o.Peer)
 	if err != nil {
 		return nil, err
 	}
 	mtu := o.MTU
 	if mtu == 0 {
-		mtu = activeMTU(interfaceMTU(addr))
+		mtu = ActiveMTU(InterfaceMTU(addr))
 	}
 	if o.XDP && mtu > qp.MTU2048 {
 		mtu = qp.MTU2048
@@ -131,18 +135,18 @@ func openLocalDevice(f *devFlag, o devOpenOptions) (*localDev, error) {
 	d, err := roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{addr}, Port: o.Port, Portable: o.Portable, MTU: mtu, Name: name,
 		Link: link.UDPOptions{BusyPoll: o.BusyPoll, XDP: link.XDPOptions{On: o.XDP, NoPairs: o.XDPNoPairs, WriteMemory: o.DM}}, Polled: o.Polled})
 	if err != nil {
-		return nil, fmt.Errorf("%w on %v: %w", errDevFlag, addr, err)
+		return nil, fmt.Errorf("%w on %v: %w", ErrDev, addr, err)
 	}
 	idx := d.GIDIndex(addr)
 	if idx < 0 {
 		d.Close()
-		return nil, fmt.Errorf("%w on %v: the address is not in the device's GID table", errDevFlag, addr)
+		return nil, fmt.Errorf("%w on %v: the address is not in the device's GID table", ErrDev, addr)
 	}
-	return &localDev{Dev: d, Addr: addr, GIDIndex: idx, MTU: mtu}, nil
+	return &LocalDev{Dev: d, Addr: addr, GIDIndex: idx, MTU: mtu}, nil
 }
 
-// resolveLocalAddr picks the local address for f (see devFlag).
-func resolveLocalAddr(f *devFlag, peer netip.Addr) (netip.Addr, error) {
+// ResolveLocalAddr picks the local address for f (see DevFlag).
+func ResolveLocalAddr(f *DevFlag, peer netip.Addr) (netip.Addr, error) {
 	peer = peer.Unmap()
 	switch {
 	case f != nil && f.Addr.IsValid():
@@ -150,7 +154,7 @@ func resolveLocalAddr(f *devFlag, peer netip.Addr) (netip.Addr, error) {
 	case f != nil && f.Interface != "":
 		addrs, err := roce.InterfaceAddrs(f.Interface)
 		if err != nil {
-			return netip.Addr{}, fmt.Errorf("%w %q: %w", errDevFlag, f.Interface, err)
+			return netip.Addr{}, fmt.Errorf("%w %q: %w", ErrDev, f.Interface, err)
 		}
 		var first netip.Addr
 		for _, a := range addrs {
@@ -163,23 +167,23 @@ func resolveLocalAddr(f *devFlag, peer netip.Addr) (netip.Addr, error) {
 			}
 		}
 		if !first.IsValid() || (peer.IsValid() && first.Is4() != peer.Is4()) {
-			return netip.Addr{}, fmt.Errorf("%w %q: no usable address", errDevFlag, f.Interface)
+			return netip.Addr{}, fmt.Errorf("%w %q: no usable address", ErrDev, f.Interface)
 		}
 		return first, nil
 	case peer.IsValid():
 		// connect(2) on a UDP socket only looks up the route: no packet is sent.
 		c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(peer, 4791)))
 		if err != nil {
-			return netip.Addr{}, fmt.Errorf("%w: no route to %v: %w", errDevFlag, peer, err)
+			return netip.Addr{}, fmt.Errorf("%w: no route to %v: %w", ErrDev, peer, err)
 		}
 		defer c.Close()
 		return c.LocalAddr().(*net.UDPAddr).AddrPort().Addr().Unmap(), nil
 	}
-	return netip.Addr{}, fmt.Errorf("%w: no -d ADDR|IFNAME and no peer to route to", errDevFlag)
+	return netip.Addr{}, fmt.Errorf("%w: no -d ADDR|IFNAME and no peer to route to", ErrDev)
 }
 
-// interfaceMTU returns the MTU of the interface holding addr, or 0 if none is found.
-func interfaceMTU(addr netip.Addr) int {
+// InterfaceMTU returns the MTU of the interface holding addr, or 0 if none is found.
+func InterfaceMTU(addr netip.Addr) int {
 	ifs, err := net.Interfaces()
 	if err != nil {
 		return 0
@@ -200,10 +204,10 @@ func interfaceMTU(addr netip.Addr) int {
 	return 0
 }
 
-// activeMTU is rxe's port MTU for a netdev MTU (rxe_net.c rxe_set_mtu / eth_mtu_int_to_enum:
+// ActiveMTU is rxe's port MTU for a netdev MTU (rxe_net.c rxe_set_mtu / eth_mtu_int_to_enum:
 // the MTU less RXE_MAX_HDR_LENGTH 80 bytes of headers, rounded down to an IB MTU, IBTA 9.4;
 // 1500 -> 1024, loopback's 65536 -> 4096). An unknown MTU (0) gives 4096.
-func activeMTU(netdevMTU int) qp.MTU {
+func ActiveMTU(netdevMTU int) qp.MTU {
 	if netdevMTU <= 0 {
 		return qp.MTU4096
 	}
@@ -216,9 +220,9 @@ func activeMTU(netdevMTU int) qp.MTU {
 	return qp.MTU256
 }
 
-// verbsDev is the device a tool runs on: an embedded device (Dev set) or the softroce daemon
+// VerbsDev is the device a tool runs on: an embedded device (Dev set) or the softroce daemon
 // (--daemon SOCKET: Dev nil, V a client connection), both as roce.Verbs.
-type verbsDev struct {
+type VerbsDev struct {
 	V roce.Verbs
 	// Dev is the embedded device (nil through the daemon).
 	Dev *roce.Device
@@ -230,33 +234,33 @@ type verbsDev struct {
 }
 
 // Close releases the device (the daemon connection: the daemon destroys this client's objects).
-func (v *verbsDev) Close() error { return v.V.Close() }
+func (v *VerbsDev) Close() error { return v.V.Close() }
 
 // GID returns the local address as a RoCEv2 GID (IPv4-mapped for IPv4, IBTA A17.8).
-func (v *verbsDev) GID() [16]byte { return v.Addr.As16() }
+func (v *VerbsDev) GID() [16]byte { return v.Addr.As16() }
 
-// verbs returns the embedded device l as a verbsDev.
-func (l *localDev) verbs() *verbsDev {
-	return &verbsDev{V: l.Dev.Verbs(), Dev: l.Dev, Addr: l.Addr, GIDIndex: l.GIDIndex, MTU: l.MTU}
+// Verbs returns the embedded device l as a VerbsDev.
+func (l *LocalDev) Verbs() *VerbsDev {
+	return &VerbsDev{V: l.Dev.Verbs(), Dev: l.Dev, Addr: l.Addr, GIDIndex: l.GIDIndex, MTU: l.MTU}
 }
 
-// openVerbsDevice opens the tool's device: through the daemon listening on sock when sock is
+// OpenVerbs opens the tool's device: through the daemon listening on sock when sock is
 // not empty (the local address is then one of the daemon device's: -d's if it names one of
 // them, else the one of Peer's family, IPv4 first), else an embedded device as
-// openLocalDevice does.
-func openVerbsDevice(sock string, f *devFlag, o devOpenOptions) (*verbsDev, error) {
+// OpenLocal does.
+func OpenVerbs(sock string, f *DevFlag, o DevOptions) (*VerbsDev, error) {
 	if sock == "" {
-		l, err := openLocalDevice(f, o)
+		l, err := OpenLocal(f, o)
 		if err != nil {
 			return nil, err
 		}
-		return l.verbs(), nil
+		return l.Verbs(), nil
 	}
 	c, err := client.Dial(sock)
 	if err != nil {
-		return nil, fmt.Errorf("%w: daemon %s: %w", errDevFlag, sock, err)
+		return nil, fmt.Errorf("%w: daemon %s: %w", ErrDev, sock, err)
 	}
-	addr, err := daemonLocalAddr(c, f, o.Peer)
+	addr, err := DaemonLocalAddr(c, f, o.Peer)
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -265,15 +269,15 @@ func openVerbsDevice(sock string, f *devFlag, o devOpenOptions) (*verbsDev, erro
 	if !mtu.Valid() {
 		mtu = qp.MTU1024
 	}
-	return &verbsDev{V: c, Addr: addr, GIDIndex: c.GIDIndex(addr), MTU: mtu}, nil
+	return &VerbsDev{V: c, Addr: addr, GIDIndex: c.GIDIndex(addr), MTU: mtu}, nil
 }
 
-// daemonLocalAddr picks the daemon device's address for f and peer.
-func daemonLocalAddr(v roce.Verbs, f *devFlag, peer netip.Addr) (netip.Addr, error) {
+// DaemonLocalAddr picks the daemon device's address for f and peer.
+func DaemonLocalAddr(v roce.Verbs, f *DevFlag, peer netip.Addr) (netip.Addr, error) {
 	peer = peer.Unmap()
 	if f != nil && f.Addr.IsValid() {
 		if v.GIDIndex(f.Addr) < 1 {
-			return netip.Addr{}, fmt.Errorf("%w %v: not an address of the daemon's device %s", errDevFlag, f.Addr, v.Name())
+			return netip.Addr{}, fmt.Errorf("%w %v: not an address of the daemon's device %s", ErrDev, f.Addr, v.Name())
 		}
 		return f.Addr, nil
 	}
@@ -294,7 +298,7 @@ func daemonLocalAddr(v roce.Verbs, f *devFlag, peer netip.Addr) (netip.Addr, err
 		}
 	}
 	if !best.IsValid() {
-		return netip.Addr{}, fmt.Errorf("%w: the daemon's device %s has no address for %v", errDevFlag, v.Name(), peer)
+		return netip.Addr{}, fmt.Errorf("%w: the daemon's device %s has no address for %v", ErrDev, v.Name(), peer)
 	}
 	return best, nil
 }

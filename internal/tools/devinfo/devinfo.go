@@ -1,76 +1,139 @@
-package main
-
-// softroce devinfo: ibv_devinfo for a softroce device, embedded (on given
-// addresses or interfaces, nothing bound) or queried from a running daemon.
+// Package devinfo is `softroce devinfo`: ibv_devinfo for a softroce device, embedded (on
+// given addresses or interfaces, nothing bound) or queried from a running daemon.
+package devinfo
 
 import (
-	"flag"
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/netip"
 
+	"github.com/spf13/pflag"
+
 	"github.com/softroce/softroce/internal/gid"
 	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/internal/tools/cli"
 	"github.com/softroce/softroce/pkg/client"
 	"github.com/softroce/softroce/pkg/link"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
-func init() {
-	register(&command{name: "devinfo", summary: "show device, port, GIDs, MTU and limits (like ibv_devinfo)", run: runDevinfo})
+// Command is `softroce devinfo`.
+var Command = cli.Command{
+	Name:    "devinfo",
+	Summary: "show device, port, GIDs, MTU and limits (like ibv_devinfo)",
+	Main:    Main,
 }
 
-func runDevinfo(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("devinfo", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var devs listFlag
-	fs.Var(&devs, "d", "local address or interface of an embedded device (repeatable; default: every address, as the daemon binds)")
-	sock := fs.String("daemon", "", "query the daemon listening on this unix socket instead")
-	verbose := fs.Bool("v", false, "also print the device limits (ibv_devinfo -v)")
-	if err := fs.Parse(args); err != nil {
+// Config is a parsed devinfo command line.
+type Config struct {
+	// Listen are the addresses or interfaces of an embedded device (-d, repeatable; none:
+	// every address, as the daemon binds; cli.ListenOptions).
+	Listen []string
+	// Daemon, if set, is the socket of the daemon to query instead.
+	Daemon string
+	// Verbose also prints the device limits (ibv_devinfo -v); List prints only the device
+	// name (-l).
+	Verbose, List bool
+}
+
+func newFlagSet(c *Config, port *int) *pflag.FlagSet {
+	fs := cli.NewFlagSet("devinfo")
+	fs.StringArrayVarP(&c.Listen, "ib-dev", "d", nil, "local `ADDR|IFNAME` of an embedded device (repeatable; default: every address, as the daemon binds)")
+	fs.IntVarP(port, "ib-port", "i", 1, "use `port` of the device (softroce devices have port 1 only)")
+	fs.BoolVarP(&c.List, "list", "l", false, "print only the device's name")
+	fs.BoolVarP(&c.Verbose, "verbose", "v", false, "print all the attributes of the device (its limits)")
+	fs.StringVar(&c.Daemon, "daemon", "", "softroce: query the daemon listening on this unix `socket` instead")
+	return fs
+}
+
+// Usage writes the command's usage and options.
+func Usage(w io.Writer) {
+	fmt.Fprint(w, "usage: softroce devinfo [options]   print the device attributes\n\nOptions:\n")
+	var port int
+	cli.PrintFlags(w, newFlagSet(&Config{}, &port))
+}
+
+// ParseArgs parses the devinfo command line (ibv_devinfo's options, GNU getopt style).
+func ParseArgs(args []string) (Config, error) {
+	var c Config
+	var port int
+	fs := newFlagSet(&c, &port)
+	if err := cli.Parse(fs, args); err != nil {
+		return c, err
+	}
+	switch {
+	case fs.NArg() != 0:
+		return c, fmt.Errorf("%w: unexpected argument %q", cli.ErrUsage, fs.Arg(0))
+	case port != 1:
+		return c, fmt.Errorf("%w: -i %d: softroce devices have one port, 1", cli.ErrUsage, port)
+	case c.Daemon != "" && len(c.Listen) != 0:
+		return c, fmt.Errorf("%w: -d names an embedded device's addresses, not with --daemon", cli.ErrUsage)
+	}
+	return c, nil
+}
+
+// Main is the command: exit status 0, 1 on an error, 2 for a bad command line.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c, err := ParseArgs(args)
+	if errors.Is(err, pflag.ErrHelp) {
+		Usage(stdout)
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "softroce devinfo:", err)
 		return 2
 	}
+	if err := Run(ctx, c, stdout); err != nil {
+		fmt.Fprintln(stderr, "softroce devinfo:", err)
+		return 1
+	}
+	return 0
+}
+
+// Run prints the device c names: the daemon's, or an embedded device's attributes on
+// c.Listen, computed over an in-memory link so that no socket is bound (a daemon may own UDP
+// 4791).
+func Run(_ context.Context, c Config, out io.Writer) error {
 	var v roce.Verbs
-	var tbl *gid.Table
-	if *sock != "" {
-		c, err := client.Dial(*sock)
+	if c.Daemon != "" {
+		cl, err := client.Dial(c.Daemon)
 		if err != nil {
-			fmt.Fprintln(stderr, "softroce devinfo:", err)
-			return 1
+			return err
 		}
-		defer c.Close()
-		v = c
+		defer cl.Close()
+		v = cl
 	} else {
-		uo, err := daemonUDPOptions(devs)
+		uo, err := cli.ListenOptions(c.Listen)
 		if err != nil {
-			fmt.Fprintln(stderr, "softroce devinfo:", err)
-			return 1
+			return err
 		}
+		var tbl *gid.Table
 		if uo.Interface != "" {
 			if tbl, err = gid.FromInterface(uo.Interface); err != nil {
-				fmt.Fprintln(stderr, "softroce devinfo:", err)
-				return 1
+				return err
 			}
 		} else {
 			tbl = gid.FromAddrs(gid.Options{Addrs: uo.Addrs, MTU: loopbackMTU(uo.Addrs)})
 		}
-		// An in-memory link on the same addresses: the device's attributes
-		// without binding any socket (a daemon may own UDP 4791).
 		l, err := link.NewMemNetwork(link.MemOptions{}).Attach(tbl.Addrs()...)
 		if err != nil {
-			fmt.Fprintln(stderr, "softroce devinfo:", err)
-			return 1
+			return err
 		}
 		d, err := roce.Open(roce.Options{Link: l, GIDs: tbl})
 		if err != nil {
-			fmt.Fprintln(stderr, "softroce devinfo:", err)
-			return 1
+			return err
 		}
 		defer d.Close()
 		v = d.Verbs()
 	}
-	printDevinfo(stdout, v, *verbose)
-	return 0
+	if c.List {
+		fmt.Fprintf(out, "1 HCA found:\n\t%s\n\n", v.Name())
+		return nil
+	}
+	printDevinfo(out, v, c.Verbose)
+	return nil
 }
 
 // loopbackMTU is the netdev MTU assumed for a plain address list: the

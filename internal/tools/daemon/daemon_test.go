@@ -1,0 +1,98 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/internal/rocetest"
+	"github.com/softroce/softroce/internal/tools/cli"
+	"github.com/softroce/softroce/internal/tools/tooltest"
+	"github.com/softroce/softroce/pkg/client"
+)
+
+// TestDaemonFlags: bad options and config are refused before anything is opened (exit 2, or 1
+// for an unreadable --config file); good ones in getopt style, merged with the file.
+func TestDaemonFlags(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "c.json")
+	os.WriteFile(cfg, []byte(`{"listen": ["127.0.0.1"], "bogus": 1}`), 0o600)
+	for _, tc := range []struct {
+		args   []string
+		status int
+	}{
+		{[]string{"--config", cfg}, 1},
+		{[]string{"--listen", "127.0.0.1", "--mtu", "1000", "--socket", filepath.Join(t.TempDir(), "s")}, 2},
+		{[]string{"--listen", "127.0.0.1", "--metrics", "0.0.0.0:9000", "--port", "0"}, 2},
+		{[]string{"--listen", "127.0.0.1", "--post-spin", "fast"}, 2},
+		{[]string{"--listen", "127.0.0.1", "--quota-qps", "many"}, 2},
+		{[]string{"--listen", "127.0.0.1", "--log", "xml"}, 2},
+		{[]string{"-listen", "127.0.0.1"}, 2},
+		{[]string{"--listen", "127.0.0.1", "extra"}, 2},
+	} {
+		var errb bytes.Buffer
+		if rc := Main(context.Background(), tc.args, io.Discard, &errb); rc != tc.status {
+			t.Errorf("%q: exit %d, want %d (%s)", tc.args, rc, tc.status, errb.String())
+		}
+	}
+	good := filepath.Join(t.TempDir(), "g.json")
+	os.WriteFile(good, []byte(`{"listen": ["127.0.0.2"], "socket": "/tmp/x.sock", "mtu": 2048, "log": "json"}`), 0o600)
+	c, err := ParseArgs([]string{"-c", good, "-s/tmp/y.sock", "--port=14791", "--quota-qps", "4", "--post-spin=2us"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Device.Addrs) != 1 || c.Device.Addrs[0] != netip.MustParseAddr("127.0.0.2") || c.Socket != "/tmp/y.sock" ||
+		c.Device.Port != 14791 || c.Device.MTU != qp.MTU2048 || !c.JSONLog || c.Quota.QPs != 4 || c.PostSpin != 2*time.Microsecond {
+		t.Errorf("config %+v", c)
+	}
+	c, err = ParseArgs([]string{"-l", "127.0.0.1", "-l127.0.0.2", "--mtu", "1024"})
+	if err != nil || len(c.Device.Addrs) != 2 || c.Device.MTU != qp.MTU1024 || c.Socket != client.DefaultSocket || c.GID != -1 {
+		t.Errorf("-l twice: %+v %v", c, err)
+	}
+	if _, err := ParseArgs([]string{"--nonsense"}); !errors.Is(err, cli.ErrUsage) {
+		t.Errorf("unknown option: %v", err)
+	}
+}
+
+// TestDaemonRun: Run serves a device on a socket until its context ends; a client sees the
+// device the options describe.
+func TestDaemonRun(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "d.sock")
+	port := tooltest.FreeUDPPort(t)
+	c, err := ParseArgs([]string{"--listen", "127.0.0.1", "--socket", sock, "--port", fmt.Sprintf("%#x", port), "--name", "softrocerun"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	log := rocetest.NewWatch("softroce daemon ready")
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, c, log) }()
+	select {
+	case <-log.Seen():
+	case err := <-done:
+		cancel()
+		t.Fatalf("Run: %v\n%s", err, log.String())
+	}
+	cl, err := client.Dial(sock)
+	if err != nil {
+		cancel()
+		<-done
+		t.Fatal(err)
+	}
+	if cl.Name() != "softrocerun" {
+		t.Errorf("device %q", cl.Name())
+	}
+	cl.Close()
+	cancel()
+	if err := <-done; err != nil || !strings.Contains(log.String(), "softroce daemon ready") || !strings.Contains(log.String(), fmt.Sprintf("port=%d", port)) {
+		t.Errorf("Run: %v\n%s", err, log.String())
+	}
+}
