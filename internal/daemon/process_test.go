@@ -33,6 +33,8 @@ func TestMain(m *testing.M) {
 		os.Exit(benchChild())
 	} else if role == "benchsend" || role == "benchrecv" {
 		os.Exit(benchSplitChild(role))
+	} else if role == "daemon" {
+		os.Exit(daemonChild())
 	} else if role != "" {
 		os.Exit(childMain(role))
 	}

@@ -72,6 +72,14 @@ type Conn struct {
 	srqs map[proto.Handle]*srq
 
 	cm clientCM // rdma_cm (cm.go)
+
+	// The daemon's hang-up watcher (watch.go): lost is set, and lostCh closed, once the
+	// daemon died or dropped the connection.
+	lost      atomic.Bool
+	lostCh    chan struct{}
+	watchFile *os.File
+	watchDup  int
+	watchDone chan struct{}
 }
 
 var _ roce.Verbs = (*Conn)(nil)
@@ -90,7 +98,7 @@ func Dial(path string) (*Conn, error) {
 	}
 	cn := &Conn{sock: c, rbuf: make([]byte, proto.MaxMsg), oob: make([]byte, unix.CmsgSpace(4*8)),
 		bufs: map[uintptr]*buffer{}, cqs: map[*cqc]struct{}{}, qps: map[uint32]*qpc{},
-		srqs: map[proto.Handle]*srq{}, events: make(chan event.Event, proto.EventRingCap)}
+		srqs: map[proto.Handle]*srq{}, events: make(chan event.Event, proto.EventRingCap), lostCh: make(chan struct{})}
 	if _, err := cn.call(proto.OpHello, nil, &cn.hello); err != nil {
 		c.Close()
 		return nil, err
@@ -99,8 +107,12 @@ func Dial(path string) (*Conn, error) {
 		c.Close()
 		return nil, fmt.Errorf("%w: daemon protocol %d, client %d", proto.ErrProtocol, cn.hello.Version, proto.Version)
 	}
-	if err := cn.openPostRing(); err != nil {
+	if err := cn.startWatch(); err != nil {
 		c.Close()
+		return nil, err
+	}
+	if err := cn.openPostRing(); err != nil {
+		cn.Close()
 		return nil, err
 	}
 	return cn, nil
@@ -184,6 +196,9 @@ func (c *Conn) readEvents() {
 // post too large. The daemon drains the ring before serving any socket
 // request, so the order of posts holds either way.
 func (c *Conn) sendAsync() error {
+	if c.lost.Load() {
+		return errLost
+	}
 	if c.pring != nil {
 		if ok, ring := c.pring.Write(c.wbuf); ok {
 			if ring {
@@ -191,6 +206,9 @@ func (c *Conn) sendAsync() error {
 			}
 			if c.pring.Closed() { // read after publishing: the daemon may not have taken it
 				return fmt.Errorf("%w: post ring stopped", proto.ErrDisconnected)
+			}
+			if c.lost.Load() { // likewise: a daemon that died may not have taken it
+				return errLost
 			}
 			return nil
 		}
@@ -324,6 +342,7 @@ func (c *Conn) Close() error {
 	}
 	c.closed = true
 	err := c.sock.Close()
+	c.stopWatch() // after it, no lose() runs; the socket's last fd closes (the daemon sees EOF)
 	if c.pring != nil {
 		c.evFile.Close()
 		<-c.evDone

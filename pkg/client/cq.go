@@ -87,8 +87,8 @@ func (c *Conn) CreateCQ(cqe int) (roce.CompletionQueue, error) {
 		proto.CloseFD(fds[2])
 		return nil, err
 	}
-	q.taken = func(uintptr) bool { return q.ring.Taken() }
-	q.never = func(uintptr) bool { return false }
+	q.taken = func(uintptr) bool { return q.ring.Taken() || q.lostConn() }
+	q.never = func(uintptr) bool { return q.lostConn() }
 	c.bmu.Lock()
 	c.cqs[q] = struct{}{}
 	c.bmu.Unlock()
@@ -129,6 +129,9 @@ func (q *cqc) ReqNotify(solicitedOnly bool) error {
 	if q.destroyed {
 		return cq.ErrClosed
 	}
+	if q.lostConn() {
+		return errLost
+	}
 	kind := uint32(proto.ArmNext)
 	if solicitedOnly {
 		kind = proto.ArmSolicited
@@ -154,11 +157,15 @@ func (q *cqc) ReqNotify(solicitedOnly bool) error {
 // is never read (every write is an edge; a stale edge only makes the wait
 // look at the arm once more). With no ReqNotify since the last event it
 // blocks, as ibv_get_cq_event does; it returns cq.ErrClosed once the CQ is
-// destroyed. No allocation.
+// destroyed, and proto.ErrDisconnected once the daemon is gone (the
+// connection's watcher writes the eventfd then). No allocation.
 func (q *cqc) Wait() error {
 	if q.chStarted.Load() {
 		select {
 		case <-q.ch:
+			if q.lostConn() {
+				return errLost
+			}
 			return nil
 		case <-q.done:
 			return cq.ErrClosed
@@ -169,8 +176,14 @@ func (q *cqc) Wait() error {
 	if q.gone.Load() {
 		return cq.ErrClosed
 	}
+	if q.lostConn() {
+		return errLost
+	}
 	if !q.armed.Swap(false) {
-		q.rc.Read(q.never) // no event can come: until the CQ is destroyed
+		q.rc.Read(q.never) // no event can come: until the CQ is destroyed or the daemon gone
+		if q.lostConn() && !q.gone.Load() {
+			return errLost
+		}
 		return cq.ErrClosed
 	}
 	if !q.ring.Sleep() {
@@ -179,8 +192,25 @@ func (q *cqc) Wait() error {
 	if err := q.rc.Read(q.taken); err != nil {
 		return cq.ErrClosed
 	}
+	if !q.ring.Taken() && q.lostConn() {
+		return errLost
+	}
 	q.notifies.Add(1)
 	return nil
+}
+
+// lostConn reports whether the daemon is gone (the connection's watcher saw it).
+func (q *cqc) lostConn() bool { return q.c != nil && q.c.lost.Load() }
+
+// wakeLost writes the CQ's own notify eventfd once the daemon is gone, so a Wait parked on
+// it, or the Channel goroutine, looks again and sees the loss.
+func (q *cqc) wakeLost() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.destroyed {
+		return
+	}
+	q.rc.Control(func(fd uintptr) { proto.Signal(int(fd)) })
 }
 
 // raise puts an event on the channel (events coalesce).
