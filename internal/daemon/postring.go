@@ -153,7 +153,8 @@ func (ss *session) drainLocked() error {
 			err = fmt.Errorf("%w: op %d in the post ring", proto.ErrRingCorrupt, msg[0])
 		}
 		pr.broken = true
-		ss.s.log.Warn("post ring: disconnecting client", "client", ss.id, "err", err)
+		ss.s.badPosts.Add(1)
+		ss.s.limitedLog("badring", "post ring: disconnecting client", "client", ss.id, "err", err)
 		if ss.conn != nil {
 			ss.conn.Close()
 		}
@@ -198,7 +199,8 @@ func (ss *session) pushEvent(e proto.Event) {
 	}
 	if !ss.ev.r.Put(e) {
 		ss.ev.dropped++
-		ss.s.log.Warn("event ring full: event dropped", "client", ss.id, "type", e.Type.String(), "dropped", ss.ev.dropped)
+		ss.s.droppedEvents.Add(1)
+		ss.s.limitedLog("dropevent", "event ring full: event dropped", "client", ss.id, "type", e.Type.String(), "dropped", ss.ev.dropped)
 		return
 	}
 	proto.Signal(ss.ev.fd)

@@ -35,6 +35,8 @@ func TestMain(m *testing.M) {
 		os.Exit(benchSplitChild(role))
 	} else if role == "daemon" {
 		os.Exit(daemonChild())
+	} else if role == "emfile" {
+		os.Exit(emfileChild())
 	} else if role != "" {
 		os.Exit(childMain(role))
 	}

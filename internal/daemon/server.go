@@ -18,6 +18,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/softroce/softroce/internal/cq"
@@ -70,6 +71,11 @@ type Server struct {
 	mapped                   atomic.Int64
 	ringPosts, socketPosts   atomic.Uint64
 	refills                  atomic.Uint64 // session.refill drains (postring.go)
+	acceptBackoffs           atomic.Uint64 // accept errors Serve backed off on (EMFILE, ...)
+	badPosts                 atomic.Uint64 // post records and messages refused (malformed, unknown handle)
+	droppedEvents            atomic.Uint64 // asynchronous events dropped on full event rings
+	quit                     chan struct{} // closed by Shutdown
+	logs                     logLimiter    // rate limits of repeated warnings (limitedLog)
 	// drainPaused makes the post rings' drainer goroutines ignore doorbells (a test knob,
 	// export_test.go): records then reach the engine only through RecvRefill or a socket
 	// request.
@@ -118,9 +124,19 @@ func New(o Options) (*Server, error) {
 		clock = cq.RealClock{}
 	}
 	return &Server{dev: o.Device, verb: o.Device.Verbs(), log: l, sessions: map[*session]struct{}{},
-		changed: make(chan struct{}), postSpin: spin, quota: o.Quota,
+		changed: make(chan struct{}), quit: make(chan struct{}), postSpin: spin, quota: o.Quota,
 		cqClock: clock}, nil
 }
+
+// acceptTemporary reports whether an accept error is a shortage that passes (descriptors,
+// memory), not a broken listener.
+func acceptTemporary(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
+		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
+}
+
+// acceptBackoffHook, if set, is called with each accept error Serve backs off on (tests).
+var acceptBackoffHook func(error)
 
 // ErrServerClosed is returned by Serve after Shutdown.
 var ErrServerClosed = errors.New("softroce daemon: server closed")
@@ -164,6 +180,7 @@ func (s *Server) Serve(ln *net.UnixListener) error {
 	}
 	s.lns = append(s.lns, ln)
 	s.mu.Unlock()
+	var delay time.Duration
 	for {
 		c, err := ln.AcceptUnix()
 		if err != nil {
@@ -177,8 +194,25 @@ func (s *Server) Serve(ln *net.UnixListener) error {
 			if errors.As(err, &ne) && ne.Timeout() {
 				continue
 			}
+			if acceptTemporary(err) {
+				// Out of descriptors or memory: the connection waits in the backlog.
+				// Back off and retry (5 ms doubling to 1 s); ending Serve would end the
+				// daemon and every client with it.
+				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+				s.acceptBackoffs.Add(1)
+				s.limitedLog("accept", "accept failed: backing off", "err", err, "delay", delay)
+				if h := acceptBackoffHook; h != nil {
+					h(err)
+				}
+				select {
+				case <-time.After(delay):
+				case <-s.quit:
+				}
+				continue
+			}
 			return err
 		}
+		delay = 0
 		s.mu.Lock()
 		if s.closing {
 			s.mu.Unlock()
@@ -205,6 +239,9 @@ func (s *Server) Serve(ln *net.UnixListener) error {
 // by ctx), and disconnects the client and releases its objects.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
+	if !s.closing {
+		close(s.quit)
+	}
 	s.closing = true
 	s.drainBy = time.Now().Add(drainTimeout)
 	if d, ok := ctx.Deadline(); ok {
@@ -248,7 +285,7 @@ func (s *Server) shuttingDown() (bool, time.Time) {
 // client), through the client's event ring (pass it as roce Options.Events).
 // It never blocks.
 func (s *Server) Event(e event.Event) {
-	s.log.Info("async event", "type", e.Type.String(), "qpn", e.QPN)
+	s.limitedLogLevel("event", slog.LevelInfo, logBurst, "async event", "type", e.Type.String(), "qpn", e.QPN)
 	var key any
 	switch x := e.Object.(type) {
 	case *cq.CQ:
@@ -293,6 +330,8 @@ func (s *Server) Debug() proto.Debug {
 	d.MappedBytes = s.mapped.Load()
 	d.RingPosts, d.SocketPosts = s.ringPosts.Load(), s.socketPosts.Load()
 	d.Refills = s.refills.Load()
+	d.AcceptBackoffs = s.acceptBackoffs.Load()
+	d.BadPosts, d.DroppedEvents = s.badPosts.Load(), s.droppedEvents.Load()
 	if ls, ok := s.dev.LinkStats(); ok {
 		d.EntropySockets = int(ls.EntropySockets)
 	}

@@ -3,6 +3,7 @@ package daemon
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net"
 	"sync"
 	"time"
@@ -82,8 +83,7 @@ func newSession(s *Server, c *net.UnixConn, id uint64) *session {
 }
 
 func (ss *session) run() {
-	log := ss.s.log.With("client", ss.id, "pid", ss.pid)
-	log.Info("client connected", "uid", ss.uid)
+	ss.s.limitedLogLevel("conn", slog.LevelInfo, connLogBurst, "client connected", "client", ss.id, "pid", ss.pid, "uid", ss.uid)
 	defer func() {
 		closing, by := ss.s.shuttingDown()
 		ss.stopRing(closing)
@@ -93,7 +93,7 @@ func (ss *session) run() {
 		}
 		ss.cleanup()
 		ss.s.remove(ss)
-		log.Info("client disconnected")
+		ss.s.limitedLogLevel("conn", slog.LevelInfo, connLogBurst, "client disconnected", "client", ss.id, "pid", ss.pid)
 	}()
 	for {
 		n, oobn, flags, _, err := ss.conn.ReadMsgUnix(ss.rbuf, ss.oob)
@@ -566,17 +566,17 @@ func (ss *session) postSend(b []byte) {
 func (ss *session) postSendAsync(b []byte) {
 	h, n, rest, err := proto.PostHeader(b)
 	if err != nil {
-		ss.s.log.Warn("async post: bad message", "client", ss.id, "err", err)
+		ss.badPost("async post: bad message", "err", err)
 		return
 	}
 	o, err := get[*qpObj](ss, h)
 	if err != nil {
-		ss.s.log.Warn("async post: no QP", "client", ss.id, "handle", h)
+		ss.badPost("async post: no QP", "handle", h)
 		return
 	}
 	wrs, err := ss.sdec.Decode(rest, n)
 	if err != nil {
-		ss.s.log.Warn("async post: bad WRs", "client", ss.id, "err", err)
+		ss.badPost("async post: bad WRs", "err", err)
 		return
 	}
 	posted, err := o.q.PostSend(wrs)
@@ -591,14 +591,17 @@ func (ss *session) postSendAsync(b []byte) {
 func (ss *session) postRecvAsync(b []byte) {
 	h, n, rest, err := proto.PostHeader(b)
 	if err != nil {
+		ss.badPost("async post: bad message", "err", err)
 		return
 	}
 	o, err := get[*qpObj](ss, h)
 	if err != nil {
+		ss.badPost("async post: no QP", "handle", h)
 		return
 	}
 	wrs, err := ss.rdec.Decode(rest, n)
 	if err != nil {
+		ss.badPost("async post: bad WRs", "err", err)
 		return
 	}
 	posted, err := o.q.PostRecv(wrs)
@@ -607,6 +610,13 @@ func (ss *session) postRecvAsync(b []byte) {
 			QPNum: o.q.Num(), VendorErr: uint32(proto.CodeOf(err))}
 		o.rcq.c.Push(&wc, false)
 	}
+}
+
+// badPost counts an asynchronous post the daemon could not take and logs it (rate-limited:
+// a client can send such records at will).
+func (ss *session) badPost(msg string, args ...any) {
+	ss.s.badPosts.Add(1)
+	ss.s.limitedLog("badpost", msg, append([]any{"client", ss.id}, args...)...)
 }
 
 // sendWCOpcode is the completion opcode of a send WR opcode (ibv_wc_opcode).

@@ -196,6 +196,13 @@ type Debug struct {
 	// packet needing a receive WQE found a client QP's receive queue empty
 	// (the RecvRefill hook, docs/daemon.md).
 	Refills uint64
+	// AcceptBackoffs counts the accept errors (out of descriptors or memory) the daemon backed
+	// off on and retried instead of stopping.
+	AcceptBackoffs uint64
+	// BadPosts counts asynchronous post messages and post-ring records the daemon refused
+	// (malformed, naming no QP of the client); DroppedEvents the asynchronous events dropped
+	// because a client's event ring was full.
+	BadPosts, DroppedEvents uint64
 	// Mine counts this client's own objects.
 	Mine struct{ PDs, MRs, CQs, SRQs, QPs, CMIDs int }
 }
