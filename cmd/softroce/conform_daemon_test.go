@@ -11,12 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/softroce/softroce/internal/daemon"
 	"github.com/softroce/softroce/internal/daemontest"
 	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/internal/tools/tooltest"
 	"github.com/softroce/softroce/pkg/conform"
 	"github.com/softroce/softroce/pkg/roce"
-	"go.uber.org/goleak"
 )
 
 // startConformDaemon serves a device on addr:port with the in-process DUT's MTU (1024) on a
@@ -45,7 +47,7 @@ func TestConformDaemon(t *testing.T) {
 	if !strings.HasPrefix(out.String(), "DUT softroce\n") {
 		t.Errorf("table header: %q", strings.SplitN(out.String(), "\n", 2)[0])
 	}
-	daemonIdle(t, srv)
+	tooltest.DaemonIdle(t, srv)
 }
 
 // TestConformDaemonServe: `--serve HOST:PORT --daemon SOCKET` is an agent whose DUT is the
@@ -88,7 +90,7 @@ func TestConformDaemonServe(t *testing.T) {
 	if !strings.Contains(aout.String(), "DUT "+roceAddr) {
 		t.Errorf("agent banner %q", aout.String())
 	}
-	daemonIdle(t, srv)
+	tooltest.DaemonIdle(t, srv)
 }
 
 // TestConformDaemonUsage: --daemon only with the softroce DUT; --roce must name one of the

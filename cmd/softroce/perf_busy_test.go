@@ -1,14 +1,15 @@
 package main
 
 import (
-	"github.com/softroce/softroce/internal/tools/cli"
-
 	"io"
 	"net/netip"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/softroce/softroce/internal/tools/cli"
+	"github.com/softroce/softroce/internal/tools/tooltest"
 )
 
 // TestPerfLinkBusyPoll: --busy-poll gives the device's link a receive busy-poll budget (not
@@ -33,7 +34,7 @@ func TestPerfLinkBusyPoll(t *testing.T) {
 	}
 
 	f := cli.DevFlag{Addr: netip.MustParseAddr("127.0.0.1")}
-	ld, err := cli.OpenLocal(&f, cli.DevOptions{Port: freeUDPPort(t), BusyPoll: time.Hour})
+	ld, err := cli.OpenLocal(&f, cli.DevOptions{Port: tooltest.FreeUDPPort(t), BusyPoll: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/softroce/softroce/internal/oob/perftest"
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/internal/rocetest"
+	"github.com/softroce/softroce/internal/tools/tooltest"
 	"github.com/softroce/softroce/pkg/link"
 	"github.com/softroce/softroce/pkg/roce"
 )
@@ -84,7 +85,7 @@ func TestPerfCMFlags(t *testing.T) {
 // perfCMPair runs a -R server on 127.0.0.1 and a -R client on 127.0.0.2 in this process.
 func perfCMPair(t *testing.T, args ...string) (srvOut, cliOut string) {
 	t.Helper()
-	common := append(append([]string{}, args...), "-R", "-p", "18515", "--roce-port", strconv.Itoa(int(freeUDPPort(t))),
+	common := append(append([]string{}, args...), "-R", "-p", "18515", "--roce-port", strconv.Itoa(int(tooltest.FreeUDPPort(t))),
 		"--timeout", "20s", "--run-timeout", "20s")
 	var se, co, ce bytes.Buffer
 	so := rocetest.NewWatch(perftest.WaitingBanner)
@@ -160,7 +161,7 @@ func TestPerfCMPairs(t *testing.T) {
 // once by the peer's CM: no listener), and a -R server without a client within --timeout;
 // both exit 1.
 func TestPerfCMNoPeer(t *testing.T) {
-	port := strconv.Itoa(int(freeUDPPort(t)))
+	port := strconv.Itoa(int(tooltest.FreeUDPPort(t)))
 	// a device on 127.0.0.1 with nobody listening: the client's REQs are rejected
 	var wg sync.WaitGroup
 	var srvStatus int

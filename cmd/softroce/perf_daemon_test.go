@@ -16,6 +16,7 @@ import (
 	"github.com/softroce/softroce/internal/oob/perftest"
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/internal/rocetest"
+	"github.com/softroce/softroce/internal/tools/tooltest"
 	"github.com/softroce/softroce/pkg/client"
 )
 
@@ -103,7 +104,7 @@ func perfPairDaemon(t *testing.T, s perfDaemonSides, args ...string) (srvOut, cl
 	if st := daemonStats(t, sock); st.RcvdPkts == 0 || st.SentPkts == 0 {
 		t.Errorf("the daemon's device sent %d and received %d packets", st.SentPkts, st.RcvdPkts)
 	}
-	daemonIdle(t, srv)
+	tooltest.DaemonIdle(t, srv)
 	return so.String(), co.String(), se.String(), ce.String()
 }
 

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"github.com/softroce/softroce/internal/tools/cli"
-
 	"bytes"
 	"errors"
 	"fmt"
@@ -15,6 +13,8 @@ import (
 
 	"github.com/softroce/softroce/internal/netnstest"
 	"github.com/softroce/softroce/internal/oob/perftest"
+	"github.com/softroce/softroce/internal/tools/cli"
+	"github.com/softroce/softroce/internal/tools/tooltest"
 )
 
 // TestPerfPolledMode: --lat --busy-poll runs the embedded device in polled mode (not for
@@ -41,7 +41,7 @@ func TestPerfPolledMode(t *testing.T) {
 		}
 	}
 	f := cli.DevFlag{Addr: netip.MustParseAddr("127.0.0.1")}
-	ld, err := cli.OpenLocal(&f, cli.DevOptions{Port: freeUDPPort(t), Polled: true})
+	ld, err := cli.OpenLocal(&f, cli.DevOptions{Port: tooltest.FreeUDPPort(t), Polled: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/softroce/softroce/internal/oob/perftest"
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/internal/rocetest"
+	"github.com/softroce/softroce/internal/tools/tooltest"
 	"github.com/softroce/softroce/pkg/link"
 	"github.com/softroce/softroce/pkg/roce"
 )
@@ -325,7 +326,7 @@ func perfPairInProcess(t *testing.T, args ...string) (srvStatus, cliStatus int, 
 		t.Fatal(err)
 	}
 	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-	common := append(append([]string{}, args...), "-p", port, "--roce-port", strconv.Itoa(int(freeUDPPort(t))),
+	common := append(append([]string{}, args...), "-p", port, "--roce-port", strconv.Itoa(int(tooltest.FreeUDPPort(t))),
 		"--timeout", "20s", "--run-timeout", "20s")
 	var so, se, co, ce bytes.Buffer
 	var wg sync.WaitGroup
@@ -397,7 +398,7 @@ func TestPerfNoPeer(t *testing.T) {
 	ln.Close() // nobody listens there now: connections are refused
 	var out, errb bytes.Buffer
 	start := time.Now()
-	st := perfMain([]string{"write", "-d", "127.0.0.2", "-p", port, "--roce-port", strconv.Itoa(int(freeUDPPort(t))),
+	st := perfMain([]string{"write", "-d", "127.0.0.2", "-p", port, "--roce-port", strconv.Itoa(int(tooltest.FreeUDPPort(t))),
 		"--timeout", "500ms", "127.0.0.1"}, &perfEnv{Stdout: &out, Stderr: &errb})
 	if el := time.Since(start); st != 1 || el > 10*time.Second || !strings.Contains(errb.String(), "Couldn't connect") {
 		t.Errorf("client without server: status %d after %v, stderr %q", st, el, errb.String())
@@ -408,7 +409,7 @@ func TestPerfNoPeer(t *testing.T) {
 	}
 	out.Reset()
 	errb.Reset()
-	st = perfMain([]string{"send", "-d", "127.0.0.1", "--roce-port", strconv.Itoa(int(freeUDPPort(t))), "--timeout", "300ms"},
+	st = perfMain([]string{"send", "-d", "127.0.0.1", "--roce-port", strconv.Itoa(int(tooltest.FreeUDPPort(t))), "--timeout", "300ms"},
 		&perfEnv{Stdout: &out, Stderr: &errb, Listener: ln})
 	if st != 1 || !strings.Contains(errb.String(), "no client connected") || !strings.Contains(out.String(), "Waiting for client") {
 		t.Errorf("server without client: status %d, stdout %q stderr %q", st, out.String(), errb.String())
@@ -425,7 +426,7 @@ func TestPerfPeerVanishes(t *testing.T) {
 	done := make(chan int, 1)
 	var out, errb bytes.Buffer
 	go func() {
-		done <- perfMain([]string{"write", "-d", "127.0.0.1", "--roce-port", strconv.Itoa(int(freeUDPPort(t))), "--timeout", "5s"},
+		done <- perfMain([]string{"write", "-d", "127.0.0.1", "--roce-port", strconv.Itoa(int(tooltest.FreeUDPPort(t))), "--timeout", "5s"},
 			&perfEnv{Stdout: &out, Stderr: &errb, Listener: ln})
 	}()
 	c, err := net.Dial("tcp4", ln.Addr().String())
@@ -559,7 +560,7 @@ func TestPerfTwoProcesses(t *testing.T) {
 		}
 		port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 		ln.Close()
-		common := append(append([]string{}, args...), "-p", port, "--roce-port", strconv.Itoa(int(freeUDPPort(t))), "--timeout", "20s")
+		common := append(append([]string{}, args...), "-p", port, "--roce-port", strconv.Itoa(int(tooltest.FreeUDPPort(t))), "--timeout", "20s")
 		srv := exec.CommandContext(ctx, bin, append(append([]string{"perf"}, common...), "-d", "127.0.0.1")...)
 		sw := rocetest.NewWatch("Waiting for client")
 		var se bytes.Buffer
@@ -588,7 +589,7 @@ func TestPerfTwoProcesses(t *testing.T) {
 		t.Logf("%v\nserver:\n%s\nclient:\n%s", args, sw.String(), cout)
 	}
 	start := time.Now()
-	st, _, serr := run("read", "-d", "127.0.0.2", "-p", "1", "--roce-port", strconv.Itoa(int(freeUDPPort(t))), "--timeout", "1s", "127.0.0.1")
+	st, _, serr := run("read", "-d", "127.0.0.2", "-p", "1", "--roce-port", strconv.Itoa(int(tooltest.FreeUDPPort(t))), "--timeout", "1s", "127.0.0.1")
 	if st != 1 || time.Since(start) > 15*time.Second || !strings.Contains(serr, "Couldn't connect") {
 		t.Errorf("client without server: exit %d after %v, stderr %q", st, time.Since(start), serr)
 	}

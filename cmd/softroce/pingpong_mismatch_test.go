@@ -2,11 +2,17 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/softroce/softroce/internal/tools/pingpong"
+	"github.com/softroce/softroce/internal/tools/tooltest"
 )
 
 // TestPingpongPerfMismatch: a mismatched setup — a pingpong tool and a perftest tool on the
@@ -15,6 +21,18 @@ import (
 // the server names the bad version string it got (the client's record); pingpong server,
 // perftest client: the server's wait for the rest of a record is bounded.
 func TestPingpongPerfMismatch(t *testing.T) {
+	ppMain := func(args []string, ln net.Listener, stdout, stderr io.Writer) int {
+		c, err := pingpong.ParseArgs(args)
+		if err == nil {
+			c.Listener = ln
+			err = pingpong.Run(context.Background(), c, stdout)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "pingpong: %v\n", err)
+			return 1
+		}
+		return 0
+	}
 	for _, perfServes := range []bool{true, false} {
 		t.Run("perf-server="+strconv.FormatBool(perfServes), func(t *testing.T) {
 			ln, err := net.Listen("tcp4", "127.0.0.1:0")
@@ -28,17 +46,17 @@ func TestPingpongPerfMismatch(t *testing.T) {
 			var cst int
 			if perfServes {
 				go func() {
-					done <- perfMain([]string{"write", "-d", "127.0.0.1", "--roce-port", strconv.Itoa(int(freeUDPPort(t))), "--timeout", "2s"},
+					done <- perfMain([]string{"write", "-d", "127.0.0.1", "--roce-port", strconv.Itoa(int(tooltest.FreeUDPPort(t))), "--timeout", "2s"},
 						&perfEnv{Stdout: &sout, Stderr: &serr, Listener: ln})
 				}()
-				cst = pingpongMain([]string{"rc", "-d", "127.0.0.2", "-p", port, "-timeout", "2s", "-roce-port", strconv.Itoa(int(freeUDPPort(t))), "127.0.0.1"},
-					&ppEnv{Stdout: &cout, Stderr: &cerr})
+				cst = ppMain([]string{"rc", "-d", "127.0.0.2", "-p", port, "--timeout", "2s", "--roce-port", strconv.Itoa(int(tooltest.FreeUDPPort(t))), "127.0.0.1"},
+					nil, &cout, &cerr)
 			} else {
 				go func() {
-					done <- pingpongMain([]string{"rc", "-d", "127.0.0.1", "-timeout", "2s", "-roce-port", strconv.Itoa(int(freeUDPPort(t)))},
-						&ppEnv{Stdout: &sout, Stderr: &serr, Listener: ln})
+					done <- ppMain([]string{"rc", "-d", "127.0.0.1", "--timeout", "2s", "--roce-port", strconv.Itoa(int(tooltest.FreeUDPPort(t)))},
+						ln, &sout, &serr)
 				}()
-				cst = perfMain([]string{"write", "-d", "127.0.0.2", "-p", port, "--roce-port", strconv.Itoa(int(freeUDPPort(t))), "--timeout", "2s", "127.0.0.1"},
+				cst = perfMain([]string{"write", "-d", "127.0.0.2", "-p", port, "--roce-port", strconv.Itoa(int(tooltest.FreeUDPPort(t))), "--timeout", "2s", "127.0.0.1"},
 					&perfEnv{Stdout: &cout, Stderr: &cerr})
 			}
 			var sst int

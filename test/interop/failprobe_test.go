@@ -25,7 +25,7 @@ func failProbeSetup(t *testing.T, lab *rxelab.Lab) {
 		t.Fatal(err)
 	}
 	_ = ppStartCapture(t, lab)
-	cmd := lab.NSCommand(ctx, bin, "pingpong", "rc", "-d", hostIP.String(), "-p", "18601", "-timeout", "10m")
+	cmd := lab.NSCommand(ctx, bin, "pingpong", "rc", "-d", hostIP.String(), "-p", "18601", "--timeout", "10m")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -62,7 +62,7 @@ func init() {
 	cases := []nmCase{
 		{Name: "netem-pingpong-rc-3000x300",
 			Guest:  "ibv_rc_pingpong -d " + rxelab.GuestDev + " -g " + gid + " -m " + mtu + " -s 3000 -n 300 -c",
-			Ours:   []string{"pingpong", "rc", "-d", rxelab.HostIP, "-timeout", "60s", "-m", mtu, "-s", "3000", "-n", "300", "-c"},
+			Ours:   []string{"pingpong", "rc", "-d", rxelab.HostIP, "--timeout", "60s", "-m", mtu, "-s", "3000", "-n", "300", "-c"},
 			Marker: "local address:", Result: "iters in", LastACKRace: "300 iters in"},
 	}
 	for _, verb := range []string{"write", "read"} {

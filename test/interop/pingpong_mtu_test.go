@@ -36,7 +36,7 @@ func udAboveMTU(t *testing.T, lab *rxelab.Lab, client bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	guest := fmt.Sprintf("ibv_ud_pingpong -d %s -g %d -s 1100 -n 5", rxelab.GuestDev, rxelab.GuestGIDIndex)
-	ours := []string{"pingpong", "ud", "-d", rxelab.HostIP, "-s", "1100", "-n", "5", "-timeout", "10s"}
+	ours := []string{"pingpong", "ud", "-d", rxelab.HostIP, "-s", "1100", "-n", "5", "--timeout", "10s"}
 	if client {
 		ours = append(ours, rxelab.GuestIP)
 	} else {

@@ -2,7 +2,7 @@
 
 package interop
 
-// softroce pingpong (cmd/softroce pingpong.go, softroce's own QP engine behind the CLI)
+// softroce pingpong (internal/tools/pingpong, softroce's own QP engine behind the CLI)
 // against rdma-core's ibv_rc_pingpong, ibv_uc_pingpong, ibv_ud_pingpong and
 // ibv_srq_pingpong on kernel rxe, both directions:
 //
@@ -123,7 +123,7 @@ func ppInterop(t *testing.T, lab *rxelab.Lab, c ppCase, client bool) {
 		common += fmt.Sprintf(" -m %d", pathMTU)
 	}
 	guestCmd := fmt.Sprintf("ibv_%s_pingpong -d %s -g %d %s", c.Tool, rxelab.GuestDev, rxelab.GuestGIDIndex, common)
-	ourArgs := append([]string{"pingpong", c.Tool, "-d", rxelab.HostIP, "-timeout", "30s"}, strings.Fields(common)...)
+	ourArgs := append([]string{"pingpong", c.Tool, "-d", rxelab.HostIP, "--timeout", "30s"}, strings.Fields(common)...)
 	ourArgs = append(ourArgs, daemonArgs...)
 	if client {
 		ourArgs = append(ourArgs, rxelab.GuestIP)

@@ -1,4 +1,4 @@
-package main
+package pingpong
 
 import (
 	"bytes"
@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -18,30 +19,25 @@ import (
 
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/oob"
-	"github.com/softroce/softroce/internal/oob/pingpong"
+	oobpp "github.com/softroce/softroce/internal/oob/pingpong"
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/internal/tools/cli"
+	tooltest "github.com/softroce/softroce/internal/tools/tooltest"
 )
 
-// freeUDPPort returns a UDP port free on both 127.0.0.1 and 127.0.0.2 (the RoCE port of
-// the two in-process devices; not 4791, which other tests on this machine may hold).
-func freeUDPPort(t *testing.T) uint16 {
-	t.Helper()
-	for i := 0; i < 20; i++ {
-		a, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := a.LocalAddr().(*net.UDPAddr).Port
-		b, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 2), Port: port})
-		a.Close()
-		if err == nil {
-			b.Close()
-			return uint16(port)
-		}
-	}
-	t.Fatal("no free UDP port on 127.0.0.1 and 127.0.0.2")
-	return 0
+// ppEnv is where a test's run writes, plus the Config's test seams.
+type ppEnv struct {
+	Stdout, Stderr io.Writer
+	Listener       net.Listener
+	Fill           func(buf []byte)
+	OnRecv         func(wc *cq.WC, data []byte)
+}
+
+// pingpongMain is Main with env's seams.
+func pingpongMain(args []string, env *ppEnv) int {
+	return main(context.Background(), args, env.Stdout, env.Stderr, func(c *Config) {
+		c.Listener, c.Fill, c.OnRecv = env.Listener, env.Fill, env.OnRecv
+	})
 }
 
 // ppSide is the result of one side of a run.
@@ -57,7 +53,7 @@ type ppSide struct {
 // client's send pattern (the echo of the client's buffer, the GRH included for UD).
 func ppPair(t *testing.T, tool string, extra ...string) (srv, cli ppSide) {
 	t.Helper()
-	return ppPairVia(t, tool, freeUDPPort(t), "", "", extra...)
+	return ppPairVia(t, tool, tooltest.FreeUDPPort(t), "", "", extra...)
 }
 
 // ppPairVia is ppPair on RoCE UDP port roce, with a side going through the softroce daemon
@@ -71,11 +67,11 @@ func ppPairVia(t *testing.T, tool string, roce uint16, srvDaemon, cliDaemon stri
 	}
 	tcpPort := ln.Addr().(*net.TCPAddr).Port
 	sideArgs := func(daemon string) []string {
-		a := []string{tool, "-p", strconv.Itoa(tcpPort), "-timeout", "20s"}
+		a := []string{tool, "-p", strconv.Itoa(tcpPort), "--timeout", "20s"}
 		if daemon != "" {
 			return append(append(a, "--daemon", daemon), extra...)
 		}
-		return append(append(a, "-roce-port", strconv.Itoa(int(roce))), extra...)
+		return append(append(a, "--roce-port", strconv.Itoa(int(roce))), extra...)
 	}
 
 	// The client fills its buffer with random bytes, keeping the -c pattern (a zero at each
@@ -253,7 +249,7 @@ func ppPairServerOnly(t *testing.T, args ...string) (ppSide, net.Listener) {
 		t.Fatal(err)
 	}
 	var out, errb bytes.Buffer
-	args = append(args, "-roce-port", strconv.Itoa(int(freeUDPPort(t))), "-timeout", "300ms",
+	args = append(args, "--roce-port", strconv.Itoa(int(tooltest.FreeUDPPort(t))), "--timeout", "300ms",
 		"-p", strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
 	st := pingpongMain(args, &ppEnv{Stdout: &out, Stderr: &errb, Listener: ln})
 	return ppSide{status: st, stdout: out.String(), stderr: errb.String()}, ln
@@ -280,8 +276,8 @@ func TestPingpongNoPeer(t *testing.T) {
 		port := ln.Addr().(*net.TCPAddr).Port
 		ln.Close() // nobody listens there now
 		var out, errb bytes.Buffer
-		st := pingpongMain([]string{"uc", "-d", "127.0.0.2", "-p", strconv.Itoa(port), "-timeout", "300ms",
-			"-roce-port", strconv.Itoa(int(freeUDPPort(t))), "127.0.0.1"}, &ppEnv{Stdout: &out, Stderr: &errb})
+		st := pingpongMain([]string{"uc", "-d", "127.0.0.2", "-p", strconv.Itoa(port), "--timeout", "300ms",
+			"--roce-port", strconv.Itoa(int(tooltest.FreeUDPPort(t))), "127.0.0.1"}, &ppEnv{Stdout: &out, Stderr: &errb})
 		if st != 1 || !strings.Contains(errb.String(), "Couldn't connect to 127.0.0.1:"+strconv.Itoa(port)) {
 			t.Fatalf("exit %d, stderr %q", st, errb.String())
 		}
@@ -297,11 +293,11 @@ func TestPingpongNoPeer(t *testing.T) {
 			var out, errb bytes.Buffer
 			done := make(chan int)
 			go func() {
-				done <- pingpongMain([]string{"rc", "-d", "127.0.0.1", "-e", "-timeout", "300ms", "-roce-port",
-					strconv.Itoa(int(freeUDPPort(t))), "-p", "1"}, &ppEnv{Stdout: &out, Stderr: &errb, Listener: ln})
+				done <- pingpongMain([]string{"rc", "-d", "127.0.0.1", "-e", "--timeout", "300ms", "--roce-port",
+					strconv.Itoa(int(tooltest.FreeUDPPort(t))), "-p", "1"}, &ppEnv{Stdout: &out, Stderr: &errb, Listener: ln})
 			}()
 			// a client that exchanges a plausible record and never sends a packet
-			me := pingpong.Dest{QPN: 0x99, PSN: 0x1234}
+			me := oobpp.Dest{QPN: 0x99, PSN: 0x1234}
 			wantGID := "::"
 			if !zeroGID {
 				me.SetAddr(netip.MustParseAddr("127.0.0.2"))
@@ -309,7 +305,7 @@ func TestPingpongNoPeer(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			remote, err := pingpong.Dial(ctx, ln.Addr().String(), []pingpong.Dest{me}, pingpong.Options{Options: oob.Options{Timeout: 5 * time.Second}})
+			remote, err := oobpp.Dial(ctx, ln.Addr().String(), []oobpp.Dest{me}, oobpp.Options{Options: oob.Options{Timeout: 5 * time.Second}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -334,16 +330,16 @@ func TestPingpongServerWithoutDev(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	roce := strconv.Itoa(int(freeUDPPort(t)))
+	roce := strconv.Itoa(int(tooltest.FreeUDPPort(t)))
 	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 	var sOut, sErr, cOut, cErr bytes.Buffer
 	done := make(chan int)
 	go func() {
-		done <- pingpongMain([]string{"rc", "-e", "-n", "5", "-s", "100", "-roce-port", roce, "-p", port},
+		done <- pingpongMain([]string{"rc", "-e", "-n", "5", "-s", "100", "--roce-port", roce, "-p", port},
 			&ppEnv{Stdout: &sOut, Stderr: &sErr, Listener: ln})
 	}()
 	// the client without -d routes to 127.0.0.1 from 127.0.0.1: use 127.0.0.2 explicitly
-	cst := pingpongMain([]string{"rc", "-d", "127.0.0.2", "-e", "-n", "5", "-s", "100", "-roce-port", roce, "-p", port, "127.0.0.1"},
+	cst := pingpongMain([]string{"rc", "-d", "127.0.0.2", "-e", "-n", "5", "-s", "100", "--roce-port", roce, "-p", port, "127.0.0.1"},
 		&ppEnv{Stdout: &cOut, Stderr: &cErr})
 	sst := <-done
 	if sst != 0 || cst != 0 {
@@ -357,29 +353,28 @@ func TestPingpongServerWithoutDev(t *testing.T) {
 // TestPingpongFlags checks the command line: defaults, getopt-like permutation, the options
 // each tool knows, and the refusals.
 func TestPingpongFlags(t *testing.T) {
-	var eb bytes.Buffer
-	c, err := parsePingpong([]string{"ud"}, &eb)
-	if err != nil || c.Size != 1024 || c.Tool != pingpong.ToolUD || c.Port != 18515 || c.RxDepth != 500 || c.Iters != 1000 || c.Server != "" {
+	c, err := ParseArgs([]string{"ud"})
+	if err != nil || c.Size != 1024 || c.Tool != oobpp.ToolUD || c.Port != 18515 || c.RxDepth != 500 || c.Iters != 1000 || c.Server != "" {
 		t.Errorf("ud defaults %+v, %v", c, err)
 	}
-	c, err = parsePingpong([]string{"srq", "10.1.2.3", "-s", "0x40", "--num-qp", "3", "-e", "-c", "-g", "1"}, &eb)
+	c, err = ParseArgs([]string{"srq", "10.1.2.3", "-s", "0x40", "--num-qp", "3", "-e", "-c", "-g", "1"})
 	if err != nil || c.Size != 64 || c.NumQP != 3 || !c.Events || !c.Validate || c.GIDIndex != 1 || c.Server != "10.1.2.3" || c.MTU != qp.MTU1024 {
 		t.Errorf("srq %+v, %v", c, err)
 	}
-	c, err = parsePingpong([]string{"-m", "4096", "-d", "lo", "h"}, &eb)
-	if err != nil || c.Tool != pingpong.ToolRC || c.MTU != qp.MTU4096 || c.Dev.Interface != "lo" || c.Server != "h" || c.NumQP != 1 || c.Size != 4096 {
+	c, err = ParseArgs([]string{"-m", "4096", "-d", "lo", "h"})
+	if err != nil || c.Tool != oobpp.ToolRC || c.MTU != qp.MTU4096 || c.Dev.Interface != "lo" || c.Server != "h" || c.NumQP != 1 || c.Size != 4096 {
 		t.Errorf("rc %+v, %v", c, err)
 	}
-	c, err = parsePingpong([]string{"uc", "-l", "5", "--sl", "7", "-p", "18999", "-r", "9", "-n", "3", "h"}, &eb)
+	c, err = ParseArgs([]string{"uc", "-l", "5", "--sl", "7", "-p", "18999", "-r", "9", "-n", "3", "h"})
 	if err != nil || c.SL != 7 || c.Port != 18999 || c.RxDepth != 9 || c.Iters != 3 {
 		t.Errorf("uc -l/--sl -p -r -n: %+v, %v", c, err)
 	}
-	c, err = parsePingpong([]string{"ud", "-l", "15"}, &eb)
+	c, err = ParseArgs([]string{"ud", "-l", "15"})
 	if err != nil || c.SL != 15 {
 		t.Errorf("ud -l 15: %+v, %v", c, err)
 	}
 	for _, args := range [][]string{{"rc", "-l", "16"}, {"srq", "--sl", "-1"}} {
-		if _, err := parsePingpong(args, &eb); !errors.Is(err, errPPUsage) || !strings.Contains(err.Error(), "service levels are 0..15") {
+		if _, err := ParseArgs(args); !errors.Is(err, errPPUsage) || !strings.Contains(err.Error(), "service levels are 0..15") {
 			t.Errorf("%q: %v, want the service level refusal", args, err)
 		}
 	}
@@ -412,6 +407,54 @@ func TestPingpongFlags(t *testing.T) {
 	var out, errb bytes.Buffer
 	if st := pingpongMain([]string{"rc", "-t"}, &ppEnv{Stdout: &out, Stderr: &errb}); !strings.Contains(errb.String(), "not supported by softroce") {
 		t.Errorf("-t: exit %d %q", st, errb.String())
+	}
+}
+
+// TestPingpongGetopt: command lines of ibv_{rc,uc,ud,srq}_pingpong as their getopt_long
+// reads them (attached values, grouped flags, --name=value, unambiguous abbreviations,
+// options after the host) are accepted with the same meaning; what getopt_long refuses
+// (an option without its value, an ambiguous abbreviation, an option the tool lacks) is
+// refused.
+func TestPingpongGetopt(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want func(c Config) bool
+	}{
+		{[]string{"rc", "-g1", "-s4096", "-n1000", "-ec", "h"}, func(c Config) bool {
+			return c.GIDIndex == 1 && c.Size == 4096 && c.Iters == 1000 && c.Events && c.Validate && c.Server == "h"
+		}},
+		{[]string{"h", "-d", "127.0.0.2", "-m2048"}, func(c Config) bool {
+			return c.Tool == oobpp.ToolRC && c.Dev.Addr.String() == "127.0.0.2" && c.MTU == qp.MTU2048 && c.Server == "h"
+		}},
+		{[]string{"srq", "-q4", "-r8", "-ce", "--gid-idx=1"}, func(c Config) bool {
+			return c.NumQP == 4 && c.RxDepth == 8 && c.Validate && c.Events && c.GIDIndex == 1 && c.Server == ""
+		}},
+		{[]string{"ud", "--size=512", "--iters", "10", "--rx", "4", "--ib-dev=lo"}, func(c Config) bool {
+			return c.Size == 512 && c.Iters == 10 && c.RxDepth == 4 && c.Dev.Interface == "lo"
+		}},
+		{[]string{"uc", "--chk", "--eve", "-p18600", "h"}, func(c Config) bool {
+			return c.Validate && c.Events && c.Port == 18600
+		}},
+		{[]string{"rc", "-N", "--new_send", "-i", "1", "-l0", "--", "h"}, func(c Config) bool { return c.Server == "h" }},
+	} {
+		c, err := ParseArgs(tc.args)
+		if err != nil || !tc.want(c) {
+			t.Errorf("%q: %+v, %v", tc.args, c, err)
+		}
+	}
+	for _, args := range [][]string{
+		{"rc", "-s"},                // the value is missing
+		{"rc", "--i", "5"},          // ambiguous: ib-dev, ib-port, iters, iodp
+		{"ud", "-m2048"},            // ud_pingpong has no -m
+		{"uc", "-ce", "-q", "2"},    // only srq has -q
+		{"rc", "-timeout", "1s"},    // not a long option in getopt style: -t -i meout
+		{"rc", "--iters=5", "-x"},   // unknown
+		{"srq", "--num-qp"},         // the value is missing
+		{"rc", "--events=yes", "h"}, // no such bool value
+	} {
+		if _, err := ParseArgs(args); err == nil {
+			t.Errorf("%q accepted", args)
+		}
 	}
 }
 
@@ -458,7 +501,7 @@ func TestPingpongLoopAllocs(t *testing.T) {
 	} {
 		t.Run(tc.tool, func(t *testing.T) {
 			addrs := []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2")}
-			port := freeUDPPort(t)
+			port := tooltest.FreeUDPPort(t)
 			var ctxs [2]*ppCtx
 			var loops [2]*ppLoop
 			for i, a := range addrs {
@@ -467,12 +510,11 @@ func TestPingpongLoopAllocs(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer ld.Dev.Close()
-				var eb bytes.Buffer
-				c, err := parsePingpong(append([]string{tc.tool, "-n", "1000000000", "-r", "16"}, tc.args...), &eb)
+				c, err := ParseArgs(append([]string{tc.tool, "-n", "1000000000", "-r", "16"}, tc.args...))
 				if err != nil {
 					t.Fatal(err)
 				}
-				if ctxs[i], err = newPPCtx(c, &ppEnv{Stdout: &eb, Stderr: &eb}, ld.Verbs()); err != nil {
+				if ctxs[i], err = newPPCtx(&c, ld.Verbs()); err != nil {
 					t.Fatal(err)
 				}
 				defer ctxs[i].close()
@@ -553,15 +595,15 @@ func TestPingpongPeerExits(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			roce := strconv.Itoa(int(freeUDPPort(t)))
+			roce := strconv.Itoa(int(tooltest.FreeUDPPort(t)))
 			port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 			var sOut, sErr, cOut, cErr bytes.Buffer
 			done := make(chan int)
 			go func() {
-				done <- pingpongMain([]string{tc.tool, "-d", "127.0.0.1", "-e", "-n", "5", "-s", "100", "-roce-port", roce, "-p", port},
+				done <- pingpongMain([]string{tc.tool, "-d", "127.0.0.1", "-e", "-n", "5", "-s", "100", "--roce-port", roce, "-p", port},
 					&ppEnv{Stdout: &sOut, Stderr: &sErr, Listener: ln})
 			}()
-			cst := pingpongMain([]string{tc.tool, "-d", "127.0.0.2", "-e", "-n", "1000", "-s", "100", "-timeout", "1s", "-roce-port", roce, "-p", port, "127.0.0.1"},
+			cst := pingpongMain([]string{tc.tool, "-d", "127.0.0.2", "-e", "-n", "1000", "-s", "100", "--timeout", "1s", "--roce-port", roce, "-p", port, "127.0.0.1"},
 				&ppEnv{Stdout: &cOut, Stderr: &cErr})
 			if sst := <-done; sst != 0 {
 				t.Errorf("server exit %d: %s", sst, sErr.String())

@@ -1,32 +1,19 @@
-package main
+package pingpong
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"go.uber.org/goleak"
 
-	"github.com/softroce/softroce/internal/daemon"
+	"github.com/softroce/softroce/internal/daemontest"
+	tooltest "github.com/softroce/softroce/internal/tools/tooltest"
+	"github.com/softroce/softroce/pkg/roce"
 )
-
-// daemonIdle waits until srv has no client and checks it holds no object.
-func daemonIdle(t *testing.T, srv *daemon.Server) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := srv.WaitClients(ctx, 0); err != nil {
-		t.Fatal(err)
-	}
-	if d := srv.Debug(); d.PDs != 0 || d.MRs != 0 || d.CQs != 0 || d.SRQs != 0 || d.QPs != 0 || d.CMIDs != 0 || d.MappedBytes != 0 {
-		t.Fatalf("the daemon still holds %+v", d)
-	}
-}
 
 // TestPingpongDaemon runs every pingpong tool with one side through the softroce daemon
 // (`--daemon SOCKET`, the daemon's device on that side's address) and the other embedded, in
@@ -56,7 +43,7 @@ func TestPingpongDaemon(t *testing.T) {
 				if serverViaDaemon {
 					addr = netip.MustParseAddr("127.0.0.1")
 				}
-				sock, srv := startRpingDaemon(t, addr, port)
+				sock, srv := daemontest.ServeUDP(t, roce.UDPOptions{Addrs: []netip.Addr{addr}, Port: port, Portable: true, Name: "softroce0"})
 				sd, cd := "", sock
 				if serverViaDaemon {
 					sd, cd = sock, ""
@@ -71,7 +58,7 @@ func TestPingpongDaemon(t *testing.T) {
 				if d := srv.Debug(); d.RingPosts+d.SocketPosts < uint64(c.iters) {
 					t.Errorf("the daemon carried %d ring and %d socket posts, want >= %d", d.RingPosts, d.SocketPosts, c.iters)
 				}
-				daemonIdle(t, srv)
+				tooltest.DaemonIdle(t, srv)
 			})
 		}
 	}
@@ -81,12 +68,12 @@ func TestPingpongDaemon(t *testing.T) {
 // owns: refused with --daemon; a daemon socket nobody listens on is a clear error.
 func TestPingpongDaemonFlags(t *testing.T) {
 	for _, args := range [][]string{{"rc", "--daemon", "/nonexistent", "--roce-port", "5000"}, {"ud", "--daemon", "/x", "--portable"}} {
-		if _, err := parsePingpong(args, new(strings.Builder)); err == nil || !strings.Contains(err.Error(), "--daemon") {
+		if _, err := ParseArgs(args); err == nil || !strings.Contains(err.Error(), "--daemon") {
 			t.Errorf("%q: %v", args, err)
 		}
 	}
 	var out, errb strings.Builder
-	st := pingpongMain([]string{"rc", "--daemon", t.TempDir() + "/none.sock", "-d", "127.0.0.1", "-timeout", "300ms", "127.0.0.1"},
+	st := pingpongMain([]string{"rc", "--daemon", t.TempDir() + "/none.sock", "-d", "127.0.0.1", "--timeout", "300ms", "127.0.0.1"},
 		&ppEnv{Stdout: &out, Stderr: &errb})
 	if st != 1 || !strings.Contains(errb.String(), "daemon") || out.String() != "" {
 		t.Fatalf("exit %d, stdout %q, stderr %q", st, out.String(), errb.String())
