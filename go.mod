@@ -3,7 +3,7 @@ module github.com/softroce/softroce
 go 1.26.0
 
 require (
-	github.com/google/gopacket v1.1.19
+	github.com/gopacket/gopacket v1.7.7
 	github.com/spf13/pflag v1.1.0
 	github.com/vishvananda/netlink v1.3.1
 	github.com/vishvananda/netns v0.0.5
@@ -11,4 +11,7 @@ require (
 	golang.org/x/sys v0.50.0
 )
 
-require github.com/stretchr/testify v1.12.1 // indirect
+require (
+	github.com/stretchr/testify v1.12.1 // indirect
+	golang.org/x/net v0.55.0 // indirect
+)

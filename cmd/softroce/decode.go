@@ -15,8 +15,8 @@ import (
 	"os"
 	"strings"
 
-	"github.com/google/gopacket"
-	"github.com/google/gopacket/layers"
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
 
 	"github.com/softroce/softroce/internal/cm"
 	"github.com/softroce/softroce/pkg/bth"
@@ -116,7 +116,7 @@ func linkDecoder(lt uint32) (gopacket.Decoder, error) {
 	case linkTypeLinuxSLL:
 		return layers.LayerTypeLinuxSLL, nil
 	case linkTypeLinuxSL2:
-		return gopacket.DecodeFunc(decodeSLL2), nil
+		return layers.LayerTypeLinuxSLL2, nil
 	}
 	return nil, fmt.Errorf("unsupported link type %d", lt)
 }
@@ -133,16 +133,6 @@ func decodeRawIP(data []byte, p gopacket.PacketBuilder) error {
 		return layers.LayerTypeIPv6.Decode(data, p)
 	}
 	return fmt.Errorf("raw IP packet with version %d", data[0]>>4)
-}
-
-// decodeSLL2 skips the 20-byte Linux cooked v2 header (protocol type in bytes
-// 0-1) and decodes the rest by that EtherType. gopacket v1.1.19 has no SLL2.
-func decodeSLL2(data []byte, p gopacket.PacketBuilder) error {
-	const sll2Len = 20
-	if len(data) < sll2Len {
-		return errors.New("truncated Linux SLL2 header")
-	}
-	return layers.EthernetType(binary.BigEndian.Uint16(data[0:2])).Decode(data[sll2Len:], p)
 }
 
 // decodeSummary counts what decodeStream saw.

@@ -2,9 +2,13 @@ package main
 
 // A streaming reader for the two capture containers decode accepts: classic
 // pcap (https://www.tcpdump.org/manpages/pcap-savefile.5.html) and pcapng
-// (draft-ietf-opsawg-pcapng). gopacket/pcapgo is not used: it pulls
-// golang.org/x/net/bpf into go.mod and keeps link types in a uint8, so
-// LINKTYPE_LINUX_SLL2 (276) cannot be represented.
+// (draft-ietf-opsawg-pcapng). The tests read captures with gopacket's pcapgo;
+// decode keeps this reader because its input is a file from anywhere: every
+// length the file claims is bounded (maxRecord) before a byte is buffered, the
+// one buffer is reused for every record, and each malformed container is a
+// distinct error (the decode tests and FuzzDecodeFile hold it to that).
+// pcapgo accepts a record as long as the file's own snap length (up to 4 GiB)
+// and buffers it whole.
 
 import (
 	"bufio"

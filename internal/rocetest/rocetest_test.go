@@ -7,6 +7,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/softroce/softroce/internal/testcap"
 	"github.com/softroce/softroce/pkg/bth"
 )
 
@@ -16,20 +17,20 @@ var (
 )
 
 // loadRoCE reads a reference capture and returns its IPv4 RoCE datagrams.
-func loadRoCE(t *testing.T, name string) []IPv4UDP {
+func loadRoCE(t *testing.T, name string) []testcap.IPv4UDP {
 	t.Helper()
 	f, err := os.Open("../../testdata/captures/" + name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	frames, err := ReadPcap(f)
+	frames, err := testcap.ReadStream(f)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []IPv4UDP
+	var out []testcap.IPv4UDP
 	for i := range frames {
-		if d, ok := DecodeIPv4UDP(&frames[i]); ok && d.DstPort == bth.UDPPort {
+		if d, ok := testcap.DecodeIPv4UDP(&frames[i]); ok && d.DstPort == bth.UDPPort {
 			out = append(out, d)
 		}
 	}
@@ -53,7 +54,7 @@ func TestSpecReproducesCapturedPackets(t *testing.T) {
 	ep := bth.Endpoints{Src: host, Dst: guest, SrcPort: bth.UDPPort, DstPort: bth.UDPPort}
 	for i, c := range []struct {
 		spec *Spec
-		wire IPv4UDP
+		wire testcap.IPv4UDP
 	}{{&send, wire[0]}, {&ack, wire[3]}} {
 		if c.wire.Src != host || c.wire.ID != 0 || !c.wire.DF {
 			t.Fatalf("case %d: capture packet %v id %d df %v, want ours with ID 0 and DF", i, c.wire.Src, c.wire.ID, c.wire.DF)
@@ -238,56 +239,6 @@ type readWriter struct {
 
 func (rw readWriter) Read(p []byte) (int, error)  { return rw.r.Read(p) }
 func (rw readWriter) Write(p []byte) (int, error) { return rw.w.Write(p) }
-
-func TestReadPcap(t *testing.T) {
-	b, err := os.ReadFile("../../testdata/captures/host-to-guest-rc.pcap")
-	if err != nil {
-		t.Fatal(err)
-	}
-	all, err := ReadPcap(bytes.NewReader(b))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// tcpdump counts 27 frames in this file (captures/README.md)
-	if len(all) != 27 || all[0].LinkType != LinkEthernet {
-		t.Fatalf("%d frames, link %d; want 27 Ethernet", len(all), all[0].LinkType)
-	}
-	// a file cut inside the last record yields the complete ones
-	part, err := ReadPcap(bytes.NewReader(b[:len(b)-3]))
-	if err != nil || len(part) != 26 {
-		t.Errorf("truncated file: %d frames, err %v; want 26", len(part), err)
-	}
-	if _, err := ReadPcap(bytes.NewReader([]byte("not a pcap file at all!!"))); !errors.Is(err, ErrPcap) {
-		t.Errorf("garbage: err %v, want ErrPcap", err)
-	}
-	// every captured RoCE packet has a valid ICRC over its real IP header
-	for _, d := range loadRoCE(t, "host-to-guest-rc.pcap") {
-		want, err := bth.ICRCFromIP(d.IP)
-		if err != nil || bth.GetICRC(d.Payload) != want {
-			t.Errorf("%v id %d: ICRC %#x, computed %#x (%v)", d.Src, d.ID, bth.GetICRC(d.Payload), want, err)
-		}
-	}
-}
-
-func TestDecodeIPv4UDPRejects(t *testing.T) {
-	wire := loadRoCE(t, "host-to-guest-rc.pcap")
-	eth := append(make([]byte, 12), 0x08, 0x00)
-	frame := append(eth, wire[0].IP...)
-	if _, ok := DecodeIPv4UDP(&Frame{LinkType: LinkEthernet, Data: frame}); !ok {
-		t.Fatal("rebuilt frame does not decode")
-	}
-	for i := 0; i < len(frame); i++ {
-		f := Frame{LinkType: LinkEthernet, Data: frame[:i]}
-		if _, ok := DecodeIPv4UDP(&f); ok {
-			t.Errorf("frame truncated to %d bytes decoded", i)
-		}
-	}
-	frag := bytes.Clone(frame)
-	frag[14+6] |= 0x20 // MF
-	if _, ok := DecodeIPv4UDP(&Frame{LinkType: LinkEthernet, Data: frag}); ok {
-		t.Error("fragment decoded")
-	}
-}
 
 // TestWatch: Seen closes once the output contains the marker, also across writes, and the
 // output is kept whole.

@@ -1,23 +1,28 @@
-// Package testcap reads the reference pcap captures for tests: it returns, per
-// frame, the IP packet, the UDP payload and the addressing a RoCEv2 receiver
-// needs (including the IPv4 Identification, which the ICRC covers).
+// Package testcap reads pcap and pcapng captures for tests: the reference captures of
+// testdata/captures and the captures the interop suite takes in the lab. Read returns, per
+// frame, the IP packet, the UDP payload and the addressing a RoCEv2 receiver needs
+// (including the IPv4 Identification, which the ICRC covers); ReadStream returns the raw
+// records of a capture that may still be growing, and DecodeIPv4UDP takes one apart.
 //
-// Only tests import it; it decodes with gopacket/layers, which the production
-// packages never do. The classic pcap container is read by a small reader here
-// (gopacket/pcapgo would pull golang.org/x/net/bpf into go.mod).
+// Only tests import it. The containers are read by gopacket's pcapgo, the frames decoded by
+// gopacket/layers; the production packages never do either (softroce decode has its own
+// bounded reader for captures it cannot trust).
 package testcap
 
 import (
-	"encoding/binary"
+	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"sort"
+	"time"
 
-	"github.com/google/gopacket"
-	"github.com/google/gopacket/layers"
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+	"github.com/gopacket/gopacket/pcapgo"
 )
 
 // RoCEPort is the RoCEv2 UDP destination port (IBTA Annex A17.2).
@@ -40,23 +45,22 @@ type Frame struct {
 // IsRoCE reports whether the frame is UDP to the RoCEv2 port.
 func (f *Frame) IsRoCE() bool { return f.UDP && f.DstPort == RoCEPort }
 
-// Read returns every IP frame of the pcap file at path (non-IP frames are
+// Read returns every IP frame of the pcap or pcapng file at path (non-IP frames are
 // skipped, numbering still counts them).
 func Read(path string) ([]Frame, error) {
-	file, err := os.ReadFile(path)
+	file, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
-	recs, linkType, err := parsePcap(file)
+	defer file.Close()
+	recs, err := readAll(file, false)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	var out []Frame
-	for i, data := range recs {
-		n := i + 1
-		pkt := gopacket.NewPacket(data, linkType, gopacket.Default)
-		var f Frame
-		f.Number = n
+	for i, rec := range recs {
+		pkt := gopacket.NewPacket(rec.Data, rec.LinkType, gopacket.Default)
+		f := Frame{Number: i + 1}
 		switch {
 		case pkt.Layer(layers.LayerTypeIPv4) != nil:
 			ip := pkt.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
@@ -130,31 +134,62 @@ func Files(dir string) ([]string, error) {
 	return m, nil
 }
 
-// parsePcap splits a classic libpcap file (either byte order, micro- or
-// nanosecond magic) into its records.
-func parsePcap(b []byte) (recs [][]byte, lt layers.LinkType, err error) {
-	if len(b) < 24 {
-		return nil, 0, errors.New("pcap: short file header")
+// ErrCapture reports a stream that is not a pcap or pcapng capture.
+var ErrCapture = errors.New("testcap: not a pcap or pcapng capture")
+
+// Record is one captured frame as the capture holds it.
+type Record struct {
+	Time     time.Time
+	LinkType layers.LinkType
+	Data     []byte
+	OrigLen  int
+}
+
+// ReadStream returns the records of a pcap or pcapng stream. A stream cut short inside a
+// record (tcpdump still writing) yields the complete records read so far and no error.
+func ReadStream(r io.Reader) ([]Record, error) { return readAll(r, true) }
+
+// readAll reads every record; cut says whether a stream ending inside a record is accepted.
+func readAll(r io.Reader, cut bool) ([]Record, error) {
+	br := bufio.NewReader(r)
+	magic, _ := br.Peek(4)
+	if len(magic) < 4 {
+		return nil, ErrCapture
 	}
-	var bo binary.ByteOrder
-	switch binary.LittleEndian.Uint32(b) {
-	case 0xA1B2C3D4, 0xA1B23C4D:
-		bo = binary.LittleEndian
-	case 0xD4C3B2A1, 0x4D3CB2A1:
-		bo = binary.BigEndian
-	default:
-		return nil, 0, errors.New("pcap: not a classic pcap file")
-	}
-	lt = layers.LinkType(bo.Uint32(b[20:24]))
-	off := 24
-	for off+16 <= len(b) {
-		incl := int(bo.Uint32(b[off+8:]))
-		off += 16
-		if incl < 0 || off+incl > len(b) {
-			return nil, 0, errors.New("pcap: truncated record")
+	var (
+		src  gopacket.ZeroCopyPacketDataSource
+		link func(gopacket.CaptureInfo) layers.LinkType
+	)
+	if string(magic) == "\x0a\x0d\x0d\x0a" {
+		ng, err := pcapgo.NewNgReader(br, pcapgo.NgReaderOptions{WantMixedLinkType: true})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrCapture, err)
 		}
-		recs = append(recs, append([]byte(nil), b[off:off+incl]...))
-		off += incl
+		src = ng
+		link = func(ci gopacket.CaptureInfo) layers.LinkType {
+			iface, err := ng.Interface(ci.InterfaceIndex)
+			if err != nil {
+				return 0
+			}
+			return iface.LinkType
+		}
+	} else {
+		pr, err := pcapgo.NewReader(br)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrCapture, err)
+		}
+		src = pr
+		link = func(gopacket.CaptureInfo) layers.LinkType { return pr.LinkType() }
 	}
-	return recs, lt, nil
+	var out []Record
+	for {
+		data, ci, err := src.ZeroCopyReadPacketData()
+		if err == io.EOF || (cut && errors.Is(err, io.ErrUnexpectedEOF)) {
+			return out, nil
+		}
+		if err != nil {
+			return out, fmt.Errorf("record %d: %w", len(out)+1, err)
+		}
+		out = append(out, Record{Time: ci.Timestamp, LinkType: link(ci), Data: append([]byte(nil), data...), OrigLen: ci.Length})
+	}
 }

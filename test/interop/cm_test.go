@@ -28,6 +28,7 @@ import (
 
 	"github.com/softroce/softroce/internal/cm"
 	"github.com/softroce/softroce/internal/rocetest"
+	"github.com/softroce/softroce/internal/testcap"
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/test/rxelab"
 )
@@ -125,7 +126,7 @@ func rpingInterop(t *testing.T, lab *rxelab.Lab, client bool, size, count int, v
 // REP from the server, RTU from the client, then a DREQ from the client answered by a DREP
 // (the server may also send its own DREQ crossing ours); one READ request per ping and
 // pkts WRITE packets per ping ran.
-func rpingCheckWire(t *testing.T, wire []rocetest.IPv4UDP, lost, softroceClient bool, count, pkts int) {
+func rpingCheckWire(t *testing.T, wire []testcap.IPv4UDP, lost, softroceClient bool, count, pkts int) {
 	t.Helper()
 	if lost {
 		t.Errorf("tcpdump dropped packets: the capture is incomplete")

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softroce/softroce/internal/rocetest"
+	"github.com/softroce/softroce/internal/testcap"
 	"github.com/softroce/softroce/pkg/bth"
 )
 
@@ -87,14 +87,14 @@ func TestDecodeCleanDetects(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	frames, err := rocetest.ReadPcap(f)
+	frames, err := testcap.ReadStream(f)
 	f.Close()
 	if err != nil {
 		t.Fatal(err)
 	}
 	roce := 0
 	for i := range frames {
-		if d, ok := rocetest.DecodeIPv4UDP(&frames[i]); ok && (d.DstPort == bth.UDPPort || d.SrcPort == bth.UDPPort) {
+		if d, ok := testcap.DecodeIPv4UDP(&frames[i]); ok && (d.DstPort == bth.UDPPort || d.SrcPort == bth.UDPPort) {
 			roce++
 		}
 	}
@@ -112,7 +112,7 @@ func TestDecodeCleanDetects(t *testing.T) {
 	bad := append([]byte(nil), good...)
 	flipped := false
 	for i := range frames {
-		d, ok := rocetest.DecodeIPv4UDP(&frames[i])
+		d, ok := testcap.DecodeIPv4UDP(&frames[i])
 		if !ok || d.DstPort != bth.UDPPort {
 			continue
 		}

@@ -22,7 +22,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softroce/softroce/internal/rocetest"
+	"github.com/softroce/softroce/internal/testcap"
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/test/rxelab"
 )
@@ -92,7 +92,7 @@ func pfcmInterop(t *testing.T, lab *rxelab.Lab, c pfCase, client bool) {
 // to QP 1, at least REQ+REP+RTU per connection (the exchange and each data QP); everything
 // else RC, with the client's test messages (WRITE or SEND, counted at their last packet)
 // at least iters x QPs.
-func pfcmCheckWire(t *testing.T, c pfCase, client bool, wire []rocetest.IPv4UDP, lost bool) {
+func pfcmCheckWire(t *testing.T, c pfCase, client bool, wire []testcap.IPv4UDP, lost bool) {
 	t.Helper()
 	requester := hostIP
 	if !client {

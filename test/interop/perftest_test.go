@@ -27,7 +27,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softroce/softroce/internal/rocetest"
+	"github.com/softroce/softroce/internal/testcap"
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/test/rxelab"
 )
@@ -141,7 +141,7 @@ func pfInterop(t *testing.T, lab *rxelab.Lab, c pfCase, client bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	daemonArgs := labDaemonArgs(t, ctx, lab, bin, c.Daemon)
-	var stopCapture func() ([]rocetest.IPv4UDP, bool)
+	var stopCapture func() ([]testcap.IPv4UDP, bool)
 	if !c.XDP { // the tap's capture point sees no AF_XDP frame (pfCase.XDP)
 		stopCapture = ppStartCapture(t, lab) // snaplen 9000, 32 MiB buffer: BW bursts fit
 	}
@@ -324,7 +324,7 @@ func pfCheckOutputs(t *testing.T, c pfCase, client bool, ours, guest string) {
 // pfCheckWire checks the tap capture: ICRCs over the real headers, DF everywhere, the
 // test's requests from the requester (the client; both sides for write/send latency) and
 // their responses, at least iters messages.
-func pfCheckWire(t *testing.T, c pfCase, client bool, wire []rocetest.IPv4UDP, lost bool) {
+func pfCheckWire(t *testing.T, c pfCase, client bool, wire []testcap.IPv4UDP, lost bool) {
 	t.Helper()
 	reqs := map[netip.Addr]int{}
 	resps := map[netip.Addr]int{}

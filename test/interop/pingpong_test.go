@@ -29,7 +29,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softroce/softroce/internal/rocetest"
+	"github.com/softroce/softroce/internal/testcap"
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/test/rxelab"
 )
@@ -216,7 +216,7 @@ func ppCheckOutputs(t *testing.T, c ppCase, numQP int, ours, guest string) (ourQ
 // 67 ms ACK timeout), and each side sent iters distinct messages (srq: at least iters, a few
 // more may be in flight at the end) with, for rc, one ACK per message of the peer.
 // Packets to QPs of neither side (another lab user in the netns) are ignored and counted.
-func ppCheckWire(t *testing.T, c ppCase, wire []rocetest.IPv4UDP, lost bool, ourQPs, rxeQPs map[uint32]bool) {
+func ppCheckWire(t *testing.T, c ppCase, wire []testcap.IPv4UDP, lost bool, ourQPs, rxeQPs map[uint32]bool) {
 	t.Helper()
 	if lost {
 		t.Errorf("tcpdump dropped packets: the capture is incomplete")
@@ -324,7 +324,7 @@ func ppCheckWire(t *testing.T, c ppCase, wire []rocetest.IPv4UDP, lost bool, our
 // ppStartCapture is startCapture (rc_send_test.go) that also reports what tcpdump says at
 // exit ("N packets dropped by kernel"): the returned func gives the datagrams and whether
 // tcpdump lost any.
-func ppStartCapture(t *testing.T, lab *rxelab.Lab) func() ([]rocetest.IPv4UDP, bool) {
+func ppStartCapture(t *testing.T, lab *rxelab.Lab) func() ([]testcap.IPv4UDP, bool) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "tap.pcap")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -343,7 +343,7 @@ func ppStartCapture(t *testing.T, lab *rxelab.Lab) func() ([]rocetest.IPv4UDP, b
 			_ = c.Stop()
 		}
 	})
-	return func() ([]rocetest.IPv4UDP, bool) {
+	return func() ([]testcap.IPv4UDP, bool) {
 		stopped = true
 		if err := c.Stop(); err != nil {
 			t.Errorf("tcpdump: %v", err)
@@ -356,13 +356,13 @@ func ppStartCapture(t *testing.T, lab *rxelab.Lab) func() ([]rocetest.IPv4UDP, b
 			t.Fatalf("capture: %v", err)
 		}
 		defer f.Close()
-		frames, err := rocetest.ReadPcap(f)
+		frames, err := testcap.ReadStream(f)
 		if err != nil {
 			t.Fatalf("capture: %v", err)
 		}
-		var out []rocetest.IPv4UDP
+		var out []testcap.IPv4UDP
 		for i := range frames {
-			if d, ok := rocetest.DecodeIPv4UDP(&frames[i]); ok {
+			if d, ok := testcap.DecodeIPv4UDP(&frames[i]); ok {
 				out = append(out, d)
 			}
 		}
