@@ -12,7 +12,7 @@
 
 const char *sr_socket_path(void)
 {
-	const char *p = getenv("SOFTROCE_SOCKET");
+	const char *p = getenv(SR_SOCKET_ENV);
 	if (p && *p)
 		return p;
 	return SR_DEFAULT_SOCKET;
@@ -33,6 +33,11 @@ int sr_conn_open(struct sr_conn *c, const char *path)
 		close(fd);
 		return sr_fail(e);
 	}
+	c->rbuf = malloc(SR_MAX_MSG);
+	if (!c->rbuf) {
+		close(fd);
+		return sr_fail(ENOMEM);
+	}
 	c->fd = fd;
 	pthread_mutex_init(&c->mu, NULL);
 	return 0;
@@ -43,5 +48,7 @@ void sr_conn_close(struct sr_conn *c)
 	if (c->fd >= 0)
 		close(c->fd);
 	c->fd = -1;
+	free(c->rbuf);
+	c->rbuf = NULL;
 	pthread_mutex_destroy(&c->mu);
 }

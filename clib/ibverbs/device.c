@@ -5,7 +5,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include "sr.h"
@@ -122,9 +121,14 @@ struct ibv_context *ibv_open_device(struct ibv_device *device)
 		return sr_fail_null(e);
 	}
 	sc->dev = d;
-	sc->async_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (sc->async_fd < 0) {
+	sc->doorbell_fd = sc->async_fd = -1;
+	pthread_mutex_init(&sc->ev_mu, NULL);
+	pthread_mutex_init(&sc->ring_mu, NULL);
+	const char *sp = getenv("SOFTROCE_SYNC_POSTS");
+	sc->sync_posts = sp && *sp && strcmp(sp, "0");
+	if (sr_open_session(sc) < 0) {
 		int e = errno;
+		pthread_mutex_destroy(&sc->ev_mu);
 		sr_conn_close(&sc->conn);
 		free(sc);
 		return sr_fail_null(e);
@@ -147,7 +151,9 @@ int ibv_close_device(struct ibv_context *context)
 	// Closing the session releases every object the daemon holds for it
 	// (docs/daemon.md: a client that exits), as closing the uverbs fd does.
 	sr_conn_close(&sc->conn);
-	close(sc->async_fd);
+	sr_close_session(sc);
+	pthread_mutex_destroy(&sc->ev_mu);
+	pthread_mutex_destroy(&sc->ring_mu);
 	pthread_mutex_destroy(&context->mutex);
 	free(sc);
 	return 0;
@@ -215,7 +221,7 @@ int _ibv_query_gid_ex(struct ibv_context *context, uint32_t port_num, uint32_t g
 	entry->port_num = 1;
 	// softroce speaks RoCEv2 only (UDP 4791).
 	entry->gid_type = IBV_GID_TYPE_ROCE_V2;
-	entry->ndev_ifindex = sc->info.ifindex;
+	entry->ndev_ifindex = sc->info.gid_ifindex[gid_index];
 	return 0;
 }
 

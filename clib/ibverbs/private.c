@@ -5,7 +5,8 @@
 // private symbols are missing. So every symbol exists and refuses: commands
 // fail with EOPNOTSUPP, allocators return NULL with errno EOPNOTSUPP, and a
 // provider that registers itself is ignored (its devices never appear:
-// ibv_get_device_list lists the daemon's devices only).
+// ibv_get_device_list lists the daemon's devices only). ibv_query_gid_type,
+// which pyverbs calls, answers for softroce's devices.
 //
 // The prototypes are private to rdma-core (driver.h, not installed); these
 // stubs take no arguments, which is ABI-compatible with any caller on the
@@ -38,6 +39,23 @@ SR_EXPORT bool verbs_allow_disassociate_destroy;
 #define SR_IGNORE(name)            \
 	SR_EXPORT void name(void); \
 	void name(void) {}
+
+// ibv_query_gid_type is the one private verb programs use directly (pyverbs'
+// Context.query_gid_type): every GID of a softroce device is RoCE v2
+// (IBV_GID_TYPE_SYSFS_ROCE_V2 = 1 in rdma-core's driver.h).
+SR_EXPORT int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num, unsigned int index,
+				 unsigned int *type);
+int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num, unsigned int index,
+		       unsigned int *type)
+{
+	struct sr_context *sc = sr_ctx(context);
+	if (port_num != 1 || index >= (unsigned int)sc->info.port.gid_tbl_len) {
+		errno = EINVAL;
+		return EINVAL;
+	}
+	*type = 1;
+	return 0;
+}
 
 // ibv_read_ibdev_sysfs_file returns a byte count, so it refuses with -1.
 SR_EXPORT int ibv_read_ibdev_sysfs_file(void);
@@ -116,7 +134,6 @@ SR_REFUSE_INT(ibv_cmd_reg_mr)
 SR_REFUSE_INT(ibv_cmd_req_notify_cq)
 SR_REFUSE_INT(ibv_cmd_rereg_mr)
 SR_REFUSE_INT(ibv_cmd_resize_cq)
-SR_REFUSE_INT(ibv_query_gid_type)
 
 SR_REFUSE_PTR(_verbs_init_and_alloc_context)
 SR_REFUSE_PTR(verbs_open_device)

@@ -8,12 +8,14 @@
 #include <endian.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <sys/types.h>
 
 #include <infiniband/verbs.h>
+#include <softroce/proto.h>
 
 #define SR_EXPORT __attribute__((visibility("default")))
 #define SR_UNUSED __attribute__((unused))
@@ -27,11 +29,7 @@
 #define sr_container_of(ptr, type, member) \
 	((type *)(void *)((char *)(ptr) - offsetof(type, member)))
 
-// SR_DEFAULT_SOCKET is where the daemon listens unless $SOFTROCE_SOCKET says
-// otherwise.
-#define SR_DEFAULT_SOCKET "/run/softroce/softroce.sock"
-
-// sr_socket_path returns $SOFTROCE_SOCKET if set and not empty, else the
+// sr_socket_path returns $SOFTROCE_SOCKET (SR_SOCKET_ENV) if set and not empty, else the
 // default socket.
 const char *sr_socket_path(void);
 
@@ -40,7 +38,39 @@ const char *sr_socket_path(void);
 struct sr_conn {
 	int fd;
 	pthread_mutex_t mu;
+	char *rbuf; // SR_MAX_MSG bytes: the last response
 };
+
+// SR_MAX_FDS bounds the descriptors one message carries.
+#define SR_MAX_FDS 4
+
+// sr_call is one request and its response.
+struct sr_call {
+	uint16_t op;
+	int noreply;       // an asynchronous request: no response is read
+	const void *req;   // the body after sr_hdr
+	size_t reqlen;
+	const int *fds;    // sent with SCM_RIGHTS
+	int nfds;
+	void *resp;        // the response body is copied here (at most respcap bytes)
+	size_t respcap;
+	size_t resplen;    // out: the response body's full length
+	int *rfds;         // out: received descriptors (at most maxrfds; the rest are closed)
+	int maxrfds;
+	int nrfds;
+	uint32_t code;     // out, on failure: SR_E_* (0 if none)
+	uint32_t bad_wr;   // out, on a failed post: the WRs posted before the failing one
+};
+
+// sr_call sends call's request and reads its response; it returns 0, or -1
+// with errno the daemon's status (a positive errno value) or the socket's.
+int sr_call(struct sr_conn *c, struct sr_call *call);
+
+// sr_debug: $SOFTROCE_DEBUG is set; the daemon's error messages go to stderr.
+int sr_debug(void);
+
+// sr_simple is sr_call for a fixed request and a response of at least resplen bytes.
+int sr_simple(struct sr_conn *c, uint16_t op, const void *req, size_t reqlen, void *resp, size_t resplen);
 
 // sr_conn_open connects to the daemon at path; it returns 0 or -1 with errno set.
 int sr_conn_open(struct sr_conn *c, const char *path);
@@ -55,9 +85,14 @@ struct sr_devinfo {
 	__be64 node_guid;
 	struct ibv_device_attr attr;
 	struct ibv_port_attr port;
-	uint32_t ifindex; // the network interface of the GIDs (0: several or none)
 	int ngids;
 	union ibv_gid gids[SR_MAX_GIDS];
+	uint32_t gid_ifindex[SR_MAX_GIDS]; // each GID's network interface (0: none known)
+	char gid_ndev[SR_MAX_GIDS][16];
+	uint32_t max_inline_data;
+	uint64_t device_cap_flags_ex;
+	uint16_t max_cq_moderation_count;
+	uint16_t max_cq_moderation_period;
 };
 
 // sr_hello opens the session on a new connection and fills info; it returns
@@ -86,7 +121,15 @@ struct sr_context {
 	struct sr_conn conn;
 	struct sr_device *dev;
 	struct sr_devinfo info; // as the session's hello reported it
-	int async_fd;           // ibv_context.async_fd: readable while an async event waits
+	int async_fd;           // ibv_context.async_fd: the event ring's eventfd
+	char *rings;            // post ring, then the event ring (rings_bytes, shared)
+	size_t rings_bytes;
+	int doorbell_fd;
+	pthread_mutex_t ring_mu; // the post ring's producer side
+	int sync_posts;          // $SOFTROCE_SYNC_POSTS: every post is a round trip
+	pthread_mutex_t ev_mu;  // the event ring's consumer side, and objs
+	struct sr_obj *objs;
+	struct sr_context *next_ctx; // every open context (the fork handler's list)
 	struct verbs_context vctx; // must be last: ibv_context ends it
 };
 
@@ -95,18 +138,127 @@ static inline struct sr_context *sr_ctx(struct ibv_context *ctx)
 	return sr_container_of(ctx, struct sr_context, vctx.context);
 }
 
+// sr_obj links an object that events can name (QP, CQ, SRQ) into its
+// context's list, by the handle the daemon gave it.
+struct sr_obj {
+	uint32_t handle;
+	int kind; // SR_EVENT_ON_QP, _CQ, _SRQ
+	void *ptr;
+	struct sr_obj *next;
+};
+
 // sr_cq is a completion queue: the public ibv_cq_ex (whose first fields are
 // ibv_cq's) and the completion ring shared with the daemon.
 struct sr_cq {
 	struct ibv_cq_ex cq;
+	struct sr_obj obj;
+	uint32_t handle;
+	char *ring;                // the completion ring (ring_bytes, shared with the daemon)
+	size_t ring_bytes;
+	uint64_t mask;             // entries - 1
+	uint64_t head;             // entries consumed (under poll_mu)
+	pthread_mutex_t poll_mu;
 	int notify_fd;             // written by the daemon when an armed completion arrives
+	int space_fd;              // written here when the daemon waits for ring space
 	uint32_t events_reported;  // completion events ibv_get_cq_event returned (under cq.mutex)
+	struct sr_qp **qps;        // the QPs completing here (under poll_mu): their queue counts
+	int nqps;
+	struct ibv_wc cur;         // the ibv_cq_ex poll API's current completion
 };
+
+// sr_cq_ex_init fills the ibv_cq_ex poll functions (ibv_start_poll, ...).
+void sr_cq_ex_init(struct sr_cq *c);
 
 static inline struct sr_cq *sr_cq(struct ibv_cq *cq)
 {
-	return sr_container_of(cq, struct sr_cq, cq.context);
+	return (struct sr_cq *)(void *)cq;
 }
+
+// sr_qp is a queue pair: the public ibv_qp_ex (whose first member is ibv_qp).
+//
+// Queue counts (docs/clib.md, "Posts"): a post may skip the daemon's answer
+// (the post ring) only when the library knows the engine accepts it, room
+// in the queue included. Posted WRs are counted under post_mu; completed ones
+// as completions are polled: every receive completion frees one receive
+// slot, and a send completion frees its WR and every earlier one (IBTA
+// 10.8.3: a send queue completes in order), which the signaled FIFO maps to
+// the send count at that WR.
+struct sr_qp {
+	struct ibv_qp_ex qpx;
+	struct sr_obj obj;
+	struct ibv_qp_cap cap;   // as granted
+	int sq_sig_all;
+	pthread_mutex_t post_mu; // the encoding buffer and the posted counts
+	char *buf;
+	size_t buflen;
+	uint64_t sq_posted, rq_posted;
+	_Atomic uint64_t sq_done, rq_done;
+	uint64_t *sig;           // ring of sq_posted values at signaled WRs
+	uint32_t sig_cap;
+	_Atomic uint32_t sig_head, sig_tail; // pushed by posts, popped by polls
+	_Atomic int errored;     // a completion in error: posts are round trips from now on
+	struct sr_wrs *wr_api;   // the ibv_wr_* API's work requests (wr.c); NULL: not enabled
+};
+
+// SR_WR_OPS are the ibv_wr_* operations softroce has (send_ops_flags).
+#define SR_WR_OPS                                                                              \
+	(IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |     \
+	 IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | \
+	 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV)
+
+// wr.c: the ibv_wr_* API of a QP created with send_ops_flags.
+void sr_wr_init(struct sr_qp *q);
+void sr_wr_free(struct sr_qp *q);
+int sr_post_send_locked(struct sr_qp *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+
+static inline struct sr_qp *sr_qp(struct ibv_qp *qp)
+{
+	return (struct sr_qp *)(void *)qp;
+}
+
+struct sr_srq {
+	struct ibv_srq srq;
+	struct sr_obj obj;
+	pthread_mutex_t post_mu;
+	char *buf;
+	size_t buflen;
+};
+
+struct sr_ah {
+	struct ibv_ah ah;
+	struct sr_ah_attr attr; // as the daemon resolved it: sent by value with UD sends
+};
+
+// sr_add_obj and sr_del_obj keep the context's list of event targets.
+void sr_add_obj(struct sr_context *sc, struct sr_obj *o, uint32_t handle, int kind, void *ptr);
+void sr_del_obj(struct sr_context *sc, struct sr_obj *o);
+
+// sr_open_session opens the rings and gives the daemon access to this
+// process's memory: the requests after HELLO of every context.
+int sr_open_session(struct sr_context *sc);
+void sr_close_session(struct sr_context *sc);
+
+// Shared between the object files.
+struct sr_cq *sr_create_cq(struct ibv_context *context, int cqe, void *cq_context,
+			   struct ibv_comp_channel *channel);
+int sr_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
+int sr_req_notify_cq(struct ibv_cq *cq, int solicited_only);
+int sr_modify_cq(struct ibv_cq *cq, struct ibv_modify_cq_attr *attr);
+
+// common/attr.c: the verbs structures to and from the protocol's.
+void sr_ah_to_wire(struct sr_ah_attr *w, const struct ibv_ah_attr *a);
+void sr_ah_from_wire(struct ibv_ah_attr *a, const struct sr_ah_attr *w);
+void sr_cap_to_wire(struct sr_qp_cap *w, const struct ibv_qp_cap *c);
+void sr_cap_from_wire(struct ibv_qp_cap *c, const struct sr_qp_cap *w);
+void sr_qp_attr_to_wire(struct sr_qp_attr *w, const struct ibv_qp_attr *a);
+void sr_qp_attr_from_wire(struct ibv_qp_attr *a, const struct sr_qp_attr *w);
+
+// sr_ring_post publishes an asynchronous post in the post ring (session.c).
+int sr_ring_post(struct sr_context *sc, uint16_t op, const void *body, size_t len);
+
+// sr_cq_attach and sr_cq_detach add and remove a QP to the CQ's list.
+int sr_cq_attach(struct sr_cq *c, struct sr_qp *q);
+void sr_cq_detach(struct sr_cq *c, struct sr_qp *q);
 
 // sr_set_ops fills a new context's ops and verbs_context operations.
 void sr_set_ops(struct sr_context *sc);
@@ -115,6 +267,11 @@ void sr_set_ops(struct sr_context *sc);
 // the caller's ibv_port_attr).
 int sr_query_port(struct ibv_context *context, uint8_t port_num,
 		  struct ibv_port_attr *port_attr, size_t port_attr_len);
+
+// sr_forked is set in a child process after fork(): the parent's sessions,
+// rings and objects are not the child's (docs/daemon-protocol.md, "Fork and
+// exit"), so every verb on them fails without touching shared state.
+extern int sr_forked;
 
 // sr_fail sets errno and returns -1 (for functions that report through errno).
 static inline int sr_fail(int err)

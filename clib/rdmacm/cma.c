@@ -1,15 +1,49 @@
-// librdmacm over the daemon's connection manager (docs/clib.md). Every
-// rdma_cm ID lives in the daemon, in the session of its device context.
+// librdmacm over the daemon's connection manager (docs/clib.md,
+// docs/daemon-protocol.md "rdma_cm"). Every rdma_cm ID and event channel
+// lives in the daemon, in the session of the one device context librdmacm
+// opens (cma_context): IDs report it as id->verbs, rdma_get_devices returns
+// it, so the PDs, CQs and QPs a program makes for its IDs are in the same
+// session as the IDs that bind them.
 #include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
 #include <unistd.h>
 
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>
 
-#include "sr.h"
+#include "cma.h"
+
+static pthread_mutex_t cma_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct ibv_context *cma_ctx;
+
+// cma_context opens (once) the device the daemon serves.
+struct ibv_context *cma_context(void)
+{
+	pthread_mutex_lock(&cma_mu);
+	if (!cma_ctx) {
+		int n = 0;
+		struct ibv_device **devs = ibv_get_device_list(&n);
+		if (devs && n > 0)
+			cma_ctx = ibv_open_device(devs[0]);
+		else
+			errno = ENODEV;
+		if (devs)
+			ibv_free_device_list(devs);
+	}
+	struct ibv_context *c = cma_ctx;
+	pthread_mutex_unlock(&cma_mu);
+	return c;
+}
+
+struct sr_conn *cma_conn(void)
+{
+	struct ibv_context *c = cma_context();
+	return c ? &sr_ctx(c)->conn : NULL;
+}
 
 const char *rdma_event_str(enum rdma_cm_event_type event)
 {
@@ -34,125 +68,161 @@ const char *rdma_event_str(enum rdma_cm_event_type event)
 	}
 }
 
-// rdma_get_devices opens a context on every device; the list and its
-// contexts stay until rdma_free_devices.
+// rdma_get_devices returns librdmacm's context (a program allocates its
+// PDs there); rdma_free_devices frees the list, not the context.
 struct ibv_context **rdma_get_devices(int *num_devices)
 {
-	int n = 0;
-	struct ibv_device **devs = ibv_get_device_list(&n);
-	if (!devs)
-		return NULL;
-	struct ibv_context **list = calloc((size_t)n + 1, sizeof(*list));
-	if (!list) {
-		ibv_free_device_list(devs);
+	struct ibv_context **list = calloc(2, sizeof(*list));
+	if (!list)
 		return sr_fail_null(ENOMEM);
-	}
-	int k = 0;
-	for (int i = 0; i < n; i++) {
-		struct ibv_context *c = ibv_open_device(devs[i]);
-		if (c)
-			list[k++] = c;
-	}
-	ibv_free_device_list(devs);
+	int n = 0;
+	struct ibv_context *c = cma_context();
+	if (c)
+		list[n++] = c;
 	if (num_devices)
-		*num_devices = k;
+		*num_devices = n;
 	return list;
 }
 
 void rdma_free_devices(struct ibv_context **list)
 {
-	if (!list)
-		return;
-	for (int i = 0; list[i]; i++)
-		ibv_close_device(list[i]);
 	free(list);
 }
 
+// ---------------------------------------------------------------- event channels
+
 struct rdma_event_channel *rdma_create_event_channel(void)
 {
-	return sr_fail_null(ENOSYS);
+	struct sr_conn *c = cma_conn();
+	if (!c)
+		return NULL;
+	struct sr_handle h;
+	int fd = -1;
+	struct sr_call call = {.op = SR_OP_CM_CREATE_CHANNEL, .resp = &h, .respcap = sizeof(h),
+			       .rfds = &fd, .maxrfds = 1};
+	if (sr_call(c, &call) < 0)
+		return NULL;
+	if (call.nrfds != 1 || call.resplen < sizeof(h)) {
+		if (call.nrfds)
+			close(fd);
+		return sr_fail_null(EPROTO);
+	}
+	struct cma_channel *ch = calloc(1, sizeof(*ch));
+	if (!ch) {
+		close(fd);
+		cma_destroy(SR_OP_CM_DESTROY_CHANNEL, h.handle);
+		return sr_fail_null(ENOMEM);
+	}
+	// Blocking: O_NONBLOCK on it later is the program's (it polls the fd).
+	int fl = fcntl(fd, F_GETFL);
+	if (fl >= 0)
+		fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+	ch->ch.fd = fd;
+	ch->handle = h.handle;
+	pthread_mutex_init(&ch->mu, NULL);
+	return &ch->ch;
 }
 
 void rdma_destroy_event_channel(struct rdma_event_channel *channel)
 {
-	(void)channel;
+	struct cma_channel *ch = cma_chan(channel);
+	cma_destroy(SR_OP_CM_DESTROY_CHANNEL, ch->handle);
+	close(ch->ch.fd);
+	free(ch->queue);
+	pthread_mutex_destroy(&ch->mu);
+	free(ch);
 }
 
-#define CM_NOSYS(name, params, unused) \
-	int name params                \
-	{                              \
-		unused;                \
-		errno = ENOSYS;        \
-		return -1;             \
+int cma_destroy(uint16_t op, uint32_t handle)
+{
+	struct sr_conn *c = cma_conn();
+	if (!c)
+		return -1;
+	struct sr_handle h = {.handle = handle};
+	return sr_simple(c, op, &h, sizeof(h), NULL, 0);
+}
+
+// fetch asks the daemon for the channel's queued events (under ch->mu).
+static int fetch(struct cma_channel *ch)
+{
+	struct sr_conn *c = cma_conn();
+	if (!c)
+		return -1;
+	for (;;) {
+		struct sr_cm_get_events_req req = {.channel = ch->handle, .max = 64};
+		size_t cap = sizeof(struct sr_cm_events_resp) + 64 * sizeof(struct sr_cm_event);
+		char *buf = malloc(cap);
+		if (!buf)
+			return sr_fail(ENOMEM);
+		struct sr_call call = {.op = SR_OP_CM_GET_EVENTS, .req = &req, .reqlen = sizeof(req),
+				       .resp = buf, .respcap = cap};
+		if (sr_call(c, &call) < 0) {
+			free(buf);
+			return -1;
+		}
+		struct sr_cm_events_resp r;
+		memcpy(&r, buf, sizeof(r));
+		if (call.resplen < sizeof(r) || r.count > 64 ||
+		    call.resplen < sizeof(r) + r.count * sizeof(struct sr_cm_event)) {
+			free(buf);
+			return sr_fail(EPROTO);
+		}
+		if (r.count) {
+			struct sr_cm_event *q = realloc(ch->queue, (ch->n + r.count) * sizeof(*q));
+			if (!q) {
+				free(buf);
+				return sr_fail(ENOMEM);
+			}
+			ch->queue = q;
+			memcpy(&q[ch->n], buf + sizeof(r), r.count * sizeof(*q));
+			ch->n += r.count;
+		}
+		free(buf);
+		if (!r.more)
+			return 0;
 	}
-
-CM_NOSYS(rdma_create_id, (struct rdma_event_channel *ch, struct rdma_cm_id **id, void *ctx, enum rdma_port_space ps),
-	 ((void)ch, (void)id, (void)ctx, (void)ps))
-CM_NOSYS(rdma_create_ep, (struct rdma_cm_id **id, struct rdma_addrinfo *res, struct ibv_pd *pd, struct ibv_qp_init_attr *qp),
-	 ((void)id, (void)res, (void)pd, (void)qp))
-CM_NOSYS(rdma_destroy_id, (struct rdma_cm_id *id), ((void)id))
-CM_NOSYS(rdma_bind_addr, (struct rdma_cm_id *id, struct sockaddr *a), ((void)id, (void)a))
-CM_NOSYS(rdma_resolve_addr, (struct rdma_cm_id *id, struct sockaddr *s, struct sockaddr *d, int t),
-	 ((void)id, (void)s, (void)d, (void)t))
-CM_NOSYS(rdma_resolve_route, (struct rdma_cm_id *id, int t), ((void)id, (void)t))
-CM_NOSYS(rdma_create_qp, (struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_qp_init_attr *a),
-	 ((void)id, (void)pd, (void)a))
-CM_NOSYS(rdma_create_qp_ex, (struct rdma_cm_id *id, struct ibv_qp_init_attr_ex *a), ((void)id, (void)a))
-CM_NOSYS(rdma_create_srq, (struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_srq_init_attr *a),
-	 ((void)id, (void)pd, (void)a))
-CM_NOSYS(rdma_create_srq_ex, (struct rdma_cm_id *id, struct ibv_srq_init_attr_ex *a), ((void)id, (void)a))
-CM_NOSYS(rdma_connect, (struct rdma_cm_id *id, struct rdma_conn_param *p), ((void)id, (void)p))
-CM_NOSYS(rdma_establish, (struct rdma_cm_id *id), ((void)id))
-CM_NOSYS(rdma_listen, (struct rdma_cm_id *id, int b), ((void)id, (void)b))
-CM_NOSYS(rdma_get_request, (struct rdma_cm_id *l, struct rdma_cm_id **id), ((void)l, (void)id))
-CM_NOSYS(rdma_accept, (struct rdma_cm_id *id, struct rdma_conn_param *p), ((void)id, (void)p))
-CM_NOSYS(rdma_reject, (struct rdma_cm_id *id, const void *d, uint8_t n), ((void)id, (void)d, (void)n))
-CM_NOSYS(rdma_reject_ece, (struct rdma_cm_id *id, const void *d, uint8_t n), ((void)id, (void)d, (void)n))
-CM_NOSYS(rdma_notify, (struct rdma_cm_id *id, enum ibv_event_type e), ((void)id, (void)e))
-CM_NOSYS(rdma_disconnect, (struct rdma_cm_id *id), ((void)id))
-CM_NOSYS(rdma_join_multicast, (struct rdma_cm_id *id, struct sockaddr *a, void *c), ((void)id, (void)a, (void)c))
-CM_NOSYS(rdma_leave_multicast, (struct rdma_cm_id *id, struct sockaddr *a), ((void)id, (void)a))
-CM_NOSYS(rdma_join_multicast_ex, (struct rdma_cm_id *id, struct rdma_cm_join_mc_attr_ex *a, void *c),
-	 ((void)id, (void)a, (void)c))
-CM_NOSYS(rdma_get_cm_event, (struct rdma_event_channel *ch, struct rdma_cm_event **e), ((void)ch, (void)e))
-CM_NOSYS(rdma_ack_cm_event, (struct rdma_cm_event *e), ((void)e))
-CM_NOSYS(rdma_set_option, (struct rdma_cm_id *id, int l, int o, void *v, size_t n),
-	 ((void)id, (void)l, (void)o, (void)v, (void)n))
-CM_NOSYS(rdma_migrate_id, (struct rdma_cm_id *id, struct rdma_event_channel *ch), ((void)id, (void)ch))
-CM_NOSYS(rdma_getaddrinfo, (const char *node, const char *service, const struct rdma_addrinfo *h, struct rdma_addrinfo **r),
-	 ((void)node, (void)service, (void)h, (void)r))
-CM_NOSYS(rdma_init_qp_attr, (struct rdma_cm_id *id, struct ibv_qp_attr *a, int *m), ((void)id, (void)a, (void)m))
-CM_NOSYS(rdma_set_local_ece, (struct rdma_cm_id *id, struct ibv_ece *e), ((void)id, (void)e))
-CM_NOSYS(rdma_get_remote_ece, (struct rdma_cm_id *id, struct ibv_ece *e), ((void)id, (void)e))
-
-void rdma_destroy_ep(struct rdma_cm_id *id)
-{
-	(void)id;
 }
 
-void rdma_destroy_qp(struct rdma_cm_id *id)
+// drain reads the channel eventfd's counter if it is readable.
+static void drain(int fd)
 {
-	(void)id;
+	struct pollfd p = {.fd = fd, .events = POLLIN};
+	uint64_t v;
+	if (poll(&p, 1, 0) == 1 && (p.revents & POLLIN) && read(fd, &v, sizeof(v)) < 0) {
+		// another thread took it
+	}
 }
 
-void rdma_destroy_srq(struct rdma_cm_id *id)
+// cma_next takes the channel's next event into *out (blocking unless the
+// program made the fd non-blocking).
+int cma_next(struct cma_channel *ch, struct sr_cm_event *out)
 {
-	(void)id;
-}
-
-void rdma_freeaddrinfo(struct rdma_addrinfo *res)
-{
-	(void)res;
-}
-
-__be16 rdma_get_src_port(struct rdma_cm_id *id)
-{
-	(void)id;
-	return 0;
-}
-
-__be16 rdma_get_dst_port(struct rdma_cm_id *id)
-{
-	(void)id;
-	return 0;
+	for (;;) {
+		pthread_mutex_lock(&ch->mu);
+		drain(ch->ch.fd);
+		if (ch->n == 0 && fetch(ch) < 0) {
+			pthread_mutex_unlock(&ch->mu);
+			return -1;
+		}
+		if (ch->n > 0) {
+			*out = ch->queue[0];
+			ch->n--;
+			memmove(&ch->queue[0], &ch->queue[1], ch->n * sizeof(ch->queue[0]));
+			if (ch->n > 0) { // keep the fd readable while events wait
+				uint64_t v = 1;
+				if (write(ch->ch.fd, &v, sizeof(v)) < 0) {
+					// saturated: it stays readable
+				}
+			}
+			pthread_mutex_unlock(&ch->mu);
+			return 0;
+		}
+		pthread_mutex_unlock(&ch->mu);
+		int fl = fcntl(ch->ch.fd, F_GETFL);
+		if (fl >= 0 && (fl & O_NONBLOCK))
+			return sr_fail(EAGAIN);
+		struct pollfd p = {.fd = ch->ch.fd, .events = POLLIN};
+		if (poll(&p, 1, -1) < 0 && errno != EINTR)
+			return -1;
+	}
 }

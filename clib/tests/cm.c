@@ -1,0 +1,195 @@
+// librdmacm through daemons, under ASan/UBSan: `cm s ADDR PORT` listens,
+// `cm c ADDR PORT` connects (two processes, each on its own daemon via
+// $SOFTROCE_SOCKET; test/clib runs both). RC: CONNECT_REQUEST with the
+// client's private data, accept, ESTABLISHED, zero-length SENDs both ways
+// over QPs made with rdma_create_qp (the daemon moves them), disconnect.
+// UD (RDMA_PS_UDP): SIDR resolution, the client's ESTABLISHED names the
+// server's QP and Q_Key, an AH made from it. Without $SOFTROCE_SOCKET it
+// exits 77 (skipped).
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <rdma/rdma_cma.h>
+
+#include "check.h"
+
+static struct rdma_event_channel *ch;
+
+static struct rdma_cm_event *next(enum rdma_cm_event_type want)
+{
+	struct rdma_cm_event *e;
+	if (rdma_get_cm_event(ch, &e)) {
+		fprintf(stderr, "rdma_get_cm_event: %s\n", strerror(errno));
+		return NULL;
+	}
+	if (e->event != want) {
+		fprintf(stderr, "event %s (status %d), want %s\n", rdma_event_str(e->event), e->status,
+			rdma_event_str(want));
+		rdma_ack_cm_event(e);
+		return NULL;
+	}
+	return e;
+}
+
+// drop_qp destroys the ID's QP and the PD and CQ make_qp made for it.
+static void drop_qp(struct rdma_cm_id *id)
+{
+	if (!id->qp)
+		return;
+	struct ibv_pd *pd = id->qp->pd;
+	struct ibv_cq *cq = id->qp->send_cq;
+	rdma_destroy_qp(id);
+	CHECK(ibv_destroy_cq(cq) == 0);
+	CHECK(ibv_dealloc_pd(pd) == 0);
+}
+
+static int make_qp(struct rdma_cm_id *id, enum ibv_qp_type t)
+{
+	struct ibv_pd *pd = ibv_alloc_pd(id->verbs);
+	struct ibv_cq *cq = pd ? ibv_create_cq(id->verbs, 16, NULL, NULL, 0) : NULL;
+	if (!cq)
+		return -1;
+	struct ibv_qp_init_attr a = {.send_cq = cq, .recv_cq = cq, .qp_type = t,
+				     .cap = {.max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1}};
+	if (rdma_create_qp(id, pd, &a))
+		return -1;
+	struct ibv_recv_wr r = {.wr_id = 1}, *rb;
+	return t == IBV_QPT_RC ? ibv_post_recv(id->qp, &r, &rb) : 0;
+}
+
+// pingpong: the client sends first, the server answers each SEND.
+static int pingpong(struct rdma_cm_id *id, int client, int rounds)
+{
+	struct ibv_send_wr s = {.opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED}, *sb;
+	struct ibv_recv_wr r = {.wr_id = 1}, *rb;
+	if (client && ibv_post_send(id->qp, &s, &sb))
+		return -1;
+	int sent = client, recvd = 0, done = 0;
+	while (recvd < rounds || done < rounds) {
+		struct ibv_wc wc;
+		int k = ibv_poll_cq(id->qp->send_cq, 1, &wc);
+		if (k < 0 || (k == 1 && wc.status != IBV_WC_SUCCESS))
+			return -1;
+		if (k == 0)
+			continue;
+		if (wc.opcode == IBV_WC_RECV) {
+			recvd++;
+			if (ibv_post_recv(id->qp, &r, &rb))
+				return -1;
+			if (sent < rounds && ibv_post_send(id->qp, &s, &sb) == 0)
+				sent++;
+		} else {
+			done++;
+		}
+	}
+	return 0;
+}
+
+static void serve(struct sockaddr *sa, enum rdma_port_space ps)
+{
+	struct rdma_cm_id *l, *id;
+	CHECK(rdma_create_id(ch, &l, NULL, ps) == 0);
+	CHECK(rdma_bind_addr(l, sa) == 0);
+	CHECK(rdma_listen(l, 4) == 0);
+	CHECK(rdma_get_src_port(l) == ((struct sockaddr_in *)(void *)sa)->sin_port);
+	printf("listening\n");
+	fflush(stdout);
+	struct rdma_cm_event *e = next(RDMA_CM_EVENT_CONNECT_REQUEST);
+	CHECK(e != NULL);
+	if (!e)
+		return;
+	id = e->id;
+	CHECK(e->listen_id == l);
+	const struct rdma_conn_param *cp = &e->param.conn;
+	const void *pdata = ps == RDMA_PS_UDP ? e->param.ud.private_data : cp->private_data;
+	CHECK(pdata && !memcmp(pdata, "hello", 6));
+	rdma_ack_cm_event(e);
+	enum ibv_qp_type t = ps == RDMA_PS_UDP ? IBV_QPT_UD : IBV_QPT_RC;
+	CHECK(make_qp(id, t) == 0);
+	struct rdma_conn_param p = {.responder_resources = 1, .initiator_depth = 1, .private_data = "world",
+				    .private_data_len = 6};
+	CHECK(rdma_accept(id, &p) == 0);
+	if (t == IBV_QPT_RC) {
+		e = next(RDMA_CM_EVENT_ESTABLISHED);
+		CHECK(e != NULL);
+		if (e)
+			rdma_ack_cm_event(e);
+		CHECK(pingpong(id, 0, 100) == 0);
+		e = next(RDMA_CM_EVENT_DISCONNECTED);
+		CHECK(e != NULL);
+		if (e)
+			rdma_ack_cm_event(e);
+	}
+	drop_qp(id);
+	CHECK(rdma_destroy_id(id) == 0);
+	CHECK(rdma_destroy_id(l) == 0);
+}
+
+static void connect_to(struct sockaddr *sa, enum rdma_port_space ps)
+{
+	struct rdma_cm_id *id;
+	CHECK(rdma_create_id(ch, &id, NULL, ps) == 0);
+	CHECK(rdma_resolve_addr(id, NULL, sa, 2000) == 0);
+	struct rdma_cm_event *e = next(RDMA_CM_EVENT_ADDR_RESOLVED);
+	CHECK(e != NULL);
+	if (e)
+		rdma_ack_cm_event(e);
+	CHECK(rdma_resolve_route(id, 2000) == 0);
+	e = next(RDMA_CM_EVENT_ROUTE_RESOLVED);
+	CHECK(e != NULL);
+	if (e)
+		rdma_ack_cm_event(e);
+	CHECK(id->route.num_paths == 1 && id->verbs != NULL);
+	enum ibv_qp_type t = ps == RDMA_PS_UDP ? IBV_QPT_UD : IBV_QPT_RC;
+	CHECK(make_qp(id, t) == 0);
+	struct rdma_conn_param p = {.responder_resources = 1, .initiator_depth = 1, .retry_count = 7,
+				    .rnr_retry_count = 7, .private_data = "hello", .private_data_len = 6};
+	CHECK(rdma_connect(id, &p) == 0);
+	e = next(RDMA_CM_EVENT_ESTABLISHED);
+	CHECK(e != NULL);
+	if (!e)
+		return;
+	if (t == IBV_QPT_UD) {
+		CHECK(e->param.ud.qp_num != 0 && e->param.ud.qkey != 0);
+		CHECK(e->param.ud.private_data && !memcmp(e->param.ud.private_data, "world", 6));
+		struct ibv_ah *ah = ibv_create_ah(id->qp->pd, &e->param.ud.ah_attr);
+		CHECK(ah != NULL);
+		if (ah)
+			CHECK(ibv_destroy_ah(ah) == 0);
+		rdma_ack_cm_event(e);
+	} else {
+		CHECK(e->param.conn.private_data && !memcmp(e->param.conn.private_data, "world", 6));
+		rdma_ack_cm_event(e);
+		CHECK(pingpong(id, 1, 100) == 0);
+		CHECK(rdma_disconnect(id) == 0);
+		e = next(RDMA_CM_EVENT_DISCONNECTED);
+		CHECK(e != NULL);
+		if (e)
+			rdma_ack_cm_event(e);
+	}
+	drop_qp(id);
+	CHECK(rdma_destroy_id(id) == 0);
+}
+
+int main(int argc, char **argv)
+{
+	if (!getenv("SOFTROCE_SOCKET") || argc < 4) {
+		printf("cm: needs SOFTROCE_SOCKET and s|c ADDR PORT [udp], skipped\n");
+		return 77;
+	}
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[3]))};
+	CHECK(inet_pton(AF_INET, argv[2], &sa.sin_addr) == 1);
+	enum rdma_port_space ps = argc > 4 && !strcmp(argv[4], "udp") ? RDMA_PS_UDP : RDMA_PS_TCP;
+	ch = rdma_create_event_channel();
+	CHECK(ch != NULL);
+	if (!ch)
+		return check_done("cm");
+	if (argv[1][0] == 's')
+		serve((struct sockaddr *)&sa, ps);
+	else
+		connect_to((struct sockaddr *)&sa, ps);
+	rdma_destroy_event_channel(ch);
+	return check_done(argv[1][0] == 's' ? "cm server" : "cm client");
+}

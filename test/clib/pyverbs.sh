@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# rdma-core's own test suite (Debian's python3-pyverbs: /usr/share/doc/rdma-core/tests,
+# run_tests.py) against a softroce daemon, through the drop-in libraries.
+#
+#   test/clib/pyverbs.sh [OUT]      # results: OUT/pyverbs.log (unittest -v) and OUT/pyverbs.tsv
+#
+# The suite finds a device's network interface in sysfs
+# (/sys/class/infiniband/DEV/device/net/IFNAME) and its address with `ip addr`. The adapter
+# is a private mount namespace whose /sys/class is the host's (every class bind-mounted back)
+# plus infiniband/softroce0/device/net/lo: the interface the daemon really listens on
+# (127.0.0.1 on lo). Nothing else is faked: every verb goes to the daemon. Needs root
+# (unshare -m), python3-pyverbs, and a built softroce (go build) and libraries (make libs).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${1:-$(mktemp -d)}
+mkdir -p "$OUT"
+SRC=/usr/share/doc/rdma-core/tests
+[ -d "$SRC" ] || { echo "python3-pyverbs is not installed ($SRC missing)"; exit 1; }
+make -s libs
+go build -o build/softroce ./cmd/softroce
+work=$(mktemp -d)
+trap 'kill $dpid 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
+cp -r "$SRC" "$work/tests"
+gunzip -f "$work"/tests/*.gz
+sock=$work/d.sock
+build/softroce daemon --listen 127.0.0.1 --socket "$sock" > "$OUT/daemon.log" 2>&1 &
+dpid=$!
+for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+[ -S "$sock" ] || { echo "daemon did not start"; cat "$OUT/daemon.log"; exit 1; }
+
+unshare -m --propagation private bash -s "$work" "$sock" "$PWD/build/lib" "$OUT" <<'INNER'
+set -euo pipefail
+work=$1 sock=$2 lib=$3 out=$4
+stage=$work/sysclass
+mkdir -p "$stage"
+mount -t tmpfs softroce-sysfs "$stage"
+for c in /sys/class/*; do
+  n=${c##*/}; mkdir "$stage/$n"; mount --bind "$c" "$stage/$n"
+done
+mkdir -p "$stage/infiniband/softroce0/device/net/lo"
+mount --rbind "$stage" /sys/class
+cd "$work/tests"
+SOFTROCE_SOCKET=$sock LD_LIBRARY_PATH=$lib timeout 1500 \
+  /usr/bin/python3 run_tests.py --dev softroce0 --gid 1 -v > "$out/pyverbs.log" 2>&1 || true
+INNER
+
+# One row per test: name, result (ok / skipped: reason / FAIL / ERROR).
+python3 - "$OUT/pyverbs.log" > "$OUT/pyverbs.tsv" <<'PY'
+import re, sys
+for line in open(sys.argv[1], errors="replace"):
+    m = re.match(r"^(test\S+) \((\S+)\)(?: \.\.\.)?(.*)$", line.rstrip())
+    if not m:
+        continue
+    name, cls, rest = m.groups()
+    rest = rest.strip()
+    if rest.startswith("skipped"):
+        res = "skipped: " + rest[len("skipped"):].strip().strip("'\"")
+    elif rest in ("ok", "FAIL", "ERROR", "expected failure", "unexpected success"):
+        res = rest
+    else:
+        res = rest or "?"
+    print(f"{cls}.{name}\t{res}")
+PY
+tail -3 "$OUT/pyverbs.log"
+awk -F'\t' '{r=$2; sub(/:.*/, "", r); n[r]++} END {for (k in n) printf "%s %d\n", k, n[k]}' "$OUT/pyverbs.tsv"
