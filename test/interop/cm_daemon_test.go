@@ -30,8 +30,8 @@ func init() {
 	const size, count = 64, 3
 	name := fmt.Sprintf("rping-daemon-%dx%d", size, count)
 	pairings = append(pairings,
-		pairing{Name: name, Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, true, size, count, true) }},
-		pairing{Name: name, Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, false, size, count, true) }},
+		pairing{Name: name, Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, true, size, count, sideDaemon) }},
+		pairing{Name: name, Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, false, size, count, sideDaemon) }},
 	)
 }
 

@@ -38,8 +38,8 @@ func init() {
 		c := c
 		name := fmt.Sprintf("rping-%dx%d", c.size, c.count)
 		pairings = append(pairings,
-			pairing{Name: name, Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, true, c.size, c.count, false) }},
-			pairing{Name: name, Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, false, c.size, c.count, false) }},
+			pairing{Name: name, Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, true, c.size, c.count, sideEmbedded) }},
+			pairing{Name: name, Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, false, c.size, c.count, sideEmbedded) }},
 		)
 	}
 }
@@ -79,10 +79,11 @@ func rpingLines(out, prefix string) string {
 
 // rpingInterop runs softroce rping against the guest's; client tells whether softroce is the
 // client, viaDaemon whether softroce's rping runs through a softroce daemon (cm_daemon_test.go).
-func rpingInterop(t *testing.T, lab *rxelab.Lab, client bool, size, count int, viaDaemon bool) {
+func rpingInterop(t *testing.T, lab *rxelab.Lab, client bool, size, count int, side ourSide) {
 	bin := buildSoftroce(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
+	viaDaemon := side == sideDaemon
 	daemonArgs := labDaemonArgs(t, ctx, lab, bin, viaDaemon)
 	stopCapture := ppStartCapture(t, lab)
 
@@ -101,8 +102,16 @@ func rpingInterop(t *testing.T, lab *rxelab.Lab, client bool, size, count int, v
 	// the guest's "rdma_listen" debug line is printed before rdma_listen(3) returns; the CM
 	// answers REQs as soon as the listen call has registered, and the job log is polled
 	// through 9p, far slower than that
-	r := runPair(ctx, t, lab, bin, pairSpec{Client: client, Ours: ourArgs, Guest: guestCmd,
-		OurReady: "rdma_listen", GuestReady: "rdma_listen", HostNetns: viaDaemon})
+	spec := pairSpec{Client: client, Ours: ourArgs, Guest: guestCmd,
+		OurReady: "rdma_listen", GuestReady: "rdma_listen", HostNetns: viaDaemon}
+	if side == sideLib {
+		args := []string{"-c", "-a", rxelab.GuestIP, "-C", fmt.Sprint(count), "-S", fmt.Sprint(size), "-v", "-V"}
+		if !client {
+			args = []string{"-s", "-a", rxelab.HostIP, "-v", "-d", "-S", fmt.Sprint(size)}
+		}
+		libSpec(t, ctx, lab, bin, &spec, "rping", args)
+	}
+	r := runPair(ctx, t, lab, bin, spec)
 	wantExit0(t, "softroce rping", r.OurStatus)
 	wantExit0(t, "guest rping", r.GuestStatus)
 	cliOut, srvOut := r.OurOut, r.GuestOut
@@ -188,15 +197,18 @@ func rpingCheckWire(t *testing.T, wire []testcap.IPv4UDP, lost, softroceClient b
 
 func init() {
 	for _, tool := range []string{"ucmatose", "udaddy"} {
-		for _, viaDaemon := range []bool{false, true} {
-			tool, viaDaemon := tool, viaDaemon
+		for _, side := range []ourSide{sideEmbedded, sideDaemon, sideLib} {
+			tool, side := tool, side
 			name := tool + "-100x10"
-			if viaDaemon {
+			switch side {
+			case sideDaemon:
 				name = tool + "-daemon-100x10" // softroce's tool through a softroce daemon
+			case sideLib:
+				name = tool + "-lib-100x10" // rdmacm-utils' own tool through the drop-in libraries
 			}
 			pairings = append(pairings,
-				pairing{Name: name, Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { cmtInterop(t, lab, tool, true, 1, 10, 100, viaDaemon) }},
-				pairing{Name: name, Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { cmtInterop(t, lab, tool, false, 1, 10, 100, viaDaemon) }},
+				pairing{Name: name, Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { cmtInterop(t, lab, tool, true, 1, 10, 100, side) }},
+				pairing{Name: name, Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { cmtInterop(t, lab, tool, false, 1, 10, 100, side) }},
 			)
 		}
 	}
@@ -209,10 +221,10 @@ func init() {
 		name := fmt.Sprintf("%s-c%d-%dx%d", c.tool, c.conns, c.size, c.count)
 		pairings = append(pairings,
 			pairing{Name: name, Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) {
-				cmtInterop(t, lab, c.tool, true, c.conns, c.count, c.size, false)
+				cmtInterop(t, lab, c.tool, true, c.conns, c.count, c.size, sideEmbedded)
 			}},
 			pairing{Name: name, Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) {
-				cmtInterop(t, lab, c.tool, false, c.conns, c.count, c.size, false)
+				cmtInterop(t, lab, c.tool, false, c.conns, c.count, c.size, sideEmbedded)
 			}},
 		)
 	}
@@ -223,11 +235,11 @@ func init() {
 // capture's ICRCs verify; ucmatose's CM exchange is REQ, REP, RTU, DREQ (server), DREP;
 // udaddy's is SIDR_REQ, SIDR_REP, with 10 UD SEND-with-immediate packets each way. viaDaemon
 // runs softroce's tool through a softroce daemon (cm_daemon_test.go).
-func cmtInterop(t *testing.T, lab *rxelab.Lab, tool string, client bool, conns, count, size int, viaDaemon bool) {
+func cmtInterop(t *testing.T, lab *rxelab.Lab, tool string, client bool, conns, count, size int, side ourSide) {
 	bin := buildSoftroce(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	daemonArgs := labDaemonArgs(t, ctx, lab, bin, viaDaemon)
+	daemonArgs := labDaemonArgs(t, ctx, lab, bin, side == sideDaemon)
 	stopCapture := ppStartCapture(t, lab)
 	var guestCmd string
 	var ourArgs []string
@@ -241,8 +253,16 @@ func cmtInterop(t *testing.T, lab *rxelab.Lab, tool string, client bool, conns, 
 	}
 	ourArgs = append(ourArgs, daemonArgs...)
 	// "starting server" is printed just before rdma_bind_addr/rdma_listen
-	r := runPair(ctx, t, lab, bin, pairSpec{Client: client, Ours: ourArgs, Guest: guestCmd,
-		OurReady: "starting server", GuestReady: "starting server"})
+	spec := pairSpec{Client: client, Ours: ourArgs, Guest: guestCmd,
+		OurReady: "starting server", GuestReady: "starting server"}
+	if side == sideLib {
+		args := append([]string{"-s", rxelab.GuestIP, "-b", rxelab.HostIP}, strings.Fields(opts)...)
+		if !client {
+			args = append([]string{"-b", rxelab.HostIP}, strings.Fields(opts)...)
+		}
+		libSpec(t, ctx, lab, bin, &spec, tool, args)
+	}
+	r := runPair(ctx, t, lab, bin, spec)
 	wantExit0(t, "softroce "+tool, r.OurStatus)
 	wantExit0(t, "guest "+tool, r.GuestStatus)
 	for who, out := range map[string]string{"softroce": r.OurOut, "guest": r.GuestOut} {

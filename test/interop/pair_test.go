@@ -5,6 +5,7 @@ package interop
 import (
 	"bytes"
 	"context"
+	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -37,6 +38,11 @@ type pairSpec struct {
 	GuestReady string
 	// GuestTimeout bounds the guest job (default 60 s).
 	GuestTimeout time.Duration
+	// Bin, if set, runs instead of the softroce binary (with Ours as its arguments), and Env
+	// is added to its environment: an rdma-core program through the drop-in libraries
+	// (clib_test.go).
+	Bin string
+	Env []string
 }
 
 // pairResult is what both sides printed and their exit statuses.
@@ -66,10 +72,16 @@ func runPair(ctx context.Context, t *testing.T, lab *rxelab.Lab, bin string, p p
 	}
 	ours := rocetest.NewWatch(ourReady)
 	var ourErr bytes.Buffer
+	if p.Bin != "" {
+		bin = p.Bin
+	}
 	cmd := lab.NSCommand(ctx, bin, p.Ours...)
 	if p.HostNetns {
 		cmd = exec.CommandContext(ctx, bin, p.Ours...)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // as Lab.NSCommand's
+	}
+	if p.Env != nil {
+		cmd.Env = append(os.Environ(), p.Env...)
 	}
 	cmd.Stdout, cmd.Stderr = ours, &ourErr
 	stopOurs := func() {

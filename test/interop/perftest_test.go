@@ -41,6 +41,9 @@ type pfCase struct {
 	Atomic string // atomics: CMP_AND_SWAP or FETCH_AND_ADD
 	QPs    int    // -q (BW tests; 0 = 1)
 	Daemon bool   // softroce's side through a softroce daemon (--daemon)
+	// Lib runs perftest itself on softroce's side, through the drop-in libraries and a
+	// softroce daemon (clib_test.go); CM adds -R (rdma_cm exchange) on both sides.
+	Lib, CM bool
 	// XDP runs softroce's side polled (--busy-poll) on the link's AF_XDP path (--xdp): its
 	// frames leave by the AF_XDP socket and arrive through the XDP program, both past the tap's
 	// capture point, so the check is kernel rxe's (it drops a frame whose headers or ICRC are
@@ -77,6 +80,12 @@ func (c pfCase) name() string {
 	if c.DM {
 		n = "perftest-xdp-dm-" + strings.TrimPrefix(c.tool(), "ib_")
 	}
+	if c.Lib {
+		n = "perftest-lib-" + strings.TrimPrefix(c.tool(), "ib_")
+	}
+	if c.CM {
+		n += "-R"
+	}
 	if c.Verb == "atomic" {
 		return n + "-" + map[string]string{"CMP_AND_SWAP": "cas", "FETCH_AND_ADD": "faa"}[c.Atomic]
 	}
@@ -91,6 +100,9 @@ func (c pfCase) qps() int { return max(1, c.QPs) }
 // flags are the perftest flags both sides get (the lab captures' commands, plus -n).
 func (c pfCase) flags() string {
 	f := fmt.Sprintf("-x %d -m %d -F -n %d", rxelab.GuestGIDIndex, pathMTU, c.Iters)
+	if c.CM {
+		f += " -R"
+	}
 	if c.QPs > 1 {
 		f += fmt.Sprintf(" -q %d", c.QPs)
 	}
@@ -168,8 +180,16 @@ func pfInterop(t *testing.T, lab *rxelab.Lab, c pfCase, client bool) {
 
 	// our server listens before it prints the waiting banner; our client retries its
 	// connection until the guest's server listens
-	r := runPair(ctx, t, lab, bin, pairSpec{Client: client, Ours: ourArgs, Guest: guestCmd,
-		OurReady: "Waiting for client to connect", GuestTimeout: 90 * time.Second})
+	spec := pairSpec{Client: client, Ours: ourArgs, Guest: guestCmd,
+		OurReady: "Waiting for client to connect", GuestTimeout: 90 * time.Second}
+	if c.Lib {
+		args := append([]string{"-d", libDev}, strings.Fields(c.flags())...)
+		if client {
+			args = append(args, rxelab.GuestIP)
+		}
+		libSpec(t, ctx, lab, bin, &spec, c.tool(), args)
+	}
+	r := runPair(ctx, t, lab, bin, spec)
 	wantExit0(t, "softroce perf", r.OurStatus)
 	wantExit0(t, "guest "+c.tool(), r.GuestStatus)
 	pfCheckOutputs(t, c, client, r.OurOut, r.GuestOut)

@@ -43,6 +43,9 @@ type ppCase struct {
 	Events bool
 	// Daemon runs softroce's side through a softroce daemon (--daemon).
 	Daemon bool
+	// Lib runs rdma-core's own ibv_X_pingpong on softroce's side, through the drop-in
+	// libraries and a softroce daemon (clib_test.go).
+	Lib bool
 }
 
 func (c ppCase) name() string {
@@ -54,17 +57,20 @@ func (c ppCase) name() string {
 	if c.Daemon {
 		d = "daemon-"
 	}
+	if c.Lib {
+		d = "lib-"
+	}
 	return fmt.Sprintf("pingpong-%s%s-%dx%d%s", d, c.Tool, c.Size, c.Iters, e)
 }
 
 func init() {
 	for _, c := range []ppCase{
-		{"rc", 64, 20, false, false}, {"rc", 3000, 20, false, false},
-		{"uc", 64, 20, false, false}, {"uc", 3000, 20, true, false},
-		{"ud", 512, 20, true, false},
-		{"srq", 64, 32, false, false}, {"srq", 3000, 32, true, false},
+		{"rc", 64, 20, false, false, false}, {"rc", 3000, 20, false, false, false},
+		{"uc", 64, 20, false, false, false}, {"uc", 3000, 20, true, false, false},
+		{"ud", 512, 20, true, false, false},
+		{"srq", 64, 32, false, false, false}, {"srq", 3000, 32, true, false, false},
 		// softroce's side through a softroce daemon
-		{"rc", 3000, 20, false, true}, {"uc", 3000, 20, true, true}, {"ud", 512, 20, true, true}, {"srq", 3000, 32, true, true},
+		{"rc", 3000, 20, false, true, false}, {"uc", 3000, 20, true, true, false}, {"ud", 512, 20, true, true, false}, {"srq", 3000, 32, true, true, false},
 	} {
 		c := c
 		pairings = append(pairings,
@@ -133,7 +139,15 @@ func ppInterop(t *testing.T, lab *rxelab.Lab, c ppCase, client bool) {
 
 	// our server listens before it prints its local address; our client retries its
 	// connection until the guest's server listens
-	r := runPair(ctx, t, lab, bin, pairSpec{Client: client, Ours: ourArgs, Guest: guestCmd, OurReady: "local address:"})
+	spec := pairSpec{Client: client, Ours: ourArgs, Guest: guestCmd, OurReady: "local address:"}
+	if c.Lib {
+		args := append([]string{"-d", libDev, "-g", "1"}, strings.Fields(common)...)
+		if client {
+			args = append(args, rxelab.GuestIP)
+		}
+		libSpec(t, ctx, lab, bin, &spec, "ibv_"+c.Tool+"_pingpong", args)
+	}
+	r := runPair(ctx, t, lab, bin, spec)
 	wantExit0(t, "softroce pingpong", r.OurStatus)
 	wantExit0(t, "guest ibv_"+c.Tool+"_pingpong", r.GuestStatus)
 	if r.OurErr != "" {
