@@ -15,6 +15,7 @@ import (
 	"github.com/softroce/softroce/internal/tools/daemon"
 	"github.com/softroce/softroce/internal/tools/demo"
 	"github.com/softroce/softroce/internal/tools/devinfo"
+	"github.com/softroce/softroce/internal/tools/perf"
 	"github.com/softroce/softroce/internal/tools/pingpong"
 	"github.com/softroce/softroce/internal/tools/stats"
 )
@@ -31,7 +32,7 @@ type command struct {
 var commands = map[string]cli.Command{}
 
 func init() {
-	for _, c := range []cli.Command{daemon.Command, demo.Command, devinfo.Command, pingpong.Command, stats.Command} {
+	for _, c := range []cli.Command{daemon.Command, demo.Command, devinfo.Command, perf.Command, pingpong.Command, stats.Command} {
 		add(c)
 	}
 }

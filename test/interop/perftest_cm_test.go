@@ -2,7 +2,7 @@
 
 package interop
 
-// softroce perf -R (cmd/softroce perf_cm.go) against perftest 6.06's ib_send_bw -R,
+// softroce perf -R (internal/tools/perf cm.go) against perftest 6.06's ib_send_bw -R,
 // ib_write_bw -R, ib_read_bw -R and ib_atomic_bw -R on kernel rxe, both directions: the exchange runs over an RC QP that
 // rdma_cm connects on port 18515 (no TCP at all) and the data QPs are connected by rdma_cm
 // too (kernel rdma_cm in the guest, pkg/rdmacm here).

@@ -2,7 +2,7 @@
 
 package interop
 
-// softroce perf (cmd/softroce perf.go, perf_run.go: softroce's QP engine behind a
+// softroce perf (internal/tools/perf: softroce's QP engine behind a
 // perftest-compatible CLI) against perftest 6.06's ib_{send,write,read,atomic}_{bw,lat} on
 // kernel rxe, both directions:
 //

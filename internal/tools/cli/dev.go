@@ -89,7 +89,7 @@ type DevOptions struct {
 	// an empty socket before it sleeps.
 	BusyPoll time.Duration
 	// Polled opens the device in polled mode (roce.UDPOptions.Polled: no receive goroutine;
-	// the tool calls Device.Poll; perf --lat --busy-poll, perf_poll.go).
+	// the tool calls Device.Poll; perf --lat --busy-poll, internal/tools/perf/poll.go).
 	Polled bool
 	// XDP adds the link's AF_XDP path (link.XDPOptions); the active MTU is then at most 2048,
 	// so that every packet fits the path (link.XDPMaxFrame).

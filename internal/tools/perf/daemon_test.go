@@ -1,4 +1,4 @@
-package main
+package perf
 
 import (
 	"bytes"
@@ -13,11 +13,13 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/softroce/softroce/internal/daemontest"
 	"github.com/softroce/softroce/internal/oob/perftest"
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/internal/rocetest"
 	"github.com/softroce/softroce/internal/tools/tooltest"
 	"github.com/softroce/softroce/pkg/client"
+	"github.com/softroce/softroce/pkg/roce"
 )
 
 // daemonStats returns the counters of the daemon's device, read through a client of it.
@@ -55,7 +57,7 @@ func perfPairDaemon(t *testing.T, s perfDaemonSides, args ...string) (srvOut, cl
 	if s.Server {
 		daddr = netip.MustParseAddr("127.0.0.1")
 	}
-	sock, srv := startRpingDaemon(t, daddr, port)
+	sock, srv := daemontest.ServeUDP(t, roce.UDPOptions{Addrs: []netip.Addr{daddr}, Port: port, Portable: true, Name: "softroce0"})
 	common := append(append([]string{}, args...), "--timeout", "20s", "--run-timeout", "20s")
 	var ln net.Listener
 	if s.RDMACM {

@@ -1,8 +1,4 @@
-package main
-
-// softroce perf --loopback: both ends in this process (two devices on 127.0.0.1 and
-// 127.0.0.2, or on the in-memory link with --mem), no out-of-band exchange. It measures the
-// engine alone; the perftest-compatible two-process mode is in perf_run.go.
+package perf
 
 import (
 	"errors"
@@ -19,12 +15,15 @@ import (
 	"github.com/softroce/softroce/pkg/roce"
 )
 
+// softroce perf --loopback: both ends in this process (two devices on 127.0.0.1 and
+// 127.0.0.2, or on the in-memory link with --mem), no out-of-band exchange. It measures the
+// engine alone; the perftest-compatible two-process mode is in run.go.
+
 // perfLoopback runs c.Verb (write, read or send) between two devices in this process with
 // c.TxDepth messages in flight and prints bandwidth and completion latency.
-func perfLoopback(c *perfConfig, stdout, stderr io.Writer) int {
+func perfLoopback(c *perfConfig, stdout io.Writer) error {
 	if c.Verb == "atomic" || c.Lat {
-		fmt.Fprintln(stderr, "perf: --loopback measures write, read or send bandwidth only")
-		return 1
+		return fmt.Errorf("%w: --loopback measures write, read or send bandwidth only", errPerfUsage)
 	}
 	size, iters, depth := c.Size, c.Iters, c.TxDepth
 	mtu := c.MTU
@@ -53,8 +52,7 @@ func perfLoopback(c *perfConfig, stdout, stderr io.Writer) int {
 		defer db.Close()
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "perf: %v\n", err)
-		return 1
+		return err
 	}
 	span := size * depth
 	a, err := demo.NewEnd(da, span)
@@ -65,8 +63,7 @@ func perfLoopback(c *perfConfig, stdout, stderr io.Writer) int {
 		}
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "perf: setup: %v\n", err)
-		return 1
+		return fmt.Errorf("setup: %w", err)
 	}
 	lat := make([]time.Duration, 0, iters)
 	sent := make([]time.Time, depth)
@@ -97,8 +94,7 @@ func perfLoopback(c *perfConfig, stdout, stderr io.Writer) int {
 	if c.Verb == "send" { // one receive per message, reposted as they complete
 		for i := 0; i < min(depth, iters); i++ {
 			if err := postRecv(i); err != nil {
-				fmt.Fprintf(stderr, "perf: %v\n", err)
-				return 1
+				return err
 			}
 		}
 	}
@@ -111,8 +107,7 @@ func perfLoopback(c *perfConfig, stdout, stderr io.Writer) int {
 		for posted < iters && posted-done < depth {
 			sent[posted%depth] = time.Now()
 			if _, err := a.QP.PostSend(wrFor(posted)); err != nil {
-				fmt.Fprintf(stderr, "perf: post: %v\n", err)
-				return 1
+				return fmt.Errorf("post: %w", err)
 			}
 			posted++
 		}
@@ -120,8 +115,7 @@ func perfLoopback(c *perfConfig, stdout, stderr io.Writer) int {
 		now := time.Now()
 		for i := 0; i < k; i++ {
 			if wcs[i].Status != cq.StatusSuccess {
-				fmt.Fprintf(stderr, "perf: completion %d: %v\n", wcs[i].WRID, wcs[i].Status)
-				return 1
+				return fmt.Errorf("completion %d: %v", wcs[i].WRID, wcs[i].Status)
 			}
 			lat = append(lat, now.Sub(sent[int(wcs[i].WRID)%depth]))
 		}
@@ -130,16 +124,14 @@ func perfLoopback(c *perfConfig, stdout, stderr io.Writer) int {
 			r := b.RCQ.Poll(rwcs)
 			for i := 0; i < r && recvPosted < iters; i++ {
 				if err := postRecv(recvPosted); err != nil {
-					fmt.Fprintf(stderr, "perf: %v\n", err)
-					return 1
+					return err
 				}
 				recvPosted++
 			}
 		}
 		if k == 0 {
 			if now.After(deadline) {
-				fmt.Fprintf(stderr, "perf: timed out after %d of %d messages\n", done, iters)
-				return 1
+				return fmt.Errorf("timed out after %d of %d messages", done, iters)
 			}
 			// sleep until a completion instead of spinning (2 cores)
 			_ = a.SCQ.ReqNotify(false)
@@ -171,5 +163,5 @@ func perfLoopback(c *perfConfig, stdout, stderr io.Writer) int {
 	s := da.Stats()
 	fmt.Fprintf(stdout, "  counters: sent_pkts %d rcvd_pkts %d completer_retry_err %d rcvd_seq_err %d\n",
 		s.SentPkts, s.RcvdPkts, s.CompleterRetryErr, s.RcvdSeqErr)
-	return 0
+	return nil
 }

@@ -1,6 +1,8 @@
-package main
+package perf
 
-import "time"
+import (
+	"time"
+)
 
 // perfBusyPoll is how long, with --busy-poll, the device's receive loop polls its empty socket
 // before it parks in the network poller (link.UDPOptions.BusyPoll). perftest and kernel rxe

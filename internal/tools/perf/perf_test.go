@@ -1,10 +1,11 @@
-package main
+package perf
 
 import (
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"net"
@@ -25,6 +26,20 @@ import (
 	"github.com/softroce/softroce/pkg/link"
 	"github.com/softroce/softroce/pkg/roce"
 )
+
+// perfEnv is where a test's run writes, plus the Config's test seam.
+type perfEnv struct {
+	Stdout, Stderr io.Writer
+	Listener       net.Listener
+}
+
+// perfMain is Main with env's listener, leaving GOMAXPROCS alone.
+func perfMain(args []string, env *perfEnv) int {
+	return main(context.Background(), args, env.Stdout, env.Stderr, false, func(c *Config) { c.Listener = env.Listener })
+}
+
+// parsePerf is parseArgs (the test's stderr is not used: errors are returned).
+func parsePerf(args []string, _ io.Writer) (*perfConfig, error) { return parseArgs(args) }
 
 // TestPerfFlags checks perftest's defaults and dependencies (perftest_parameters.c
 // init_perftest_params / force_dependecies) and the refusals.
@@ -535,7 +550,7 @@ func TestPerfTwoProcesses(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "softroce")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/softroce/softroce/cmd/softroce").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	run := func(args ...string) (status int, stdout, stderr string) {
@@ -599,7 +614,7 @@ func TestPerfTwoProcesses(t *testing.T) {
 func TestPerfLoopback(t *testing.T) {
 	for _, op := range []string{"write", "read", "send"} {
 		var out, errb bytes.Buffer
-		if rc := runPerf([]string{op, "--loopback", "--mem", "-s", "10000", "-n", "50", "-t", "4", "-m", "1024"}, &out, &errb); rc != 0 {
+		if rc := Main(context.Background(), []string{op, "--loopback", "--mem", "-s", "10000", "-n", "50", "-t", "4", "-m", "1024"}, &out, &errb); rc != 0 {
 			t.Fatalf("%s: exit %d\n%s%s", op, rc, out.String(), errb.String())
 		}
 		if !strings.Contains(out.String(), "bandwidth") || !strings.Contains(out.String(), "size 10000, MTU 1024, depth 4, 50 messages") {
@@ -607,7 +622,7 @@ func TestPerfLoopback(t *testing.T) {
 		}
 	}
 	var out, errb bytes.Buffer
-	if rc := runPerf([]string{"atomic", "--loopback", "--mem"}, &out, &errb); rc != 1 {
+	if rc := Main(context.Background(), []string{"atomic", "--loopback", "--mem"}, &out, &errb); rc != 1 {
 		t.Fatalf("atomic loopback: exit %d", rc)
 	}
 }

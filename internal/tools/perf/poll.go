@@ -1,4 +1,15 @@
-package main
+package perf
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/pkg/roce"
+)
 
 // softroce perf --lat --busy-poll: run to completion in the measuring goroutine, perftest's
 // own model (one thread polls everything and never sleeps) and the nearest a user-space
@@ -13,17 +24,6 @@ package main
 // Outside the measured loops (the out-of-band exchanges, the closing handshake, the tail
 // after ib_write_lat's last WRITE) a background goroutine keeps polling with short sleeps,
 // so the peer's last ACKs, retransmissions and the device's CM traffic are still answered.
-
-import (
-	"fmt"
-	"io"
-	"slices"
-	"sync"
-	"time"
-
-	"github.com/softroce/softroce/internal/qp"
-	"github.com/softroce/softroce/pkg/roce"
-)
 
 const (
 	// perfPollCheck is how many empty polls pass between two looks at the clock (run

@@ -1,4 +1,17 @@
-package main
+package perf
+
+import (
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/spf13/pflag"
+
+	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/pkg/roce"
+)
 
 // softroce perf --daemon SOCKET: the perftest tools through the softroce daemon. perfRes and
 // the -R exchange are written on roce.Verbs (embedded: Device.Verbs(); daemon:
@@ -16,18 +29,6 @@ package main
 //   - the RoCE socket is the daemon's: --roce-port, --portable, --loopback and --mem are
 //     refused with --daemon, and --busy-poll spins on the CQ only (the daemon's receive loop
 //     is configured by the daemon).
-
-import (
-	"flag"
-	"fmt"
-	"runtime"
-	"sync/atomic"
-	"time"
-	"unsafe"
-
-	"github.com/softroce/softroce/internal/qp"
-	"github.com/softroce/softroce/pkg/roce"
-)
 
 // perfRemoteWrites is what waitByte uses of an embedded QP (*roce.QP): the count of WRITE
 // messages the responder executed and a channel signaled when it moves.
@@ -53,12 +54,12 @@ const (
 
 // perfCheckDaemon refuses the options that name the RoCE socket or the in-process device when
 // --daemon gives the device.
-func perfCheckDaemon(c *perfConfig, fs *flag.FlagSet) error {
+func perfCheckDaemon(c *perfConfig, fs *pflag.FlagSet) error {
 	if c.Daemon == "" {
 		return nil
 	}
 	var bad []string
-	fs.Visit(func(f *flag.Flag) {
+	fs.Visit(func(f *pflag.Flag) {
 		switch f.Name {
 		case "roce-port", "portable", "loopback", "mem":
 			bad = append(bad, "--"+f.Name)

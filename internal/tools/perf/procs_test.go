@@ -1,8 +1,6 @@
-package main
+package perf
 
-import (
-	"testing"
-)
+import "testing"
 
 // TestPerfProcs: a two-process perf run uses one P unless --procs or the GOMAXPROCS environment
 // variable says otherwise (--procs 0: Go's default, left alone).
