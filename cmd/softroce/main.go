@@ -12,11 +12,13 @@ import (
 	"sort"
 
 	"github.com/softroce/softroce/internal/tools/cli"
+	"github.com/softroce/softroce/internal/tools/cmatose"
 	"github.com/softroce/softroce/internal/tools/daemon"
 	"github.com/softroce/softroce/internal/tools/demo"
 	"github.com/softroce/softroce/internal/tools/devinfo"
 	"github.com/softroce/softroce/internal/tools/perf"
 	"github.com/softroce/softroce/internal/tools/pingpong"
+	"github.com/softroce/softroce/internal/tools/rping"
 	"github.com/softroce/softroce/internal/tools/stats"
 )
 
@@ -32,7 +34,8 @@ type command struct {
 var commands = map[string]cli.Command{}
 
 func init() {
-	for _, c := range []cli.Command{daemon.Command, demo.Command, devinfo.Command, perf.Command, pingpong.Command, stats.Command} {
+	for _, c := range []cli.Command{cmatose.UcmatoseCommand, cmatose.UdaddyCommand, daemon.Command, demo.Command, devinfo.Command,
+		perf.Command, pingpong.Command, rping.Command, stats.Command} {
 		add(c)
 	}
 }

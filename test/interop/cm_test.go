@@ -2,7 +2,7 @@
 
 package interop
 
-// softroce rping (cmd/softroce rping.go: pkg/rdmacm over the device's QP1 CM) against
+// softroce rping (internal/tools/rping: pkg/rdmacm over the device's QP1 CM) against
 // rdmacm-utils' rping on kernel rxe, both directions (GitHub-style issue #10):
 //
 //   - softroce->rxe: the guest serves (`rping -s -a 198.18.0.2 -v -d`), softroce rping -c

@@ -41,6 +41,17 @@ func ParseAddr(s string) (netip.Addr, error) {
 	return a.Unmap(), nil
 }
 
+// ParseIP parses a literal IP address as the rdma_cm tools take one for -a, -b, -s and -I:
+// as ParseAddr, but the unspecified address (a listener's wildcard, rping's "-a ::0") is
+// allowed.
+func ParseIP(s string) (netip.Addr, error) {
+	a, err := netip.ParseAddr(s)
+	if err == nil && a.IsUnspecified() {
+		return a.Unmap(), nil
+	}
+	return ParseAddr(s)
+}
+
 // ParseAddrPort parses ADDR[:PORT] (IPv6 as [ADDR]:PORT, or a bare IPv6 address): the address
 // as ParseAddr, the port def when none is written.
 func ParseAddrPort(s string, def uint16) (netip.AddrPort, error) {

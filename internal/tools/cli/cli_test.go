@@ -206,3 +206,19 @@ func TestListenMTU(t *testing.T) {
 		t.Errorf("ListenMTU(127.0.0.1) on this host = %v, want 4096 (loopback)", got)
 	}
 }
+
+// TestStrtol: the C tools' number reading (strtol(s, NULL, base), atoi).
+func TestStrtol(t *testing.T) {
+	for _, tc := range []struct {
+		s    string
+		base int
+		want int64
+	}{
+		{"12abc", 0, 12}, {"abc", 0, 0}, {"", 10, 0}, {"0x10", 0, 16}, {"0x10", 10, 0}, {"010", 0, 8}, {"010", 10, 10},
+		{" -7", 10, -7}, {"+3x", 0, 3}, {"0x", 0, 0}, {"08", 0, 0}, {"99999999999999999999999", 10, 1 << 62}, {"0XfF", 0, 255},
+	} {
+		if got := Strtol(tc.s, tc.base); got != tc.want {
+			t.Errorf("Strtol(%q, %d) = %d, want %d", tc.s, tc.base, got, tc.want)
+		}
+	}
+}

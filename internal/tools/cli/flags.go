@@ -77,6 +77,11 @@ func expandPrefix(names []string, name string) string {
 	return match
 }
 
+// Short is the name to define a short-only option with (the rdma-core examples that use
+// plain getopt have no long options): a name starting with "-" cannot be typed as a long
+// option (---a is a syntax error to pflag), and PrintFlags shows the option as -a only.
+func Short(letter string) string { return "-" + letter }
+
 // PrintFlags writes fs's flags (hidden ones left out) as getopt tools list their options:
 //
 //	-s, --size=<size>   Size of message to exchange (default 65536)
@@ -93,12 +98,20 @@ func PrintFlags(w io.Writer, fs *pflag.FlagSet) {
 		}
 		name, usage := pflag.UnquoteUsage(f)
 		left := "    "
-		if f.Shorthand != "" {
-			left = "-" + f.Shorthand + ", "
+		switch {
+		case f.Name == Short(f.Shorthand):
+			left = "-" + f.Shorthand
+		case f.Shorthand != "":
+			left = "-" + f.Shorthand + ", --" + f.Name
+		default:
+			left += "--" + f.Name
 		}
-		left += "--" + f.Name
 		if f.Value.Type() != "bool" && name != "" {
-			left += "=<" + name + ">"
+			if f.Name == Short(f.Shorthand) {
+				left += " <" + name + ">"
+			} else {
+				left += "=<" + name + ">"
+			}
 		}
 		if d := f.DefValue; d != "" && d != "0" && d != "false" && d != "[]" && d != "0s" &&
 			!strings.Contains(usage, "default") {

@@ -40,46 +40,12 @@ func (s *sizeValue) Set(v string) error {
 	case strings.HasSuffix(v, "M"):
 		f, v = 1024*1024, v[:len(v)-1]
 	}
-	n := strtolPrefix(v) * f
+	n := cli.Strtol(v, 0) * f
 	if n < 1 || n > 1<<31-1 {
 		return fmt.Errorf("Message Size should be between 1 and %d", 1<<31-1)
 	}
 	*s = sizeValue(n)
 	return nil
-}
-
-// strtolPrefix is strtol(s, NULL, 0) for the values -s can take: leading blanks and a sign,
-// then a decimal, 0x hexadecimal or 0 octal number up to the first other character (0 when
-// there is none); it saturates instead of overflowing.
-func strtolPrefix(s string) int64 {
-	s = strings.TrimLeft(s, " \t\n\v\f\r")
-	neg := false
-	if s != "" && (s[0] == '+' || s[0] == '-') {
-		neg, s = s[0] == '-', s[1:]
-	}
-	base := int64(10)
-	switch {
-	case len(s) > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X') && strings.ContainsRune("0123456789abcdefABCDEF", rune(s[2])):
-		base, s = 16, s[2:]
-	case len(s) > 1 && s[0] == '0':
-		base = 8
-	}
-	var n int64
-	for i := 0; i < len(s); i++ {
-		d := int64(strings.IndexByte("0123456789abcdef", s[i]|0x20))
-		if s[i] < '0' || d < 0 || d >= base {
-			break
-		}
-		if n > (1<<62)/base {
-			n = 1 << 62
-			break
-		}
-		n = n*base + d
-	}
-	if neg {
-		return -n
-	}
-	return n
 }
 
 // flags are the command line's values before parseArgs checks them.

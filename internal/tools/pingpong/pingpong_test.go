@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
@@ -436,6 +437,7 @@ func TestPingpongGetopt(t *testing.T) {
 			return c.Validate && c.Events && c.Port == 18600
 		}},
 		{[]string{"rc", "-N", "--new_send", "-i", "1", "-l0", "--", "h"}, func(c Config) bool { return c.Server == "h" }},
+		{[]string{"rc", "-s", "12abc", "-n0x10"}, func(c Config) bool { return c.Size == 12 && c.Iters == 16 }}, // strtoul
 	} {
 		c, err := ParseArgs(tc.args)
 		if err != nil || !tc.want(c) {
@@ -447,13 +449,50 @@ func TestPingpongGetopt(t *testing.T) {
 		{"rc", "--i", "5"},          // ambiguous: ib-dev, ib-port, iters, iodp
 		{"ud", "-m2048"},            // ud_pingpong has no -m
 		{"uc", "-ce", "-q", "2"},    // only srq has -q
-		{"rc", "-timeout", "1s"},    // not a long option in getopt style: -t -i meout
 		{"rc", "--iters=5", "-x"},   // unknown
 		{"srq", "--num-qp"},         // the value is missing
 		{"rc", "--events=yes", "h"}, // no such bool value
 	} {
 		if _, err := ParseArgs(args); err == nil {
 			t.Errorf("%q accepted", args)
+		}
+	}
+	// The same and more, checked against the tools themselves where rdma-core's
+	// ibverbs-utils are installed (the lab's packages, CI): their parser accepted a command
+	// line when they went on to look for a device.
+	for _, tc := range []struct {
+		args   string
+		accept bool
+	}{
+		{"rc -g1 -s4096 -n1000 -ec h", true},
+		{"rc -s 12abc", true}, // strtoul: 12
+		{"rc -s 0x40 --rx-depth=8 --iters 5", true},
+		{"rc --gid 1 --chk", true},
+		{"uc -l 3 -p18600 h", true},
+		{"ud -s 512 -r 4 -e", true},
+		{"srq -q4 -r8 -ce", true},
+		{"rc -m 1000", false},
+		{"rc -x", false},
+		{"rc --i 5", false},
+		{"rc -q 2", false},
+		{"ud -m 1024", false},
+		{"uc -o", false},
+		{"rc -s", false},
+	} {
+		args := strings.Fields(tc.args)
+		_, err := ParseArgs(args)
+		if (err == nil) != tc.accept && !errors.Is(err, ErrUnsupported) {
+			t.Errorf("%s: accepted %v, want %v (%v)", tc.args, err == nil, tc.accept, err)
+		}
+		bin, lerr := exec.LookPath("ibv_" + args[0] + "_pingpong")
+		if lerr != nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		out, _ := exec.CommandContext(ctx, bin, args[1:]...).CombinedOutput()
+		cancel()
+		if accepted := !strings.Contains(string(out), "Usage:"); accepted != tc.accept {
+			t.Errorf("%s %s: accepted %v, the table says %v:\n%s", bin, strings.Join(args[1:], " "), accepted, tc.accept, out)
 		}
 	}
 }

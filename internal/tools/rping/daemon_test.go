@@ -1,4 +1,4 @@
-package main
+package rping
 
 import (
 	"bytes"
@@ -9,17 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softroce/softroce/internal/daemon"
 	"github.com/softroce/softroce/internal/daemontest"
 	"github.com/softroce/softroce/pkg/roce"
 )
-
-// startRpingDaemon serves a device on addr (UDP on port, portable sockets) on a socket in a
-// temporary directory, as `softroce daemon` does.
-func startRpingDaemon(t *testing.T, addr netip.Addr, port uint16) (string, *daemon.Server) {
-	t.Helper()
-	return daemontest.ServeUDP(t, roce.UDPOptions{Addrs: []netip.Addr{addr}, Port: port, Portable: true, Name: "softroce0"})
-}
 
 // TestRpingDaemon runs softroce rping through the daemon against an embedded softroce rping:
 // `rping -c --daemon` (the daemon's device on 127.0.0.1) against `rping -s` on 127.0.0.2,
@@ -36,7 +28,7 @@ func TestRpingDaemon(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			port := uint16(20000 + rand.IntN(40000))
-			sock, srv := startRpingDaemon(t, tc.daemonAddr, port)
+			sock, srv := daemontest.ServeUDP(t, roce.UDPOptions{Addrs: []netip.Addr{tc.daemonAddr}, Port: port, Portable: true, Name: "softroce0"})
 			common := []string{"-p", "7176", "--roce-port", fmt.Sprint(port), "--portable", "--timeout", "20s"}
 			server := append([]string{"rping", "-s", "-a", "127.0.0.2", "-v"}, common...)
 			client := append([]string{"rping", "-c", "-a", "127.0.0.2", "-I", "127.0.0.1", "-C", "3", "-vV"}, common...)
@@ -46,18 +38,17 @@ func TestRpingDaemon(t *testing.T) {
 				client = append(client, "--daemon", sock)
 			}
 			listening := make(chan struct{})
-			rpingOnListen = func() { close(listening) }
-			defer func() { rpingOnListen = nil }()
+			onListen := func() { close(listening) }
 			var sout, serr bytes.Buffer
 			done := make(chan int)
-			go func() { done <- run(server, &sout, &serr) }()
+			go func() { done <- runWith(onListen, server, &sout, &serr) }()
 			select {
 			case <-listening:
 			case st := <-done:
 				t.Fatalf("server exited %d: %s", st, serr.String())
 			}
 			var cout, cerr bytes.Buffer
-			st := run(client, &cout, &cerr)
+			st := runWith(nil, client, &cout, &cerr)
 			sst := <-done
 			if st != 0 || sst != 0 {
 				t.Fatalf("exit client %d server %d\nclient stderr %s\nserver stderr %s", st, sst, cerr.String(), serr.String())

@@ -1,31 +1,11 @@
-package main
-
-// softroce ucmatose: librdmacm's ucmatose (rdma-core librdmacm/examples/cmatose.c), wire-
-// compatible with it: RC connections through rdma_cm (pkg/rdmacm, RDMA_PS_TCP, port 7471),
-// then message_count SENDs of message_size bytes each way, then disconnection:
-//
-//   - server: listen (backlog 0); on each CONNECT_REQUEST create a PD, a send and a receive
-//     CQ of message_count entries, an RC QP (sq_sig_all) with message_count WRs, post
-//     message_count receives, rdma_accept(NULL); once every connection is ESTABLISHED, post
-//     the SENDs, poll the send CQ, poll the receive CQ, rdma_disconnect, wait for
-//     DISCONNECTED;
-//   - client: resolve addr and route for each connection, create the same resources, post
-//     the receives, rdma_connect (responder resources 1, initiator depth 1, retry 5); once
-//     ESTABLISHED, poll the receives, post the replies, wait for the server's DISCONNECTED.
-//
-// Output lines, exit status (the last error: an event status such as a REJ reason, or 0)
-// and options (-s -b -c -C -S -p; -t -f -P -m accepted) are those of ucmatose. Softroce
-// differences: --dev names the server's device when -b is not given, --timeout bounds every
-// wait, --roce-port / --portable as for rping.
+package cmatose
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net/netip"
-	"strconv"
 	"time"
 
 	"github.com/softroce/softroce/internal/cm"
@@ -36,185 +16,6 @@ import (
 	"github.com/softroce/softroce/pkg/rdmacm"
 	"github.com/softroce/softroce/pkg/roce"
 )
-
-func init() {
-	register(&command{
-		name:    "ucmatose",
-		summary: "librdmacm ucmatose, wire-compatible (rdma_cm RC connections, SENDs both ways)",
-		run:     func(args []string, stdout, stderr io.Writer) int { return runCMTest(args, stdout, stderr, false) },
-	})
-	register(&command{
-		name:    "udaddy",
-		summary: "librdmacm udaddy, wire-compatible (rdma_cm UD via SIDR, SEND with immediate both ways)",
-		run:     func(args []string, stdout, stderr io.Writer) int { return runCMTest(args, stdout, stderr, true) },
-	})
-}
-
-// cmtConfig is a parsed ucmatose/udaddy command line.
-type cmtConfig struct {
-	UD       bool
-	Dst, Src netip.Addr // -s, -b
-	Port     uint16     // -p (ucmatose) / fixed 7174 (udaddy)
-	Conns    int        // -c
-	Count    int        // -C
-	Size     int        // -S
-	Dev      cli.DevFlag
-	Timeout  time.Duration
-	RocePort uint16
-	Portable bool
-	Daemon   string // --daemon SOCKET: through the softroce daemon
-}
-
-func (c *cmtConfig) tool() string {
-	if c.UD {
-		return "udaddy"
-	}
-	return "cmatose"
-}
-
-// parseCMTest parses "s:b:f:P:c:C:S:t:p:m" (ucmatose) / "s:b:c:C:S:t:p:P:f:" (udaddy).
-func parseCMTest(args []string, ud bool, stderr io.Writer) (*cmtConfig, error) {
-	c := &cmtConfig{UD: ud, Port: 7471, Conns: 1, Count: 10, Size: 100, Timeout: 30 * time.Second}
-	withVal := "sbfPcCStp"
-	if ud {
-		c.Port = 7174
-	}
-	for i := 0; i < len(args); i++ {
-		arg := args[i]
-		if len(arg) > 2 && arg[:2] == "--" {
-			name, val, has := cutEq(arg[2:])
-			if name == "portable" && !has {
-				c.Portable = true
-				continue
-			}
-			if !has {
-				if i+1 >= len(args) {
-					return nil, fmt.Errorf("option --%s needs a value", name)
-				}
-				i++
-				val = args[i]
-			}
-			switch name {
-			case "dev":
-				if err := c.Dev.Set(val); err != nil {
-					return nil, err
-				}
-			case "daemon":
-				if val == "" {
-					return nil, fmt.Errorf("--daemon needs a socket path")
-				}
-				c.Daemon = val
-			case "timeout":
-				d, err := time.ParseDuration(val)
-				if err != nil || d < 0 {
-					return nil, fmt.Errorf("bad --timeout %q", val)
-				}
-				c.Timeout = d
-			case "roce-port":
-				p, err := strconv.ParseUint(val, 10, 16)
-				if err != nil || p == 0 {
-					return nil, fmt.Errorf("bad --roce-port %q", val)
-				}
-				c.RocePort = uint16(p)
-			default:
-				return nil, fmt.Errorf("unknown option --%s", name)
-			}
-			continue
-		}
-		if len(arg) < 2 || arg[0] != '-' {
-			return nil, fmt.Errorf("unexpected argument %q", arg)
-		}
-		for j := 1; j < len(arg); j++ {
-			op := arg[j]
-			var val string
-			if bytes.IndexByte([]byte(withVal), op) >= 0 {
-				if j+1 < len(arg) {
-					val = arg[j+1:]
-				} else if i+1 < len(args) {
-					i++
-					val = args[i]
-				} else {
-					return nil, fmt.Errorf("option -%c needs a value", op)
-				}
-				j = len(arg)
-			}
-			switch op {
-			case 's', 'b':
-				a, err := netip.ParseAddr(val)
-				if err != nil {
-					return nil, fmt.Errorf("getaddrinfo error: %q is not an IP address", val)
-				}
-				if op == 's' {
-					c.Dst = a.Unmap()
-				} else {
-					c.Src = a.Unmap()
-				}
-			case 'c':
-				c.Conns, _ = strconv.Atoi(val)
-			case 'C':
-				c.Count, _ = strconv.Atoi(val)
-			case 'S':
-				c.Size, _ = strconv.Atoi(val)
-			case 'p':
-				if ud { // udaddy: -p is the port space (backwards compatibility)
-					if v, err := strconv.ParseInt(val, 0, 32); err != nil || cm.PortSpace(v) != cm.PSUDP {
-						return nil, fmt.Errorf("port space %s: only UDP (%#x) is supported", val, int(cm.PSUDP))
-					}
-					continue
-				}
-				p, err := strconv.Atoi(val)
-				if err != nil || p < 0 || p > 65535 {
-					return nil, fmt.Errorf("bad port %q", val)
-				}
-				c.Port = uint16(p)
-			case 't', 'f', 'P', 'm':
-				// type of service, address format, port space, migrate: accepted
-			default:
-				return nil, fmt.Errorf("unknown option -%c", op)
-			}
-		}
-	}
-	if c.Conns < 1 {
-		c.Conns = 1
-	}
-	if c.Size <= 0 {
-		c.Count = 0 // create_message: no size, no messages
-	}
-	if c.Count < 0 {
-		c.Count = 0
-	}
-	return c, nil
-}
-
-func cmtUsage(w io.Writer, ud bool) {
-	name, ps := "ucmatose", "tcp or ib"
-	if ud {
-		name, ps = "udaddy", "udp or ipoib"
-	}
-	fmt.Fprintf(w, "usage: %s\n\t[-s server_address]\n\t[-b bind_address]\n\t[-f address_format]\n\t    name, ip, ipv6, or gid\n\t[-P port_space]\n\t    %s\n\t[-c connections]\n\t[-C message_count]\n\t[-S message_size]\n\t[-t type_of_service]\n", name, ps)
-	if ud {
-		fmt.Fprintf(w, "\t[-p port_space - %#x for UDP (default), %#x for IPOIB]\n", int(cm.PSUDP), int(cm.PSIPoIB))
-	} else {
-		fmt.Fprintf(w, "\t[-p port_number]\n\t[-m(igrate)]\n")
-	}
-	fmt.Fprintf(w, "softroce: --dev ADDR|IFNAME, --timeout DUR (default 30s), --roce-port N, --portable,\n")
-	fmt.Fprintf(w, "\t--daemon SOCKET (run through the softroce daemon: its device, its rdma_cm)\n")
-}
-
-func runCMTest(args []string, stdout, stderr io.Writer, ud bool) int {
-	c, err := parseCMTest(args, ud, stderr)
-	if err != nil {
-		fmt.Fprintln(stderr, err)
-		cmtUsage(stdout, ud)
-		return 1
-	}
-	t := &cmTest{c: c, out: stdout, errw: stderr}
-	ret := t.run()
-	fmt.Fprintf(stdout, "test complete\n")
-	t.destroy()
-	fmt.Fprintf(stdout, "return status %d\n", ret)
-	return ret & 0xFF
-}
 
 // cmtNode is one connection (struct cmatest_node).
 type cmtNode struct {
@@ -336,7 +137,7 @@ func (t *cmTest) initNode(n *cmtNode) error {
 	d := t.v
 	if c.UD && c.Count > 0 && c.Size > d.PortAttr().ActiveMTU.Bytes() {
 		fmt.Fprintf(t.out, "udaddy: message_size %d is larger than active mtu %d\n", c.Size, d.PortAttr().ActiveMTU.Bytes())
-		return errRpingQuiet
+		return errQuiet
 	}
 	var err error
 	if n.pd, err = d.AllocPD(); err != nil {
@@ -435,7 +236,7 @@ func (t *cmTest) pollCQs(recv bool) error {
 			if k == 0 {
 				if t.c.Timeout > 0 && time.Now().After(deadline) {
 					fmt.Fprintf(t.out, "%s: failed polling CQ: %d\n", t.c.tool(), -110)
-					return errRpingQuiet
+					return errQuiet
 				}
 				_ = c.ReqNotify(false)
 				if c.Poll(wc[:1]) > 0 {
@@ -600,8 +401,8 @@ func (t *cmTest) server(local netip.Addr) int {
 		fmt.Fprintf(t.errw, "%s: failure trying to listen: %v\n", c.tool(), err)
 		return 1
 	}
-	if cmtOnListen != nil {
-		cmtOnListen()
+	if t.c.OnListen != nil {
+		t.c.OnListen()
 	}
 	if c.UD {
 		t.connectEvents()
@@ -712,9 +513,6 @@ func (t *cmTest) client(local netip.Addr) int {
 	}
 	return ret
 }
-
-// cmtOnListen, if set (tests), is called once a ucmatose/udaddy server listens.
-var cmtOnListen func()
 
 // firstRecvGRH is the GRH of a UD node's first receive, which has a slot of its own after the
 // shared one (initNode).

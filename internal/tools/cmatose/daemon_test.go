@@ -1,4 +1,4 @@
-package main
+package cmatose
 
 import (
 	"bytes"
@@ -8,6 +8,9 @@ import (
 	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/softroce/softroce/internal/daemontest"
+	"github.com/softroce/softroce/pkg/roce"
 )
 
 // runCMPairDaemon is runCMPair with one side (the server if daemonServer, else the client)
@@ -20,10 +23,9 @@ func runCMPairDaemon(t *testing.T, tool string, daemonServer bool, extra ...stri
 	if daemonServer {
 		daddr = netip.MustParseAddr("127.0.0.2")
 	}
-	sock, srv := startRpingDaemon(t, daddr, port)
+	sock, srv := daemontest.ServeUDP(t, roce.UDPOptions{Addrs: []netip.Addr{daddr}, Port: port, Portable: true, Name: "softroce0"})
 	listening := make(chan struct{})
-	cmtOnListen = func() { close(listening) }
-	defer func() { cmtOnListen = nil }()
+	onListen := func() { close(listening) }
 	common := append([]string{"--roce-port", fmt.Sprint(port), "--portable", "--timeout", "20s"}, extra...)
 	server := append([]string{tool, "-b", "127.0.0.2"}, common...)
 	client := append([]string{tool, "-s", "127.0.0.2", "-b", "127.0.0.1"}, common...)
@@ -34,14 +36,14 @@ func runCMPairDaemon(t *testing.T, tool string, daemonServer bool, extra ...stri
 	}
 	var so, se bytes.Buffer
 	done := make(chan int)
-	go func() { done <- run(server, &so, &se) }()
+	go func() { done <- runWith(onListen, server, &so, &se) }()
 	select {
 	case <-listening:
 	case st := <-done:
 		t.Fatalf("server exited %d: %s%s", st, so.String(), se.String())
 	}
 	var co, ce bytes.Buffer
-	cst = run(client, &co, &ce)
+	cst = runWith(nil, client, &co, &ce)
 	sst = <-done
 	if se.Len() != 0 || ce.Len() != 0 {
 		t.Errorf("stderr: server %q client %q", se.String(), ce.String())
