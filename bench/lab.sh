@@ -25,7 +25,7 @@ if [ "${LAB_PROBE:-0}" = 1 ]; then
     gcc -O2 -static -o "$SHARE/pingpong" bench/cprobe/pingpong.c || { echo "bench/lab.sh: probe build failed" >&2; exit 1; }
 fi
 LOG=$OUT/lab.log
-# The lab lock: scripts/interop and `softroce conform --dut rxe` hold it for their whole run.
+# The lab lock: scripts/interop and test/conform/cmd/conform-rxe hold it for their whole run.
 # Long-lived children (the VM and its watchdog) get it closed.
 echo "   waiting for the lab lock" >&2
 LOCKDIR=${RXE_LAB_CACHE:-/var/cache/rxe-lab}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/softroce/softroce/internal/tools/cli"
 	"github.com/softroce/softroce/internal/tools/cmatose"
+	"github.com/softroce/softroce/internal/tools/conform"
 	"github.com/softroce/softroce/internal/tools/daemon"
 	"github.com/softroce/softroce/internal/tools/demo"
 	"github.com/softroce/softroce/internal/tools/devinfo"
@@ -34,7 +35,7 @@ type command struct {
 var commands = map[string]cli.Command{}
 
 func init() {
-	for _, c := range []cli.Command{cmatose.UcmatoseCommand, cmatose.UdaddyCommand, daemon.Command, demo.Command, devinfo.Command,
+	for _, c := range []cli.Command{cmatose.UcmatoseCommand, cmatose.UdaddyCommand, conform.Command, daemon.Command, demo.Command, devinfo.Command,
 		perf.Command, pingpong.Command, rping.Command, stats.Command} {
 		add(c)
 	}

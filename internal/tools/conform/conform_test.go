@@ -1,8 +1,9 @@
-package main
+package conform
 
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"net"
@@ -10,6 +11,11 @@ import (
 	"testing"
 	"time"
 )
+
+// run is the softroce binary's dispatch for these tests: args[0] is "conform".
+func run(args []string, stdout, stderr io.Writer) int {
+	return Main(context.Background(), args[1:], stdout, stderr)
+}
 
 func TestConformList(t *testing.T) {
 	var out, errb bytes.Buffer
@@ -158,5 +164,14 @@ func TestConformServe(t *testing.T) {
 	}
 	if st := <-done; st != 0 {
 		t.Errorf("agent exit %d: %s %s", st, aout.String(), aerr.String())
+	}
+}
+
+// TestConformRxeRefused: the product binary does not drive the lab: --dut rxe is a usage
+// error that names the source tree's driver.
+func TestConformRxeRefused(t *testing.T) {
+	var out, errb bytes.Buffer
+	if st := run([]string{"conform", "--dut", "rxe"}, &out, &errb); st != 2 || !strings.Contains(errb.String(), "test/conform/cmd/conform-rxe") {
+		t.Fatalf("exit %d: %s", st, errb.String())
 	}
 }

@@ -1,46 +1,33 @@
-package main
+package conform
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/softroce/softroce/internal/tools/cli"
+	"github.com/softroce/softroce/pkg/bth"
+	"github.com/softroce/softroce/pkg/client"
+	conformance "github.com/softroce/softroce/pkg/conform"
+)
 
 // softroce conform --dut softroce --daemon SOCKET (and --serve HOST:PORT --daemon SOCKET): the
 // softroce DUT through the softroce daemon. The DUT's PD, MRs (memory from AllocBuffer, which
 // the daemon maps), CQs, QPs and AHs are created through a client connection (roce.Verbs,
-// conform.SoftroceOptions.Verbs); the bench's raw socket talks to the daemon's device. Every
+// conformance.SoftroceOptions.Verbs); the bench's raw socket talks to the daemon's device. Every
 // scenario runs through the daemon (pkg/conform TestSoftroceDaemon), the DUT fencing its
-// receive posts (conform.Softroce.PostRecv).
-
-import (
-	"github.com/softroce/softroce/internal/tools/cli"
-
-	"fmt"
-	"net/netip"
-
-	"github.com/softroce/softroce/pkg/bth"
-	"github.com/softroce/softroce/pkg/client"
-	"github.com/softroce/softroce/pkg/conform"
-)
-
-// conformAddr parses ADDR or ADDR:PORT (port defaults to def).
-func conformAddr(s string, def uint16) (netip.AddrPort, error) {
-	if ap, err := netip.ParseAddrPort(s); err == nil {
-		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), nil
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("%q: neither ADDR nor ADDR:PORT", s)
-	}
-	return netip.AddrPortFrom(a.Unmap(), def), nil
-}
+// receive posts (conformance.Softroce.PostRecv).
 
 // conformDaemonDUT dials the daemon and makes the DUT on its device: at --roce's address (one
 // of the daemon's; default its first IPv4 address, as cli.DaemonLocalAddr picks one) and port (the
 // daemon's RoCE port, default 4791). done releases the DUT's objects and the connection.
-func conformDaemonDUT(f *conformFlags) (*conform.Softroce, func() error, error) {
-	c, err := client.Dial(f.daemon)
+func conformDaemonDUT(f *conformFlags) (*conformance.Softroce, func() error, error) {
+	c, err := client.Dial(f.Daemon)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--daemon %s: %w", f.daemon, err)
+		return nil, nil, fmt.Errorf("--daemon %s: %w", f.Daemon, err)
 	}
 	roce := netip.AddrPort{}
-	if f.roce != "" {
-		if roce, err = conformAddr(f.roce, bth.UDPPort); err != nil {
+	if f.Roce != "" {
+		if roce, err = cli.ParseAddrPort(f.Roce, bth.UDPPort); err != nil {
 			c.Close()
 			return nil, nil, fmt.Errorf("--roce %w", err)
 		}
@@ -56,7 +43,7 @@ func conformDaemonDUT(f *conformFlags) (*conform.Softroce, func() error, error) 
 		}
 		roce = netip.AddrPortFrom(a, bth.UDPPort)
 	}
-	dut, err := conform.NewSoftroce(conform.SoftroceOptions{Addr: roce.Addr(), Port: roce.Port(), Verbs: c})
+	dut, err := conformance.NewSoftroce(conformance.SoftroceOptions{Addr: roce.Addr(), Port: roce.Port(), Verbs: c})
 	if err != nil {
 		c.Close()
 		return nil, nil, err
@@ -73,20 +60,20 @@ func conformDaemonDUT(f *conformFlags) (*conform.Softroce, func() error, error) 
 // openDaemonBench is openDUT for --dut softroce --daemon: the bench binds --bench (default:
 // 127.0.79.2, or 127.0.79.3 if that is the DUT, for a loopback DUT; otherwise --bench is
 // needed: a local address other than the DUT's) on the DUT's port.
-func openDaemonBench(f *conformFlags) (*conform.Bench, func() error, error) {
+func openDaemonBench(f *conformFlags) (*conformance.Bench, func() error, error) {
 	dut, done, err := conformDaemonDUT(f)
 	if err != nil {
 		return nil, nil, err
 	}
-	fail := func(err error) (*conform.Bench, func() error, error) {
+	fail := func(err error) (*conformance.Bench, func() error, error) {
 		done()
 		return nil, nil, err
 	}
 	roce := dut.Addr()
 	var bench netip.Addr
 	switch {
-	case f.bench != "":
-		ap, err := conformAddr(f.bench, roce.Port())
+	case f.Bench != "":
+		ap, err := cli.ParseAddrPort(f.Bench, roce.Port())
 		if err != nil {
 			return fail(fmt.Errorf("--bench %w", err))
 		}
@@ -95,7 +82,7 @@ func openDaemonBench(f *conformFlags) (*conform.Bench, func() error, error) {
 		}
 		bench = ap.Addr()
 	case roce.Addr().IsLoopback() && roce.Addr().Is4():
-		bench = conform.LoopbackBench
+		bench = conformance.LoopbackBench
 		if bench == roce.Addr() {
 			bench = netip.AddrFrom4([4]byte{127, 0, 79, 3})
 		}
@@ -105,7 +92,7 @@ func openDaemonBench(f *conformFlags) (*conform.Bench, func() error, error) {
 	if bench == roce.Addr() {
 		return fail(fmt.Errorf("--bench %v: the bench needs an address other than the DUT's", bench))
 	}
-	b, err := conform.NewBenchFor(dut, bench)
+	b, err := conformance.NewBenchFor(dut, bench)
 	if err != nil {
 		return fail(err)
 	}
