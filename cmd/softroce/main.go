@@ -9,12 +9,12 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
 
 	"github.com/softroce/softroce/internal/tools/cli"
 	"github.com/softroce/softroce/internal/tools/cmatose"
 	"github.com/softroce/softroce/internal/tools/conform"
 	"github.com/softroce/softroce/internal/tools/daemon"
+	"github.com/softroce/softroce/internal/tools/decode"
 	"github.com/softroce/softroce/internal/tools/demo"
 	"github.com/softroce/softroce/internal/tools/devinfo"
 	"github.com/softroce/softroce/internal/tools/perf"
@@ -23,50 +23,17 @@ import (
 	"github.com/softroce/softroce/internal/tools/stats"
 )
 
-// command is a subcommand not yet moved to its own package (see register).
-type command struct {
-	name    string
-	summary string
-	// run executes the subcommand with the arguments after its name and
-	// returns the process exit status.
-	run func(args []string, stdout, stderr io.Writer) int
-}
-
-var commands = map[string]cli.Command{}
-
-func init() {
-	for _, c := range []cli.Command{cmatose.UcmatoseCommand, cmatose.UdaddyCommand, conform.Command, daemon.Command, demo.Command, devinfo.Command,
-		perf.Command, pingpong.Command, rping.Command, stats.Command} {
-		add(c)
-	}
-}
-
-// add adds a subcommand.
-func add(c cli.Command) {
-	if _, dup := commands[c.Name]; dup {
-		panic("softroce: duplicate command " + c.Name)
-	}
-	commands[c.Name] = c
-}
-
-// register adds a subcommand of package main; it is called from init functions.
-func register(c *command) {
-	add(cli.Command{Name: c.name, Summary: c.summary,
-		Main: func(_ context.Context, args []string, stdout, stderr io.Writer) int {
-			return c.run(args, stdout, stderr)
-		}})
+// commands are the subcommands, in the order usage lists them.
+var commands = []cli.Command{
+	conform.Command, daemon.Command, decode.Command, demo.Command, devinfo.Command, perf.Command,
+	pingpong.Command, rping.Command, stats.Command, cmatose.UcmatoseCommand, cmatose.UdaddyCommand,
 }
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: softroce COMMAND [options] [args]   (softroce COMMAND -h: the command's options)")
 	fmt.Fprintln(w, "\ncommands:")
-	names := make([]string, 0, len(commands))
-	for n := range commands {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].Summary)
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-10s %s\n", c.Name, c.Summary)
 	}
 }
 
@@ -82,11 +49,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	c, ok := commands[args[0]]
-	if !ok {
-		fmt.Fprintf(stderr, "softroce: unknown command %q\n", args[0])
-		usage(stderr)
-		return 2
+	for _, c := range commands {
+		if c.Name == args[0] {
+			return c.Main(context.Background(), args[1:], stdout, stderr)
+		}
 	}
-	return c.Main(context.Background(), args[1:], stdout, stderr)
+	fmt.Fprintf(stderr, "softroce: unknown command %q\n", args[0])
+	usage(stderr)
+	return 2
 }

@@ -97,3 +97,34 @@ func TestInstalledBinary(t *testing.T) {
 		t.Errorf("conform --dut rxe: exit %d: %s", st, errs)
 	}
 }
+
+// TestDispatch: every tool is reachable by its name, once; unknown names and no name are
+// usage errors.
+func TestDispatch(t *testing.T) {
+	seen := map[string]bool{}
+	for _, c := range commands {
+		if seen[c.Name] || c.Main == nil || c.Summary == "" {
+			t.Errorf("command %q: duplicate, or no Main or summary", c.Name)
+		}
+		seen[c.Name] = true
+		// the rdma_cm tools print their usage for an option they lack, -h too, with the C
+		// tools' statuses (rping: EINVAL; ucmatose, udaddy: 1)
+		want := map[string]int{"rping": 22, "ucmatose": 1, "udaddy": 1}[c.Name]
+		var o, e bytes.Buffer
+		if st := run([]string{c.Name, "--help"}, &o, &e); st != want || o.Len() == 0 {
+			t.Errorf("%s --help: exit %d, stdout %q, stderr %q", c.Name, st, o.String(), e.String())
+		}
+	}
+	for _, name := range []string{"conform", "daemon", "decode", "demo", "devinfo", "perf", "pingpong", "rping", "stats", "ucmatose", "udaddy"} {
+		if !seen[name] {
+			t.Errorf("no command %s", name)
+		}
+	}
+	var o, e bytes.Buffer
+	if st := run(nil, &o, &e); st != 2 || !strings.Contains(o.String(), "pingpong") {
+		t.Errorf("no arguments: exit %d\n%s", st, o.String())
+	}
+	if st := run([]string{"nosuch"}, &o, &e); st != 2 || !strings.Contains(e.String(), `unknown command "nosuch"`) {
+		t.Errorf("unknown command: exit %d: %s", st, e.String())
+	}
+}

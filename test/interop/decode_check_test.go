@@ -3,7 +3,7 @@
 package interop
 
 // Every pairing's tap capture goes through the user-facing decoder too: `softroce decode
-// FILE` (cmd/softroce decode.go, docs/decode.md) must read the whole file (exit 0), count
+// FILE` (internal/tools/decode, docs/decode.md) must read the whole file (exit 0), count
 // as many RoCE packets as the test's own pcap reader found, and report every one ICRC-clean
 // (IBTA A17.3.3: the ICRC over the real IP header, IPv4 ID included) and none malformed.
 

@@ -1,4 +1,12 @@
-package main
+package decode
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
 
 // A streaming reader for the two capture containers decode accepts: classic
 // pcap (https://www.tcpdump.org/manpages/pcap-savefile.5.html) and pcapng
@@ -9,14 +17,6 @@ package main
 // distinct error (the decode tests and FuzzDecodeFile hold it to that).
 // pcapgo accepts a record as long as the file's own snap length (up to 4 GiB)
 // and buffers it whole.
-
-import (
-	"bufio"
-	"encoding/binary"
-	"errors"
-	"fmt"
-	"io"
-)
 
 // maxRecord bounds the bytes one record (pcap) or block (pcapng) may claim, so a
 // hostile length field cannot make the reader allocate gigabytes.

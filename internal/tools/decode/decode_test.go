@@ -1,8 +1,9 @@
-package main
+package decode
 
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"flag"
@@ -15,12 +16,12 @@ import (
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/decode")
 
-const capDir = "../../testdata/captures"
+const capDir = "../../../testdata/captures"
 
 func decode(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
 	var o, e bytes.Buffer
-	code = runDecode(args, &o, &e)
+	code = Main(context.Background(), args, &o, &e)
 	return o.String(), e.String(), code
 }
 
@@ -38,7 +39,7 @@ func TestDecodeGolden(t *testing.T) {
 			if code != 0 || errOut != "" {
 				t.Fatalf("%s %s: exit %d, stderr %q", name, mode.flag, code, errOut)
 			}
-			golden := filepath.Join("../../testdata/decode", name+"."+mode.ext)
+			golden := filepath.Join("../../../testdata/decode", name+"."+mode.ext)
 			if *update {
 				if err := os.WriteFile(golden, []byte(out), 0o644); err != nil {
 					t.Fatal(err)
@@ -311,7 +312,8 @@ func TestDecodeBadInputs(t *testing.T) {
 	}{
 		{name: "no args", code: 2, stderr: "usage: softroce decode"},
 		{name: "two files", args: []string{"a", "b"}, code: 2, stderr: "usage:"},
-		{name: "unknown flag", args: []string{"--yaml", "x.pcap"}, code: 2, stderr: "unknown flag --yaml"},
+		{name: "unknown flag", args: []string{"--yaml", "x.pcap"}, code: 2, stderr: "unknown flag: --yaml"},
+		{name: "go-style long flag", args: []string{"-json", "x.pcap"}, code: 2, stderr: "usage:"}, // -j -s -o -n in getopt style
 		{name: "missing file", args: []string{"/nonexistent/x.pcap"}, code: 2, stderr: "no such file"},
 		{name: "empty", file: []byte{}, code: 2, stderr: "not a pcap or pcapng file"},
 		{name: "text file", file: []byte("hello, this is not a capture\n"), code: 2, stderr: "not a pcap or pcapng file"},
@@ -329,6 +331,7 @@ func TestDecodeBadInputs(t *testing.T) {
 		{name: "pcapng bad interface", file: writePcapng(binary.LittleEndian, []uint16{1}, recs[:1], []uint32{3}), code: 2, stderr: "undefined interface 3"},
 		{name: "pcapng unknown link type", file: writePcapng(binary.LittleEndian, []uint16{147}, recs[:1], []uint32{0}), code: 2, stderr: "unsupported link type 147"},
 		{name: "help", args: []string{"-h"}, code: 0},
+		{name: "help long", args: []string{"--help"}, code: 0},
 	}
 	for _, c := range cases {
 		args := c.args
@@ -342,7 +345,7 @@ func TestDecodeBadInputs(t *testing.T) {
 		if !strings.Contains(errOut, c.stderr) {
 			t.Errorf("%s: stderr %q lacks %q", c.name, errOut, c.stderr)
 		}
-		if c.code == 2 && c.name != "no args" && c.name != "two files" && c.name != "unknown flag" && strings.Count(errOut, "\n") != 1 {
+		if c.code == 2 && c.name != "no args" && c.name != "two files" && c.name != "unknown flag" && c.name != "go-style long flag" && strings.Count(errOut, "\n") != 1 {
 			t.Errorf("%s: stderr is not one line: %q", c.name, errOut)
 		}
 		if c.code == 2 && !c.stdoutOK && out != "" {
@@ -352,9 +355,9 @@ func TestDecodeBadInputs(t *testing.T) {
 			t.Errorf("%s: the frames before the damage were not printed", c.name)
 		}
 	}
-	// Through the CLI registry too.
+	// Main without arguments.
 	var o, e bytes.Buffer
-	if code := run([]string{"decode"}, &o, &e); code != 2 {
+	if code := Main(context.Background(), nil, &o, &e); code != 2 {
 		t.Errorf("softroce decode: exit %d", code)
 	}
 }
@@ -426,5 +429,28 @@ func TestDecodeSnaplenAndEthernetPadding(t *testing.T) {
 	if len(lines) != 3 || !strings.Contains(lines[0], "malformed RoCE: packet cut short") || !strings.HasSuffix(lines[1], " ok") ||
 		lines[2] != "# 1 RoCE packets (ICRC ok 1, bad 0), 1 malformed, 0 other frames" {
 		t.Fatalf("output:\n%s", out)
+	}
+}
+
+// TestDecodeArgs: the command line in GNU getopt style.
+func TestDecodeArgs(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want Config
+	}{
+		{[]string{"f.pcap"}, Config{Path: "f.pcap"}},
+		{[]string{"-j", "f.pcap"}, Config{Path: "f.pcap", JSON: true}},
+		{[]string{"f.pcap", "--json"}, Config{Path: "f.pcap", JSON: true}},
+		{[]string{"--js", "f.pcap"}, Config{Path: "f.pcap", JSON: true}},
+		{[]string{"--json", "--", "-f.pcap"}, Config{Path: "-f.pcap", JSON: true}},
+	} {
+		if c, err := ParseArgs(tc.args); err != nil || c != tc.want {
+			t.Errorf("%q: %+v %v, want %+v", tc.args, c, err, tc.want)
+		}
+	}
+	for _, args := range [][]string{{}, {"a", "b"}, {"-x", "f"}, {"--json=maybe", "f"}} {
+		if _, err := ParseArgs(args); err == nil {
+			t.Errorf("%q accepted", args)
+		}
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package decode
 
 import (
 	"bufio"
@@ -36,7 +36,7 @@ func TestTsharkCompare(t *testing.T) {
 	if err != nil {
 		t.Skip("tshark not installed")
 	}
-	files, err := filepath.Glob("../../testdata/captures/*.pcap")
+	files, err := filepath.Glob("../../../testdata/captures/*.pcap")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no captures: %v", err)
 	}
@@ -87,7 +87,7 @@ func compareWithTshark(t *testing.T, tshark, file string, wantICRCOK bool) {
 	}
 
 	var stdout, stderr bytes.Buffer
-	if code := runDecode([]string{"--json", file}, &stdout, &stderr); code != 0 {
+	if code := Main(context.Background(), []string{"--json", file}, &stdout, &stderr); code != 0 {
 		t.Fatalf("decode exit %d: %s", code, stderr.String())
 	}
 	ours := map[uint64]map[string]any{}

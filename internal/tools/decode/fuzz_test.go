@@ -1,4 +1,4 @@
-package main
+package decode
 
 import (
 	"bytes"
@@ -28,7 +28,7 @@ func FuzzDecodeFile(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for _, js := range []bool{false, true} {
-			_ = decodeStream(bytes.NewReader(b), io.Discard, decodeOptions{json: js})
+			_ = decodeStream(bytes.NewReader(b), io.Discard, decodeOptions{JSON: js})
 		}
 	})
 }
