@@ -170,14 +170,17 @@ int ibv_set_ece(struct ibv_qp *qp, struct ibv_ece *ece)
 	(void)qp;
 	(void)ece;
 	// Enhanced connection establishment is a vendor extension of the CM.
-	return sr_fail(EOPNOTSUPP);
+	// Both return the errno value, as rdma-core's do.
+	errno = EOPNOTSUPP;
+	return EOPNOTSUPP;
 }
 
 int ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece)
 {
 	(void)qp;
 	(void)ece;
-	return sr_fail(EOPNOTSUPP);
+	errno = EOPNOTSUPP;
+	return EOPNOTSUPP;
 }
 
 int ibv_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)

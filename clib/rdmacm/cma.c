@@ -19,8 +19,11 @@
 
 static pthread_mutex_t cma_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct ibv_context *cma_ctx;
+static struct ibv_pd *cma_pd;
 
-// cma_context opens (once) the device the daemon serves.
+// cma_context opens (once) the device the daemon serves, and its default
+// PD (librdmacm's: every ID's id->pd, which rdma_create_qp uses when given
+// none and programs such as pyverbs allocate nothing else).
 struct ibv_context *cma_context(void)
 {
 	pthread_mutex_lock(&cma_mu);
@@ -33,10 +36,19 @@ struct ibv_context *cma_context(void)
 			errno = ENODEV;
 		if (devs)
 			ibv_free_device_list(devs);
+		if (cma_ctx && !(cma_pd = ibv_alloc_pd(cma_ctx))) {
+			ibv_close_device(cma_ctx);
+			cma_ctx = NULL;
+		}
 	}
 	struct ibv_context *c = cma_ctx;
 	pthread_mutex_unlock(&cma_mu);
 	return c;
+}
+
+struct ibv_pd *cma_default_pd(void)
+{
+	return cma_context() ? cma_pd : NULL;
 }
 
 struct sr_conn *cma_conn(void)

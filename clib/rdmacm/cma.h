@@ -44,6 +44,7 @@ struct cma_event {
 };
 
 struct ibv_context *cma_context(void);
+struct ibv_pd *cma_default_pd(void);
 struct sr_conn *cma_conn(void);
 int cma_destroy(uint16_t op, uint32_t handle);
 int cma_next(struct cma_channel *ch, struct sr_cm_event *out);

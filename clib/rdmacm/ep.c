@@ -176,52 +176,61 @@ static struct sockaddr *dup_addr(const struct sockaddr *sa, socklen_t len)
 }
 
 // rdma_getaddrinfo resolves node and service with getaddrinfo: the address
-// is the destination, or with RAI_PASSIVE the source; no route is
-// precomputed (rdma_resolve_route asks the daemon).
+// is the destination, or with RAI_PASSIVE the source; without node and
+// service the hints' addresses are the answer (librdmacm's rules). No route
+// is precomputed (rdma_resolve_route asks the daemon).
 int rdma_getaddrinfo(const char *node, const char *service, const struct rdma_addrinfo *hints,
 		     struct rdma_addrinfo **res)
 {
-	struct addrinfo h = {.ai_socktype = SOCK_STREAM};
-	int flags = hints ? hints->ai_flags : 0;
-	if (hints)
-		h.ai_family = hints->ai_family;
-	if (flags & RAI_PASSIVE)
-		h.ai_flags |= AI_PASSIVE;
-	if (flags & RAI_NUMERICHOST)
-		h.ai_flags |= AI_NUMERICHOST;
-	if (!node && !service)
+	static const struct rdma_addrinfo nohints;
+	if (!node && !service && !hints)
 		return sr_fail(EINVAL);
-	struct addrinfo *ai;
-	int r = getaddrinfo(node, service, &h, &ai);
-	if (r) {
-		errno = r == EAI_SYSTEM ? errno : ENOENT;
-		return r;
-	}
+	if (!hints)
+		hints = &nohints;
 	struct rdma_addrinfo *ra = calloc(1, sizeof(*ra));
-	if (!ra) {
-		freeaddrinfo(ai);
+	if (!ra)
 		return sr_fail(ENOMEM);
-	}
-	ra->ai_flags = flags;
-	ra->ai_family = ai->ai_family;
-	ra->ai_qp_type = hints && hints->ai_qp_type ? hints->ai_qp_type : IBV_QPT_RC;
-	ra->ai_port_space = hints && hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
-	struct sockaddr *a = dup_addr(ai->ai_addr, ai->ai_addrlen);
-	if (flags & RAI_PASSIVE) {
-		ra->ai_src_addr = a;
-		ra->ai_src_len = ai->ai_addrlen;
-	} else {
-		ra->ai_dst_addr = a;
-		ra->ai_dst_len = ai->ai_addrlen;
-		if (hints && hints->ai_src_addr) {
-			ra->ai_src_addr = dup_addr(hints->ai_src_addr, hints->ai_src_len);
-			ra->ai_src_len = hints->ai_src_len;
+	ra->ai_flags = hints->ai_flags;
+	ra->ai_family = hints->ai_family;
+	ra->ai_qp_type = hints->ai_qp_type ? hints->ai_qp_type : IBV_QPT_RC;
+	ra->ai_port_space = hints->ai_port_space ? hints->ai_port_space
+			    : ra->ai_qp_type == IBV_QPT_UD ? RDMA_PS_UDP : RDMA_PS_TCP;
+	int err = 0;
+	if (node || service) {
+		struct addrinfo h = {.ai_family = hints->ai_family, .ai_socktype = SOCK_STREAM};
+		if (hints->ai_flags & RAI_PASSIVE)
+			h.ai_flags |= AI_PASSIVE;
+		if (hints->ai_flags & RAI_NUMERICHOST)
+			h.ai_flags |= AI_NUMERICHOST;
+		struct addrinfo *ai;
+		int r = getaddrinfo(node, service, &h, &ai);
+		if (r) {
+			rdma_freeaddrinfo(ra);
+			errno = r == EAI_SYSTEM ? errno : ENOENT;
+			return r;
 		}
+		ra->ai_family = ai->ai_family;
+		struct sockaddr *a = dup_addr(ai->ai_addr, ai->ai_addrlen);
+		if (!a)
+			err = ENOMEM;
+		else if (hints->ai_flags & RAI_PASSIVE)
+			ra->ai_src_addr = a, ra->ai_src_len = ai->ai_addrlen;
+		else
+			ra->ai_dst_addr = a, ra->ai_dst_len = ai->ai_addrlen;
+		freeaddrinfo(ai);
+	} else if (hints->ai_dst_len) {
+		if (!(ra->ai_dst_addr = dup_addr(hints->ai_dst_addr, hints->ai_dst_len)))
+			err = ENOMEM;
+		ra->ai_dst_len = hints->ai_dst_len;
 	}
-	freeaddrinfo(ai);
-	if (!a) {
+	if (!err && !ra->ai_src_len && hints->ai_src_len) {
+		if (!(ra->ai_src_addr = dup_addr(hints->ai_src_addr, hints->ai_src_len)))
+			err = ENOMEM;
+		ra->ai_src_len = hints->ai_src_len;
+	}
+	if (err) {
 		rdma_freeaddrinfo(ra);
-		return sr_fail(ENOMEM);
+		return sr_fail(err);
 	}
 	*res = ra;
 	return 0;

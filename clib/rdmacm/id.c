@@ -133,6 +133,7 @@ static struct cma_id *new_id(struct rdma_event_channel *ch, void *context, enum 
 	if (!i)
 		return NULL;
 	i->id.verbs = cma_context();
+	i->id.pd = cma_default_pd();
 	i->id.channel = ch;
 	i->id.context = context;
 	i->id.ps = ps;
