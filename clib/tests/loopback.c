@@ -165,8 +165,10 @@ int main(void)
 	int n = 0;
 	struct ibv_device **list = ibv_get_device_list(&n);
 	CHECK(list && n == 1);
-	if (!list || n < 1)
+	if (!list || n < 1) {
+		ibv_free_device_list(list);
 		return check_done("loopback");
+	}
 	ctx = ibv_open_device(list[0]);
 	ibv_free_device_list(list);
 	CHECK(ctx != NULL);
@@ -272,6 +274,7 @@ int main(void)
 	}
 	int st = 0;
 	CHECK(pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	struct ibv_qp *q1 = qa, *q2 = qb;
 	struct ibv_qp *qc = make_qp(), *qd = make_qp();
 	CHECK(qc && qd);
 	if (qc && qd) {
@@ -285,5 +288,27 @@ int main(void)
 	// Objects in use cannot go: a CQ with QPs, a PD with MRs.
 	CHECK(ibv_destroy_cq(cq) == EBUSY);
 	CHECK(ibv_dealloc_pd(pd) == EBUSY);
+
+	// Everything goes, in order; the memory is the program's again.
+	struct ibv_qp *qps[] = {q1, q2, qc, qd};
+	for (unsigned i = 0; i < 4; i++)
+		if (qps[i])
+			CHECK(ibv_destroy_qp(qps[i]) == 0);
+	struct ibv_mr *mrs[] = {ma, mb, mst, msta, mm1, mm2, mold};
+	for (unsigned i = 0; i < sizeof(mrs) / sizeof(mrs[0]); i++)
+		if (mrs[i])
+			CHECK(ibv_dereg_mr(mrs[i]) == 0);
+	munmap(m1, msz); // after dereg, as rdma-core allows
+	munmap(m2, msz);
+	free(a);
+	free(b);
+	// Stale completions of the error QP are drained before the CQ goes.
+	struct ibv_wc w[16];
+	while (ibv_poll_cq(cq, 16, w) > 0)
+		;
+	CHECK(ibv_destroy_cq(cq) == 0);
+	CHECK(ibv_destroy_comp_channel(ch) == 0);
+	CHECK(ibv_dealloc_pd(pd) == 0);
+	CHECK(ibv_close_device(ctx) == 0);
 	return check_done("loopback");
 }
