@@ -59,6 +59,9 @@ int ibv_dealloc_pd(struct ibv_pd *pd)
 struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
 				unsigned int access)
 {
+	// Optional access flags (relaxed ordering, ...) are hints a device may
+	// ignore; rdma-core drops them for devices that do not take them.
+	access &= ~(unsigned int)IBV_ACCESS_OPTIONAL_RANGE;
 	struct sr_reg_mr_req req = {
 		.pd = pd->handle,
 		.access = access,

@@ -41,9 +41,9 @@ func TestPerftest(t *testing.T) {
 				client := tool{name: prog, args: append(append([]string{}, args...), a.addr.String()), d: b}
 				var sout, cout string
 				if cm {
-					sout, cout = pairCM(t, server, client, 120*time.Second)
+					sout, cout = pairCM(t, server, client, 60*time.Second)
 				} else {
-					sout, cout = pair(t, server, client, port, 120*time.Second)
+					sout, cout = pair(t, server, client, port, 60*time.Second)
 				}
 				row := regexp.MustCompile(fmt.Sprintf(`(?m)^\s*%d\s+%d\s+[0-9.]+`, size, iters))
 				if !row.MatchString(cout) {
