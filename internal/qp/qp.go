@@ -1,31 +1,3 @@
-// Concurrency and pipeline of the transport engine (read this first).
-//
-// A QP is one object guarded by one mutex (QP.mu). Everything that touches
-// its state runs under that mutex, on whichever goroutine caused it:
-//
-//   - PostSend (application goroutine) queues WQEs and runs the requester
-//     inline: it segments as many packets as the window allows, builds them
-//     in the QP's pooled send buffers and hands them to Output.Send.
-//   - Receive (the device's receive goroutine) runs the responder for
-//     request packets (placing data, sending ACK/NAK/READ responses) or the
-//     completer for response packets (retiring WQEs in order, then running
-//     the requester again, since the window may have opened).
-//   - the QP's single Timer (from the injected Clock) fires onTimer, which
-//     retransmits (go-back-N) or gives up.
-//
-// Output.Send is called with QP.mu held. Links must therefore never block
-// indefinitely on the peer (the in-memory link and UDP drop when full, as a
-// network does). Completions are pushed to the CQs (which have their own
-// short lock) with QP.mu held; CQ consumers never take QP.mu, so the lock
-// order is always QP.mu -> CQ.mu. Atomics take the device-wide atomic lock
-// (Config.AtomicMu) inside QP.mu. Modify, Query and Destroy also take QP.mu.
-//
-// No per-packet allocation: WQE slots (with their SGE arrays and inline
-// buffers) are preallocated at creation, packets are built in place in a
-// fixed set of send buffers that are reused after each Output.Send (links
-// do not retain buffers), and payload is copied once from the MR into the
-// send buffer and once from the receive buffer into the MR.
-
 package qp
 
 import (

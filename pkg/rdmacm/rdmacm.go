@@ -93,7 +93,7 @@ type ConnParam struct {
 	RNRRetryCount      uint8 // RNR retries (7 = infinite)
 	SRQ                bool
 	QPNum              uint32 // the QP number when the QP was not created through the ID
-	QKey               uint32 // UD: the Q_Key (0 = cm.RDMAUDPQKey)
+	QKey               uint32 // UD: the Q_Key (0 = RDMAUDPQKey)
 }
 
 // UDParam is what a UD ID learns from SIDR: the remote QP, its Q_Key and an
@@ -171,7 +171,7 @@ type IDOptions struct {
 	// written against Verbs uses CreateQPVerbs and QueuePair, which work
 	// in both modes.
 	Verbs roce.Verbs
-	// PortSpace: cm.PSTCP (RC, the default) or cm.PSUDP (UD via SIDR).
+	// PortSpace: PSTCP (RC, the default) or PSUDP (UD via SIDR).
 	PortSpace cm.PortSpace
 	// Context is free for the application (rdma_cm_id.context).
 	Context any

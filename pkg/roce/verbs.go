@@ -22,19 +22,19 @@ type Verbs interface {
 	// Name is the device name (ibv_get_device_name).
 	Name() string
 	// Attr is ibv_query_device.
-	Attr() qp.DeviceAttr
+	Attr() DeviceAttr
 	// PortAttr is ibv_query_port for port 1.
-	PortAttr() qp.PortAttr
+	PortAttr() PortAttr
 	// GIDs lists the GID table as addresses, in index order (ibv_query_gid).
 	GIDs() []netip.Addr
 	// GIDIndex returns the GID index of addr, or -1.
 	GIDIndex(addr netip.Addr) int
 	// Stats returns the device counters (rxe names via Stats.Map).
-	Stats() qp.Stats
+	Stats() Stats
 	// Events delivers the asynchronous events of this device's objects
 	// (ibv_get_async_event: QP fatal, CQ error, SRQ limit, port events);
 	// through the daemon, those of this client's objects only.
-	Events() <-chan event.Event
+	Events() <-chan Event
 
 	// AllocBuffer returns n bytes of zeroed memory that RegMR accepts.
 	AllocBuffer(n int) ([]byte, error)
@@ -45,37 +45,37 @@ type Verbs interface {
 	// AllocPD is ibv_alloc_pd.
 	AllocPD() (ProtectionDomain, error)
 	// RegMR is ibv_reg_mr: buf (from AllocBuffer) at iova with the access flags.
-	RegMR(pd ProtectionDomain, buf []byte, iova uint64, acc mr.Access) (MemoryRegion, error)
+	RegMR(pd ProtectionDomain, buf []byte, iova uint64, acc Access) (MemoryRegion, error)
 	// CreateCQ is ibv_create_cq.
 	CreateCQ(cqe int) (CompletionQueue, error)
 	// ModifyCQ is ibv_modify_cq with IBV_CQ_ATTR_MODERATE: c's completion
 	// event waits for m.Count queued completions or m.PeriodUS
-	// microseconds after the first matching one (cq.Moderation; the zero
+	// microseconds after the first matching one (Moderation; the zero
 	// value turns moderation off).
-	ModifyCQ(c CompletionQueue, m cq.Moderation) error
+	ModifyCQ(c CompletionQueue, m Moderation) error
 	// DestroyCQ is ibv_destroy_cq.
 	DestroyCQ(c CompletionQueue) error
 	// CreateSRQ is ibv_create_srq (SRQOptions.Events and .Device are
 	// ignored by the daemon client).
-	CreateSRQ(o qp.SRQOptions) (SharedReceiveQueue, error)
+	CreateSRQ(o SRQOptions) (SharedReceiveQueue, error)
 	// DestroySRQ is ibv_destroy_srq.
 	DestroySRQ(s SharedReceiveQueue) error
 	// CreateQP is ibv_create_qp.
 	CreateQP(in VerbsQPInit) (QueuePair, error)
 	// CreateAH is ibv_create_ah; the source GID is resolved now.
-	CreateAH(pd ProtectionDomain, a qp.AHAttr) (*qp.AH, error)
+	CreateAH(pd ProtectionDomain, a AHAttr) (*AH, error)
 	// Close releases the device (embedded: Device.Close; client: every
 	// object of this client is destroyed by the daemon).
 	Close() error
 }
 
-// ProtectionDomain is an ibv_pd (*mr.PD in embedded mode).
+// ProtectionDomain is an ibv_pd (*PD in embedded mode).
 type ProtectionDomain interface {
 	// Dealloc is ibv_dealloc_pd; it fails while objects remain.
 	Dealloc() error
 }
 
-// MemoryRegion is an ibv_mr (*mr.MR in embedded mode).
+// MemoryRegion is an ibv_mr (*MR in embedded mode).
 type MemoryRegion interface {
 	LKey() uint32
 	RKey() uint32
@@ -85,54 +85,54 @@ type MemoryRegion interface {
 	Dereg() error
 }
 
-// CompletionQueue is an ibv_cq (*cq.CQ in embedded mode): Poll never
+// CompletionQueue is an ibv_cq (*CQ in embedded mode): Poll never
 // blocks; ReqNotify arms the CQ's event for the next completion, which
 // Wait (ibv_get_cq_event, in the calling goroutine) or Channel delivers.
 // Use Wait or Channel for a CQ, not both at once.
 type CompletionQueue interface {
-	Poll(dst []cq.WC) int
+	Poll(dst []WC) int
 	ReqNotify(solicitedOnly bool) error
 	Channel() <-chan struct{}
-	// Wait blocks until the event ReqNotify armed (cq.ErrClosed once the
+	// Wait blocks until the event ReqNotify armed (ErrCQClosed once the
 	// CQ is destroyed). Through the daemon the calling goroutine itself
 	// waits on the notify eventfd (no goroutine, no channel between).
 	Wait() error
 }
 
-// SharedReceiveQueue is an ibv_srq (*qp.SRQ in embedded mode).
+// SharedReceiveQueue is an ibv_srq (*SRQ in embedded mode).
 type SharedReceiveQueue interface {
-	Post(wrs []qp.RecvWR) (int, error)
-	Modify(a qp.SRQAttr, mask qp.SRQAttrMask) error
-	Query() qp.SRQAttr
+	Post(wrs []RecvWR) (int, error)
+	Modify(a SRQAttr, mask SRQAttrMask) error
+	Query() SRQAttr
 }
 
 // QueuePair is an ibv_qp (*roce.QP in embedded mode).
 type QueuePair interface {
 	Num() uint32
-	Type() qp.Type
-	State() qp.State
-	Query() qp.Attr
-	Modify(a *qp.Attr, mask qp.AttrMask) error
-	PostSend(wrs []qp.SendWR) (int, error)
-	PostRecv(wrs []qp.RecvWR) (int, error)
+	Type() QPType
+	State() QPState
+	Query() QPAttr
+	Modify(a *QPAttr, mask QPAttrMask) error
+	PostSend(wrs []SendWR) (int, error)
+	PostRecv(wrs []RecvWR) (int, error)
 	Destroy() error
 }
 
 // VerbsQPInit is ibv_qp_init_attr for Verbs.CreateQP (QPInit with the
 // objects as interfaces).
 type VerbsQPInit struct {
-	Type   qp.Type
+	Type   QPType
 	PD     ProtectionDomain
 	SendCQ CompletionQueue
 	RecvCQ CompletionQueue
 	SRQ    SharedReceiveQueue // nil = none
-	Cap    qp.Cap
+	Cap    QPCap
 	// SigAll: every send WR generates a completion (sq_sig_all).
 	SigAll bool
 }
 
 // Verbs returns the device as a Verbs (embedded mode). Its objects are the
-// engine's own (*mr.PD, *mr.MR, *cq.CQ, *qp.SRQ, *roce.QP).
+// engine's own (*PD, *MR, *CQ, *SRQ, *QP).
 func (d *Device) Verbs() Verbs { return embedded{d} }
 
 // embedded adapts a Device to Verbs.
