@@ -27,6 +27,9 @@ import (
 	"github.com/softroce/softroce/pkg/roce"
 )
 
+// softroceBin is the softroce CLI, built by TestMain (the Go tools of the C<->Go pairings).
+var softroceBin string
+
 // libDir is where TestMain built libibverbs.so.1 and librdmacm.so.1; asanTests holds the C
 // tests (clib/tests) built with ASan/UBSan against sanitized builds of both.
 var libDir, asanTests string
@@ -51,6 +54,11 @@ func run(m *testing.M) int {
 	}
 	libDir = filepath.Join(build, "lib")
 	asanTests = filepath.Join(build, "asan", "tests")
+	softroceBin = filepath.Join(build, "softroce")
+	if out, err := exec.Command("go", "build", "-o", softroceBin, "github.com/softroce/softroce/cmd/softroce").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "go build cmd/softroce: %v\n%s", err, out)
+		return 1
+	}
 	probeDaemon()
 	return m.Run()
 }
