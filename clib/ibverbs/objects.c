@@ -202,7 +202,7 @@ static int poll_locked(struct sr_cq *c, int num_entries, struct ibv_wc *wc)
 static int poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
 {
 	struct sr_cq *c = sr_cq(cq);
-	if (sr_forked)
+	if (*c->forked)
 		return -1;
 	pthread_mutex_lock(&c->poll_mu);
 	int n = poll_locked(c, num_entries, wc);
@@ -234,7 +234,7 @@ static int start_poll(struct ibv_cq_ex *cq, struct ibv_poll_cq_attr *attr)
 	struct sr_cq *c = cqx(cq);
 	if (attr->comp_mask)
 		return EINVAL;
-	if (sr_forked)
+	if (*c->forked)
 		return ENOTCONN;
 	pthread_mutex_lock(&c->poll_mu);
 	int err = step(c);
@@ -328,7 +328,7 @@ void sr_cq_ex_init(struct sr_cq *c)
 static int req_notify_cq(struct ibv_cq *cq, int solicited_only)
 {
 	struct sr_cq *c = sr_cq(cq);
-	if (sr_forked)
+	if (*c->forked)
 		return ENOTCONN;
 	_Atomic uint32_t *p = cq_u32(c, SR_CQ_ARMED);
 	uint32_t w = atomic_load(p);
@@ -343,7 +343,7 @@ static int req_notify_cq(struct ibv_cq *cq, int solicited_only)
 
 static void cq_free(struct sr_cq *c)
 {
-	if (c->ring && !sr_forked)
+	if (c->ring && !*c->forked)
 		munmap(c->ring, c->ring_bytes);
 	if (c->notify_fd >= 0)
 		close(c->notify_fd);
@@ -376,6 +376,7 @@ struct sr_cq *sr_create_cq(struct ibv_context *context, int cqe, void *cq_contex
 		return sr_fail_null(ENOMEM);
 	}
 	c->notify_fd = c->space_fd = -1;
+	c->forked = &sr_ctx(context)->forked;
 	pthread_mutex_init(&c->poll_mu, NULL);
 	pthread_mutex_init(&c->cq.mutex, NULL);
 	pthread_cond_init(&c->cq.cond, NULL);

@@ -11,8 +11,6 @@
 
 #include "sr.h"
 
-int sr_forked;
-
 // The open contexts, for the fork handler.
 static pthread_mutex_t contexts_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct sr_context *contexts;
@@ -24,8 +22,8 @@ static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 // the parent's objects fail. The rings are MADV_DONTFORK: not in the child.
 static void forked(void)
 {
-	sr_forked = 1;
 	for (struct sr_context *sc = contexts; sc; sc = sc->next_ctx) {
+		sc->forked = 1;
 		if (sc->conn.fd >= 0)
 			close(sc->conn.fd);
 		sc->conn.fd = -1;
@@ -115,7 +113,7 @@ int sr_open_session(struct sr_context *sc)
 void sr_close_session(struct sr_context *sc)
 {
 	track(sc, 0);
-	if (sc->rings && !sr_forked)
+	if (sc->rings && !sc->forked)
 		munmap(sc->rings, sc->rings_bytes);
 	sc->rings = NULL;
 	if (sc->doorbell_fd >= 0)
@@ -205,7 +203,7 @@ static void drain(int fd)
 int ibv_get_async_event(struct ibv_context *context, struct ibv_async_event *event)
 {
 	struct sr_context *sc = sr_ctx(context);
-	if (sr_forked)
+	if (sc->forked)
 		return sr_fail(ENOTCONN);
 	for (;;) {
 		// Clear the eventfd before looking: an event published after the

@@ -130,6 +130,11 @@ struct sr_context {
 	pthread_mutex_t ev_mu;  // the event ring's consumer side, and objs
 	struct sr_obj *objs;
 	struct sr_context *next_ctx; // every open context (the fork handler's list)
+	// forked: set in a child process after fork() for the contexts the
+	// parent had open: their sessions, rings and objects are the parent's
+	// (docs/daemon-protocol.md, "Fork and exit"), so every verb on them fails
+	// without touching shared state. Contexts the child opens are its own.
+	int forked;
 	struct verbs_context vctx; // must be last: ibv_context ends it
 };
 
@@ -164,6 +169,7 @@ struct sr_cq {
 	struct sr_qp **qps;        // the QPs completing here (under poll_mu): their queue counts
 	int nqps;
 	struct ibv_wc cur;         // the ibv_cq_ex poll API's current completion
+	const int *forked;         // the context's forked flag
 };
 
 // sr_cq_ex_init fills the ibv_cq_ex poll functions (ibv_start_poll, ...).
@@ -267,11 +273,6 @@ void sr_set_ops(struct sr_context *sc);
 // the caller's ibv_port_attr).
 int sr_query_port(struct ibv_context *context, uint8_t port_num,
 		  struct ibv_port_attr *port_attr, size_t port_attr_len);
-
-// sr_forked is set in a child process after fork(): the parent's sessions,
-// rings and objects are not the child's (docs/daemon-protocol.md, "Fork and
-// exit"), so every verb on them fails without touching shared state.
-extern int sr_forked;
 
 // sr_fail sets errno and returns -1 (for functions that report through errno).
 static inline int sr_fail(int err)

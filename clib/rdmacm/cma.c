@@ -21,11 +21,29 @@ static pthread_mutex_t cma_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct ibv_context *cma_ctx;
 static struct ibv_pd *cma_pd;
 
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+// forked: in a child after fork(), librdmacm's context is the parent's
+// (libibverbs makes its verbs fail there); the child opens its own on first
+// use. The parent's IDs and channels stay unusable in the child.
+static void forked(void)
+{
+	cma_ctx = NULL;
+	cma_pd = NULL;
+	pthread_mutex_init(&cma_mu, NULL);
+}
+
+static void register_atfork(void)
+{
+	pthread_atfork(NULL, NULL, forked);
+}
+
 // cma_context opens (once) the device the daemon serves, and its default
 // PD (librdmacm's: every ID's id->pd, which rdma_create_qp uses when given
 // none and programs such as pyverbs allocate nothing else).
 struct ibv_context *cma_context(void)
 {
+	pthread_once(&atfork_once, register_atfork);
 	pthread_mutex_lock(&cma_mu);
 	if (!cma_ctx) {
 		int n = 0;

@@ -29,6 +29,7 @@ struct cma_id {
 	struct ibv_qp_init_attr *ep_qp; // rdma_create_ep's QP attributes, for rdma_get_request's IDs
 	struct ibv_pd *ep_pd;
 	int own_cqs;                  // rdma_create_qp made the CQs and channels
+	int own_channel;              // a synchronous ID's private channel (rdma_create_id(NULL, ...))
 };
 
 static inline struct cma_id *cma_id(struct rdma_cm_id *id)

@@ -276,6 +276,7 @@ int rdma_create_id(struct rdma_event_channel *channel, struct rdma_cm_id **id, v
 			rdma_destroy_event_channel(channel);
 		return sr_fail(ENOMEM);
 	}
+	i->own_channel = sync;
 	*id = &i->id;
 	return 0;
 }
@@ -286,7 +287,7 @@ int rdma_destroy_id(struct rdma_cm_id *id)
 	if (cma_destroy(SR_OP_CM_DESTROY_ID, i->handle) < 0 && errno != ENOTCONN)
 		return -1;
 	untrack(i);
-	if (cma_chan(id->channel)->sync)
+	if (i->own_channel)
 		rdma_destroy_event_channel(id->channel);
 	free(i->ep_qp);
 	free(i);
@@ -414,8 +415,9 @@ int rdma_migrate_id(struct rdma_cm_id *id, struct rdma_event_channel *channel)
 		return -1;
 	struct rdma_event_channel *old = id->channel;
 	id->channel = channel;
-	if (cma_chan(old)->sync)
+	if (i->own_channel)
 		rdma_destroy_event_channel(old);
+	i->own_channel = 0;
 	return 0;
 }
 
