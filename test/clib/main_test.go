@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -204,11 +205,13 @@ func pair(t *testing.T, server, client tool, port int, timeout time.Duration) (s
 	t.Helper()
 	return pairReady(t, server, client, func(ctx context.Context, exited <-chan error) error {
 		return waitListen(ctx, port, exited)
-	}, timeout)
+	}, nil, timeout)
 }
 
 // pairCM is pair for programs whose exchange is rdma_cm: the client starts once the server's
-// daemon holds a listening rdma_cm ID.
+// daemon holds a new rdma_cm ID. That ID may not listen yet (create, bind, listen are three
+// requests); a client whose connect the peer's CM rejected for want of a listener (REJ reason
+// 8, invalid service ID) started too early and is run again, up to 20 times.
 func pairCM(t *testing.T, server, client tool, timeout time.Duration) (sout, cout string) {
 	t.Helper()
 	base := server.d.srv.Debug().CMIDs
@@ -223,14 +226,18 @@ func pairCM(t *testing.T, server, client tool, timeout time.Duration) (sout, cou
 			}
 		}
 		return nil
-	}, timeout)
+	}, noListener, timeout)
 }
 
-func pairReady(t *testing.T, server, client tool, ready func(context.Context, <-chan error) error, timeout time.Duration) (sout, cout string) {
+// noListener matches what librdmacm's programs print when their connect was rejected with
+// reason 8 (no listener on the port).
+var noListener = regexp.MustCompile(`REJECTED[^\n]*(error|status)[:=]? ?8\b`)
+
+func pairReady(t *testing.T, server, client tool, ready func(context.Context, <-chan error) error, retry *regexp.Regexp, timeout time.Duration) (sout, cout string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	var sb, cb bytes.Buffer
+	var sb bytes.Buffer
 	s := server.command(ctx, t)
 	s.Stdout, s.Stderr = &sb, &sb
 	if err := s.Start(); err != nil {
@@ -241,10 +248,33 @@ func pairReady(t *testing.T, server, client tool, ready func(context.Context, <-
 	if err := ready(ctx, sdone); err != nil {
 		t.Fatalf("%s did not get ready: %v\n%s", server.name, err, sb.String())
 	}
-	c := client.command(ctx, t)
-	c.Stdout, c.Stderr = &cb, &cb
-	cerr := c.Run()
-	serr := <-sdone
+	var cb bytes.Buffer
+	var cerr error
+	for try := 0; ; try++ {
+		cb.Reset()
+		c := client.command(ctx, t)
+		c.Stdout, c.Stderr = &cb, &cb
+		cerr = c.Run()
+		if cerr == nil || retry == nil || try == 20 || !retry.Match(cb.Bytes()) || ctx.Err() != nil {
+			break
+		}
+		select { // polled, as waitListen: the server's listen is one request away
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	var serr error
+	if cerr != nil {
+		// the server waits for a client that is not coming
+		select {
+		case serr = <-sdone:
+		case <-time.After(2 * time.Second):
+			_ = s.Process.Kill()
+			serr = <-sdone
+		}
+	} else {
+		serr = <-sdone
+	}
 	if cerr != nil || serr != nil {
 		t.Fatalf("%s %v: %v\n--- server:\n%s--- client:\n%s", client.name, client.args, firstErr(serr, cerr), sb.String(), cb.String())
 	}
