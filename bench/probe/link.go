@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/afxdp"
+	"github.com/softroce/softroce/pkg/link/udp"
 	"golang.org/x/sys/unix"
 )
 
@@ -24,10 +26,10 @@ import (
 //	-entropy   send from an entropy source-port socket (the device default)
 //	-pair      send [N bytes, 20 bytes] as one GSO message (polled mode's [WRITE, ACK]);
 //	           the peer reads both before answering
-//	-xdp       the link's AF_XDP path (root; link.XDPOptions): the datagrams go through the
+//	-xdp       the link's AF_XDP path (root; afxdp.Options): the datagrams go through the
 //	           AF_XDP socket's rings, no receive system call; -pair is then two frames
 //	           and one sendto, GSO and GRO are off
-//	-native    with -xdp: the driver's XDP hook (XDPOptions.Native)
+//	-native    with -xdp: the driver's XDP hook (afxdp.Options.Native)
 //	-gsotx     with -xdp -pair: send the pair as one UDP GSO message through a plain socket
 //	           (the receiver's ring then holds it whole, docs/link.md); the receiver counts
 //	           bytes. An experiment: in the lab guest it cost as much as two ring frames
@@ -75,19 +77,25 @@ func linkPingPong(args []string, isClient bool) error {
 	if err != nil {
 		return err
 	}
-	gso := link.GSOOff
+	gso := udp.GSOOff
 	if *pair && !*xdp {
-		gso = link.GSOOn
+		gso = udp.GSOOn
 	}
-	l, err := link.ListenUDP(link.UDPOptions{
+	uo := udp.Options{
 		Addrs: []netip.Addr{local}, Port: uint16(*port), GSO: gso, GRO: *gro,
-		Entropy: link.EntropyOptions{Off: !*entropy}, XDP: link.XDPOptions{On: *xdp, Native: *native},
-	})
+		Entropy: udp.EntropyOptions{Off: !*entropy},
+	}
+	var l probeLink
+	if *xdp {
+		l, err = afxdp.Open(afxdp.Options{UDP: uo, Native: *native})
+	} else {
+		l, err = udp.Listen(uo)
+	}
 	if err != nil {
 		return err
 	}
 	defer l.Close()
-	ul := l.(*link.UDPLink)
+	ul := l
 	if *pair && !*xdp && !ul.RunGSO(local) {
 		return errors.New("-pair: GSO is off on this socket")
 	}
@@ -236,10 +244,13 @@ func linkPingPong(args []string, isClient bool) error {
 	if ps != nil {
 		fmt.Fprintf(os.Stderr, "client predicted IDs %v\n", predicted)
 	}
-	st := ul.Stats()
+	var st afxdp.Stats
+	if x, ok := l.(afxdp.StatsLink); ok {
+		st = x.XDPStats()
+	}
 	report("go link send", sv)
 	report(fmt.Sprintf("go link rtt (size %d gro %v entropy %v pair %v xdp %v [%d/%d/%d], GOMAXPROCS=%d)",
-		*size, *gro, *entropy, *pair, *xdp, st.XDPSent, st.XDPReceived, st.XDPFallbacks, runtime.GOMAXPROCS(0)), v)
+		*size, *gro, *entropy, *pair, *xdp, st.Sent, st.Received, st.Fallbacks, runtime.GOMAXPROCS(0)), v)
 	return nil
 }
 
@@ -277,4 +288,11 @@ func probeAddrs(fs *flag.FlagSet, isClient bool) (local, peer netip.Addr, err er
 	}
 	peer, err = netip.ParseAddr(fs.Arg(1))
 	return local, peer, err
+}
+
+// probeLink is what the probe needs of a link (link/udp's or link/afxdp's).
+type probeLink interface {
+	link.Link
+	link.RunSender
+	link.PollReceiver
 }

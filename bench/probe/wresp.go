@@ -12,10 +12,12 @@ import (
 
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/afxdp"
+	"github.com/softroce/softroce/pkg/link/udp"
 )
 
 // wserver / wclient: ib_write_lat's loop over the link's XDP write responder
-// (link.XDPOptions.WriteMemory, xdpwrite_linux.go) with no RDMA engine: each side posts an
+// (afxdp.Options.WriteMemory, xdpwrite_linux.go) with no RDMA engine: each side posts an
 // 8-byte RC WRITE Only frame (BTH, RETH, payload, ICRC) into the peer's device memory through
 // its ring, then waits for the peer's ACK (the peer's XDP program sends it from the sender's
 // own transmit) and for the peer's WRITE to land in its own device memory. The floor of a
@@ -32,13 +34,13 @@ func writeResponderPingPong(args []string, isClient bool) error {
 	if err != nil {
 		return err
 	}
-	l, err := link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{local}, GSO: link.GSOOff,
-		Entropy: link.EntropyOptions{Off: true}, XDP: link.XDPOptions{On: true, WriteMemory: 1 << 16}})
+	l, err := afxdp.Open(afxdp.Options{UDP: udp.Options{Addrs: []netip.Addr{local}, GSO: udp.GSOOff,
+		Entropy: udp.EntropyOptions{Off: true}}, WriteMemory: 1 << 16})
 	if err != nil {
 		return err
 	}
 	defer l.Close()
-	ul := l.(*link.UDPLink)
+	ul := l
 	const qpn, rkey = 0x11, 0x100
 	sport := l.SourcePort(local, 0xC011)
 	var ack [16]byte
@@ -127,8 +129,8 @@ func writeResponderPingPong(args []string, isClient bool) error {
 		}
 		v[i-1] = time.Since(t0)
 	}
-	s := ul.Stats()
+	s, xs := ul.Stats(), ul.XDPStats()
 	report(fmt.Sprintf("go write-responder rtt [sent %d/%d ring, executed %d, GOMAXPROCS=%d]",
-		s.XDPSent, s.Sent, st.Executed(), runtime.GOMAXPROCS(0)), v)
+		xs.Sent, s.Sent, st.Executed(), runtime.GOMAXPROCS(0)), v)
 	return nil
 }

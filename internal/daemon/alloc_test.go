@@ -4,10 +4,9 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/softroce/softroce/pkg/link"
-
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/pkg/link/udp"
 )
 
 // TestDataPathZeroAlloc: a client's post (encode, post ring, the
@@ -30,11 +29,11 @@ func TestDataPathZeroAlloc(t *testing.T) {
 func dataPathZeroAlloc(t *testing.T, useWait bool) {
 	// UDP loopback (the in-memory link allocates per datagram).
 	ipA, ipB := loopbackPair(2)
-	la, err := link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{ipA}})
+	la, err := udp.Listen(udp.Options{Addrs: []netip.Addr{ipA}})
 	if err != nil {
 		t.Skip(err)
 	}
-	lb, err := link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{ipB}})
+	lb, err := udp.Listen(udp.Options{Addrs: []netip.Addr{ipB}})
 	if err != nil {
 		t.Skip(err)
 	}

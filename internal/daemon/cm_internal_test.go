@@ -11,7 +11,7 @@ import (
 	"github.com/softroce/softroce/internal/cm"
 	"github.com/softroce/softroce/internal/daemon/proto"
 	"github.com/softroce/softroce/internal/qp"
-	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -19,7 +19,7 @@ import (
 // sending the raw request (the client library refuses it before): the QP handle is looked up
 // in the requesting session's table only.
 func TestCMSetQPOtherSession(t *testing.T) {
-	l, err := link.NewMemNetwork(link.MemOptions{}).Attach(netip.MustParseAddr("10.6.1.1"))
+	l, err := mem.NewNetwork(mem.Options{}).Attach(netip.MustParseAddr("10.6.1.1"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/qp"
-	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -22,7 +22,7 @@ var (
 
 // memPair starts two daemons on the in-memory network.
 func memPair(t *testing.T) (*testDaemon, *testDaemon) {
-	nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 8192})
+	nw := mem.NewNetwork(mem.Options{QueueDepth: 8192})
 	la, err := nw.Attach(ipA)
 	if err != nil {
 		t.Fatal(err)
@@ -112,7 +112,7 @@ func TestClientRC(t *testing.T) {
 // TestClientAndEmbeddedInterop: the same Verbs code on an embedded device
 // (B) talks to a daemon client (A).
 func TestClientAndEmbeddedInterop(t *testing.T) {
-	nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 8192})
+	nw := mem.NewNetwork(mem.Options{QueueDepth: 8192})
 	la, _ := nw.Attach(ipA)
 	lb, _ := nw.Attach(ipB)
 	da := startDaemon(t, la, "a", 0)

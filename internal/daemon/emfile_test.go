@@ -13,7 +13,7 @@ import (
 
 	"github.com/softroce/softroce/internal/daemon"
 	"github.com/softroce/softroce/pkg/client"
-	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -26,7 +26,7 @@ func emfileChild() int {
 	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: 128, Max: 128}); err != nil {
 		return fail("setrlimit: %v", err)
 	}
-	l, err := link.NewMemNetwork(link.MemOptions{}).Attach(ipA)
+	l, err := mem.NewNetwork(mem.Options{}).Attach(ipA)
 	if err != nil {
 		return fail("%v", err)
 	}

@@ -7,7 +7,7 @@ import (
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/event"
 	"github.com/softroce/softroce/internal/qp"
-	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -33,7 +33,7 @@ func TestEventsForwarded(t *testing.T) {
 func TestEventsThroughVerbs(t *testing.T) {
 	for _, mode := range []string{"embedded", "daemon"} {
 		t.Run(mode, func(t *testing.T) {
-			nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 8192})
+			nw := mem.NewNetwork(mem.Options{QueueDepth: 8192})
 			la, _ := nw.Attach(ipA)
 			lb, _ := nw.Attach(ipB)
 			db := startDaemon(t, lb, "b", 0)

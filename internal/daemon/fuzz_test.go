@@ -9,7 +9,7 @@ import (
 
 	"github.com/softroce/softroce/internal/daemon/proto"
 	"github.com/softroce/softroce/internal/qp"
-	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -17,7 +17,7 @@ import (
 // session) is answered without panicking, and the session's cleanup leaves
 // no object behind.
 func FuzzHandle(f *testing.F) {
-	l, err := link.NewMemNetwork(link.MemOptions{}).Attach(netip.MustParseAddr("10.6.0.1"))
+	l, err := mem.NewNetwork(mem.Options{}).Attach(netip.MustParseAddr("10.6.0.1"))
 	if err != nil {
 		f.Fatal(err)
 	}

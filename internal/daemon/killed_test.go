@@ -16,14 +16,14 @@ import (
 	"github.com/softroce/softroce/internal/event"
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/client"
-	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
 // daemonChild serves a device on an in-memory link at SRC_SOCK until it is killed (the
 // "daemon" role of TestMain): a daemon in a process of its own, for tests that SIGKILL it.
 func daemonChild() int {
-	l, err := link.NewMemNetwork(link.MemOptions{}).Attach(ipA)
+	l, err := mem.NewNetwork(mem.Options{}).Attach(ipA)
 	if err != nil {
 		fmt.Println("FAIL", err)
 		return 1

@@ -8,7 +8,7 @@ import (
 
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/qp"
-	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/udp"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -16,11 +16,11 @@ import (
 func udpLoopDaemons(t *testing.T, i int) (*testDaemon, *testDaemon, netip.Addr, netip.Addr) {
 	t.Helper()
 	ipA, ipB := loopbackPair(i)
-	la, err := link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{ipA}})
+	la, err := udp.Listen(udp.Options{Addrs: []netip.Addr{ipA}})
 	if err != nil {
 		t.Skip(err)
 	}
-	lb, err := link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{ipB}})
+	lb, err := udp.Listen(udp.Options{Addrs: []netip.Addr{ipB}})
 	if err != nil {
 		t.Skip(err)
 	}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/softroce/softroce/internal/daemon/proto"
 	"github.com/softroce/softroce/internal/qp"
-	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -21,7 +21,7 @@ import (
 // MR-less) drains it without panicking, and cleanup leaves no object,
 // mapping or goroutine of the ring behind.
 func FuzzPostRingDrain(f *testing.F) {
-	l, err := link.NewMemNetwork(link.MemOptions{}).Attach(netip.MustParseAddr("10.6.0.2"))
+	l, err := mem.NewNetwork(mem.Options{}).Attach(netip.MustParseAddr("10.6.0.2"))
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -333,7 +333,7 @@ func (s *Server) Debug() proto.Debug {
 	d.AcceptBackoffs = s.acceptBackoffs.Load()
 	d.BadPosts, d.DroppedEvents = s.badPosts.Load(), s.droppedEvents.Load()
 	if ls, ok := s.dev.LinkStats(); ok {
-		d.EntropySockets = int(ls.EntropySockets)
+		d.EntropySockets = int(ls.UDP.EntropySockets)
 	}
 	d.FDs = countFDs() - d.EntropySockets
 	d.Goroutines = runtime.NumGoroutine()

@@ -156,7 +156,7 @@ func (t *Table) Index(ip netip.Addr) (int, error) {
 // IndexGID returns the index of a raw 16-byte GID.
 func (t *Table) IndexGID(g [16]byte) (int, error) { return t.Index(netip.AddrFrom16(g)) }
 
-// Addrs returns the IP addresses of the entries (for link.ListenUDP / MemNetwork.Attach),
+// Addrs returns the IP addresses of the entries (for udp.Listen / mem.Network.Attach),
 // skipping the index-0 link-local GID, which needs a zone to be bound.
 func (t *Table) Addrs() []netip.Addr {
 	var out []netip.Addr

@@ -12,6 +12,7 @@ import (
 	"github.com/softroce/softroce/internal/mr"
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -103,7 +104,7 @@ func (s *side) rts(t *testing.T, peer netip.Addr, qpn uint32, timeout uint8) {
 // refuses (here: the QP is in RESET, with the client's state forced) still
 // yields one completion per WR, LOC_QP_OP_ERR with the error's code.
 func TestAsyncPostRefused(t *testing.T) {
-	l, _ := link.NewMemNetwork(link.MemOptions{}).Attach(netip.MustParseAddr("10.8.0.1"))
+	l, _ := mem.NewNetwork(mem.Options{}).Attach(netip.MustParseAddr("10.8.0.1"))
 	s := open(t, serve(t, l), 8)
 	s.q.sendOK.Store(true) // pretend: the client thinks the QP is in RTS
 	wrs := []qp.SendWR{
@@ -137,7 +138,7 @@ func TestAsyncPostRefused(t *testing.T) {
 // of outstanding WRs leaves room, then asks the engine (which reports the
 // full queue); unsignaled WRs switch sends to synchronous posts.
 func TestAsyncPostCounting(t *testing.T) {
-	nw := link.NewMemNetwork(link.MemOptions{})
+	nw := mem.NewNetwork(mem.Options{})
 	la, _ := nw.Attach(netip.MustParseAddr("10.8.0.1"))
 	lb, _ := nw.Attach(netip.MustParseAddr("10.8.0.2"))
 	a := open(t, serve(t, la), 4)

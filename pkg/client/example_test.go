@@ -13,7 +13,7 @@ import (
 
 	"github.com/softroce/softroce/internal/daemon"
 	"github.com/softroce/softroce/pkg/client"
-	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -30,7 +30,7 @@ func check(err error) {
 // `softroce daemon` at client.DefaultSocket.)
 func ExampleDial() {
 	ip := netip.MustParseAddr("198.18.0.1")
-	l, err := link.NewMemNetwork(link.MemOptions{}).Attach(ip)
+	l, err := mem.NewNetwork(mem.Options{}).Attach(ip)
 	check(err)
 	dev, err := roce.Open(roce.Options{Link: l})
 	check(err)

@@ -56,7 +56,7 @@ var hdrScenarios = []Scenario{
 		Name: "hdr-icrc-wrong-ipid", Section: "A17.3.3",
 		Summary:           "SEND whose ICRC was computed for IPv4 ID 1 while the wire carries 0: dropped silently; the QP then ACKs a valid SEND at the same PSN",
 		SoftroceDeviation: "accepted: a UDP-socket receiver cannot see the IPv4 ID, so softroce solves for the sender's ID (bth.SolveIPv4ID, 16 of the 32 ICRC bits still checked); any ID is plausible, so an ICRC computed for the wrong ID verifies",
-		Softroce:          "solves the IPv4 ID on its UDP socket path (docs/wire.md); its AF_XDP path (link.XDPOptions) sees the ID and drops such a packet, as rxe does (TestICRCKnownIPv4ID)",
+		Softroce:          "solves the IPv4 ID on its UDP socket path (docs/wire.md); its AF_XDP path (link/afxdp) sees the ID and drops such a packet, as rxe does (TestICRCKnownIPv4ID)",
 		Run: func(c *Case) {
 			c.Setup(nil)
 			c.Recv(1, 0)

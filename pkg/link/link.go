@@ -2,12 +2,21 @@
 // datagrams whose payloads are RoCEv2 packets (BTH .. ICRC, IBTA Annex A17.4), moved in the style of
 // wireguard-go's conn.Bind (batched Send/Recv with caller-provided buffers).
 //
-// Two implementations:
-//   - MemNetwork/Attach: an in-memory network for tests (routes by destination address, bounded
-//     receive queues, drop-or-block when full, no allocation per datagram in steady state);
-//   - ListenUDP: unconnected UDP sockets bound to ADDR:4791 (IBTA A17.2.3 fixes the destination
-//     port 4791), with DF set (IP_PMTUDISC_DO, which makes Linux write IPv4 ID 0 — the ICRC of
-//     IBTA A17.3.3 covers that field), batched sendmmsg/recvmmsg and optional UDP GSO/GRO.
+// The seam is small: Datagram, Link (Send, Recv, BatchSize, LocalAddrs, SourcePort, Close) and
+// the errors every implementation returns. What only some paths can do is an optional capability,
+// an interface a caller upgrades to with a type assertion (quic-go's interface upgrade): counters
+// (StatsLink), non-blocking and zero-copy reads (PollReceiver, LockedPollReceiver, ViewReceiver),
+// engine-marked GSO runs (RunSender, PairSender, with the grouping rule RunRule), device memory
+// and the write responder of the XDP program (DeviceMemory, WriteResponder).
+//
+// One package per path implements it, each readable alone:
+//   - link/mem: an in-memory network for tests (routes by destination address, bounded receive
+//     queues, drop-or-block when full, no allocation per datagram in steady state);
+//   - link/udp: unconnected UDP sockets bound to ADDR:4791 (IBTA A17.2.3), DF set, batched
+//     sendmmsg/recvmmsg, UDP GSO/GRO, entropy source ports, SO_REUSEPORT shards, busy polling;
+//   - link/afxdp: the AF_XDP path (an XDP program, the socket's rings and UMEM, the neighbour
+//     table, GSO pairs, the write responder), over a link/udp socket for what the rings cannot carry;
+//   - link/fault: a decorator that injects faults into any Link.
 //
 // See docs/link.md.
 package link
@@ -46,7 +55,7 @@ type Datagram struct {
 	IPv4ID    uint16
 }
 
-// Link moves batches of datagrams. Implementations: the in-memory network (tests) and UDP sockets.
+// Link moves batches of datagrams. Implementations: link/mem (tests), link/udp, link/afxdp.
 type Link interface {
 	// Send transmits the batch in order. It does not retain the buffers after returning.
 	Send(batch []Datagram) error
@@ -65,42 +74,6 @@ type Link interface {
 	Close() error
 }
 
-// Stats are a link's counters. All are cumulative since the link was created.
-type Stats struct {
-	Sent        uint64 // datagrams handed to the network
-	Received    uint64 // datagrams returned by Recv
-	SendBatches uint64 // Send calls that sent at least one datagram (UDP: sendmmsg calls)
-	RecvBatches uint64 // Recv calls that returned at least one datagram (UDP: recvmmsg calls)
-	GSOSends    uint64 // UDP: messages sent with UDP_SEGMENT (each carries >= 2 datagrams)
-	GROReceives uint64 // UDP: received messages coalesced by GRO (split into >= 2 datagrams)
-	Drops       uint64 // datagrams dropped: receive queue full (mem), send errors (UDP)
-	Truncated   uint64 // datagrams longer than the Recv buffer (cut to the buffer's capacity)
-	Fallbacks   uint64 // UDP: GSO or GRO turned off after the kernel refused it
-	// EntropySockets (UDP) is the number of send-only entropy-port sockets open now (a gauge).
-	EntropySockets uint64
-	// EntropyFallbacks (UDP) counts entropy ports that send from the main socket instead, for
-	// good: their bind was refused (another program holds the port) or the pool was full.
-	EntropyFallbacks uint64
-	// XDPSent and XDPReceived (UDP with the AF_XDP path) count the datagrams that went through
-	// the AF_XDP socket's rings (also in Sent and Received); XDPFallbacks the sends that took
-	// the UDP socket instead (no MAC address known for the peer yet, too large, ring full).
-	XDPSent, XDPReceived, XDPFallbacks uint64
-	// XDPPairs counts the [request, response] pairs sent as one GSO frame on the AF_XDP path
-	// (their datagrams are in XDPSent); XDPPairsOff is 1 once the kernel refused one and pairs
-	// went off for good (a kernel before 6.2).
-	XDPPairs, XDPPairsOff uint64
-	// XDPWrites counts the RDMA WRITEs the AF_XDP path's write responder executed in its XDP
-	// program (and ACKed there): requests and ACKs that no other counter sees
-	// (XDPOptions.WriteMemory).
-	XDPWrites uint64
-}
-
-// StatsLink is implemented by links that count (both implementations here).
-type StatsLink interface {
-	Link
-	Stats() Stats
-}
-
 // Errors returned by this package. Wrapped errors can be matched with errors.Is.
 var (
 	// ErrAddrInUse: an address is already attached to the network, or listed twice.
@@ -111,4 +84,9 @@ var (
 	ErrNoLocalAddr = errors.New("link: source address is not local to this link")
 	// ErrTooLarge: a datagram exceeds MaxDatagram.
 	ErrTooLarge = errors.New("link: datagram larger than MaxDatagram")
+	// ErrInvalidRun: SendRuns was given runs that do not cover the batch or break RunRule.
+	ErrInvalidRun = errors.New("link: invalid GSO run")
+	// ErrNoWriteResponder: the link has no XDP write responder (link/afxdp without
+	// WriteMemory, or another path).
+	ErrNoWriteResponder = errors.New("link: no XDP write responder")
 )

@@ -1,20 +1,17 @@
 package link
 
-import (
-	"net"
-	"sync"
-)
+import "sync"
 
 // PollReceiver is implemented by links that can be read without blocking: the receive side of
 // a device in polled mode (roce.Options.Polled), where the application's own goroutine reads
 // the link instead of a receive goroutine (perftest's model: one thread polls everything and
-// never sleeps). Both implementations here have it.
+// never sleeps). Every path here has it.
 type PollReceiver interface {
 	// TryRecv is one non-blocking read: it fills batch[0:n] as Recv does and returns 0, nil at
 	// once when nothing is queued. The caller provides batch[i].Buf with cap >= MaxDatagram;
 	// an implementation may instead point batch[i].Buf into its own receive memory (a UDP GRO
-	// buffer, as ViewReceiver does), valid only until the next TryRecv, Recv or RecvView call.
-	// Returns net.ErrClosed after Close.
+	// buffer, as ViewReceiver does, or an AF_XDP UMEM chunk), valid only until the next
+	// TryRecv, Recv or RecvView call. Returns net.ErrClosed after Close.
 	TryRecv(batch []Datagram) (n int, err error)
 }
 
@@ -31,18 +28,11 @@ type LockedPollReceiver interface {
 	TryRecvLocked(batch []Datagram) (n int, err error)
 }
 
-var _ PollReceiver = (*memLink)(nil)
-
-// TryRecv implements PollReceiver: Recv without waiting for a datagram.
-func (l *memLink) TryRecv(batch []Datagram) (int, error) {
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		return 0, net.ErrClosed
-	}
-	if l.count == 0 || len(batch) == 0 {
-		l.mu.Unlock()
-		return 0, nil
-	}
-	return l.takeLocked(batch), nil
+// ViewReceiver is implemented by links that can hand out received datagrams without copying
+// them: RecvView is Recv, except that batch[i].Buf may point into the link's own receive memory
+// (a GRO buffer) instead of the caller's buffer, valid only until the next Recv or RecvView call.
+// The device's receive loop checks and places every packet before reading again, so a GRO
+// segment is copied once, from the socket buffer's copy straight into the memory region.
+type ViewReceiver interface {
+	RecvView(batch []Datagram) (int, error)
 }

@@ -7,7 +7,7 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/rdmacm"
 	"github.com/softroce/softroce/pkg/roce"
 )
@@ -35,7 +35,7 @@ func next(ch *rdmacm.EventChannel, want rdmacm.EventType) rdmacm.Event {
 // its QP and connects; the server accepts with its own QP, and a SEND goes over the
 // connection (the CM's MADs travel on QP1 of each device).
 func Example() {
-	nw := link.NewMemNetwork(link.MemOptions{})
+	nw := mem.NewNetwork(mem.Options{})
 	ipC, ipS := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.2")
 	lc, err := nw.Attach(ipC)
 	check(err)

@@ -14,8 +14,8 @@ import (
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/mr"
 	"github.com/softroce/softroce/internal/qp"
-	"github.com/softroce/softroce/pkg/link"
 	"github.com/softroce/softroce/pkg/link/fault"
+	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -36,7 +36,7 @@ func pair(t *testing.T, sendA, sendB []fault.Rule) (*roce.Device, *roce.Device, 
 func pairOn(t *testing.T, aa, ab netip.Addr, sendA, sendB []fault.Rule) (*roce.Device, *roce.Device, *qp.ManualClock) {
 	t.Helper()
 	clk := qp.NewManualClock(time.Unix(1000, 0))
-	nw := link.NewMemNetwork(link.MemOptions{})
+	nw := mem.NewNetwork(mem.Options{})
 	la, err := nw.Attach(aa)
 	if err != nil {
 		t.Fatal(err)

@@ -9,7 +9,7 @@ import (
 
 	"github.com/softroce/softroce/internal/cm"
 	"github.com/softroce/softroce/internal/qp"
-	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -20,7 +20,7 @@ import (
 // Run under -race it checks the API's locking against the CM's event delivery.
 func TestConcurrentConnections(t *testing.T) {
 	const n = 16
-	nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 4096})
+	nw := mem.NewNetwork(mem.Options{QueueDepth: 4096})
 	la, _ := nw.Attach(addrA)
 	lb, _ := nw.Attach(addrB)
 	a, err := roce.Open(roce.Options{Link: la, Name: "a"})

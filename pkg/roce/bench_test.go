@@ -5,7 +5,7 @@ import (
 
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/qp"
-	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 )
 
 // BenchmarkMemWrite streams signaled 64 KiB RDMA WRITEs between two
@@ -14,7 +14,7 @@ import (
 func BenchmarkMemWrite(b *testing.B) {
 	for _, mtu := range []qp.MTU{qp.MTU1024, qp.MTU4096} {
 		b.Run("mtu"+mtu.String(), func(b *testing.B) {
-			nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 1024})
+			nw := mem.NewNetwork(mem.Options{QueueDepth: 1024})
 			la, err1 := nw.Attach(addrA)
 			lb, err2 := nw.Attach(addrB)
 			if err1 != nil || err2 != nil {

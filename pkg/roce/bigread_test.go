@@ -6,6 +6,7 @@ import (
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 )
 
 // TestBigReadShallowLink: READs far larger than the link's queue (the
@@ -15,7 +16,7 @@ import (
 // responder's burst overflowed the queue and only the ACK timeout
 // recovered each lost tail (a 4 MiB READ: 3 timeouts, 209 ms).
 func TestBigReadShallowLink(t *testing.T) {
-	nw := link.NewMemNetwork(link.MemOptions{})
+	nw := mem.NewNetwork(mem.Options{})
 	la, err := nw.Attach(addrA)
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 )
 
 // gatherLink returns datagrams from Recv only in batches of want, so a test knows what one
@@ -61,7 +62,7 @@ func (l *gatherLink) Recv(b []link.Datagram) (int, error) {
 // batch are answered with their 8 ACKs in one Send (qp.ReceiveDeferred, flushed after the batch),
 // which complete all 8 at the requester; per-packet flushing took 8 Sends.
 func TestReceiveBatchOneSend(t *testing.T) {
-	nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 1024})
+	nw := mem.NewNetwork(mem.Options{QueueDepth: 1024})
 	la, err := nw.Attach(addrA)
 	if err != nil {
 		t.Fatal(err)
@@ -147,7 +148,7 @@ func (l *gateLink) Close() error {
 // the requester's SEND completes successfully. Without the wait, Close closes the link while
 // the ACK is held at the gate and the requester never gets it.
 func TestCloseSendsDeferredACK(t *testing.T) {
-	nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 1024})
+	nw := mem.NewNetwork(mem.Options{QueueDepth: 1024})
 	la, err := nw.Attach(addrA)
 	if err != nil {
 		t.Fatal(err)

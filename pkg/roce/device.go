@@ -43,6 +43,7 @@ import (
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/afxdp"
 )
 
 // Errors returned by the device API.
@@ -95,7 +96,7 @@ type Options struct {
 	// (gsi.go); the zero value enables both.
 	CM CMOptions
 	// Shards are more links on the same addresses and port, one per extra
-	// receive worker (link.ListenUDPShards steers datagrams to link
+	// receive worker (udp.ListenShards steers datagrams to link
 	// DestQP mod (1+len(Shards)), Link being shard 0); QP n sends through
 	// the same link. The device owns them (fastpath.go).
 	Shards []link.Link
@@ -284,7 +285,7 @@ func (d *Device) hasGID(a netip.Addr) bool {
 func (d *Device) Stats() qp.Stats {
 	s := d.cnt.Snapshot()
 	if ls, ok := d.LinkStats(); ok {
-		s.LinkEntropySockets, s.LinkEntropyFallbacks, s.LinkOffloadFallbacks = ls.EntropySockets, ls.EntropyFallbacks, ls.Fallbacks
+		s.LinkEntropySockets, s.LinkEntropyFallbacks, s.LinkOffloadFallbacks = ls.UDP.EntropySockets, ls.UDP.EntropyFallbacks, ls.UDP.Fallbacks
 	}
 	return s
 }
@@ -643,7 +644,7 @@ func (d *Device) handleChecked(rx *rxState, dg *link.Datagram, verified bool) {
 		id = dg.IPv4ID
 		// longer than its headers allow: an unsegmented GSO message first (superframe.go),
 		// without checking an ICRC over the whole that cannot hold
-		if e := expectedLen(dg.Buf); e > 0 && e < len(dg.Buf) && !rx.splitting {
+		if e := afxdp.ExpectedLen(dg.Buf); e > 0 && e < len(dg.Buf) && !rx.splitting {
 			if d.splitGSO(rx, dg) {
 				return
 			}

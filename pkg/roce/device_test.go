@@ -10,6 +10,7 @@ import (
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 )
 
 // udPacket builds a UD SEND ONLY to dqpn with Q_Key qkey and its ICRC
@@ -28,7 +29,7 @@ func udPacket(src, dst netip.AddrPort, dqpn, qkey uint32, payload []byte, ipid u
 // accepted through the solver and counted; a corrupted one, one for an
 // unknown QPN, for QPN 0, or with a wrong Q_Key is dropped and counted.
 func TestReceiveChecks(t *testing.T) {
-	nw := link.NewMemNetwork(link.MemOptions{})
+	nw := mem.NewNetwork(mem.Options{})
 	lb, err := nw.Attach(addrB)
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +79,7 @@ func TestReceiveChecks(t *testing.T) {
 // TestIPv6 runs every RC operation and a UD exchange between two
 // devices with IPv6 GIDs (full ICRC check, IPv6 GRH).
 func TestIPv6(t *testing.T) {
-	nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 4096})
+	nw := mem.NewNetwork(mem.Options{QueueDepth: 4096})
 	a6, b6 := netip.MustParseAddr("fd00::1"), netip.MustParseAddr("fd00::2")
 	la, err1 := nw.Attach(a6)
 	lb, err2 := nw.Attach(b6)
@@ -115,7 +116,7 @@ func TestIPv6(t *testing.T) {
 
 // TestObjectsAndClose: QPNs from 0x11, errors after Close, limits.
 func TestObjectsAndClose(t *testing.T) {
-	nw := link.NewMemNetwork(link.MemOptions{})
+	nw := mem.NewNetwork(mem.Options{})
 	l, err := nw.Attach(addrA)
 	if err != nil {
 		t.Fatal(err)

@@ -12,7 +12,7 @@ import (
 )
 
 // Device memory and the XDP write responder (docs/api.md "Device memory"): a device whose link
-// has the AF_XDP path's write responder (link.XDPOptions.WriteMemory) offers that memory
+// has the AF_XDP path's write responder (link.WriteResponder: afxdp.Options.WriteMemory) offers that memory
 // through AllocDM, as an RNIC offers its on-chip memory through ibv_alloc_dm. An MR registered
 // over device memory with remote write access is entered in the program's R_Key table, and
 // every RC QP in RTR or RTS that allows remote writes is attached to it (qp.Config.Writes):
@@ -25,7 +25,8 @@ var ErrNoDM = errors.New("roce: the device has no device memory (AF_XDP path wit
 
 // devMem is a device's device memory and its write responder.
 type devMem struct {
-	l     *link.UDPLink
+	l     link.WriteResponder
+	link  link.Link // the link l is (writesFor compares)
 	mem   []byte
 	mu    sync.Mutex  // pages and allocs
 	pages []bool      // in use
@@ -43,7 +44,7 @@ type dmKey struct {
 const dmPage = 4096
 
 func newDevMem(l link.Link) *devMem {
-	u, ok := l.(*link.UDPLink)
+	u, ok := l.(link.WriteResponder)
 	if !ok {
 		return nil
 	}
@@ -51,7 +52,7 @@ func newDevMem(l link.Link) *devMem {
 	if len(mem) == 0 {
 		return nil
 	}
-	return &devMem{l: u, mem: mem, pages: make([]bool, len(mem)/dmPage), alloc: map[int]int{}, keys: map[uint32]dmKey{}}
+	return &devMem{l: u, link: l, mem: mem, pages: make([]bool, len(mem)/dmPage), alloc: map[int]int{}, keys: map[uint32]dmKey{}}
 }
 
 // AllocDM allocates n bytes of device memory (ibv_alloc_dm), zeroed and page-aligned, for
@@ -169,15 +170,11 @@ func (m *devMem) AttachWrites(w qp.WriteQPInfo) (qp.WriteState, error) {
 }
 
 // DetachWrites takes a QP out of the program.
-func (m *devMem) DetachWrites(s qp.WriteState) {
-	if ws, ok := s.(*link.WriteState); ok {
-		m.l.RemoveWriteQP(ws)
-	}
-}
+func (m *devMem) DetachWrites(s qp.WriteState) { m.l.RemoveWriteQP(s) }
 
 // writesFor is the write responder for QP qpn: the device memory's, for QPs on its link.
 func (d *Device) writesFor(qpn uint32) qp.WriteResponder {
-	if d.dm == nil || d.links[qpn%uint32(len(d.links))] != link.Link(d.dm.l) {
+	if d.dm == nil || d.links[qpn%uint32(len(d.links))] != d.dm.link {
 		return nil
 	}
 	return d.dm

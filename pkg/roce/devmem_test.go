@@ -13,6 +13,9 @@ import (
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/afxdp"
+	"github.com/softroce/softroce/pkg/link/mem"
+	"github.com/softroce/softroce/pkg/link/udp"
 )
 
 // dmPair opens two polled devices on the AF_XDP path between two namespaces, b with a
@@ -22,14 +25,13 @@ func dmPair(t *testing.T) (a, b *Device) {
 	x, y := netnstest.Veth(t, "srdma", "198.18.8.1/24", "srdmb", "198.18.8.2/24", 1500)
 	var la, lb link.Link
 	if err := x.Do(func() (err error) {
-		la, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr("198.18.8.1")}, XDP: link.XDPOptions{On: true}})
+		la, err = afxdp.Open(afxdp.Options{UDP: udp.Options{Addrs: []netip.Addr{netip.MustParseAddr("198.18.8.1")}}})
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
 	if err := y.Do(func() (err error) {
-		lb, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr("198.18.8.2")},
-			XDP: link.XDPOptions{On: true, WriteMemory: 64 << 10}})
+		lb, err = afxdp.Open(afxdp.Options{UDP: udp.Options{Addrs: []netip.Addr{netip.MustParseAddr("198.18.8.2")}}, WriteMemory: 64 << 10})
 		return err
 	}); err != nil {
 		la.Close()
@@ -123,9 +125,9 @@ func TestDeviceMemoryWrites(t *testing.T) {
 		t.Fatalf("WRITE into ordinary memory: completion %+v, memory %x", w, plain[16:24])
 	}
 	write(4300, 8, false) // and the program after it
-	st := db.link.(*link.UDPLink).Stats()
-	if st.XDPReceived != 3 || st.XDPWrites != 9 { // over 64 bytes, across a page, ordinary memory
-		t.Fatalf("b's ring received %d datagrams, the program executed %d WRITEs; want 3 and 9", st.XDPReceived, st.XDPWrites)
+	ls, _ := db.LinkStats()
+	if st := ls.XDP; st.Received != 3 || st.Writes != 9 { // over 64 bytes, across a page, ordinary memory
+		t.Fatalf("b's ring received %d datagrams, the program executed %d WRITEs; want 3 and 9", st.Received, st.Writes)
 	}
 
 	// device memory under an MR is not freed (ibv_free_dm: EBUSY)
@@ -200,7 +202,7 @@ func TestAllocDM(t *testing.T) {
 	if &m3[0] != &m1[0] || m3[0] != 0 || m3[4999] != 0 {
 		t.Fatal("the freed pages were not reused, or not zeroed")
 	}
-	l, err := link.NewMemNetwork(link.MemOptions{}).Attach(netip.MustParseAddr("198.18.9.1"))
+	l, err := mem.NewNetwork(mem.Options{}).Attach(netip.MustParseAddr("198.18.9.1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,14 +245,13 @@ func TestDeviceMemoryLostACK(t *testing.T) {
 	x, y := netnstest.Veth(t, "srdmc", "198.18.11.1/24", "srdmd", "198.18.11.2/24", 1500)
 	var la, lb link.Link
 	if err := x.Do(func() (err error) {
-		la, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr("198.18.11.1")}, XDP: link.XDPOptions{On: true}})
+		la, err = afxdp.Open(afxdp.Options{UDP: udp.Options{Addrs: []netip.Addr{netip.MustParseAddr("198.18.11.1")}}})
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
 	if err := y.Do(func() (err error) {
-		lb, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr("198.18.11.2")},
-			XDP: link.XDPOptions{On: true, WriteMemory: 16 << 10}})
+		lb, err = afxdp.Open(afxdp.Options{UDP: udp.Options{Addrs: []netip.Addr{netip.MustParseAddr("198.18.11.2")}}, WriteMemory: 16 << 10})
 		return err
 	}); err != nil {
 		la.Close()
@@ -278,10 +279,10 @@ func TestDeviceMemoryLostACK(t *testing.T) {
 	if !drop.dropped.Load() {
 		t.Fatal("no ACK was dropped")
 	}
-	st := db.link.(*link.UDPLink).Stats()
-	if n := b.qp.RemoteWrites(); n != 3 || st.XDPWrites != 3 || st.XDPReceived != 1 {
+	ls, _ := db.LinkStats()
+	if n, st := b.qp.RemoteWrites(), ls.XDP; n != 3 || st.Writes != 3 || st.Received != 1 {
 		t.Fatalf("RemoteWrites %d, the program executed %d, b's ring received %d; want 3, 3 and the one resent WRITE",
-			n, st.XDPWrites, st.XDPReceived)
+			n, st.Writes, st.Received)
 	}
 	if c := db.Stats().DuplicateRequest; c != 1 {
 		t.Fatalf("b's duplicate requests %d, want 1", c)

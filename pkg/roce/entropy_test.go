@@ -11,6 +11,7 @@ import (
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/udp"
 )
 
 // Addresses of the entropy tests: every softroce test numbers its QPs alike, so on 127.0.0.1 the
@@ -25,12 +26,14 @@ var (
 // (as the kernel reported them: the real header).
 type srcRecorder struct {
 	link.Link
-	stats link.StatsLink // the UDP link under the wrappers (LinkStats)
+	stats *udp.Link // the UDP link under the wrappers (LinkStats)
 	mu    sync.Mutex
 	ports map[uint32]map[uint16]int
 }
 
 func (l *srcRecorder) Stats() link.Stats { return l.stats.Stats() }
+
+func (l *srcRecorder) UDPStats() udp.Stats { return l.stats.UDPStats() }
 
 func (l *srcRecorder) Recv(b []link.Datagram) (int, error) {
 	n, err := l.Link.Recv(b)
@@ -65,8 +68,8 @@ func (l *srcRecorder) seen(qpn uint32) map[uint16]int {
 // over the ports it arrived with, A17.3.3). The device's link counters show the entropy sockets.
 func TestUDPEntropySourcePorts(t *testing.T) {
 	la, lb, port := listenPair(t, false, entAddrA, entAddrB, listenUDP)
-	ra := &srcRecorder{Link: hbLink{la}, stats: la.(link.StatsLink), ports: map[uint32]map[uint16]int{}}
-	rb := &srcRecorder{Link: hbLink{lb}, stats: lb.(link.StatsLink), ports: map[uint32]map[uint16]int{}}
+	ra := &srcRecorder{Link: hbLink{la}, stats: la, ports: map[uint32]map[uint16]int{}}
+	rb := &srcRecorder{Link: hbLink{lb}, stats: lb, ports: map[uint32]map[uint16]int{}}
 	da, err := Open(Options{Link: ra, Port: port, Name: "a"})
 	if err != nil {
 		t.Fatal(err)
@@ -127,7 +130,7 @@ func TestUDPEntropySourcePorts(t *testing.T) {
 	}
 	for name, d := range map[string]*Device{"a": da, "b": db} {
 		st, ok := d.LinkStats()
-		if !ok || st.EntropySockets != 2 || st.EntropyFallbacks != 0 {
+		if !ok || st.UDP.EntropySockets != 2 || st.UDP.EntropyFallbacks != 0 {
 			t.Fatalf("device %s link stats %+v: want 2 entropy sockets, no fallback", name, st)
 		}
 		// the device counters (softroce stats, the daemon's OpStats, metrics) carry them too
@@ -154,7 +157,7 @@ func TestOpenUDPEntropyOption(t *testing.T) {
 			for try := 0; try < 20; try++ {
 				port = uint16(20000 + rand.Intn(20000))
 				d, err = OpenUDP(UDPOptions{Addrs: []netip.Addr{entAddrC}, Port: port, Name: "e",
-					Link: link.UDPOptions{Entropy: link.EntropyOptions{Off: c.off}}, FastPath: FastPathOptions{Workers: c.workers}})
+					Link: udp.Options{Entropy: udp.EntropyOptions{Off: c.off}}, FastPath: FastPathOptions{Workers: c.workers}})
 				if err == nil {
 					break
 				}
@@ -170,7 +173,9 @@ func TestOpenUDPEntropyOption(t *testing.T) {
 			for i, l := range d.links {
 				got := l.SourcePort(entAddrC, e)
 				if got != want && !c.off {
-					if u, ok := l.(*link.UDPLink); ok {
+					if u, ok := l.(interface {
+						EntropySocket(netip.Addr, uint16) (uint16, bool)
+					}); ok {
 						if _, pooled := u.EntropySocket(entAddrC, e); !pooled {
 							if cn, lerr := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(entAddrC, e))); lerr != nil {
 								t.Skipf("port %d taken by another program", e)
@@ -184,7 +189,7 @@ func TestOpenUDPEntropyOption(t *testing.T) {
 					t.Fatalf("link %d of %d: SourcePort %d, want %d", i, len(d.links), got, want)
 				}
 			}
-			if st, _ := d.LinkStats(); (st.EntropySockets == 1) == c.off {
+			if st, _ := d.LinkStats(); (st.UDP.EntropySockets == 1) == c.off {
 				t.Fatalf("link stats %+v (entropy off %v)", st, c.off)
 			}
 		})

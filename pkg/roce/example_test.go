@@ -5,7 +5,7 @@ import (
 	"log"
 	"net/netip"
 
-	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -70,7 +70,7 @@ func waitOne(c *roce.CQ) roce.WC {
 // One RC RDMA WRITE between two devices in one process, over the in-memory link
 // (roce.OpenUDP gives the same devices on UDP sockets): the program of docs/api.md.
 func Example_rcWrite() {
-	nw := link.NewMemNetwork(link.MemOptions{})
+	nw := mem.NewNetwork(mem.Options{})
 	ipA, ipB := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.2")
 	la, err := nw.Attach(ipA)
 	check(err)
@@ -105,7 +105,7 @@ func Example_rcWrite() {
 // interface: the same code runs on an embedded device (Device.Verbs) and on the softroce
 // daemon (pkg/client.Dial).
 func ExampleVerbs() {
-	nw := link.NewMemNetwork(link.MemOptions{})
+	nw := mem.NewNetwork(mem.Options{})
 	ipA, ipB := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.2")
 	la, err := nw.Attach(ipA)
 	check(err)

@@ -9,6 +9,7 @@ import (
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/udp"
 )
 
 // FastPathOptions select the data-path accelerations of a UDP device (docs/performance.md,
@@ -24,10 +25,10 @@ import (
 type FastPathOptions struct {
 	// Disable turns every acceleration off: no GSO (not even for IPv6), no GRO.
 	Disable bool
-	// NoGSO keeps GSO off (link.GSOOff); NoGRO keeps GRO off.
+	// NoGSO keeps GSO off (udp.GSOOff); NoGRO keeps GRO off.
 	NoGSO, NoGRO bool
 	// Workers is the number of receive workers (0 or 1: one). With n > 1 the device opens n
-	// SO_REUSEPORT sockets per address (link.ListenUDPShards): the kernel steers each datagram
+	// SO_REUSEPORT sockets per address (udp.ListenShards): the kernel steers each datagram
 	// to worker DestQP mod n, which parses, checks and places it, and QP q sends through
 	// socket q mod n, so n busy QPs use up to n cores.
 	Workers int
@@ -37,9 +38,9 @@ type FastPathOptions struct {
 
 // apply sets the link options the fast path needs. An explicit Link.GSO other than GSOAuto is
 // kept unless GSO is disabled.
-func (f FastPathOptions) apply(o *link.UDPOptions) {
+func (f FastPathOptions) apply(o *udp.Options) {
 	if f.Disable || f.NoGSO {
-		o.GSO = link.GSOOff
+		o.GSO = udp.GSOOff
 	}
 	if !f.Disable && !f.NoGRO {
 		o.GRO = true

@@ -13,6 +13,8 @@ import (
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
+	"github.com/softroce/softroce/pkg/link/udp"
 )
 
 // connectPairs creates n RC QPs on each of a and b (caps as perftest's ib_write_bw: 128 send
@@ -85,7 +87,7 @@ func TestIdleQPMemory(t *testing.T) {
 		t.Skip("creates 20,000 QPs")
 	}
 	n := 10000
-	nw := link.NewMemNetwork(link.MemOptions{})
+	nw := mem.NewNetwork(mem.Options{})
 	la, err := nw.Attach(netip.MustParseAddr("198.18.0.1"))
 	if err != nil {
 		t.Fatal(err)
@@ -122,20 +124,20 @@ func TestIdleQPMemory(t *testing.T) {
 }
 
 // hbRunLink is hbLink for a link.RunSender (hbLink would hide SendRuns).
-type hbRunLink struct{ *link.UDPLink }
+type hbRunLink struct{ *udp.Link }
 
 func (l hbRunLink) Send(b []link.Datagram) error {
 	wire.Add(1)
-	return l.UDPLink.Send(b)
+	return l.Link.Send(b)
 }
 
 func (l hbRunLink) SendRuns(b []link.Datagram, runs []uint8) error {
 	wire.Add(1)
-	return l.UDPLink.SendRuns(b, runs)
+	return l.Link.SendRuns(b, runs)
 }
 
 func (l hbRunLink) Recv(b []link.Datagram) (int, error) {
-	n, err := l.UDPLink.Recv(b)
+	n, err := l.Link.Recv(b)
 	wire.Load()
 	return n, err
 }
@@ -145,23 +147,22 @@ var views atomic.Int64
 
 func (l hbRunLink) RecvView(b []link.Datagram) (int, error) {
 	views.Add(1)
-	n, err := l.UDPLink.RecvView(b)
+	n, err := l.Link.RecvView(b)
 	wire.Load()
 	return n, err
 }
 
 // fastPair opens two UDP devices on 127.0.0.1 / 127.0.0.2 (a free port both can bind) with
 // the link options OpenUDP derives from f.
-func fastPair(t *testing.T, f FastPathOptions) (a, b *Device, la, lb *link.UDPLink) {
+func fastPair(t *testing.T, f FastPathOptions) (a, b *Device, la, lb *udp.Link) {
 	t.Helper()
-	var o link.UDPOptions
+	var o udp.Options
 	f.apply(&o)
-	l1, l2, port := listenPair(t, false, addrA, addrB, func(a netip.Addr, p uint16) (link.Link, error) {
+	la, lb, port := listenPair(t, false, addrA, addrB, func(a netip.Addr, p uint16) (*udp.Link, error) {
 		oo := o
 		oo.Addrs, oo.Port = []netip.Addr{a}, p
-		return link.ListenUDP(oo)
+		return udp.Listen(oo)
 	})
-	la, lb = l1.(*link.UDPLink), l2.(*link.UDPLink)
 	var err error
 	if a, err = Open(Options{Link: hbRunLink{la}, Port: port, Name: "a"}); err != nil {
 		t.Fatal(err)
@@ -202,7 +203,7 @@ func TestFastPathUDP(t *testing.T) {
 		}
 		same(t, "written", b.buf[:size], a.buf[:size])
 		same(t, "read", a.buf[size:], b.buf[size:])
-		sa, sb := la.Stats(), lb.Stats()
+		sa, sb := la.UDPStats(), lb.UDPStats()
 		st := db.Stats()
 		t.Logf("%+v: a %+v; b %+v; b solved %d ICRCs", f, sa, sb, st.RcvdICRCSolved)
 		if st.RcvdDropped != 0 || da.Stats().RcvdDropped != 0 {
@@ -232,14 +233,14 @@ func TestFastPathUDP(t *testing.T) {
 // received by both workers, and every transfer lands intact.
 func TestFastPathWorkers(t *testing.T) {
 	const workers = 2
-	var o link.UDPOptions
+	var o udp.Options
 	FastPathOptions{}.apply(&o)
-	open := func(addr netip.Addr, port uint16) ([]*link.UDPLink, error) {
+	open := func(addr netip.Addr, port uint16) ([]*udp.Link, error) {
 		oo := o
 		oo.Addrs, oo.Port = []netip.Addr{addr}, port
-		return link.ListenUDPShards(oo, workers)
+		return udp.ListenShards(oo, workers)
 	}
-	var la, lb []*link.UDPLink
+	var la, lb []*udp.Link
 	port := freePortPair(t, false, func(p uint16) error {
 		var err error
 		if la, err = open(addrA, p); err != nil {
@@ -252,7 +253,7 @@ func TestFastPathWorkers(t *testing.T) {
 		}
 		return err
 	})
-	dev := func(ls []*link.UDPLink, name string) *Device {
+	dev := func(ls []*udp.Link, name string) *Device {
 		var shards []link.Link
 		for _, l := range ls[1:] {
 			shards = append(shards, hbRunLink{l})
@@ -389,7 +390,7 @@ func (c *countClock) Now() time.Time {
 // TestReceiveClockPerBatch: the receive loop reads the clock once per received batch, not once
 // per packet (it was 7% of the receiver's CPU at 4 KiB packets).
 func TestReceiveClockPerBatch(t *testing.T) {
-	nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 4096, Full: link.BlockWhenFull})
+	nw := mem.NewNetwork(mem.Options{QueueDepth: 4096, Full: mem.BlockWhenFull})
 	la, err1 := nw.Attach(addrA)
 	lb, err2 := nw.Attach(addrB)
 	if err1 != nil || err2 != nil {

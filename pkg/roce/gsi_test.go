@@ -13,6 +13,7 @@ import (
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 )
 
 // cmPair opens two devices on the in-memory network on a manual clock (no
@@ -20,7 +21,7 @@ import (
 func cmPair(t *testing.T) (*Device, *Device, *dropLink, *qp.ManualClock) {
 	t.Helper()
 	clk := qp.NewManualClock(time.Unix(1000, 0))
-	nw := link.NewMemNetwork(link.MemOptions{})
+	nw := mem.NewNetwork(mem.Options{})
 	la, err := nw.Attach(addrA)
 	if err != nil {
 		t.Fatal(err)
@@ -185,7 +186,7 @@ func TestGSICommEst(t *testing.T) {
 // the CM, nothing panics, and the receive ring keeps working (a real REQ afterwards still
 // gets its REJ).
 func TestGSIRemoteGarbage(t *testing.T) {
-	nw := link.NewMemNetwork(link.MemOptions{})
+	nw := mem.NewNetwork(mem.Options{})
 	lb, err := nw.Attach(addrB)
 	if err != nil {
 		t.Fatal(err)

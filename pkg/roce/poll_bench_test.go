@@ -8,6 +8,9 @@ import (
 	"github.com/softroce/softroce/internal/netnstest"
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/afxdp"
+	"github.com/softroce/softroce/pkg/link/mem"
+	"github.com/softroce/softroce/pkg/link/udp"
 )
 
 // BenchmarkPollEmpty: one Device.Poll with nothing to read and nothing queued — the spin of a
@@ -21,7 +24,7 @@ func BenchmarkPollEmpty(b *testing.B) {
 			switch kind {
 			case "mem":
 				var err error
-				if l, err = link.NewMemNetwork(link.MemOptions{}).Attach(addrA); err != nil {
+				if l, err = mem.NewNetwork(mem.Options{}).Attach(addrA); err != nil {
 					b.Fatal(err)
 				}
 			case "xdp":
@@ -102,7 +105,7 @@ func listenXDP(tb testing.TB, th *netnstest.Thread, addr string) link.Link {
 	tb.Helper()
 	var l link.Link
 	if err := th.Do(func() (err error) {
-		l, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr(addr)}, XDP: link.XDPOptions{On: true}})
+		l, err = afxdp.Open(afxdp.Options{UDP: udp.Options{Addrs: []netip.Addr{netip.MustParseAddr(addr)}}})
 		return err
 	}); err != nil {
 		tb.Fatal(err)

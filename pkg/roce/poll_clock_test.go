@@ -7,6 +7,7 @@ import (
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 )
 
 // TestPolledClockReadsPerRoundTrip: a polled ping-pong of 8-byte WRITEs (ib_write_lat's loop)
@@ -15,7 +16,7 @@ import (
 // what the previous one deferred reads none: the application's PostSend sent the deferred ACK
 // and started the timer already (qp.QP.FlushDeferred).
 func TestPolledClockReadsPerRoundTrip(t *testing.T) {
-	nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 16})
+	nw := mem.NewNetwork(mem.Options{QueueDepth: 16})
 	clk := &countClock{Clock: qp.NewManualClock(time.Unix(1000, 0))}
 	open := func(a link.Link) *Device {
 		d, err := Open(Options{Link: a, Polled: true, Clock: clk})

@@ -11,13 +11,16 @@ import (
 	"github.com/softroce/softroce/internal/netnstest"
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/afxdp"
+	"github.com/softroce/softroce/pkg/link/mem"
+	"github.com/softroce/softroce/pkg/link/udp"
 )
 
 // TestPollUsesLinkRecvLock: a polled device whose one link is a link.LockedPollReceiver (a UDP
 // link) serialises its Polls with the link's receive lock (one lock per Poll, not two); a
 // link that is not (here a wrapped one) gets the device's own lock.
 func TestPollUsesLinkRecvLock(t *testing.T) {
-	l, err := link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{addrA}})
+	l, err := udp.Listen(udp.Options{Addrs: []netip.Addr{addrA}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,10 +30,10 @@ func TestPollUsesLinkRecvLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	if d.pl.mu != l.(link.LockedPollReceiver).RecvMutex() || d.pl.locked == nil {
+	if d.pl.mu != l.RecvMutex() || d.pl.locked == nil {
 		t.Fatal("the polled device does not use its UDP link's receive lock")
 	}
-	nw := link.NewMemNetwork(link.MemOptions{})
+	nw := mem.NewNetwork(mem.Options{})
 	m, err := nw.Attach(addrA)
 	if err != nil {
 		t.Fatal(err)
@@ -66,7 +69,7 @@ func TestPolledLinkLockPingPong(t *testing.T) {
 					a  string
 				}{{x, &l1, "198.18.7.1"}, {y, &l2, "198.18.7.2"}} {
 					if err := s.th.Do(func() (err error) {
-						*s.l, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr(s.a)}, XDP: link.XDPOptions{On: true}})
+						*s.l, err = afxdp.Open(afxdp.Options{UDP: udp.Options{Addrs: []netip.Addr{netip.MustParseAddr(s.a)}}})
 						return err
 					}); err != nil {
 						t.Fatal(err)

@@ -2,12 +2,13 @@ package roce
 
 import (
 	"errors"
-	"github.com/softroce/softroce/internal/netnstest"
 	"net/netip"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/softroce/softroce/internal/netnstest"
 
 	"go.uber.org/goleak"
 
@@ -15,6 +16,9 @@ import (
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/afxdp"
+	"github.com/softroce/softroce/pkg/link/mem"
+	"github.com/softroce/softroce/pkg/link/udp"
 )
 
 // pollLink records the opcodes of every Send batch and passes TryRecv through (with the
@@ -59,10 +63,16 @@ func (l *pollLink) TryRecv(b []link.Datagram) (int, error) {
 	return n, err
 }
 
-// pollRunLink is a pollLink that is also a link.RunSender (its UDP link's GSO runs).
+// runLink is a link's GSO runs and pairs (link.RunSender, link.PairSender).
+type runLink interface {
+	link.RunSender
+	link.PairSender
+}
+
+// pollRunLink is a pollLink that is also a link.RunSender (its link's GSO runs).
 type pollRunLink struct {
 	*pollLink
-	u *link.UDPLink
+	u runLink
 }
 
 func (l *pollRunLink) RunGSO(a netip.Addr) bool { return l.u.RunGSO(a) }
@@ -90,7 +100,7 @@ func (l *pollLink) sends() [][]bth.Opcode {
 	return b
 }
 
-// polledPair opens two polled devices ("mem": the in-memory network; "udp": link.ListenUDP on
+// polledPair opens two polled devices ("mem": the in-memory network; "udp": udp.Listen on
 // 127.0.0.1 / 127.0.0.2) on a manual clock (no timer fires unless a test advances it).
 func polledPair(t testing.TB, kind string) (a, b *Device, la, lb *pollLink) {
 	t.Helper()
@@ -100,7 +110,7 @@ func polledPair(t testing.TB, kind string) (a, b *Device, la, lb *pollLink) {
 	case "mem", "mem-gso":
 		// a short ring: every slot keeps the buffer of the first datagram it held, so a
 		// few round trips reach the steady state TestPolledZeroAlloc measures
-		nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 16})
+		nw := mem.NewNetwork(mem.Options{QueueDepth: 16})
 		var err error
 		if l1, err = nw.Attach(addrA); err != nil {
 			t.Fatal(err)
@@ -126,7 +136,12 @@ func polledPair(t testing.TB, kind string) (a, b *Device, la, lb *pollLink) {
 			xdp bool
 		}{{x, &l1, "198.18.7.1", kind != "gso-xdp"}, {y, &l2, "198.18.7.2", true}} {
 			if err := s.th.Do(func() (err error) {
-				*s.l, err = link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr(s.a)}, XDP: link.XDPOptions{On: s.xdp}})
+				uo := udp.Options{Addrs: []netip.Addr{netip.MustParseAddr(s.a)}}
+				if s.xdp {
+					*s.l, err = afxdp.Open(afxdp.Options{UDP: uo})
+				} else {
+					*s.l, err = udp.Listen(uo)
+				}
 				return err
 			}); err != nil {
 				t.Fatal(err)
@@ -136,13 +151,13 @@ func polledPair(t testing.TB, kind string) (a, b *Device, la, lb *pollLink) {
 	la, lb = &pollLink{Link: l1}, &pollLink{Link: l2}
 	var oa, ob link.Link = la, lb
 	if kind == "udp-gso" { // the links keep their GSO runs (qp's pairRun)
-		oa, ob = &pollRunLink{la, l1.(*link.UDPLink)}, &pollRunLink{lb, l2.(*link.UDPLink)}
+		oa, ob = &pollRunLink{la, l1.(runLink)}, &pollRunLink{lb, l2.(runLink)}
 	}
 	if kind == "gso-xdp" { // a's runs: GSO messages to b's AF_XDP socket
-		oa = &pollRunLink{la, l1.(*link.UDPLink)}
+		oa = &pollRunLink{la, l1.(runLink)}
 	}
 	if kind == "xdp-pairs" {
-		oa, ob = &pollRunLink{la, l1.(*link.UDPLink)}, &pollRunLink{lb, l2.(*link.UDPLink)}
+		oa, ob = &pollRunLink{la, l1.(runLink)}, &pollRunLink{lb, l2.(runLink)}
 	}
 	clk := qp.NewManualClock(time.Unix(1000, 0))
 	var err error
@@ -230,7 +245,7 @@ func TestPolledPingPong(t *testing.T) {
 				t.Fatalf("b's last completion %+v", w)
 			}
 			for _, l := range []*pollLink{la, lb} {
-				pairsOn := kind == "xdp-pairs" && l.Link.(*link.UDPLink).Stats().XDPPairsOff == 0
+				pairsOn := kind == "xdp-pairs" && l.Link.(afxdp.StatsLink).XDPStats().PairsOff == 0
 				if l == la && kind == "gso-xdp" || pairsOn { // the pairs went as GSO runs (qp's pairRun), not Sends
 					if l.runSends < iters-1 {
 						t.Fatalf("%d GSO runs sent, want >= %d", l.runSends, iters-1)
@@ -263,23 +278,23 @@ func TestPolledPingPong(t *testing.T) {
 			}
 			if kind == "xdp-pairs" { // one GSO frame per pair where the kernel takes them (6.2+), else ring frames
 				for i, l := range []*pollLink{la, lb} {
-					st := l.Link.(*link.UDPLink).Stats()
-					if st.XDPPairsOff == 0 || xdpPairsKernel(t) { // a kernel may have them before 6.2 (a backport)
-						if st.XDPPairs < iters-1 || st.XDPPairsOff != 0 {
+					st := l.Link.(afxdp.StatsLink).XDPStats()
+					if st.PairsOff == 0 || xdpPairsKernel(t) { // a kernel may have them before 6.2 (a backport)
+						if st.Pairs < iters-1 || st.PairsOff != 0 {
 							t.Fatalf("link %d stats %+v: want >= %d pairs as one frame", i, st, iters-1)
 						}
 						if ds := []*Device{da, db}[i].Stats(); ds.RcvdGSOSplit < iters-1 || ds.RcvdDropped != 0 || ds.RetransPkts != 0 {
 							t.Fatalf("device %d: %d GSO pairs split (want >= %d), %d dropped, %d retransmitted", i, ds.RcvdGSOSplit, iters-1, ds.RcvdDropped, ds.RetransPkts)
 						}
-					} else if st.XDPPairs != 0 || st.XDPPairsOff != 1 || st.XDPSent < 2*iters-2 {
+					} else if st.Pairs != 0 || st.PairsOff != 1 || st.Sent < 2*iters-2 {
 						t.Fatalf("link %d stats %+v: want pairs refused once, then ring frames", i, st)
 					}
 				}
 			}
 			if kind == "xdp" { // through the rings; only a's first WRITE (b's MAC not yet known) took the socket
 				for i, l := range []*pollLink{la, lb} {
-					st := l.Link.(*link.UDPLink).Stats()
-					if st.XDPSent < 2*iters-2 || st.XDPReceived < 2*iters-1 || st.XDPFallbacks > 1-uint64(i) {
+					st := l.Link.(afxdp.StatsLink).XDPStats()
+					if st.Sent < 2*iters-2 || st.Received < 2*iters-1 || st.Fallbacks > 1-uint64(i) {
 						t.Fatalf("link %d stats %+v: want the ping-pong through the AF_XDP rings", i, st)
 					}
 				}
@@ -372,7 +387,7 @@ func TestPolledCloseAndDestroySendDeferredACK(t *testing.T) {
 // TestPollNotPolled: Poll on a device with a receive goroutine is refused, and a link that
 // cannot be polled is refused at Open.
 func TestPollNotPolled(t *testing.T) {
-	nw := link.NewMemNetwork(link.MemOptions{})
+	nw := mem.NewNetwork(mem.Options{})
 	l, err := nw.Attach(addrA)
 	if err != nil {
 		t.Fatal(err)
@@ -450,7 +465,7 @@ func TestPolledZeroAlloc(t *testing.T) {
 // BenchmarkPolledRoundTrip: one 8-byte WRITE each way between two polled devices on the
 // in-memory link (the user-space work of ib_write_lat's round trip, without system calls).
 func BenchmarkPolledRoundTrip(b *testing.B) {
-	nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 16})
+	nw := mem.NewNetwork(mem.Options{QueueDepth: 16})
 	l1, _ := nw.Attach(addrA)
 	l2, _ := nw.Attach(addrB)
 	da, err := Open(Options{Link: l1, Polled: true})

@@ -13,6 +13,7 @@ import (
 	"github.com/softroce/softroce/internal/testcap"
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 )
 
 // TestReplayRxePingpong plays the client side of kernel rxe captures of
@@ -75,7 +76,7 @@ func replayServer(t *testing.T, path string, typ qp.Type) {
 	clientPSN, serverQPN := uint32(first.BTH.PSN()), first.BTH.DestQP()
 	serverPSN, clientQPN := uint32(serverSends[0].p.BTH.PSN()), serverSends[0].p.BTH.DestQP()
 
-	nw := link.NewMemNetwork(link.MemOptions{})
+	nw := mem.NewNetwork(mem.Options{})
 	ls, err := nw.Attach(server)
 	if err != nil {
 		t.Fatal(err)
@@ -310,7 +311,7 @@ func replayClient(t *testing.T, path string) {
 			payloads[len(payloads)-1] = append(payloads[len(payloads)-1], p.Payload...)
 		}
 	}
-	nw := link.NewMemNetwork(link.MemOptions{})
+	nw := mem.NewNetwork(mem.Options{})
 	lc, err := nw.Attach(client)
 	if err != nil {
 		t.Fatal(err)
@@ -504,7 +505,7 @@ func replayServerPerf(t *testing.T, path string) {
 		}
 		lo, hi = min(lo, va), max(hi, va+uint64(n))
 	}
-	nw := link.NewMemNetwork(link.MemOptions{})
+	nw := mem.NewNetwork(mem.Options{})
 	ls, err := nw.Attach(server)
 	if err != nil {
 		t.Fatal(err)

@@ -25,6 +25,7 @@ import (
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/link"
 	"github.com/softroce/softroce/pkg/link/fault"
+	"github.com/softroce/softroce/pkg/link/udp"
 )
 
 // The two-process soak (issue #5, docs/reliability.md): the RC soak between
@@ -197,12 +198,12 @@ type s2pSide struct {
 // open binds addr:port (port 0: any), wraps the link in the fault
 // injector and opens the device.
 func (s *s2pSide) open(addr netip.Addr, port uint16) error {
-	ul, err := link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{addr}, Port: port, AnyPort: port == 0})
+	ul, err := udp.Listen(udp.Options{Addrs: []netip.Addr{addr}, Port: port, AnyPort: port == 0})
 	if err != nil {
 		return err
 	}
 	if port == 0 {
-		port = ul.(*link.UDPLink).LocalAddrPorts()[0].Port()
+		port = ul.LocalAddrPorts()[0].Port()
 	}
 	s.cfg.Port = port
 	fo := soakFaults()

@@ -19,6 +19,8 @@ import (
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/link"
 	"github.com/softroce/softroce/pkg/link/fault"
+	"github.com/softroce/softroce/pkg/link/mem"
+	"github.com/softroce/softroce/pkg/link/udp"
 )
 
 // The soak test (docs/reliability.md): random mixes of SEND, SEND_WITH_IMM,
@@ -182,7 +184,7 @@ func soakLinkPair(t *testing.T, kind string) (link.Link, link.Link, uint16) {
 	t.Helper()
 	switch kind {
 	case "mem":
-		nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 8192})
+		nw := mem.NewNetwork(mem.Options{QueueDepth: 8192})
 		la, err := nw.Attach(addrA)
 		if err != nil {
 			t.Fatal(err)
@@ -198,11 +200,11 @@ func soakLinkPair(t *testing.T, kind string) (link.Link, link.Link, uint16) {
 			if try > 0 {
 				port = uint16(20000 + rand.IntN(40000))
 			}
-			la, err := link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{addrA}, Port: port})
+			la, err := udp.Listen(udp.Options{Addrs: []netip.Addr{addrA}, Port: port})
 			if err != nil {
 				continue
 			}
-			lb, err := link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{addrB}, Port: port})
+			lb, err := udp.Listen(udp.Options{Addrs: []netip.Addr{addrB}, Port: port})
 			if err != nil {
 				la.Close()
 				continue

@@ -12,13 +12,14 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/udp"
 )
 
 // stdUDP is a portable link.Link on plain net.UDPConn sockets: one
 // datagram per system call, one reader goroutine per socket handing
 // filled buffers to Recv through a channel (buffers are pooled; Recv
 // copies into the caller's). It is the fallback selected by
-// UDPOptions.Portable: slower than link.ListenUDP's sendmmsg/recvmmsg,
+// UDPOptions.Portable: slower than udp.Listen's sendmmsg/recvmmsg,
 // but it only uses the standard library's socket calls.
 type stdUDP struct {
 	conns   []*net.UDPConn
@@ -46,7 +47,7 @@ const stdPool = 256
 
 // listenStdUDP binds one socket per address to addr:port with DF set
 // (IP_PMTUDISC_DO: IPv4 ID 0 on the wire, which the ICRC covers); IPv6 sockets accept a
-// zero UDP checksum (link.AcceptZeroChecksum6).
+// zero UDP checksum (udp.AcceptZeroChecksum6).
 func listenStdUDP(addrs []netip.Addr, port uint16) (*stdUDP, error) {
 	if len(addrs) == 0 {
 		return nil, fmt.Errorf("%w: no addresses", ErrInvalidArg)
@@ -70,7 +71,7 @@ func listenStdUDP(addrs []netip.Addr, port uint16) (*stdUDP, error) {
 					unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
 				} else {
 					unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_DO)
-					link.AcceptZeroChecksum6(int(fd)) // kernel rxe's zero UDP checksums
+					udp.AcceptZeroChecksum6(int(fd)) // kernel rxe's zero UDP checksums
 				}
 			})
 		}

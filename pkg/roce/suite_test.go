@@ -15,6 +15,8 @@ import (
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
+	"github.com/softroce/softroce/pkg/link/udp"
 	"go.uber.org/goleak"
 )
 
@@ -77,7 +79,7 @@ func (l hbLink) Recv(b []link.Datagram) (int, error) {
 
 // devPair opens two devices, on the in-memory network or on UDP loopback
 // (127.0.0.1 and 127.0.0.2, port 4791 or, if busy, a free one both
-// addresses can bind) with link.ListenUDP ("udp") or the portable sockets
+// addresses can bind) with udp.Listen ("udp") or the portable sockets
 // ("stdudp"). The first device's link is wrapped in a dropLink.
 func devPair(t *testing.T, kind string) (*Device, *Device, *dropLink) {
 	t.Helper()
@@ -85,7 +87,7 @@ func devPair(t *testing.T, kind string) (*Device, *Device, *dropLink) {
 	var port uint16
 	switch kind {
 	case "mem":
-		nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 8192})
+		nw := mem.NewNetwork(mem.Options{QueueDepth: 8192})
 		var err error
 		if la, err = nw.Attach(addrA); err != nil {
 			t.Fatal(err)
@@ -338,7 +340,7 @@ func ops(t *testing.T, a, b *end, size int) {
 }
 
 // suiteLinks are the links TestSuite runs on: the in-memory network,
-// link.ListenUDP (sendmmsg/recvmmsg) and the portable sockets.
+// udp.Listen (sendmmsg/recvmmsg) and the portable sockets.
 var suiteLinks = []string{"mem", "udp", "stdudp"}
 
 // TestSuite runs the same suite over the in-memory network and UDP
@@ -523,7 +525,7 @@ func freePortPair(tb testing.TB, from4791 bool, open func(port uint16) error) ui
 }
 
 // listenPair opens two links, on a and on b, with one port (freePortPair).
-func listenPair(tb testing.TB, from4791 bool, a, b netip.Addr, listen func(netip.Addr, uint16) (link.Link, error)) (la, lb link.Link, port uint16) {
+func listenPair[L link.Link](tb testing.TB, from4791 bool, a, b netip.Addr, listen func(netip.Addr, uint16) (L, error)) (la, lb L, port uint16) {
 	tb.Helper()
 	port = freePortPair(tb, from4791, func(p uint16) error {
 		var err error
@@ -538,7 +540,7 @@ func listenPair(tb testing.TB, from4791 bool, a, b netip.Addr, listen func(netip
 	return la, lb, port
 }
 
-// listenUDP is link.ListenUDP on one address and port (listenPair's usual listen).
-func listenUDP(a netip.Addr, port uint16) (link.Link, error) {
-	return link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{a}, Port: port})
+// listenUDP is udp.Listen on one address and port (listenPair's usual listen).
+func listenUDP(a netip.Addr, port uint16) (*udp.Link, error) {
+	return udp.Listen(udp.Options{Addrs: []netip.Addr{a}, Port: port})
 }

@@ -11,6 +11,8 @@ import (
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/afxdp"
+	"github.com/softroce/softroce/pkg/link/mem"
 )
 
 // gsoMergeLink sends each batch of two or more datagrams of one flow as one datagram, as a
@@ -180,51 +182,12 @@ func TestSplitGSO(t *testing.T) {
 	}
 }
 
-// TestExpectedLen: the length a packet's headers fix (superframe.go), for each kind.
-func TestExpectedLen(t *testing.T) {
-	pkt := func(op bth.Opcode, n int) []byte {
-		b := make([]byte, n)
-		bth.BTH(b).Encode(&bth.BTHFields{Opcode: op, PKey: 0xffff, DestQP: 5})
-		return b
-	}
-	write := func(op bth.Opcode, dma uint32) []byte {
-		b := pkt(op, 64)
-		bth.RETH(b[bth.BTHSize:]).SetDMALen(dma)
-		return b
-	}
-	for _, c := range []struct {
-		name string
-		b    []byte
-		want int
-	}{
-		{"ACK", pkt(bth.OpRCAck, 64), 20},
-		{"atomic ACK", pkt(bth.OpRCAtomicAck, 64), 12 + 4 + 8 + 4},
-		{"READ request", pkt(bth.OpRCReadRequest, 64), 12 + 16 + 4},
-		{"FETCH_ADD", pkt(bth.OpRCFetchAdd, 64), 12 + 28 + 4},
-		{"WRITE Only, 8 bytes", write(bth.OpRCWriteOnly, 8), 12 + 16 + 8 + 4},
-		{"WRITE Only, 5 bytes (padded)", write(bth.OpRCWriteOnly, 5), 12 + 16 + 8 + 4},
-		{"WRITE Only, 0 bytes", write(bth.OpRCWriteOnly, 0), 12 + 16 + 4},
-		{"WRITE Only Immediate, 8 bytes", write(bth.OpRCWriteOnlyImm, 8), 12 + 16 + 4 + 8 + 4},
-		{"UC WRITE Only, 4 bytes", write(bth.OpUCWriteOnly, 4), 12 + 16 + 4 + 4},
-		{"WRITE Only, a DMA length past a frame", write(bth.OpRCWriteOnly, link.XDPMaxFrame+1), 0},
-		{"WRITE First", write(bth.OpRCWriteFirst, 8), 0},
-		{"SEND Only", pkt(bth.OpRCSendOnly, 64), 0},
-		{"UD SEND Only", pkt(bth.OpUDSendOnly, 64), 0},
-		{"ACK, truncated", pkt(bth.OpRCAck, 12), 0},
-		{"invalid opcode", []byte{0xff, 0, 0xff, 0xff, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, 0},
-	} {
-		if got := expectedLen(c.b); got != c.want {
-			t.Errorf("%s: %d, want %d", c.name, got, c.want)
-		}
-	}
-}
-
-// FuzzSplitGSO: any datagram handed to the receive path (superframe.go's fallback included),
+// FuzzSplitGSO: any datagram handed to the receive path (the split of GSO messages included),
 // with its IPv4 ID known (the first byte's parity: the AF_XDP path) or not, neither panics nor
 // executes anything a split could not justify: a split only happens for a datagram of the
-// AF_XDP path of at least two minimal packets and at most XDPMaxFrame bytes, a multiple of 4.
+// AF_XDP path of at least two minimal packets and at most afxdp.MaxFrame bytes, a multiple of 4.
 func FuzzSplitGSO(f *testing.F) {
-	nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 16})
+	nw := mem.NewNetwork(mem.Options{QueueDepth: 16})
 	var devs [2]*Device
 	for i, addr := range []netip.Addr{addrA, addrB} {
 		l, err := nw.Attach(addr)
@@ -244,7 +207,7 @@ func FuzzSplitGSO(f *testing.F) {
 	f.Add(slices.Concat(superWrite(src, b, 100, 0, p, 0), superWrite(src, b, 101, 64, p, 1)))
 	f.Add(slices.Concat(superWrite(src, b, 102, 0, make([]byte, 16), 0), superWrite(src, b, 103, 64, p, 1)))
 	f.Add(superWrite(src, b, 100, 0, make([]byte, 32), 0))
-	// a shorter last segment, found from the first packet's DMA length (expectedLen)
+	// a shorter last segment, found from the first packet's DMA length (afxdp.ExpectedLen)
 	f.Add(slices.Concat(superWrite(src, b, 100, 0, p, 0), superWrite(src, b, 101, 64, p[:4], 1)))
 	dst := netip.AddrPortFrom(b.addr, 4791)
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -255,7 +218,7 @@ func FuzzSplitGSO(f *testing.F) {
 		db.handle(&db.pl.rx, &dg)
 		db.pl.rx.flushPending()
 		db.pl.mu.Unlock()
-		if db.Stats().RcvdGSOSplit != before && (!known || len(data) < 2*minPacket || len(data) > link.XDPMaxFrame || len(data)%4 != 0) {
+		if db.Stats().RcvdGSOSplit != before && (!known || len(data) < 2*(bth.BTHSize+bth.ICRCSize) || len(data) > afxdp.MaxFrame || len(data)%4 != 0) {
 			t.Fatalf("split a %d-byte datagram (IPv4 ID known: %v)", len(data), known)
 		}
 	})

@@ -13,6 +13,7 @@ import (
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 	"golang.org/x/sys/unix"
 )
 
@@ -49,7 +50,7 @@ func (l *classLink) classes() string {
 // A17.4.5, rxe: grh.traffic_class), each side its own: requests from one end, ACKs and READ
 // responses from the other.
 func TestTrafficClassFromAH(t *testing.T) {
-	nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 1024})
+	nw := mem.NewNetwork(mem.Options{QueueDepth: 1024})
 	la, err := nw.Attach(addrA)
 	if err != nil {
 		t.Fatal(err)

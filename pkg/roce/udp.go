@@ -9,6 +9,8 @@ import (
 	"github.com/softroce/softroce/internal/gid"
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/afxdp"
+	"github.com/softroce/softroce/pkg/link/udp"
 )
 
 // UDPOptions configure OpenUDP.
@@ -24,9 +26,12 @@ type UDPOptions struct {
 	Port uint16
 	// Link carries extra link options (GSO/GRO, buffers); its Addrs and
 	// Port are overwritten.
-	Link link.UDPOptions
+	Link udp.Options
+	// XDP, when set, opens the AF_XDP path (afxdp.Open) instead of plain
+	// UDP sockets: one IPv4 address; its UDP field is overwritten with Link.
+	XDP *afxdp.Options
 	// Portable uses plain net.UDPConn sockets (one datagram per system
-	// call) instead of link.ListenUDP's batched sockets.
+	// call) instead of udp.Listen's batched sockets.
 	Portable bool
 	// FastPath selects GSO runs and GRO (fastpath.go); the zero value
 	// enables both.
@@ -42,7 +47,7 @@ type UDPOptions struct {
 	Name   string
 }
 
-// OpenUDP opens UDP sockets (link.ListenUDP) for the given addresses or
+// OpenUDP opens UDP sockets (udp.Listen, or afxdp.Open) for the given addresses or
 // interface and a Device on them. Close closes the sockets.
 func OpenUDP(o UDPOptions) (*Device, error) {
 	addrs := o.Addrs
@@ -73,16 +78,23 @@ func OpenUDP(o UDPOptions) (*Device, error) {
 		o.FastPath.apply(&lo)
 		lo.Addrs = addrs
 		lo.Port = o.Port
-		if o.FastPath.Workers > 1 {
-			var ls []*link.UDPLink
-			if ls, err = link.ListenUDPShards(lo, o.FastPath.Workers); err == nil {
+		if o.XDP != nil {
+			if o.FastPath.Workers > 1 {
+				return nil, fmt.Errorf("%w: the AF_XDP path has one receive queue, not %d workers", ErrInvalidArg, o.FastPath.Workers)
+			}
+			xo := *o.XDP
+			xo.UDP = lo
+			l, err = afxdp.Open(xo)
+		} else if o.FastPath.Workers > 1 {
+			var ls []*udp.Link
+			if ls, err = udp.ListenShards(lo, o.FastPath.Workers); err == nil {
 				l = ls[0]
 				for _, s := range ls[1:] {
 					shards = append(shards, s)
 				}
 			}
 		} else {
-			l, err = link.ListenUDP(lo)
+			l, err = udp.Listen(lo)
 		}
 	}
 	if err != nil {
@@ -129,35 +141,31 @@ func InterfaceAddrs(name string) ([]netip.Addr, error) {
 	return out, nil
 }
 
-// LinkStats returns the counters of the device's link (and of its receive shards, summed),
-// and false if the link does not count (link.StatsLink).
-func (d *Device) LinkStats() (link.Stats, bool) {
-	var s link.Stats
+// LinkStats are the counters of a device's links, each path's in its own
+// struct: every link's (link.Stats), the UDP sockets' (zero without) and
+// the AF_XDP path's (zero without).
+type LinkStats struct {
+	link.Stats
+	UDP udp.Stats
+	XDP afxdp.Stats
+}
+
+// LinkStats returns the counters of the device's link (and of its receive
+// shards, summed), and false if the link does not count (link.StatsLink).
+func (d *Device) LinkStats() (LinkStats, bool) {
+	var s LinkStats
 	ok := false
 	for _, l := range d.links {
-		sl, is := l.(link.StatsLink)
-		if !is {
-			continue
+		if sl, is := l.(link.StatsLink); is {
+			ok = true
+			s.Stats.Add(sl.Stats())
 		}
-		ok = true
-		t := sl.Stats()
-		s.Sent += t.Sent
-		s.Received += t.Received
-		s.SendBatches += t.SendBatches
-		s.RecvBatches += t.RecvBatches
-		s.GSOSends += t.GSOSends
-		s.GROReceives += t.GROReceives
-		s.Drops += t.Drops
-		s.Truncated += t.Truncated
-		s.Fallbacks += t.Fallbacks
-		s.EntropySockets += t.EntropySockets // shards share one pool, reported by shard 0
-		s.EntropyFallbacks += t.EntropyFallbacks
-		s.XDPSent += t.XDPSent
-		s.XDPReceived += t.XDPReceived
-		s.XDPFallbacks += t.XDPFallbacks
-		s.XDPPairs += t.XDPPairs
-		s.XDPPairsOff += t.XDPPairsOff
-		s.XDPWrites += t.XDPWrites
+		if ul, is := l.(udp.StatsLink); is {
+			s.UDP.Add(ul.UDPStats()) // shards share one entropy pool, reported by shard 0
+		}
+		if xl, is := l.(afxdp.StatsLink); is {
+			s.XDP.Add(xl.XDPStats())
+		}
 	}
 	return s, ok
 }

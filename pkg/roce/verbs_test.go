@@ -7,7 +7,7 @@ import (
 
 	"github.com/softroce/softroce/internal/mr"
 	"github.com/softroce/softroce/internal/qp"
-	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 )
 
 // foreign stands for an object of another Verbs implementation.
@@ -16,7 +16,7 @@ type foreign struct{}
 func (foreign) Dealloc() error { return nil }
 
 func TestEmbeddedVerbs(t *testing.T) {
-	l, err := link.NewMemNetwork(link.MemOptions{}).Attach(netip.MustParseAddr("10.5.0.1"))
+	l, err := mem.NewNetwork(mem.Options{}).Attach(netip.MustParseAddr("10.5.0.1"))
 	if err != nil {
 		t.Fatal(err)
 	}

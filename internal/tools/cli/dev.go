@@ -20,7 +20,8 @@ import (
 
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/client"
-	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/afxdp"
+	"github.com/softroce/softroce/pkg/link/udp"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -85,19 +86,19 @@ type DevOptions struct {
 	// Peer, if valid, is the remote address: without -d the local address is the one the
 	// kernel routes to Peer from; with an interface, an address of Peer's family is preferred.
 	Peer netip.Addr
-	// BusyPoll is link.UDPOptions.BusyPoll (perf --busy-poll): how long the receive loop polls
+	// BusyPoll is udp.Options.BusyPoll (perf --busy-poll): how long the receive loop polls
 	// an empty socket before it sleeps.
 	BusyPoll time.Duration
 	// Polled opens the device in polled mode (roce.UDPOptions.Polled: no receive goroutine;
 	// the tool calls Device.Poll; perf --lat --busy-poll, internal/tools/perf/poll.go).
 	Polled bool
-	// XDP adds the link's AF_XDP path (link.XDPOptions); the active MTU is then at most 2048,
-	// so that every packet fits the path (link.XDPMaxFrame).
+	// XDP adds the link's AF_XDP path (afxdp.Options); the active MTU is then at most 2048,
+	// so that every packet fits the path (afxdp.MaxFrame).
 	XDP bool
-	// XDPNoPairs keeps that path's [request, response] pairs as two frames (XDPOptions.NoPairs).
+	// XDPNoPairs keeps that path's [request, response] pairs as two frames (afxdp.Options.NoPairs).
 	XDPNoPairs bool
 	// DM, when > 0, gives that path a write responder with DM bytes of device memory
-	// (XDPOptions.WriteMemory; roce.Device.AllocDM).
+	// (afxdp.Options.WriteMemory; roce.Device.AllocDM).
 	DM int
 }
 
@@ -132,8 +133,12 @@ func OpenLocal(f *DevFlag, o DevOptions) (*LocalDev, error) {
 	if name == "" {
 		name = "softroce0"
 	}
+	var xo *afxdp.Options
+	if o.XDP {
+		xo = &afxdp.Options{NoPairs: o.XDPNoPairs, WriteMemory: o.DM}
+	}
 	d, err := roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{addr}, Port: o.Port, Portable: o.Portable, MTU: mtu, Name: name,
-		Link: link.UDPOptions{BusyPoll: o.BusyPoll, XDP: link.XDPOptions{On: o.XDP, NoPairs: o.XDPNoPairs, WriteMemory: o.DM}}, Polled: o.Polled})
+		Link: udp.Options{BusyPoll: o.BusyPoll}, XDP: xo, Polled: o.Polled})
 	if err != nil {
 		return nil, fmt.Errorf("%w on %v: %w", ErrDev, addr, err)
 	}

@@ -20,7 +20,7 @@ import (
 	"github.com/softroce/softroce/internal/mr"
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/internal/tools/cli"
-	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -134,7 +134,7 @@ func Run(_ context.Context, c Config, out io.Writer) error {
 	kind := "UDP"
 	if c.Mem {
 		kind = "in-memory"
-		nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 8192})
+		nw := mem.NewNetwork(mem.Options{QueueDepth: 8192})
 		la, err1 := nw.Attach(a4)
 		lb, err2 := nw.Attach(b4)
 		if err = errors.Join(err1, err2); err == nil {

@@ -15,7 +15,7 @@ import (
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/internal/tools/cli"
 	"github.com/softroce/softroce/pkg/client"
-	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -117,7 +117,7 @@ func Run(_ context.Context, c Config, out io.Writer) error {
 		} else {
 			tbl = gid.FromAddrs(gid.Options{Addrs: uo.Addrs, MTU: loopbackMTU(uo.Addrs)})
 		}
-		l, err := link.NewMemNetwork(link.MemOptions{}).Attach(tbl.Addrs()...)
+		l, err := mem.NewNetwork(mem.Options{}).Attach(tbl.Addrs()...)
 		if err != nil {
 			return err
 		}

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/softroce/softroce/internal/daemontest"
-	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -28,7 +28,7 @@ func TestDevinfoEmbedded(t *testing.T) {
 }
 
 func TestDevinfoDaemon(t *testing.T) {
-	l, err := link.NewMemNetwork(link.MemOptions{}).Attach(netip.MustParseAddr("10.7.0.1"), netip.MustParseAddr("10.7.0.2"))
+	l, err := mem.NewNetwork(mem.Options{}).Attach(netip.MustParseAddr("10.7.0.1"), netip.MustParseAddr("10.7.0.2"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,7 @@ import (
 )
 
 // perfBusyPoll is how long, with --busy-poll, the device's receive loop polls its empty socket
-// before it parks in the network poller (link.UDPOptions.BusyPoll). perftest and kernel rxe
+// before it parks in the network poller (udp.Options.BusyPoll). perftest and kernel rxe
 // never sleep between the packets of a latency test; a softroce receive loop that parks pays
 // an epoll wakeup, a futex and a context switch per packet in each process instead, which on
 // an idle host costs a few microseconds and in the TCG lab guest ~100 us (docs/performance.md

@@ -16,7 +16,7 @@ import (
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/internal/rocetest"
 	"github.com/softroce/softroce/internal/tools/tooltest"
-	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -249,7 +249,7 @@ func TestPerfCMWaitArmRace(t *testing.T) {
 // perfTestDevice is a device on an in-memory link.
 func perfTestDevice(t *testing.T) *roce.Device {
 	t.Helper()
-	l, err := link.NewMemNetwork(link.MemOptions{}).Attach(netip.MustParseAddr("10.9.0.1"))
+	l, err := mem.NewNetwork(mem.Options{}).Attach(netip.MustParseAddr("10.9.0.1"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/internal/tools/demo"
-	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -34,7 +34,7 @@ func perfLoopback(c *perfConfig, stdout io.Writer) error {
 	var da, db *roce.Device
 	var err error
 	if c.Mem {
-		nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 8192})
+		nw := mem.NewNetwork(mem.Options{QueueDepth: 8192})
 		la, e1 := nw.Attach(a4)
 		lb, e2 := nw.Attach(b4)
 		if err = errors.Join(e1, e2); err == nil {

@@ -124,8 +124,8 @@ type Config struct {
 	RunTimeout time.Duration
 	RocePort   uint16
 	Portable   bool
-	XDP        bool // --xdp: the link's AF_XDP path (link.XDPOptions)
-	XDPNoPairs bool // --xdp-no-pairs: that path's [request, ACK] pairs as two frames (XDPOptions.NoPairs)
+	XDP        bool // --xdp: the link's AF_XDP path (afxdp.Options)
+	XDPNoPairs bool // --xdp-no-pairs: that path's [request, ACK] pairs as two frames (afxdp.Options.NoPairs)
 	DM         bool // --dm: the buffer in device memory, whose WRITEs the XDP program executes (Device.AllocDM)
 	// Loopback runs both ends in this process (the former tool); Mem uses the in-memory link.
 	Loopback, Mem bool

@@ -23,7 +23,7 @@ import (
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/internal/rocetest"
 	"github.com/softroce/softroce/internal/tools/tooltest"
-	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -466,7 +466,7 @@ func TestPerfPeerVanishes(t *testing.T) {
 // client loop of 200 WRITEs and a SEND latency ping-pong on the in-memory link.
 func TestPerfDataPathAllocs(t *testing.T) {
 	// The in-memory link grows each ring slot's buffer on first use: warm-up runs fill them.
-	nw := link.NewMemNetwork(link.MemOptions{})
+	nw := mem.NewNetwork(mem.Options{})
 	mk := func(addr string, c *perfConfig) *perfRes {
 		a := netip.MustParseAddr(addr)
 		l, err := nw.Attach(a)
@@ -629,7 +629,7 @@ func TestPerfLoopback(t *testing.T) {
 
 // BenchmarkPerfWriteBW is the BW client loop on the in-memory link (64 KiB WRITEs, MTU 4096).
 func BenchmarkPerfWriteBW(b *testing.B) {
-	nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 8192})
+	nw := mem.NewNetwork(mem.Options{QueueDepth: 8192})
 	c, err := parsePerf([]string{"write", "-n", "100", "-m", "4096"}, new(bytes.Buffer))
 	if err != nil {
 		b.Fatal(err)

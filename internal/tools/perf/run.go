@@ -364,18 +364,18 @@ func perfPrintStats(w io.Writer, vd *cli.VerbsDev) {
 	}
 	if s, ok := vd.Dev.LinkStats(); ok {
 		fmt.Fprintf(w, "stats: link sent %d (%d sendmmsg, %d GSO messages), received %d (%d recv calls, %d GRO reads), drops %d, truncated %d, fallbacks %d, entropy sockets %d (%d ports fell back to the main socket)\n",
-			s.Sent, s.SendBatches, s.GSOSends, s.Received, s.RecvBatches, s.GROReceives, s.Drops, s.Truncated, s.Fallbacks,
-			s.EntropySockets, s.EntropyFallbacks)
-		if s.XDPSent+s.XDPReceived+s.XDPFallbacks > 0 {
+			s.Sent, s.SendBatches, s.UDP.GSOSends, s.Received, s.RecvBatches, s.UDP.GROReceives, s.Drops, s.Truncated, s.UDP.Fallbacks,
+			s.UDP.EntropySockets, s.UDP.EntropyFallbacks)
+		if x := s.XDP; x.Sent+x.Received+x.Fallbacks > 0 {
 			off := ""
-			if s.XDPPairsOff > 0 {
+			if x.PairsOff > 0 {
 				off = " (refused by the kernel: off)"
 			}
-			if s.XDPWrites > 0 {
-				off += fmt.Sprintf(", WRITEs executed by the XDP program %d", s.XDPWrites)
+			if x.Writes > 0 {
+				off += fmt.Sprintf(", WRITEs executed by the XDP program %d", x.Writes)
 			}
 			fmt.Fprintf(w, "stats: link AF_XDP path sent %d, received %d, sends through the UDP socket %d, pairs as one GSO frame %d%s\n",
-				s.XDPSent, s.XDPReceived, s.XDPFallbacks, s.XDPPairs, off)
+				x.Sent, x.Received, x.Fallbacks, x.Pairs, off)
 		}
 	}
 }

@@ -9,14 +9,14 @@ import (
 	"testing"
 
 	"github.com/softroce/softroce/internal/daemontest"
-	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
 // TestStatsDaemon: `softroce stats --daemon SOCKET` prints the daemon device's live counters,
 // with rdma's -p (one per line) and -j (JSON, one snapshot per line) grouped as getopt does.
 func TestStatsDaemon(t *testing.T) {
-	l, err := link.NewMemNetwork(link.MemOptions{}).Attach(netip.MustParseAddr("10.7.0.3"))
+	l, err := mem.NewNetwork(mem.Options{}).Attach(netip.MustParseAddr("10.7.0.3"))
 	if err != nil {
 		t.Fatal(err)
 	}

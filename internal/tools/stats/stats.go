@@ -25,8 +25,8 @@ import (
 	"github.com/softroce/softroce/internal/tools/cli"
 	"github.com/softroce/softroce/internal/tools/demo"
 	"github.com/softroce/softroce/pkg/client"
-	"github.com/softroce/softroce/pkg/link"
 	"github.com/softroce/softroce/pkg/link/fault"
+	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -307,7 +307,7 @@ type demoOptions struct {
 // devices whose sends go through the fault injector, and returns both
 // devices' counters. A summary goes to log.
 func runDemo(log io.Writer, o demoOptions) ([]Snapshot, error) {
-	nw := link.NewMemNetwork(link.MemOptions{QueueDepth: 8192})
+	nw := mem.NewNetwork(mem.Options{QueueDepth: 8192})
 	open := func(addr string, name string, seed2 uint64) (*roce.Device, *fault.Link, error) {
 		l, err := nw.Attach(netip.MustParseAddr(addr))
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 )
 
 // No fault fires (random draws run, rules are checked): no allocation per datagram.
@@ -52,7 +53,7 @@ func TestAllocsSendFaultsFiring(t *testing.T) {
 // Receive path (pump goroutine included: AllocsPerRun counts every goroutine's allocations).
 func TestAllocsRecvPath(t *testing.T) {
 	// a shallow queue: every ring slot of the in-memory link is warm after the first steps
-	n0 := link.NewMemNetwork(link.MemOptions{QueueDepth: 8})
+	n0 := mem.NewNetwork(mem.Options{QueueDepth: 8})
 	a, _ := n0.Attach(addrA)
 	b, _ := n0.Attach(addrB)
 	defer a.Close()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 )
 
 // capture is an inner link that records (or just counts) what is sent.
@@ -164,7 +165,7 @@ func TestRatesSend100k(t *testing.T) {
 
 func TestRatesRecv100k(t *testing.T) {
 	const n = 100_000
-	n0 := link.NewMemNetwork(link.MemOptions{QueueDepth: 4096, Full: link.BlockWhenFull})
+	n0 := mem.NewNetwork(mem.Options{QueueDepth: 4096, Full: mem.BlockWhenFull})
 	a, _ := n0.Attach(addrA)
 	b, _ := n0.Attach(addrB)
 	defer a.Close()

@@ -11,6 +11,7 @@ import (
 	"github.com/softroce/softroce/internal/clock"
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -69,7 +70,7 @@ func dg(b []byte) link.Datagram { return link.Datagram{Buf: b, Src: srcA, Dst: d
 // network (queues deep enough for the tests).
 func memPair(t *testing.T) (a, b link.Link) {
 	t.Helper()
-	n := link.NewMemNetwork(link.MemOptions{QueueDepth: 1 << 17})
+	n := mem.NewNetwork(mem.Options{QueueDepth: 1 << 17})
 	a, err := n.Attach(addrA)
 	if err != nil {
 		t.Fatal(err)

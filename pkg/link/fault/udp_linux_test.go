@@ -7,23 +7,24 @@ import (
 
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/udp"
 )
 
 // The injector on real UDP sockets on loopback: send-side rule drop + duplicate, and a
 // receive-side corruption caught by the ICRC computed for the real endpoints.
 func TestUDPLoopback(t *testing.T) {
 	ip := netip.MustParseAddr
-	la, err := link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{ip("127.0.0.1")}, AnyPort: true})
+	la, err := udp.Listen(udp.Options{Addrs: []netip.Addr{ip("127.0.0.1")}, AnyPort: true})
 	if err != nil {
 		t.Skipf("no UDP sockets: %v", err)
 	}
-	lb, err := link.ListenUDP(link.UDPOptions{Addrs: []netip.Addr{ip("127.0.0.2")}, AnyPort: true})
+	lb, err := udp.Listen(udp.Options{Addrs: []netip.Addr{ip("127.0.0.2")}, AnyPort: true})
 	if err != nil {
 		la.Close()
 		t.Skipf("no UDP socket on 127.0.0.2: %v", err)
 	}
-	aAddr := la.(*link.UDPLink).LocalAddrPorts()[0]
-	bAddr := lb.(*link.UDPLink).LocalAddrPorts()[0]
+	aAddr := la.LocalAddrPorts()[0]
+	bAddr := lb.LocalAddrPorts()[0]
 	f := Wrap(la, Options{Send: DirOptions{Rules: mustRules(t, "drop:op=WRITE_MIDDLE:nth=2,dup:psn=4")}})
 	defer f.Close()
 	log := newEventLog()

@@ -1,6 +1,0 @@
-//go:build !race
-
-package link
-
-func raceSent()     {}
-func raceReceived() {}

@@ -1,0 +1,334 @@
+package udp
+
+import (
+	"fmt"
+	"net"
+	"unsafe"
+
+	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/internal/race"
+	"golang.org/x/sys/unix"
+)
+
+// prepRecv points the receive iovecs at the caller's buffers.
+func (s *udpSock) prepRecv(batch []link.Datagram) {
+	n := min(len(batch), len(s.rmsgs))
+	for i := 0; i < n; i++ {
+		b := batch[i].Buf[:cap(batch[i].Buf)]
+		iov := &s.riov[i]
+		if len(b) > 0 {
+			iov.Base = &b[0]
+		} else {
+			iov.Base = nil
+		}
+		iov.SetLen(len(b))
+		h := &s.rmsgs[i].hdr
+		h.Name = (*byte)(unsafe.Pointer(&s.rsa[i]))
+		h.Namelen = unix.SizeofSockaddrInet6
+		h.Iov = iov
+		h.SetIovlen(1)
+		h.Control, h.Controllen, h.Flags = nil, 0, 0
+		s.rmsgs[i].len = 0
+	}
+	s.rcount = n
+	s.rn, s.rerr, s.again = 0, nil, false
+}
+
+// recvmmsg is one non-blocking attempt to fill msgs; it sets s.again or s.rerr.
+func (s *udpSock) recvmmsg(fd uintptr, msgs []mmsghdr) int {
+	s.again, s.rerr = false, nil
+	for {
+		r, _, e := s.sys6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&msgs[0])),
+			uintptr(len(msgs)))
+		switch e {
+		case 0:
+			if r > 0 && s.gro && &msgs[0] == &s.gmsgs[0] {
+				s.gclean = false // the kernel wrote lengths, names and control data
+			}
+			return int(r)
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			s.again = true
+			return 0
+		default:
+			s.rerr = e
+			return 0
+		}
+	}
+}
+
+// doRecv runs inside RawConn.Read; false = wait readable.
+func (s *udpSock) doRecv(fd uintptr) bool {
+	s.rn = s.recvmmsg(fd, s.rmsgs[:s.rcount])
+	return !s.again
+}
+
+// tryRecv runs inside RawConn.Control: one attempt, never waits.
+func (s *udpSock) tryRecv(fd uintptr) { s.rn = s.recvmmsg(fd, s.rmsgs[:s.rcount]) }
+
+// prepGRO points the GRO messages at the private buffers.
+func (s *udpSock) prepGRO() {
+	space := unix.CmsgSpace(4)
+	for i := range s.gmsgs {
+		s.giov[i].Base = &s.gbufs[i][0]
+		s.giov[i].SetLen(len(s.gbufs[i]))
+		h := &s.gmsgs[i].hdr
+		h.Name = (*byte)(unsafe.Pointer(&s.gsa[i]))
+		h.Namelen = unix.SizeofSockaddrInet6
+		h.Iov = &s.giov[i]
+		h.SetIovlen(1)
+		h.Control = &s.gctl[i*space]
+		h.SetControllen(space)
+		h.Flags = 0
+		s.gmsgs[i].len = 0
+	}
+	s.gn, s.gmi, s.goff = 0, 0, 0
+	s.rerr, s.again = nil, false
+	s.gclean = true
+}
+
+// doGRORecv runs inside RawConn.Read; false = wait readable.
+func (s *udpSock) doGRORecv(fd uintptr) bool {
+	s.gn = s.recvmmsg(fd, s.gmsgs)
+	return !s.again
+}
+
+// tryGRORecv runs inside RawConn.Control: one attempt.
+func (s *udpSock) tryGRORecv(fd uintptr) { s.gn = s.recvmmsg(fd, s.gmsgs) }
+
+// groSize returns the UDP_GRO segment size in message i's control data (0 if none).
+func (s *udpSock) groSize(i int) int {
+	space := unix.CmsgSpace(4)
+	n := min(int(s.gmsgs[i].hdr.Controllen), space)
+	return parseGROSize(s.gctl[i*space : i*space+n])
+}
+
+// parseGROSize walks control messages (kernel-written, but checked like remote input: never
+// reads outside ctl) and returns the UDP_GRO segment size, 0 if absent or malformed.
+func parseGROSize(ctl []byte) int {
+	hdr := unix.SizeofCmsghdr
+	for len(ctl) >= hdr {
+		c := (*unix.Cmsghdr)(unsafe.Pointer(&ctl[0]))
+		cl := uint64(c.Len) // uint32 or uint64 by architecture
+		if cl < uint64(hdr) || cl > uint64(len(ctl)) {
+			return 0
+		}
+		data := ctl[unix.CmsgLen(0):cl]
+		if c.Level == unix.SOL_UDP && c.Type == unix.UDP_GRO {
+			switch {
+			case len(data) >= 4:
+				return int(*(*int32)(unsafe.Pointer(&data[0])))
+			case len(data) >= 2:
+				return int(*(*uint16)(unsafe.Pointer(&data[0])))
+			}
+			return 0
+		}
+		next := unix.CmsgSpace(len(data))
+		if next > len(ctl) {
+			return 0
+		}
+		ctl = ctl[next:]
+	}
+	return 0
+}
+
+// drainGRO copies held segments into batch; returns how many.
+func (s *udpSock) drainGRO(batch []link.Datagram) int {
+	k, trunc := 0, 0
+	for k < len(batch) && s.gmi < s.gn {
+		m := &s.gmsgs[s.gmi]
+		total := int(m.len)
+		seg := s.groSize(s.gmi)
+		if seg <= 0 || seg > total {
+			seg = total
+		}
+		if s.goff == 0 && seg < total {
+			s.l.groReceives.Add(1)
+		}
+		end := min(s.goff+seg, total)
+		b := batch[k].Buf[:cap(batch[k].Buf)]
+		c := copy(b, s.gbufs[s.gmi][s.goff:end])
+		if c < end-s.goff {
+			trunc++
+		}
+		batch[k].Buf = b[:c]
+		batch[k].Src = getSockaddr(&s.gsa[s.gmi])
+		batch[k].Dst = s.local
+		batch[k].HasIPv4ID = false
+		k++
+		s.goff = end
+		if s.goff >= total {
+			s.gmi++
+			s.goff = 0
+		}
+	}
+	if k > 0 {
+		s.l.received.Add(uint64(k))
+		s.l.recvBatches.Add(1)
+	}
+	if trunc > 0 {
+		s.l.truncated.Add(uint64(trunc))
+	}
+	return k
+}
+
+// groPending reports held segments not yet handed out.
+func (s *udpSock) groPending() bool { return s.gmi < s.gn }
+
+// finishRecv fills batch from the received messages and drops buffer references.
+func (s *udpSock) finishRecv(batch []link.Datagram) int {
+	trunc := 0
+	for i := 0; i < s.rn; i++ {
+		m := &s.rmsgs[i]
+		b := batch[i].Buf[:cap(batch[i].Buf)]
+		batch[i].Buf = b[:min(int(m.len), len(b))]
+		if m.hdr.Flags&unix.MSG_TRUNC != 0 {
+			trunc++
+		}
+		batch[i].Src = getSockaddr(&s.rsa[i])
+		batch[i].Dst = s.local
+		batch[i].HasIPv4ID = false
+	}
+	for i := 0; i < s.rcount; i++ {
+		s.riov[i].Base = nil
+	}
+	if s.rn > 0 {
+		s.l.received.Add(uint64(s.rn))
+		s.l.recvBatches.Add(1)
+	}
+	if trunc > 0 {
+		s.l.truncated.Add(uint64(trunc))
+	}
+	return s.rn
+}
+
+// peek runs inside RawConn.Read in the waiter: true once a datagram is queued (not consumed).
+func (s *udpSock) peek(fd uintptr) bool {
+	var b [1]byte
+	for {
+		_, _, e := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
+			unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+		switch e {
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false
+		}
+		return true
+	}
+}
+
+// waiter parks until s is readable, tells Recv, and waits to be re-armed (multi-socket links).
+func (s *udpSock) waiter() {
+	defer s.l.wg.Done()
+	for {
+		if err := s.rc.Read(s.peekFn); err != nil {
+			return
+		}
+		select {
+		case s.l.ready <- struct{}{}:
+		default:
+		}
+		select {
+		case <-s.rearm:
+		case <-s.l.closing:
+			return
+		}
+	}
+}
+
+// Recv waits for datagrams and fills batch[0:n] with them (up to BatchSize at a time). Src is the
+// peer, Dst the local address and port of the socket it arrived on.
+func (l *Link) Recv(batch []link.Datagram) (int, error) {
+	if l.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	defer race.Received()
+	if len(batch) == 0 {
+		return 0, nil
+	}
+	if len(l.socks) == 1 {
+		s := l.socks[0]
+		l.rmu.Lock()
+		defer l.rmu.Unlock()
+		for {
+			var n int
+			if s.gro {
+				if !s.groPending() {
+					s.prepGRO()
+					if err := s.rc.Read(s.groFn); err != nil || s.rerr != nil {
+						return l.recvResult(s, 0, err)
+					}
+				}
+				n = s.drainGRO(batch)
+			} else {
+				s.prepRecv(batch)
+				err := s.rc.Read(s.recvFn)
+				n = s.finishRecv(batch)
+				if err != nil || s.rerr != nil {
+					return l.recvResult(s, n, err)
+				}
+			}
+			if n > 0 {
+				return n, nil
+			}
+		}
+	}
+	l.rmu.Lock()
+	defer l.rmu.Unlock()
+	for {
+		for k := range l.socks {
+			s := l.socks[(l.next+k)%len(l.socks)]
+			if s.gro {
+				if !s.groPending() {
+					s.prepGRO()
+					err := s.rc.Control(s.gtryFn)
+					if s.again {
+						select {
+						case s.rearm <- struct{}{}:
+						default:
+						}
+						continue
+					}
+					if err != nil || s.rerr != nil {
+						return l.recvResult(s, 0, err)
+					}
+				}
+				l.next = (l.next + k + 1) % len(l.socks)
+				return s.drainGRO(batch), nil
+			}
+			s.prepRecv(batch)
+			err := s.rc.Control(s.tryFn)
+			if s.again {
+				select {
+				case s.rearm <- struct{}{}:
+				default:
+				}
+				s.finishRecv(batch)
+				continue
+			}
+			n := s.finishRecv(batch)
+			l.next = (l.next + k + 1) % len(l.socks)
+			return l.recvResult(s, n, err)
+		}
+		select {
+		case <-l.ready:
+		case <-l.closing:
+			return 0, net.ErrClosed
+		}
+	}
+}
+
+func (l *Link) recvResult(s *udpSock, n int, err error) (int, error) {
+	if l.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	if err == nil {
+		err = s.rerr
+	}
+	if err != nil {
+		return n, fmt.Errorf("recvmmsg on %v: %w", s.local, err)
+	}
+	return n, nil
+}
