@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
-	"os"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -26,13 +25,6 @@ func recvBufs(n int) []link.Datagram { return linktest.RecvBufs(n) }
 
 // The sniffers check what Linux writes in the headers of the ring's frames, which the ICRC
 // covers (IBTA A17.3.3) and a socket cannot see. They need root (AF_PACKET, netns).
-
-func needRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (AF_PACKET / network namespace)")
-	}
-}
 
 // ipv4UDP is what the sniffers extract from a captured IPv4/UDP packet.
 type ipv4UDP struct {
