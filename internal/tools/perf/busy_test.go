@@ -42,7 +42,7 @@ func TestPerfLinkBusyPoll(t *testing.T) {
 	buf := make([]byte, 1<<20)
 	deadline := time.Now().Add(10 * time.Second) // safety bound, not a wait
 	for {
-		if strings.Contains(string(buf[:runtime.Stack(buf, true)]), "link.(*udpSock).busy") {
+		if strings.Contains(string(buf[:runtime.Stack(buf, true)]), "udp.(*udpSock).busy") {
 			return
 		}
 		if time.Now().After(deadline) {
