@@ -37,10 +37,13 @@ var layers = []struct {
 	{"internal/cq", 2},
 	{"internal/oob/", 2},
 	{"internal/rocetest", 2},
-	// the link implementations; the QP engine (which sees links only through the seam)
+	// the link implementations (mem, udp, fault, their shared test suite); the QP engine,
+	// which sees links only through the seam
+	{"pkg/link/internal/race", 1},
 	{"pkg/link/", 3},
 	{"internal/qp", 3},
-	// the IB CM on QP1
+	// the AF_XDP path (over a link/udp socket); the IB CM on QP1
+	{"pkg/link/afxdp", 4},
 	{"internal/cm", 4},
 	// the device and the Verbs API
 	{"pkg/roce", 5},

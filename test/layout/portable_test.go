@@ -6,7 +6,8 @@ import (
 	"testing"
 )
 
-// portable are the packages that build and vet on any system Go supports; the others use
+// portable are the packages that build and vet on any system Go supports: the wire format,
+// the engine and the link seam with its in-memory and fault-injecting links. The others use
 // Linux interfaces (batched and GSO/GRO sockets, AF_XDP, netlink, memfd, eventfd, peer
 // credentials) and are Linux-only (DEVELOPERS.md "Platforms").
 var portable = []string{
@@ -17,6 +18,11 @@ var portable = []string{
 	"internal/cq",
 	"internal/gid",
 	"internal/testcap",
+	"pkg/link",
+	"pkg/link/mem",
+	"pkg/link/fault",
+	"internal/qp",
+	"internal/cm",
 }
 
 // TestPortable vets the portable packages, tests included, for other systems.
