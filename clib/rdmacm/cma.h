@@ -30,6 +30,8 @@ struct cma_id {
 	struct ibv_pd *ep_pd;
 	int own_cqs;                  // rdma_create_qp made the CQs and channels
 	int own_channel;              // a synchronous ID's private channel (rdma_create_id(NULL, ...))
+	int established;              // ESTABLISHED was delivered
+	int disconnected;             // DISCONNECTED was delivered
 };
 
 static inline struct cma_id *cma_id(struct rdma_cm_id *id)

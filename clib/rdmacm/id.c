@@ -205,8 +205,13 @@ int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_cm_event *
 		// The daemon moves a bound QP as the connection goes (CM_SET_QP).
 		if (id->id.qp && ev->event == RDMA_CM_EVENT_ESTABLISHED && id->id.qp_type != IBV_QPT_UD)
 			id->id.qp->state = IBV_QPS_RTS;
-		if (id->id.qp && ev->event == RDMA_CM_EVENT_DISCONNECTED)
-			id->id.qp->state = IBV_QPS_ERR;
+		if (ev->event == RDMA_CM_EVENT_ESTABLISHED)
+			id->established = 1;
+		if (ev->event == RDMA_CM_EVENT_DISCONNECTED) {
+			id->disconnected = 1;
+			if (id->id.qp)
+				id->id.qp->state = IBV_QPS_ERR;
+		}
 		*event = ev;
 		return 0;
 	}
@@ -398,7 +403,11 @@ int rdma_reject_ece(struct rdma_cm_id *id, const void *private_data, uint8_t pri
 int rdma_disconnect(struct rdma_cm_id *id)
 {
 	struct sr_handle h = {.handle = cma_id(id)->handle};
-	if (call_id(SR_OP_CM_DISCONNECT, &h, sizeof(h), NULL, 0) < 0)
+	// A connection the peer already took down (its DREQ may be in a queued
+	// event not yet fetched) leaves the local call nothing to do: it
+	// succeeds, as with the kernel's CM; an ID never connected is an error.
+	struct cma_id *i = cma_id(id);
+	if (call_id(SR_OP_CM_DISCONNECT, &h, sizeof(h), NULL, 0) < 0 && !i->established && !i->disconnected)
 		return -1;
 	if (id->qp)
 		id->qp->state = IBV_QPS_ERR;
