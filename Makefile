@@ -5,9 +5,10 @@ bench:
 	bench/run --lab
 bench-quick:
 	bench/run --quick
-# build/lib/libibverbs.so.1 and build/lib/librdmacm.so.1
+# build/lib/libibverbs.so.1 and build/lib/librdmacm.so.1 (BUILD=DIR: DIR/lib instead)
+BUILD ?= $(CURDIR)/build
 libs:
-	$(MAKE) -C clib libs BUILD=$(CURDIR)/build
+	$(MAKE) -C clib libs BUILD=$(BUILD)
 # the C tests under ASan/UBSan and the ABI checks against rdma-core's libraries
 clib-test:
-	$(MAKE) -C clib test BUILD=$(CURDIR)/build
+	$(MAKE) -C clib test BUILD=$(BUILD)

@@ -37,8 +37,8 @@ run_pair() {
   "${srv[@]}" > "$work/$name.s" 2>&1 &
   local sp=$!
   sleep 0.5
-  "${cli[@]}" > "$work/$name.c" 2>&1 || { echo "$name client failed:"; cat "$work/$name.c" "$work/$name.s"; exit 1; }
-  wait $sp || { echo "$name server failed:"; cat "$work/$name.s"; exit 1; }
+  "${cli[@]}" > "$work/$name.c" 2>&1 || { echo "$name client failed:" >&2; cat "$work/$name.c" "$work/$name.s" >&2; exit 1; }
+  wait $sp || { echo "$name server failed:" >&2; cat "$work/$name.s" >&2; exit 1; }
 }
 # col N FILE: column N of the result row (the line after the header that starts with #bytes)
 col() { awk -v n="$1" '/#bytes/ {h=1; next} h && NF > 4 && $1 ~ /^[0-9]+$/ {print $n; exit}' "$2"; }
