@@ -37,6 +37,9 @@ type cmIDObj struct {
 	dead bool   // destroyed: its queued events are dropped
 }
 
+// cmIDCost is what a CM ID costs its user.
+var cmIDCost = one(resCMIDs)
+
 // cmState returns the session's CM state, creating it.
 func (ss *session) cmState() *sessionCM {
 	ss.mu.Lock()
@@ -100,11 +103,12 @@ func (ss *session) handleCM(op proto.Op, body []byte) (any, error) {
 		if err := unmarshal(body, &r); err != nil {
 			return nil, err
 		}
-		if err := checkQuota[*cmIDObj](ss, ss.s.quota.CMIDs, "CM IDs"); err != nil {
+		if err := ss.charge(cmIDCost); err != nil {
 			return nil, err
 		}
 		id, err := rdmacm.CreateID(ss.cmState().ch, rdmacm.IDOptions{Device: ss.s.dev, PortSpace: r.PortSpace})
 		if err != nil {
+			ss.release(cmIDCost)
 			return nil, err
 		}
 		o := &cmIDObj{id: id}
@@ -201,6 +205,7 @@ func (ss *session) destroyCMID(o *cmIDObj) {
 	_ = o.id.Destroy()
 	ss.del(o.h)
 	ss.s.nCMID.Add(-1)
+	ss.release(cmIDCost)
 }
 
 // cmEvents takes the session's queued events (OpCMGetEvents), giving each
@@ -229,6 +234,7 @@ func (ss *session) cmEvents() proto.CMEvents {
 			e.ID.Context = child
 			child.h = ss.add(child)
 			ss.s.nCMID.Add(1)
+			ss.s.acct.charge(ss.ten, cmIDCost, true) // counted, never refused (the peer made it)
 			ce.Listen = lo.h
 			ce.Local, ce.Remote, ce.Route = e.ID.LocalAddr(), e.ID.RemoteAddr(), e.ID.Route()
 		}

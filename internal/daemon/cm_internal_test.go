@@ -29,8 +29,8 @@ func TestCMSetQPOtherSession(t *testing.T) {
 	}
 	defer dev.Close()
 	srv, _ := New(Options{Device: dev, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	x := &session{s: srv, next: 1, objs: map[proto.Handle]any{}}
-	y := &session{s: srv, next: 100, objs: map[proto.Handle]any{}}
+	x := &session{s: srv, next: 1, objs: map[proto.Handle]any{}, ten: srv.acct.user(0)}
+	y := &session{s: srv, next: 100, objs: map[proto.Handle]any{}, ten: srv.acct.user(0)}
 	defer x.cleanup()
 	defer y.cleanup()
 	req := func(ss *session, op proto.Op, v any) error {

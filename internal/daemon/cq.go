@@ -21,6 +21,7 @@ type cqObj struct {
 	tail atomic.Uint64 // published tail (written under the engine CQ's lock)
 	wake atomic.Bool   // deliver took a sleeping client's arm: signal it outside the lock
 	refs int
+	cost usage
 
 	notifyFD  int      // daemon -> client: completions (when armed)
 	spaceFile *os.File // client -> daemon: ring space after a full ring
@@ -50,11 +51,19 @@ func (ss *session) createCQ(r proto.CreateCQReq) (proto.CreateCQResp, []int, err
 	if r.CQE < 1 || r.CQE > ss.s.dev.Attr().MaxCQE {
 		return resp, nil, fmt.Errorf("%w: cqe %d", cq.ErrCapacity, r.CQE)
 	}
-	if err := checkQuota[*cqObj](ss, ss.s.quota.CQs, "CQs"); err != nil {
-		return resp, nil, err
-	}
 	capacity := proto.RingCapacity(r.CQE)
 	size := proto.RingBytes(capacity)
+	cost := usage{resCQs: 1, resFDs: 2, resMappings: 1, resMappedBytes: int64(size),
+		resEngineBytes: int64(size) + cq.Footprint(r.CQE)}
+	if err := ss.charge(cost); err != nil {
+		return resp, nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			ss.release(cost)
+		}
+	}()
 	memfd, mem, err := proto.NewMemfd("softroce-cq", size)
 	if err != nil {
 		return resp, nil, err
@@ -90,7 +99,8 @@ func (ss *session) createCQ(r proto.CreateCQReq) (proto.CreateCQResp, []int, err
 		proto.Unmap(mem)
 		return resp, nil, err
 	}
-	o := &cqObj{c: c, ring: ring, mem: mem, notifyFD: notify, clock: ss.s.cqClock,
+	ok = true
+	o := &cqObj{c: c, ring: ring, mem: mem, notifyFD: notify, clock: ss.s.cqClock, cost: cost,
 		spaceFile: proto.EventFile(space, "softroce-cq-space"),
 		spaceDone: make(chan struct{})}
 	c.SetPushHooks(o.onPush, o.afterPush)
@@ -143,6 +153,7 @@ func (ss *session) releaseCQ(o *cqObj) {
 	proto.Unmap(o.mem)
 	ss.s.mapped.Add(-int64(len(o.mem)))
 	ss.s.nCQ.Add(-1)
+	ss.release(o.cost)
 }
 
 // readSpace waits for the client's space signals (it read entries from a

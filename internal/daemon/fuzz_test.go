@@ -67,7 +67,7 @@ func FuzzHandle(f *testing.F) {
 	f.Add(join(msg(proto.OpCMCreateID, proto.CMCreateIDReq{PortSpace: 0x0111}), msg(proto.OpCMAccept, proto.CMConnParamReq{H: 1}),
 		msg(proto.OpCMListen, proto.CMListenReq{H: 1})))
 	f.Fuzz(func(t *testing.T, stream []byte) {
-		ss := &session{s: srv, next: 1, objs: map[proto.Handle]any{}}
+		ss := &session{s: srv, next: 1, objs: map[proto.Handle]any{}, ten: srv.acct.user(0)}
 		for len(stream) > 0 {
 			m := stream
 			for i := 0; i+1 < len(stream); i++ {
@@ -93,5 +93,9 @@ func FuzzHandle(f *testing.F) {
 		if d := srv.Debug(); d.PDs != 0 || d.MRs != 0 || d.CQs != 0 || d.SRQs != 0 || d.QPs != 0 || d.CMIDs != 0 || d.MappedBytes != 0 {
 			t.Fatalf("objects left after cleanup: %+v", d)
 		}
+		if u := srv.acct.usedBy(ss.ten); u != (usage{}) {
+			t.Fatalf("charges left after cleanup: %+v", u.proto())
+		}
+		srv.acct.leave(ss.ten)
 	})
 }

@@ -154,17 +154,19 @@ func startDaemon(t testing.TB, l link.Link, name string, port uint16) *testDaemo
 	return d
 }
 
-// testPostSpin and testQuota are the daemons' Options.PostSpin and
-// Options.Quota (a test may set them before starting its daemons).
+// testPostSpin, testLimits and testCeiling are the daemons' Options.PostSpin, Options.Limits
+// and Options.Ceiling (a test may set them before starting its daemons).
 var (
-	testPostSpin time.Duration
-	testQuota    daemon.Quota
+	testPostSpin            time.Duration
+	testLimits, testCeiling daemon.Limits
+	testPrivileged          func(uid uint32) bool
 )
 
 // serveDevice serves dev (closed by the cleanup) on a socket in a temporary directory.
 func serveDevice(t testing.TB, dev *roce.Device, name string) *testDaemon {
 	t.Helper()
-	srv, err := daemon.New(daemon.Options{Device: dev, Logger: discardLogger(), PostSpin: testPostSpin, Quota: testQuota})
+	srv, err := daemon.New(daemon.Options{Device: dev, Logger: discardLogger(), PostSpin: testPostSpin,
+		Limits: testLimits, Ceiling: testCeiling, Privileged: testPrivileged})
 	if err != nil {
 		t.Fatal(err)
 	}

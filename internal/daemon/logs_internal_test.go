@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bytes"
+	"github.com/softroce/softroce/internal/daemon/proto"
 	"log/slog"
 	"strings"
 	"testing"
@@ -45,5 +46,19 @@ func TestBadPostsRateLimited(t *testing.T) {
 	}
 	if n := srv.badPosts.Load(); n != 10000 {
 		t.Fatalf("BadPosts %d, want 10000", n)
+	}
+}
+
+// TestUsageNames: the daemon's resource names and the protocol's are one list, in one order.
+func TestUsageNames(t *testing.T) {
+	var u usage
+	for r := range u {
+		u[r] = int64(r) + 1
+	}
+	vals := u.proto().Values()
+	for r, name := range resNames {
+		if proto.UsageNames()[r] != name || vals[r] != int64(r)+1 {
+			t.Fatalf("resource %d: daemon %q, protocol %q (value %d)", r, name, proto.UsageNames()[r], vals[r])
+		}
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"io"
 	"net/http"
 	"sort"
+
+	"github.com/softroce/softroce/internal/daemon/proto"
 )
 
 // WriteMetrics writes the Prometheus text exposition (format 0.0.4): the
@@ -43,6 +45,38 @@ func (s *Server) WriteMetrics(w io.Writer) error {
 	for _, g := range gauges {
 		fmt.Fprintf(bw, "# HELP softroce_daemon_%s %s\n# TYPE softroce_daemon_%s gauge\n", g.name, g.help, g.name)
 		fmt.Fprintf(bw, "softroce_daemon_%s{device=%q} %d\n", g.name, dev, g.v)
+	}
+	fmt.Fprintf(bw, "# HELP softroce_daemon_refused_total requests refused over a per-user limit or the daemon-wide ceiling\n# TYPE softroce_daemon_refused_total counter\n")
+	for i, v := range d.Refused.Values() {
+		fmt.Fprintf(bw, "softroce_daemon_refused_total{device=%q,limit=%q} %d\n", dev, proto.UsageNames()[i], v)
+	}
+	for _, c := range []struct {
+		name, help string
+		v          uint64
+	}{
+		{"bad_posts_total", "asynchronous posts and post-ring records refused (malformed, no such QP)", d.BadPosts},
+		{"dropped_events_total", "asynchronous events dropped on full event rings", d.DroppedEvents},
+		{"accept_backoffs_total", "accept errors backed off on (out of descriptors or memory)", d.AcceptBackoffs},
+	} {
+		fmt.Fprintf(bw, "# HELP softroce_daemon_%s %s\n# TYPE softroce_daemon_%s counter\n", c.name, c.help, c.name)
+		fmt.Fprintf(bw, "softroce_daemon_%s{device=%q} %d\n", c.name, dev, c.v)
+	}
+	s.acct.mu.Lock()
+	type userRow struct {
+		uid  uint32
+		used usage
+	}
+	users := make([]userRow, 0, len(s.acct.users))
+	for uid, t := range s.acct.users {
+		users = append(users, userRow{uid, t.used})
+	}
+	s.acct.mu.Unlock()
+	sort.Slice(users, func(i, j int) bool { return users[i].uid < users[j].uid })
+	fmt.Fprintf(bw, "# HELP softroce_daemon_user_usage what each user's clients hold, per limited resource\n# TYPE softroce_daemon_user_usage gauge\n")
+	for _, u := range users {
+		for r, v := range u.used {
+			fmt.Fprintf(bw, "softroce_daemon_user_usage{device=%q,uid=\"%d\",resource=%q} %d\n", dev, u.uid, resNames[r], v)
+		}
 	}
 	type qpRow struct {
 		qpn, pid int64

@@ -19,6 +19,7 @@ type postRing struct {
 	mem    []byte
 	bell   *os.File // the daemon's copy of the doorbell eventfd
 	buf    []byte   // private copy of the record being decoded
+	cost   usage    // charged to the client's user (limits.go)
 	broken bool
 	done   chan struct{}
 }
@@ -39,6 +40,17 @@ func (ss *session) openPostRing() (proto.PostRingResp, []int, error) {
 	if ss.ring != nil {
 		return proto.PostRingResp{}, nil, fmt.Errorf("%w: post ring already open", proto.ErrProtocol)
 	}
+	size := int64(proto.RoundPage(proto.EventRingOff + proto.EventRingBytes))
+	cost := usage{resFDs: 2, resMappings: 1, resMappedBytes: size, resEngineBytes: size}
+	if err := ss.charge(cost); err != nil {
+		return proto.PostRingResp{}, nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			ss.release(cost)
+		}
+	}()
 	memfd, mem, err := proto.NewMemfd("softroce-post", proto.EventRingOff+proto.EventRingBytes)
 	if err != nil {
 		return proto.PostRingResp{}, nil, err
@@ -69,7 +81,8 @@ func (ss *session) openPostRing() (proto.PostRingResp, []int, error) {
 	ss.evMu.Lock()
 	ss.ev = &evRing{r: er, fd: evfd}
 	ss.evMu.Unlock()
-	pr := &postRing{r: r, mem: mem, bell: proto.EventFile(bell, "softroce-post-bell"), done: make(chan struct{})}
+	ok = true
+	pr := &postRing{r: r, mem: mem, bell: proto.EventFile(bell, "softroce-post-bell"), done: make(chan struct{}), cost: cost}
 	ss.ring = pr
 	ss.s.mapped.Add(int64(len(mem)))
 	go ss.drainLoop(pr)
@@ -187,6 +200,7 @@ func (ss *session) stopRing(drain bool) {
 	ss.postMu.Unlock()
 	proto.Unmap(pr.mem)
 	ss.s.mapped.Add(-int64(len(pr.mem)))
+	ss.release(pr.cost)
 }
 
 // pushEvent forwards an asynchronous event to the client (any goroutine;

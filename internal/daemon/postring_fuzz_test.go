@@ -53,7 +53,7 @@ func FuzzPostRingDrain(f *testing.F) {
 		if len(data) > proto.PostRingData {
 			return
 		}
-		ss := &session{s: srv, next: 1, objs: map[proto.Handle]any{}}
+		ss := &session{s: srv, next: 1, objs: map[proto.Handle]any{}, ten: srv.acct.user(0)}
 		var fds []int
 		for _, m := range [][]byte{msg(proto.OpAllocPD, nil), msg(proto.OpCreateCQ, proto.CreateCQReq{CQE: 4}),
 			msg(proto.OpCreateQP, proto.CreateQPReq{Type: qp.TypeRC, PD: 1, SendCQ: 2, RecvCQ: 2, Cap: qp.Cap{MaxSendWR: 2, MaxRecvWR: 2, MaxSendSGE: 1, MaxRecvSGE: 1}}),

@@ -201,7 +201,8 @@ func TestProcesses(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	for _, want := range []string{`softroce_sent_pkts{device="softrocea"}`, `softroce_rdma_sends{device="softrocea"}`,
-		`softroce_qp_state{device="softrocea",qpn=`, `softroce_daemon_clients{device="softrocea"} 5`} {
+		`softroce_qp_state{device="softrocea",qpn=`, `softroce_daemon_clients{device="softrocea"} 5`,
+		`softroce_daemon_refused_total{device="softrocea",limit="qps"} 0`, `softroce_daemon_user_usage{device="softrocea",uid="`} {
 		if !bytes.Contains(body, []byte(want)) {
 			t.Fatalf("metrics lack %s:\n%s", want, body)
 		}

@@ -40,8 +40,13 @@ type Options struct {
 	// sleeps on the doorbell; 0 = not at all. On a CPU-bound host spinning
 	// costs more than the doorbell saves (docs/performance.md).
 	PostSpin time.Duration
-	// Quota limits each client's objects (zero fields: unlimited).
-	Quota Quota
+	// Limits bound what each user's clients hold together (zero fields: DefaultLimits,
+	// negative: none); Ceiling what all users hold together (zero fields: DefaultCeiling).
+	Limits, Ceiling Limits
+	// Privileged tells whether a user may use what the IBTA reserves to privileged
+	// consumers: controlled Q_Keys (the high-order bit set, IBTA 10.2.4), which the host's
+	// own CM (QP1) uses. nil: only root (uid 0), as the kernel allows CAP_NET_RAW only.
+	Privileged func(uid uint32) bool
 	// CQClock times the clients' CQ moderation periods (OpModifyCQ); nil = the real clock.
 	// Tests inject a fake one.
 	CQClock cq.Clock
@@ -53,7 +58,8 @@ type Server struct {
 	verb     roce.Verbs
 	log      *slog.Logger
 	postSpin time.Duration
-	quota    Quota
+	acct     *accounts
+	priv     func(uid uint32) bool
 	cqClock  cq.Clock
 
 	mu       sync.Mutex
@@ -123,9 +129,13 @@ func New(o Options) (*Server, error) {
 	if clock == nil {
 		clock = cq.RealClock{}
 	}
+	priv := o.Privileged
+	if priv == nil {
+		priv = func(uid uint32) bool { return uid == 0 }
+	}
 	return &Server{dev: o.Device, verb: o.Device.Verbs(), log: l, sessions: map[*session]struct{}{},
-		changed: make(chan struct{}), quit: make(chan struct{}), postSpin: spin, quota: o.Quota,
-		cqClock: clock}, nil
+		changed: make(chan struct{}), quit: make(chan struct{}), postSpin: spin,
+		acct: newAccounts(o.Limits, o.Ceiling), priv: priv, cqClock: clock}, nil
 }
 
 // acceptTemporary reports whether an accept error is a shortage that passes (descriptors,
@@ -332,6 +342,7 @@ func (s *Server) Debug() proto.Debug {
 	d.Refills = s.refills.Load()
 	d.AcceptBackoffs = s.acceptBackoffs.Load()
 	d.BadPosts, d.DroppedEvents = s.badPosts.Load(), s.droppedEvents.Load()
+	d.Refused = s.acct.refusals().proto()
 	if ls, ok := s.dev.LinkStats(); ok {
 		d.EntropySockets = int(ls.UDP.EntropySockets)
 	}

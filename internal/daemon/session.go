@@ -26,6 +26,12 @@ type session struct {
 	id   uint64
 	pid  int32
 	uid  uint32
+	// ten is the account of the client's user (limits.go); base the cost of the connection
+	// itself, charged at accept; refuse, if set, is why the connection was refused (over a
+	// limit): its first request is answered with it and the connection closed.
+	ten    *tenant
+	base   usage
+	refuse error
 
 	mu   sync.Mutex
 	next proto.Handle
@@ -55,11 +61,13 @@ type mrObj struct {
 	m       *mr.MR
 	pd      *pdObj
 	mapping []byte
+	cost    usage
 }
 
 type srqObj struct {
 	s    *qp.SRQ
 	refs int
+	cost usage
 }
 
 type qpObj struct {
@@ -67,11 +75,13 @@ type qpObj struct {
 	pd       *pdObj
 	scq, rcq *cqObj
 	srq      *srqObj
+	cost     usage
 }
 
 func newSession(s *Server, c *net.UnixConn, id uint64) *session {
 	ss := &session{s: s, conn: c, id: id, next: 1, objs: map[proto.Handle]any{},
 		rbuf: make([]byte, proto.MaxMsg+1), oob: make([]byte, unix.CmsgSpace(4*8))}
+	ss.uid = nobody // no credentials: the unprivileged account of its own
 	if rc, err := c.SyscallConn(); err == nil {
 		rc.Control(func(fd uintptr) {
 			if u, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
@@ -79,10 +89,52 @@ func newSession(s *Server, c *net.UnixConn, id uint64) *session {
 			}
 		})
 	}
+	ss.ten = s.acct.user(ss.uid)
+	cost := usage{resConns: 1, resFDs: 1}
+	if err := s.acct.charge(ss.ten, cost, false); err != nil {
+		ss.refuse = err
+	} else {
+		ss.base = cost
+	}
 	return ss
 }
 
+// nobody is the uid of a peer whose credentials cannot be read (the overflow uid).
+const nobody = 65534
+
+// charge charges cost to the client's user (limits.go): proto.ErrQuota over a limit.
+func (ss *session) charge(cost usage) error { return ss.s.acct.charge(ss.ten, cost, false) }
+
+// release gives back a cost charge took.
+func (ss *session) release(cost usage) { ss.s.acct.release(ss.ten, cost) }
+
+// refused answers the first request of a connection refused over a limit with the reason,
+// then ends the session (a client that sends nothing is dropped after refuseWait).
+func (ss *session) refused() {
+	ss.s.limitedLog("refused", "connection refused", "client", ss.id, "pid", ss.pid, "uid", ss.uid, "err", ss.refuse)
+	ss.conn.SetReadDeadline(time.Now().Add(refuseWait))
+	n, oobn, _, _, err := ss.conn.ReadMsgUnix(ss.rbuf, ss.oob)
+	if oobn > 0 {
+		proto.CloseFDs(proto.ParseRights(ss.oob[:oobn]))
+	}
+	if err != nil || n == 0 {
+		return
+	}
+	ss.errResp(ss.refuse, 0)
+	ss.conn.WriteMsgUnix(ss.wbuf, nil, nil)
+}
+
+// refuseWait bounds how long a refused connection waits for its first request.
+const refuseWait = time.Second
+
 func (ss *session) run() {
+	defer ss.s.acct.leave(ss.ten)
+	if ss.refuse != nil {
+		ss.refused()
+		ss.conn.Close()
+		ss.s.remove(ss)
+		return
+	}
 	ss.s.limitedLogLevel("conn", slog.LevelInfo, connLogBurst, "client connected", "client", ss.id, "pid", ss.pid, "uid", ss.uid)
 	defer func() {
 		closing, by := ss.s.shuttingDown()
@@ -92,6 +144,7 @@ func (ss *session) run() {
 			ss.waitDrained(by)
 		}
 		ss.cleanup()
+		ss.release(ss.base)
 		ss.s.remove(ss)
 		ss.s.limitedLogLevel("conn", slog.LevelInfo, connLogBurst, "client disconnected", "client", ss.id, "pid", ss.pid)
 	}()
@@ -156,7 +209,8 @@ func (ss *session) handle(b []byte, fds *[]int) (rights []byte) {
 		return nil
 	case proto.OpHello:
 		v := ss.s.verb
-		out = proto.Hello{Version: proto.Version, Name: v.Name(), Attr: v.Attr(), PortAttr: v.PortAttr(), GIDs: v.GIDs()}
+		out = proto.Hello{Version: proto.Version, Name: v.Name(), Attr: v.Attr(), PortAttr: v.PortAttr(), GIDs: v.GIDs(),
+			Limit: ss.s.acct.limit.proto()}
 	case proto.OpStats:
 		out = ss.s.dev.Stats()
 	case proto.OpDebug:
@@ -179,6 +233,11 @@ func (ss *session) handle(b []byte, fds *[]int) (rights []byte) {
 			}
 		}
 		ss.mu.Unlock()
+		d.UID = ss.uid
+		if ss.ten != nil {
+			d.User = ss.s.acct.usedBy(ss.ten).proto()
+		}
+		d.UserLimit = ss.s.acct.limit.proto()
 		out = d
 	case proto.OpAllocPD:
 		out, err = ss.allocPD()
@@ -355,11 +414,12 @@ func (ss *session) del(h proto.Handle) {
 }
 
 func (ss *session) allocPD() (proto.HandleResp, error) {
-	if err := checkQuota[*pdObj](ss, ss.s.quota.PDs, "PDs"); err != nil {
+	if err := ss.charge(one(resPDs)); err != nil {
 		return proto.HandleResp{}, err
 	}
 	pd, err := ss.s.dev.AllocPD()
 	if err != nil {
+		ss.release(one(resPDs))
 		return proto.HandleResp{}, err
 	}
 	ss.s.nPD.Add(1)
@@ -379,6 +439,7 @@ func (ss *session) deallocPD(h proto.Handle) error {
 	}
 	ss.del(h)
 	ss.s.nPD.Add(-1)
+	ss.release(one(resPDs))
 	return nil
 }
 
@@ -390,25 +451,29 @@ func (ss *session) regMR(r proto.RegMRReq, fd int) (proto.RegMRResp, error) {
 	if err != nil {
 		return proto.RegMRResp{}, err
 	}
-	if err := checkQuota[*mrObj](ss, ss.s.quota.MRs, "MRs"); err != nil {
+	span, err := proto.MapSpan(r.Off, r.Len)
+	if err != nil {
 		return proto.RegMRResp{}, err
 	}
-	if err := ss.checkMRBytes(r.Len); err != nil {
+	cost := usage{resMRs: 1, resMappings: 1, resMappedBytes: span}
+	if err := ss.charge(cost); err != nil {
 		return proto.RegMRResp{}, err
 	}
 	mapping, view, err := proto.MapShared(fd, r.Off, r.Len)
 	if err != nil {
+		ss.release(cost)
 		return proto.RegMRResp{}, err
 	}
 	m, err := ss.s.dev.RegMR(pd.pd, view, r.IOVA, mr.Access(r.Access))
 	if err != nil {
 		proto.Unmap(mapping)
+		ss.release(cost)
 		return proto.RegMRResp{}, err
 	}
 	pd.refs++
 	ss.s.nMR.Add(1)
 	ss.s.mapped.Add(int64(len(mapping)))
-	h := ss.add(&mrObj{m: m, pd: pd, mapping: mapping})
+	h := ss.add(&mrObj{m: m, pd: pd, mapping: mapping, cost: cost})
 	return proto.RegMRResp{H: h, LKey: m.LKey(), RKey: m.RKey()}, nil
 }
 
@@ -434,19 +499,26 @@ func (ss *session) releaseMR(o *mrObj) error {
 	ss.s.mapped.Add(-int64(len(o.mapping)))
 	o.pd.refs--
 	ss.s.nMR.Add(-1)
+	ss.release(o.cost)
 	return nil
 }
 
 func (ss *session) createSRQ(r proto.CreateSRQReq) (proto.HandleResp, error) {
-	if err := checkQuota[*srqObj](ss, ss.s.quota.SRQs, "SRQs"); err != nil {
+	a := ss.s.dev.Attr()
+	if r.MaxWR < 1 || r.MaxWR > a.MaxSRQWR || r.MaxSGE < 1 || r.MaxSGE > a.MaxSRQSGE {
+		return proto.HandleResp{}, qp.ErrSRQArg // (before sizing the charge from them)
+	}
+	cost := usage{resSRQs: 1, resEngineBytes: qp.SRQFootprint(r.MaxWR, r.MaxSGE)}
+	if err := ss.charge(cost); err != nil {
 		return proto.HandleResp{}, err
 	}
 	s, err := ss.s.dev.CreateSRQ(qp.SRQOptions{MaxWR: r.MaxWR, MaxSGE: r.MaxSGE, Limit: r.Limit})
 	if err != nil {
+		ss.release(cost)
 		return proto.HandleResp{}, err
 	}
 	ss.s.nSRQ.Add(1)
-	h := ss.add(&srqObj{s: s})
+	h := ss.add(&srqObj{s: s, cost: cost})
 	ss.s.own(s, owner{ss, h, proto.EventOnSRQ})
 	return proto.HandleResp{H: h}, nil
 }
@@ -463,6 +535,7 @@ func (ss *session) destroySRQ(h proto.Handle) error {
 	ss.s.disown(o.s)
 	ss.del(h)
 	ss.s.nSRQ.Add(-1)
+	ss.release(o.cost)
 	return nil
 }
 
@@ -489,15 +562,22 @@ func (ss *session) createQP(r proto.CreateQPReq) (proto.CreateQPResp, error) {
 		}
 		in.SRQ = srq.s
 	}
-	if err := checkQuota[*qpObj](ss, ss.s.quota.QPs, "QPs"); err != nil {
-		return proto.CreateQPResp{}, err
-	}
 	if r.Type == qp.TypeGSI {
 		// The GSI QP (QPN 1) is the device's, not a client's.
 		return proto.CreateQPResp{}, fmt.Errorf("%w: GSI QP", proto.ErrUnsupported)
 	}
+	a, c := ss.s.dev.Attr(), r.Cap
+	if c.MaxSendWR > uint32(a.MaxQPWR) || c.MaxRecvWR > uint32(a.MaxQPWR) || c.MaxSendSGE > uint32(a.MaxSGE) ||
+		c.MaxRecvSGE > uint32(a.MaxSGE) || c.MaxInlineData > uint32(a.MaxInlineData) {
+		return proto.CreateQPResp{}, roce.ErrLimit // (before sizing the charge from them)
+	}
+	cost := usage{resQPs: 1, resEngineBytes: qp.Footprint(c, srq != nil)}
+	if err := ss.charge(cost); err != nil {
+		return proto.CreateQPResp{}, err
+	}
 	q, err := ss.s.dev.CreateQP(in)
 	if err != nil {
+		ss.release(cost)
 		return proto.CreateQPResp{}, err
 	}
 	pd.refs++
@@ -507,7 +587,7 @@ func (ss *session) createQP(r proto.CreateQPReq) (proto.CreateQPResp, error) {
 		srq.refs++
 	}
 	ss.s.nQP.Add(1)
-	h := ss.add(&qpObj{q: q, pd: pd, scq: scq, rcq: rcq, srq: srq})
+	h := ss.add(&qpObj{q: q, pd: pd, scq: scq, rcq: rcq, srq: srq, cost: cost})
 	ss.s.own(q.Num(), owner{ss, h, proto.EventOnQP})
 	return proto.CreateQPResp{H: h, QPN: q.Num()}, nil
 }
@@ -533,6 +613,7 @@ func (ss *session) releaseQP(o *qpObj) {
 		o.srq.refs--
 	}
 	ss.s.nQP.Add(-1)
+	ss.release(o.cost)
 }
 
 func (ss *session) postSend(b []byte) {
@@ -730,6 +811,7 @@ func (ss *session) cleanup() {
 		ss.s.verb.DestroySRQ(o.s)
 		ss.s.disown(o.s)
 		ss.s.nSRQ.Add(-1)
+		ss.release(o.cost)
 	}
 	for _, o := range cqs {
 		ss.releaseCQ(o)
@@ -747,6 +829,7 @@ func (ss *session) cleanup() {
 			continue
 		}
 		ss.s.nPD.Add(-1)
+		ss.release(one(resPDs))
 	}
 	ss.mu.Lock()
 	ss.objs = map[proto.Handle]any{}

@@ -486,6 +486,16 @@ func (c *Conn) RegMR(p roce.ProtectionDomain, buf []byte, iova uint64, acc mr.Ac
 	if !ok {
 		return nil, fmt.Errorf("%w: RegMR needs memory from AllocBuffer", proto.ErrNotShareable)
 	}
+	if l := c.hello.Limit.MappedBytes; l > 0 && int64(len(buf)) > l {
+		return nil, fmt.Errorf("%w: mapped_bytes: %d bytes asked, limit %d per user", proto.ErrQuota, len(buf), l)
+	}
+	// The daemon maps only populated memory (the pages are this process's, as ibv_reg_mr
+	// pins them in the registering process): fault the range's pages in first.
+	first := off &^ uint64(proto.PageSize-1)
+	last := min(uint64(proto.RoundPage(int(off)+len(buf))), uint64(len(bf.mem)))
+	if err := proto.Populate(bf.mem[first:last]); err != nil {
+		return nil, err
+	}
 	var r proto.RegMRResp
 	fds, err := c.call(proto.OpRegMR, proto.RegMRReq{PD: h, Off: off, Len: len(buf), IOVA: iova, Access: uint32(acc)}, &r, bf.fd)
 	proto.CloseFDs(fds)

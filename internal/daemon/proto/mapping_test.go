@@ -18,6 +18,9 @@ func TestDoorbellTwoMappings(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer Unmap(mem)
+	if err := Populate(mem); err != nil {
+		t.Fatal(err)
+	}
 	mapping, view, err := MapShared(fd, 0, PostRingBytes)
 	CloseFD(fd)
 	if err != nil {

@@ -87,6 +87,8 @@ type Hello struct {
 	Attr     qp.DeviceAttr
 	PortAttr qp.PortAttr
 	GIDs     []netip.Addr
+	// Limit is the per-user limits the client's user is held to (-1 = none).
+	Limit Usage
 }
 
 // HandleReq names one object.
@@ -205,6 +207,20 @@ type Debug struct {
 	BadPosts, DroppedEvents uint64
 	// Mine counts this client's own objects.
 	Mine struct{ PDs, MRs, CQs, SRQs, QPs, CMIDs int }
+	// UID is the user the daemon counts this client under (SO_PEERCRED); User is what all of
+	// that user's connections hold together, UserLimit the per-user limits (-1 = none).
+	UID             uint32
+	User, UserLimit Usage
+	// Refused counts the requests refused over a limit (per-user or daemon-wide), per
+	// resource, since the daemon started.
+	Refused Usage
+}
+
+// Usage is an amount of each resource the daemon limits per user (docs/daemon.md "Limits"):
+// a holding, a limit (-1 = none) or a count of refusals.
+type Usage struct {
+	Conns, FDs, PDs, MRs, CQs, SRQs, QPs, CMIDs int64
+	MappedBytes, Mappings, EngineBytes          int64
 }
 
 // ErrorBody is the body of an error response.
@@ -224,8 +240,9 @@ var (
 	ErrUnsupported = errors.New("softroce daemon: operation not supported through the daemon")
 	// ErrDisconnected: the daemon closed the connection (shutdown or protocol error).
 	ErrDisconnected = errors.New("softroce daemon: disconnected")
-	// ErrQuota: the client already holds as many objects (or MR bytes) as the daemon's per-client quota allows.
-	ErrQuota = errors.New("softroce daemon: per-client quota exceeded")
+	// ErrQuota: the request would take the client's user (uid) over one of the daemon's
+	// per-user limits, or the daemon over its daemon-wide ceiling; the message names which.
+	ErrQuota = errors.New("softroce daemon: limit reached")
 )
 
 // Sentinels are the errors that keep their identity across the socket:
@@ -498,4 +515,28 @@ func Posted(body []byte) (int, error) {
 		return 0, ErrProtocol
 	}
 	return int(le.Uint32(body)), nil
+}
+
+// Names are the resources' names in Usage order (conns, fds, ...): the names of the
+// daemon's limits (docs/daemon.md).
+var usageNames = [...]string{"conns", "fds", "pds", "mrs", "cqs", "srqs", "qps", "cm_ids", "mapped_bytes", "mappings", "engine_bytes"}
+
+// Values returns u's fields in usageNames order.
+func (u Usage) Values() [11]int64 {
+	return [11]int64{u.Conns, u.FDs, u.PDs, u.MRs, u.CQs, u.SRQs, u.QPs, u.CMIDs, u.MappedBytes, u.Mappings, u.EngineBytes}
+}
+
+// UsageNames returns the resource names, in Values order.
+func UsageNames() []string { return usageNames[:] }
+
+// Counters returns the daemon's own event counters by name, as `softroce stats --daemon`
+// prints them next to the device's: daemon_refused_<limit> (requests refused over each
+// limit), daemon_bad_posts, daemon_dropped_events, daemon_accept_backoffs.
+func (d Debug) Counters() map[string]uint64 {
+	m := map[string]uint64{"daemon_bad_posts": d.BadPosts, "daemon_dropped_events": d.DroppedEvents,
+		"daemon_accept_backoffs": d.AcceptBackoffs}
+	for i, v := range d.Refused.Values() {
+		m["daemon_refused_"+usageNames[i]] = uint64(v)
+	}
+	return m
 }

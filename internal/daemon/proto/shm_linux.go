@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -50,13 +51,32 @@ func NewMemfd(name string, size int) (fd int, mem []byte, err error) {
 // RoundPage rounds n up to a multiple of the page size.
 func RoundPage(n int) int { return (n + PageSize - 1) &^ (PageSize - 1) }
 
+// MapSpan is the size of the page-aligned mapping MapShared makes for [off, off+length)
+// (what the mapping costs the mapper's address space), or ErrNotShareable for a range it
+// refuses outright.
+func MapSpan(off uint64, length int) (int64, error) {
+	if length <= 0 || off > 1<<48 || length > 1<<40 {
+		return 0, fmt.Errorf("%w: range %d+%d", ErrNotShareable, off, length)
+	}
+	start := off &^ uint64(PageSize-1)
+	return int64(uint64(RoundPage(int(off+uint64(length)))) - start), nil
+}
+
+// tmpfsMagic is the f_type of tmpfs (shmem), where memfd_create puts a memfd without
+// MFD_HUGETLB.
+const tmpfsMagic = 0x01021994
+
 // MapShared maps [off, off+length) of a peer's memfd read-write. It refuses
 // (ErrNotShareable) anything but a memfd sealed against shrinking whose size
-// covers the range, so a later truncation cannot fault the mapper. It
-// returns the page-aligned mapping (for Unmap) and the requested view.
+// covers the range, so a later truncation cannot fault the mapper; anything but shmem
+// (a hugetlbfs memfd faults with SIGBUS where the huge page pool has no page for a hole);
+// and a range with holes: the peer populates the range before passing it (fallocate), so
+// the pages are charged to the peer, not faulted in by the mapper (RDMA writes into a
+// hole would allocate the page in the mapper's memory). It returns the page-aligned
+// mapping (for Unmap) and the requested view.
 func MapShared(fd int, off uint64, length int) (mapping, view []byte, err error) {
-	if length <= 0 || off > 1<<48 || length > 1<<40 {
-		return nil, nil, fmt.Errorf("%w: range %d+%d", ErrNotShareable, off, length)
+	if _, err := MapSpan(off, length); err != nil {
+		return nil, nil, err
 	}
 	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
 	if err != nil || seals&unix.F_SEAL_SHRINK == 0 {
@@ -68,6 +88,13 @@ func MapShared(fd int, off uint64, length int) (mapping, view []byte, err error)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG || uint64(st.Size) < off+uint64(length) {
 		return nil, nil, fmt.Errorf("%w: size %d < %d", ErrNotShareable, st.Size, off+uint64(length))
+	}
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil || fs.Type != tmpfsMagic {
+		return nil, nil, fmt.Errorf("%w: not a shmem memfd (file system 0x%x; hugetlbfs memory is refused)", ErrNotShareable, fs.Type)
+	}
+	if hole, err := unix.Seek(fd, int64(off), unix.SEEK_HOLE); err != nil || uint64(hole) < off+uint64(length) {
+		return nil, nil, fmt.Errorf("%w: range %d+%d not populated (a hole at %d): fault its pages in first (Populate)", ErrNotShareable, off, length, hole)
 	}
 	start := off &^ uint64(PageSize-1)
 	end := uint64(RoundPage(int(off + uint64(length))))
@@ -83,6 +110,34 @@ func MapShared(fd int, off uint64, length int) (mapping, view []byte, err error)
 	}
 	v := off - start
 	return mapping, mapping[v : v+uint64(length) : v+uint64(length)], nil
+}
+
+// Populate faults in, writable, every page of mem (a page-aligned part of a shared mapping
+// of a memfd), as MapShared wants them: the pages become the caller's (charged to the
+// caller's memory, as ibv_reg_mr pins pages in the registering process), and their contents
+// do not change. MADV_POPULATE_WRITE (Linux 5.14) does it in one call; before that each
+// page is touched with an atomic OR of zero. (fallocate is not enough: shmem leaves
+// fallocated pages !uptodate, and SEEK_HOLE reports them as holes.)
+func Populate(mem []byte) error {
+	if len(mem) == 0 {
+		return nil
+	}
+	base := unsafe.Pointer(&mem[0])
+	if uintptr(base)&uintptr(PageSize-1) != 0 {
+		return fmt.Errorf("%w: Populate of memory not page-aligned", ErrNotShareable)
+	}
+	n := uintptr(RoundPage(len(mem)))
+	_, _, errno := unix.Syscall(unix.SYS_MADVISE, uintptr(base), n, unix.MADV_POPULATE_WRITE)
+	if errno == 0 {
+		return nil
+	}
+	if errno != unix.EINVAL {
+		return fmt.Errorf("madvise(MADV_POPULATE_WRITE) %d bytes: %w", len(mem), errno)
+	}
+	for i := 0; i < len(mem); i += PageSize {
+		atomic.OrUint32((*uint32)(unsafe.Add(base, i)), 0)
+	}
+	return nil
 }
 
 // Unmap releases a mapping from NewMemfd or MapShared.

@@ -49,6 +49,9 @@ type fileConfig struct {
 	Port    uint16   `json:"port"`
 	MTU     int      `json:"mtu"`
 	Log     string   `json:"log"` // "text" (default) or "json"
+	// Limits are the per-user limits ({"qps": 64, "mapped_bytes": 1073741824, ...}; a key
+	// left out keeps its default, -1 = none; docs/daemon.md).
+	Limits daemonsrv.Limits `json:"limits"`
 }
 
 // Config is a parsed daemon command line (the --config file merged in).
@@ -65,8 +68,8 @@ type Config struct {
 	JSONLog bool
 	// CPUProfile, if set, is where a CPU profile of the run is written.
 	CPUProfile string
-	// Quota and PostSpin are internal/daemon's Options.
-	Quota    daemonsrv.Quota
+	// Limits (per user) and PostSpin are internal/daemon's Options.
+	Limits   daemonsrv.Limits
 	PostSpin time.Duration
 	// Signals, if set, stops the daemon when it receives a value (Main: SIGTERM, SIGINT).
 	Signals <-chan os.Signal
@@ -78,6 +81,7 @@ type flags struct {
 	listen                                []string
 	socket, group, cfgPath, metrics, name string
 	logFmt                                string
+	limits                                []string
 	port                                  uint
 	mtu                                   int
 }
@@ -87,19 +91,14 @@ func newFlagSet(f *flags) *pflag.FlagSet {
 	fs.StringArrayVarP(&f.listen, "listen", "l", nil, "local `address` or interface to bind UDP 4791 on (repeatable; default: every address of every up interface)")
 	fs.StringVarP(&f.socket, "socket", "s", client.DefaultSocket, "unix `socket` path for local clients (mode 0660)")
 	fs.StringVarP(&f.group, "group", "g", "", "`group` owning the socket (name or gid)")
-	fs.StringVarP(&f.cfgPath, "config", "c", "", "JSON config `file` (keys: listen, socket, group, metrics, name, port, mtu, log)")
+	fs.StringVarP(&f.cfgPath, "config", "c", "", "JSON config `file` (keys: listen, socket, group, metrics, name, port, mtu, log, limits)")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus text metrics on this loopback `ADDR:PORT` (opt-in)")
 	fs.StringVar(&f.name, "name", "softroce0", "device `name`")
 	fs.UintVar(&f.port, "port", 4791, "RoCE UDP `port` (tests only; peers must use the same)")
 	fs.IntVar(&f.mtu, "mtu", 0, "active MTU in `bytes` (256..4096; 0 = from the interface MTU)")
 	fs.StringVar(&f.logFmt, "log", "text", "log `format`: text or json")
 	fs.StringVar(&f.CPUProfile, "cpuprofile", "", "write a CPU profile of the daemon's run to this `file` (diagnostics)")
-	fs.IntVar(&f.Quota.PDs, "quota-pds", 0, "per-client limit on PDs (0 = none; the device limits still apply)")
-	fs.IntVar(&f.Quota.MRs, "quota-mrs", 0, "per-client limit on MRs (0 = none)")
-	fs.IntVar(&f.Quota.CQs, "quota-cqs", 0, "per-client limit on CQs (0 = none)")
-	fs.IntVar(&f.Quota.SRQs, "quota-srqs", 0, "per-client limit on SRQs (0 = none)")
-	fs.IntVar(&f.Quota.QPs, "quota-qps", 0, "per-client limit on QPs (0 = none)")
-	fs.Int64Var(&f.Quota.MRBytes, "quota-mr-bytes", 0, "per-client limit on registered bytes (0 = none)")
+	fs.StringArrayVar(&f.limits, "limit", nil, "per-user limit `NAME=VALUE` (repeatable; names: conns, fds, pds, mrs, cqs, srqs, qps, cm_ids, mapped_bytes, mappings, engine_bytes; VALUE a count with an optional K/M/G/T suffix, or none)")
 	fs.DurationVar(&f.PostSpin, "post-spin", 0, "keep polling a client's post ring this long after draining it before sleeping on its doorbell (0 = no spinning; costs CPU)")
 	return fs
 }
@@ -150,6 +149,16 @@ func ParseArgs(args []string) (Config, error) {
 		}
 		if !fs.Changed("mtu") && c.MTU != 0 {
 			f.mtu = c.MTU
+		}
+		f.Limits = c.Limits
+	}
+	for _, a := range f.limits { // the command line wins over the file, limit by limit
+		k, v, ok := strings.Cut(a, "=")
+		if !ok {
+			return Config{}, fmt.Errorf("%w: --limit %q: want NAME=VALUE", cli.ErrUsage, a)
+		}
+		if err := f.Limits.Set(k, v); err != nil {
+			return Config{}, fmt.Errorf("%w: --limit: %w", cli.ErrUsage, err)
 		}
 	}
 	c := f.Config
@@ -250,7 +259,7 @@ func Run(ctx context.Context, c Config, log io.Writer) error {
 		return fail("open device", err)
 	}
 	defer dev.Close()
-	srv, err = daemonsrv.New(daemonsrv.Options{Device: dev, Logger: lg, PostSpin: c.PostSpin, Quota: c.Quota})
+	srv, err = daemonsrv.New(daemonsrv.Options{Device: dev, Logger: lg, PostSpin: c.PostSpin, Limits: c.Limits})
 	if err != nil {
 		return fail("server", err)
 	}

@@ -25,15 +25,20 @@ import (
 func TestDaemonFlags(t *testing.T) {
 	cfg := filepath.Join(t.TempDir(), "c.json")
 	os.WriteFile(cfg, []byte(`{"listen": ["127.0.0.1"], "bogus": 1}`), 0o600)
+	badLimit := filepath.Join(t.TempDir(), "l.json")
+	os.WriteFile(badLimit, []byte(`{"listen": ["127.0.0.1"], "limits": {"qpz": 1}}`), 0o600)
 	for _, tc := range []struct {
 		args   []string
 		status int
 	}{
 		{[]string{"--config", cfg}, 1},
+		{[]string{"--config", badLimit}, 1},
 		{[]string{"--listen", "127.0.0.1", "--mtu", "1000", "--socket", filepath.Join(t.TempDir(), "s")}, 2},
 		{[]string{"--listen", "127.0.0.1", "--metrics", "0.0.0.0:9000", "--port", "0"}, 2},
 		{[]string{"--listen", "127.0.0.1", "--post-spin", "fast"}, 2},
-		{[]string{"--listen", "127.0.0.1", "--quota-qps", "many"}, 2},
+		{[]string{"--listen", "127.0.0.1", "--limit", "qps=many"}, 2},
+		{[]string{"--listen", "127.0.0.1", "--limit", "bogus=1"}, 2},
+		{[]string{"--listen", "127.0.0.1", "--limit", "qps"}, 2},
 		{[]string{"--listen", "127.0.0.1", "--log", "xml"}, 2},
 		{[]string{"-listen", "127.0.0.1"}, 2},
 		{[]string{"--listen", "127.0.0.1", "extra"}, 2},
@@ -44,13 +49,13 @@ func TestDaemonFlags(t *testing.T) {
 		}
 	}
 	good := filepath.Join(t.TempDir(), "g.json")
-	os.WriteFile(good, []byte(`{"listen": ["127.0.0.2"], "socket": "/tmp/x.sock", "mtu": 2048, "log": "json"}`), 0o600)
-	c, err := ParseArgs([]string{"-c", good, "-s/tmp/y.sock", "--port=14791", "--quota-qps", "4", "--post-spin=2us"})
+	os.WriteFile(good, []byte(`{"listen": ["127.0.0.2"], "socket": "/tmp/x.sock", "mtu": 2048, "log": "json", "limits": {"qps": 9, "cqs": 7}}`), 0o600)
+	c, err := ParseArgs([]string{"-c", good, "-s/tmp/y.sock", "--port=14791", "--limit", "qps=4", "--limit=mapped_bytes=2G", "--post-spin=2us"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(c.Device.Addrs) != 1 || c.Device.Addrs[0] != netip.MustParseAddr("127.0.0.2") || c.Socket != "/tmp/y.sock" ||
-		c.Device.Port != 14791 || c.Device.MTU != qp.MTU2048 || !c.JSONLog || c.Quota.QPs != 4 || c.PostSpin != 2*time.Microsecond {
+		c.Device.Port != 14791 || c.Device.MTU != qp.MTU2048 || !c.JSONLog || c.Limits.QPs != 4 || c.Limits.MappedBytes != 2<<30 || c.Limits.CQs != 7 || c.PostSpin != 2*time.Microsecond {
 		t.Errorf("config %+v", c)
 	}
 	c, err = ParseArgs([]string{"-l", "127.0.0.1", "-l127.0.0.2", "--mtu", "1024"})

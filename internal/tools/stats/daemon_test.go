@@ -29,7 +29,8 @@ func TestStatsDaemon(t *testing.T) {
 	if rc := Main(context.Background(), []string{"--daemon", sock, "-p"}, &out, &errb); rc != 0 {
 		t.Fatalf("exit %d: %s", rc, errb.String())
 	}
-	if !strings.HasPrefix(out.String(), "link softrocestats/1\n") || !strings.Contains(out.String(), "sent_pkts") {
+	if !strings.HasPrefix(out.String(), "link softrocestats/1\n") || !strings.Contains(out.String(), "sent_pkts") ||
+		!strings.Contains(out.String(), "daemon_refused_qps") {
 		t.Fatalf("stats --daemon:\n%s", out.String())
 	}
 	out.Reset()

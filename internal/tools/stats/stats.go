@@ -265,7 +265,8 @@ func Run(ctx context.Context, c Config, out io.Writer) error {
 	return nil
 }
 
-// runDaemon prints c.Count snapshots of the daemon's device counters, c.Interval apart.
+// runDaemon prints c.Count snapshots of the daemon's device counters and its own
+// (proto.Debug.Counters: refusals over limits, bad posts, dropped events), c.Interval apart.
 func runDaemon(ctx context.Context, c Config, out io.Writer) error {
 	cl, err := client.Dial(c.Daemon)
 	if err != nil {
@@ -282,10 +283,14 @@ func runDaemon(ctx context.Context, c Config, out io.Writer) error {
 				return ctx.Err()
 			}
 		}
-		if _, err := cl.Debug(); err != nil { // liveness: the daemon is still there
+		d, err := cl.Debug() // (and liveness: the daemon is still there)
+		if err != nil {
 			return err
 		}
 		s := Snapshot{Device: cl.Name(), Port: 1, Time: time.Now().UTC(), Counters: cl.Stats().Map()}
+		for k, v := range d.Counters() { // the daemon's own: refusals over limits, ...
+			s.Counters[k] = v
+		}
 		if c.JSON {
 			b, _ := json.Marshal(s)
 			fmt.Fprintln(out, string(b))
