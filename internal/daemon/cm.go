@@ -177,6 +177,11 @@ func (ss *session) handleCM(op proto.Op, body []byte) (any, error) {
 		if err := unmarshal(body, &r); err != nil {
 			return nil, err
 		}
+		if r.Param != nil {
+			if err := ss.checkQKey(true, r.Param.QKey); err != nil {
+				return nil, err
+			}
+		}
 		if op == proto.OpCMAccept {
 			return nil, id.Accept(r.Param)
 		}

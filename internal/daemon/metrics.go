@@ -57,6 +57,7 @@ func (s *Server) WriteMetrics(w io.Writer) error {
 		{"bad_posts_total", "asynchronous posts and post-ring records refused (malformed, no such QP)", d.BadPosts},
 		{"dropped_events_total", "asynchronous events dropped on full event rings", d.DroppedEvents},
 		{"accept_backoffs_total", "accept errors backed off on (out of descriptors or memory)", d.AcceptBackoffs},
+		{"refused_privileged_total", "requests refused as reserved to privileged users (controlled Q_Keys)", d.RefusedPrivileged},
 	} {
 		fmt.Fprintf(bw, "# HELP softroce_daemon_%s %s\n# TYPE softroce_daemon_%s counter\n", c.name, c.help, c.name)
 		fmt.Fprintf(bw, "softroce_daemon_%s{device=%q} %d\n", c.name, dev, c.v)

@@ -80,6 +80,7 @@ type Server struct {
 	acceptBackoffs           atomic.Uint64 // accept errors Serve backed off on (EMFILE, ...)
 	badPosts                 atomic.Uint64 // post records and messages refused (malformed, unknown handle)
 	droppedEvents            atomic.Uint64 // asynchronous events dropped on full event rings
+	refusedPriv              atomic.Uint64 // requests refused as reserved to privileged users
 	quit                     chan struct{} // closed by Shutdown
 	logs                     logLimiter    // rate limits of repeated warnings (limitedLog)
 	// drainPaused makes the post rings' drainer goroutines ignore doorbells (a test knob,
@@ -343,6 +344,7 @@ func (s *Server) Debug() proto.Debug {
 	d.AcceptBackoffs = s.acceptBackoffs.Load()
 	d.BadPosts, d.DroppedEvents = s.badPosts.Load(), s.droppedEvents.Load()
 	d.Refused = s.acct.refusals().proto()
+	d.RefusedPrivileged = s.refusedPriv.Load()
 	if ls, ok := s.dev.LinkStats(); ok {
 		d.EntropySockets = int(ls.UDP.EntropySockets)
 	}

@@ -312,7 +312,9 @@ func (ss *session) handle(b []byte, fds *[]int) (rights []byte) {
 		if err = unmarshal(body, &r); err == nil {
 			var o *qpObj
 			if o, err = get[*qpObj](ss, r.H); err == nil {
-				err = o.q.Modify(&r.Attr, r.Mask)
+				if err = ss.checkQKey(r.Mask&qp.AttrQKey != 0, r.Attr.QKey); err == nil {
+					err = o.q.Modify(&r.Attr, r.Mask)
+				}
 			}
 		}
 	case proto.OpQueryQP:
@@ -691,6 +693,24 @@ func (ss *session) postRecvAsync(b []byte) {
 			QPNum: o.q.Num(), VendorErr: uint32(proto.CodeOf(err))}
 		o.rcq.c.Push(&wc, false)
 	}
+}
+
+// controlledQKey is the Q_Key bit that makes a Q_Key a controlled one (IBTA 10.2.4).
+const controlledQKey = 0x80000000
+
+// checkQKey refuses a controlled Q_Key (the high-order bit set) to an unprivileged user
+// (proto.ErrPermission; Options.Privileged): IBTA 10.2.4 reserves them to privileged
+// consumers, since the host's own CM (QP1, Q_Key 0x80010000) is reached with one, and the
+// kernel refuses them in ibv_modify_qp without CAP_NET_RAW. A QP that cannot hold one cannot
+// send one either: a send WR's controlled Q_Key means the QP's own (IBTA 10.2.5, in the
+// engine). set is whether the request sets a Q_Key at all.
+func (ss *session) checkQKey(set bool, qkey uint32) error {
+	if !set || qkey&controlledQKey == 0 || ss.s.priv(ss.uid) {
+		return nil
+	}
+	ss.s.refusedPriv.Add(1)
+	return fmt.Errorf("%w: controlled Q_Key 0x%08x (high-order bit set, IBTA 10.2.4) for user %d: reserved to privileged users",
+		proto.ErrPermission, qkey, ss.uid)
 }
 
 // badPost counts an asynchronous post the daemon could not take and logs it (rate-limited:

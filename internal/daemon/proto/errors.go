@@ -25,5 +25,6 @@ func init() {
 		ErrQuota,
 		rdmacm.ErrState, rdmacm.ErrInvalidArg, rdmacm.ErrAddrInUse, rdmacm.ErrNoAddr, rdmacm.ErrNoQP,
 		rdmacm.ErrDestroyed, roce.ErrNoCM,
+		ErrPermission,
 	}
 }

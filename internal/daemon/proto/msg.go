@@ -212,8 +212,10 @@ type Debug struct {
 	UID             uint32
 	User, UserLimit Usage
 	// Refused counts the requests refused over a limit (per-user or daemon-wide), per
-	// resource, since the daemon started.
-	Refused Usage
+	// resource, since the daemon started; RefusedPrivileged those refused as reserved to
+	// privileged users (controlled Q_Keys).
+	Refused           Usage
+	RefusedPrivileged uint64
 }
 
 // Usage is an amount of each resource the daemon limits per user (docs/daemon.md "Limits"):
@@ -243,6 +245,8 @@ var (
 	// ErrQuota: the request would take the client's user (uid) over one of the daemon's
 	// per-user limits, or the daemon over its daemon-wide ceiling; the message names which.
 	ErrQuota = errors.New("softroce daemon: limit reached")
+	// ErrPermission: the operation is reserved to privileged users (a controlled Q_Key).
+	ErrPermission = errors.New("softroce daemon: operation not permitted")
 )
 
 // Sentinels are the errors that keep their identity across the socket:
@@ -531,10 +535,10 @@ func UsageNames() []string { return usageNames[:] }
 
 // Counters returns the daemon's own event counters by name, as `softroce stats --daemon`
 // prints them next to the device's: daemon_refused_<limit> (requests refused over each
-// limit), daemon_bad_posts, daemon_dropped_events, daemon_accept_backoffs.
+// limit), daemon_refused_privileged, daemon_bad_posts, daemon_dropped_events, daemon_accept_backoffs.
 func (d Debug) Counters() map[string]uint64 {
 	m := map[string]uint64{"daemon_bad_posts": d.BadPosts, "daemon_dropped_events": d.DroppedEvents,
-		"daemon_accept_backoffs": d.AcceptBackoffs}
+		"daemon_accept_backoffs": d.AcceptBackoffs, "daemon_refused_privileged": d.RefusedPrivileged}
 	for i, v := range d.Refused.Values() {
 		m["daemon_refused_"+usageNames[i]] = uint64(v)
 	}
