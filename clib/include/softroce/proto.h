@@ -688,7 +688,7 @@ enum sr_errcode {
 	SR_E_MR_INVALID = 44,      /* EINVAL */
 	SR_E_MR_STATE = 45,        /* EINVAL */
 	SR_E_MR_RAND = 46,         /* EIO */
-	SR_E_QUOTA = 47,           /* EDQUOT: the client's per-client quota */
+	SR_E_QUOTA = 47,           /* EDQUOT: a per-user limit of the daemon (or its daemon-wide ceiling) */
 	SR_E_CM_STATE = 48,        /* EINVAL */
 	SR_E_CM_INVALID = 49,      /* EINVAL */
 	SR_E_ADDR_IN_USE = 50,     /* EADDRINUSE */
@@ -700,6 +700,7 @@ enum sr_errcode {
 	SR_E_DEV_BUSY = 56,        /* EBUSY */
 	SR_E_FAULT = 57,           /* EFAULT: registered memory the daemon could not read or write */
 	SR_E_VERSION = 58,         /* EPROTONOSUPPORT */
+	SR_E_PERMISSION = 59,      /* EPERM: reserved to privileged users (a controlled Q_Key) */
 };
 
 /* ---------------------------------------------------------------- shared memory */

@@ -66,7 +66,8 @@ const (
 	CodeDevBusy       Code = 56
 	CodeFault         Code = 57
 	CodeVersion       Code = 58
-	codeEnd           Code = 59
+	CodePermission    Code = 59
+	codeEnd           Code = 60
 )
 
 // NumCodes is one more than the largest code.
@@ -92,7 +93,7 @@ var errnos = [codeEnd]syscall.Errno{
 	CodeCMInvalid: syscall.EINVAL, CodeAddrInUse: syscall.EADDRINUSE, CodeNoAddr: syscall.EADDRNOTAVAIL,
 	CodeCMNoQP: syscall.EINVAL, CodeCMDestroyed: syscall.EINVAL, CodeNoCM: syscall.EOPNOTSUPP,
 	CodeTimeout: syscall.ETIMEDOUT, CodeDevBusy: syscall.EBUSY, CodeFault: syscall.EFAULT,
-	CodeVersion: syscall.EPROTONOSUPPORT,
+	CodeVersion: syscall.EPROTONOSUPPORT, CodePermission: syscall.EPERM,
 }
 
 // Errno is the errno value a code is reported with (EIO for an unknown code).

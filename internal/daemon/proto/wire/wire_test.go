@@ -103,7 +103,7 @@ var codeNames = map[Code]string{
 	CodeMRInvalid: "MR_INVALID", CodeMRState: "MR_STATE", CodeMRRand: "MR_RAND", CodeQuota: "QUOTA",
 	CodeCMState: "CM_STATE", CodeCMInvalid: "CM_INVALID", CodeAddrInUse: "ADDR_IN_USE", CodeNoAddr: "NO_ADDR",
 	CodeCMNoQP: "CM_NO_QP", CodeCMDestroyed: "CM_DESTROYED", CodeNoCM: "NO_CM", CodeTimeout: "TIMEOUT",
-	CodeDevBusy: "DEV_BUSY", CodeFault: "FAULT", CodeVersion: "VERSION",
+	CodeDevBusy: "DEV_BUSY", CodeFault: "FAULT", CodeVersion: "VERSION", CodePermission: "PERMISSION",
 }
 
 // errnoByName are the errno names the header's SR_E_* comments use.
@@ -112,7 +112,7 @@ var errnoByName = map[string]unix.Errno{
 	"ENOTCONN": unix.ENOTCONN, "ENODEV": unix.ENODEV, "ENETDOWN": unix.ENETDOWN, "ENOMEM": unix.ENOMEM,
 	"EIO": unix.EIO, "EACCES": unix.EACCES, "EBUSY": unix.EBUSY, "EDQUOT": unix.EDQUOT,
 	"EADDRINUSE": unix.EADDRINUSE, "EADDRNOTAVAIL": unix.EADDRNOTAVAIL, "ETIMEDOUT": unix.ETIMEDOUT,
-	"EPROTONOSUPPORT": unix.EPROTONOSUPPORT,
+	"EPROTONOSUPPORT": unix.EPROTONOSUPPORT, "EPERM": unix.EPERM,
 }
 
 // TestWireStructsNoImplicitPadding: every Go wire struct's fields sit at
