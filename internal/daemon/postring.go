@@ -89,10 +89,23 @@ func (ss *session) openPostRing() (proto.PostRingResp, []int, error) {
 	return proto.PostRingResp{Bytes: len(mem)}, fdsOut, nil
 }
 
-// drainLoop drains the ring whenever the doorbell rings. While it drains,
-// the ring's awake flag tells the client not to ring; before sleeping it
-// clears the flag and looks once more (proto.PostRing's doorbell rule).
-// A corrupt ring disconnects the client.
+// Fair service between clients (docs/daemon.md "Fair service"). A client's drainer works in
+// turns: one turn posts at most drainTurnRecords records or drainTurnBytes bytes of send
+// payload (the engine sends what a post lets it at once, on the drainer's goroutine), then the
+// drainer gives up its turn token and the processor. At most Server.turns drainers hold a
+// token at a time (GOMAXPROCS-1 by default: the device's receive path always has a processor
+// drainers do not take), and a drainer waiting for a token queues behind those already
+// waiting (a channel's waiters are served in order). So however fast one client fills its
+// ring, every other client with records gets a turn between two of its turns, and packets are
+// received meanwhile.
+const (
+	drainTurnRecords = 32
+	drainTurnBytes   = 256 << 10
+)
+
+// drainLoop drains the ring whenever the doorbell rings, in turns (above). While it drains,
+// the ring's awake flag tells the client not to ring; before sleeping it clears the flag and
+// looks once more (proto.PostRing's doorbell rule). A corrupt ring disconnects the client.
 func (ss *session) drainLoop(pr *postRing) {
 	defer close(pr.done)
 	spin := ss.s.postSpin
@@ -104,12 +117,21 @@ func (ss *session) drainLoop(pr *postRing) {
 			return false
 		}
 		for {
+			// postMu first: waiting for it delays this client only, and a token holder
+			// never waits for anything but its own turn's work.
 			ss.postMu.Lock()
+			ss.s.turns <- struct{}{}
 			pr.r.SetAwake(1)
-			err := ss.drainLocked()
+			more, err := ss.drain(drainTurnRecords, drainTurnBytes)
+			<-ss.s.turns
 			ss.postMu.Unlock()
 			if err != nil {
 				return true
+			}
+			if more {
+				ss.s.drainYields.Add(1)
+				runtime.Gosched() // the others' turns, the receive path
+				continue
 			}
 			// Stay awake a little: a client re-posting as completions arrive
 			// then needs no doorbell, and this goroutine no wakeup.
@@ -135,29 +157,45 @@ func spinFor(d time.Duration, ready func() bool) bool {
 	return ready()
 }
 
-// drainLocked posts every record in the ring, in order (postMu held). Each
-// record is one asynchronous post message, checked as on the socket
-// (handle of this client, WR encoding, then the engine's own checks: PD of
-// every lkey, sizes, queue room). Anything else marks the ring broken and
-// closes the connection (the session's cleanup follows).
+// maxRingRecords is the most records a post ring holds at once.
+const maxRingRecords = proto.PostRingData / 8
+
+// drainLocked posts the records in the ring, in order (postMu held): every record published
+// before the call (a full ring's worth, so a client refilling it meanwhile cannot keep the
+// caller here). A socket request drains this way first, so posts keep their order.
 func (ss *session) drainLocked() error {
+	_, err := ss.drain(maxRingRecords, -1)
+	return err
+}
+
+// drain posts up to maxRecords records of the ring, stopping early once maxBytes bytes of
+// send payload were posted (-1: no byte bound), in order (postMu held); more reports that
+// records are left. Each record is one asynchronous post message, checked as on the socket
+// (handle of this client, WR encoding, then the engine's own checks: PD of every lkey, sizes,
+// queue room). Anything else marks the ring broken and closes the connection (the session's
+// cleanup follows).
+func (ss *session) drain(maxRecords int, maxBytes int64) (more bool, err error) {
 	pr := ss.ring
 	if pr == nil {
-		return nil
+		return false, nil
 	}
 	if pr.broken {
-		return proto.ErrRingCorrupt
+		return false, proto.ErrRingCorrupt
 	}
-	for {
+	var bytes int64
+	for n := 0; ; n++ {
+		if n == maxRecords || maxBytes >= 0 && bytes >= maxBytes {
+			return pr.r.Pending(), nil
+		}
 		msg, err := pr.r.Next(&pr.buf)
 		if err == nil && msg == nil {
-			return nil
+			return false, nil
 		}
 		if err == nil {
 			ss.s.ringPosts.Add(1)
 			switch proto.Op(msg[0]) {
 			case proto.OpPostSendAsync:
-				ss.postSendAsync(msg)
+				bytes += ss.postSendAsync(msg)
 				continue
 			case proto.OpPostRecvAsync:
 				ss.postRecvAsync(msg)
@@ -171,7 +209,7 @@ func (ss *session) drainLocked() error {
 		if ss.conn != nil {
 			ss.conn.Close()
 		}
-		return err
+		return false, err
 	}
 }
 

@@ -37,6 +37,8 @@ func TestMain(m *testing.M) {
 		os.Exit(daemonChild())
 	} else if role == "emfile" {
 		os.Exit(emfileChild())
+	} else if role == "fbw" || role == "fsink" || role == "fping" || role == "fpong" {
+		os.Exit(fairChild(role))
 	} else if role != "" {
 		os.Exit(childMain(role))
 	}

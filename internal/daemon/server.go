@@ -47,6 +47,9 @@ type Options struct {
 	// consumers: controlled Q_Keys (the high-order bit set, IBTA 10.2.4), which the host's
 	// own CM (QP1) uses. nil: only root (uid 0), as the kernel allows CAP_NET_RAW only.
 	Privileged func(uid uint32) bool
+	// DrainTurns is how many clients' post-ring drainers may post at once (postring.go, "Fair
+	// service" in docs/daemon.md); 0 = GOMAXPROCS-1 (at least 1).
+	DrainTurns int
 	// CQClock times the clients' CQ moderation periods (OpModifyCQ); nil = the real clock.
 	// Tests inject a fake one.
 	CQClock cq.Clock
@@ -81,6 +84,8 @@ type Server struct {
 	badPosts                 atomic.Uint64 // post records and messages refused (malformed, unknown handle)
 	droppedEvents            atomic.Uint64 // asynchronous events dropped on full event rings
 	refusedPriv              atomic.Uint64 // requests refused as reserved to privileged users
+	drainYields              atomic.Uint64 // drain turns that ended with records left (postring.go)
+	turns                    chan struct{} // drain turn tokens (postring.go)
 	quit                     chan struct{} // closed by Shutdown
 	logs                     logLimiter    // rate limits of repeated warnings (limitedLog)
 	// drainPaused makes the post rings' drainer goroutines ignore doorbells (a test knob,
@@ -130,13 +135,18 @@ func New(o Options) (*Server, error) {
 	if clock == nil {
 		clock = cq.RealClock{}
 	}
+	turns := o.DrainTurns
+	if turns <= 0 {
+		turns = max(1, runtime.GOMAXPROCS(0)-1)
+	}
 	priv := o.Privileged
 	if priv == nil {
 		priv = func(uid uint32) bool { return uid == 0 }
 	}
 	return &Server{dev: o.Device, verb: o.Device.Verbs(), log: l, sessions: map[*session]struct{}{},
 		changed: make(chan struct{}), quit: make(chan struct{}), postSpin: spin,
-		acct: newAccounts(o.Limits, o.Ceiling), priv: priv, cqClock: clock}, nil
+		acct: newAccounts(o.Limits, o.Ceiling), priv: priv, cqClock: clock,
+		turns: make(chan struct{}, turns)}, nil
 }
 
 // acceptTemporary reports whether an accept error is a shortage that passes (descriptors,
@@ -345,6 +355,7 @@ func (s *Server) Debug() proto.Debug {
 	d.BadPosts, d.DroppedEvents = s.badPosts.Load(), s.droppedEvents.Load()
 	d.Refused = s.acct.refusals().proto()
 	d.RefusedPrivileged = s.refusedPriv.Load()
+	d.DrainYields = s.drainYields.Load()
 	if ls, ok := s.dev.LinkStats(); ok {
 		d.EntropySockets = int(ls.UDP.EntropySockets)
 	}

@@ -646,21 +646,22 @@ func (ss *session) postSend(b []byte) {
 // client's checks should have prevented it) completes with LOC_QP_OP_ERR,
 // as does every later WR of the request, so the client still gets exactly
 // one completion per WR.
-func (ss *session) postSendAsync(b []byte) {
+// It returns the bytes the posted WRs send (a drain turn's budget counts them).
+func (ss *session) postSendAsync(b []byte) (bytes int64) {
 	h, n, rest, err := proto.PostHeader(b)
 	if err != nil {
 		ss.badPost("async post: bad message", "err", err)
-		return
+		return 0
 	}
 	o, err := get[*qpObj](ss, h)
 	if err != nil {
 		ss.badPost("async post: no QP", "handle", h)
-		return
+		return 0
 	}
 	wrs, err := ss.sdec.Decode(rest, n)
 	if err != nil {
 		ss.badPost("async post: bad WRs", "err", err)
-		return
+		return 0
 	}
 	posted, err := o.q.PostSend(wrs)
 	for i := posted; err != nil && i < len(wrs); i++ {
@@ -668,6 +669,12 @@ func (ss *session) postSendAsync(b []byte) {
 			QPNum: o.q.Num(), VendorErr: uint32(proto.CodeOf(err))}
 		o.scq.c.Push(&wc, false)
 	}
+	for i := range wrs[:posted] {
+		for _, s := range wrs[i].SGL {
+			bytes += int64(s.Length)
+		}
+	}
+	return bytes
 }
 
 // postRecvAsync is postSendAsync for receive WRs.

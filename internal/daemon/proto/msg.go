@@ -201,6 +201,9 @@ type Debug struct {
 	// AcceptBackoffs counts the accept errors (out of descriptors or memory) the daemon backed
 	// off on and retried instead of stopping.
 	AcceptBackoffs uint64
+	// DrainYields counts the post-ring drain turns that ended with records left: a busy
+	// client's drainer gave the others their turn (docs/daemon.md "Fair service").
+	DrainYields uint64
 	// BadPosts counts asynchronous post messages and post-ring records the daemon refused
 	// (malformed, naming no QP of the client); DroppedEvents the asynchronous events dropped
 	// because a client's event ring was full.
