@@ -355,9 +355,6 @@ func (ss *session) handle(b []byte, fds *[]int) (rights []byte) {
 		}
 		ss.wbuf = append(ss.wbuf, j...)
 	}
-	if op == proto.OpRegMR {
-		*fds = (*fds)[1:] // regMR closed the memfd after mapping it
-	}
 	return rights
 }
 
@@ -445,10 +442,9 @@ func (ss *session) deallocPD(h proto.Handle) error {
 	return nil
 }
 
-// regMR maps the client's memfd and registers the view. The memfd is closed
-// here (the mapping keeps the memory).
+// regMR maps the client's memfd and registers the view. The memfd stays the caller's (the
+// request loop closes every descriptor a request came with; the mapping keeps the memory).
 func (ss *session) regMR(r proto.RegMRReq, fd int) (proto.RegMRResp, error) {
-	defer proto.CloseFD(fd)
 	pd, err := get[*pdObj](ss, r.PD)
 	if err != nil {
 		return proto.RegMRResp{}, err
