@@ -41,6 +41,7 @@ var (
 	soakPairs = flag.Int("soak.pairs", 4, "soak: RC QP pairs (each runs traffic both ways)")
 	soakMax   = flag.Int("soak.maxsize", 3*1024+17, "soak: largest message in bytes (MTU is 1024)")
 	soakTmo   = flag.Int("soak.timeout", 14, "soak: ACK timeout code (4.096 us x 2^code; 14 = 67 ms, perftest's default)")
+	soakBig   = flag.Int("soak.bigread", 0, "soak: largest big READ in bytes (0: none); one READ in 8 is between half of it and it, one at a time per direction (MTU 1024: above 128 KiB, more than 128 response packets)")
 )
 
 // soakFaults are the fault rates, per sent datagram on each device.
@@ -74,7 +75,8 @@ func TestSoak(t *testing.T) {
 					MaxSize: *soakMax, Timeout: uint8(*soakTmo)}))
 				return
 			}
-			res := runSoak(t, soakConfig{kind: kind, msgs: n, seed: *soakSeed, pairs: *soakPairs, maxSize: *soakMax, timeout: uint8(*soakTmo)})
+			res := runSoak(t, soakConfig{kind: kind, msgs: n, seed: *soakSeed, pairs: *soakPairs, maxSize: *soakMax, timeout: uint8(*soakTmo),
+				bigRead: *soakBig})
 			t.Logf("%s", res)
 		})
 	}
@@ -87,6 +89,10 @@ type soakConfig struct {
 	pairs   int
 	maxSize int
 	faults  *fault.DirOptions // nil = soakFaults()
+	// bigRead, if > 0, is the largest big READ: one READ in 8 is between bigRead/2 and
+	// bigRead bytes (more than 128 response packets above 128 KiB at MTU 1024), one
+	// outstanding at a time per direction, into a region of its own.
+	bigRead int
 	// timeout is the ACK timeout code (0 = 14). retry_cnt is 7, so a QP
 	// fails after 8 timeouts in a row without progress. On this shared
 	// 2-core machine (load 5-9) codes 10 and 12 (34 and 134 ms without
@@ -104,6 +110,7 @@ type soakResult struct {
 	a, b             qp.Stats
 	fa, fb           fault.Stats
 	retrans, retries uint64
+	bigReads         int
 }
 
 func (r soakResult) String() string {
@@ -121,9 +128,9 @@ func (r soakResult) String() string {
 		}
 		return sb.String()
 	}
-	return fmt.Sprintf("soak %s: %d messages, %d bytes, %d retransmitted packets, %d retries (timeouts+seq NAKs), wall %v (%.0f msg/s)\n"+
+	return fmt.Sprintf("soak %s: %d messages (%d big READs), %d bytes, %d retransmitted packets, %d retries (timeouts+seq NAKs), wall %v (%.0f msg/s)\n"+
 		"  faults a: %s\n  faults b: %s\n  counters a:%s\n  counters b:%s",
-		r.kind, r.msgs, r.bytes, r.retrans, r.retries, r.wall.Round(time.Millisecond),
+		r.kind, r.msgs, r.bigReads, r.bytes, r.retrans, r.retries, r.wall.Round(time.Millisecond),
 		float64(r.msgs)/r.wall.Seconds(), f(r.fa), f(r.fb), c(r.a), c(r.b))
 }
 
@@ -161,9 +168,12 @@ const (
 
 type soakLayout struct {
 	slot, local, recv, write, readSrc, readLen, atomic, size int
+	big, bigLen                                              int // big READs' target (bigRead)
 }
 
-func newSoakLayout(maxSize int) soakLayout {
+// newSoakLayout lays out one end's buffer for messages of up to maxSize bytes and big READs
+// of up to bigRead bytes (0: none).
+func newSoakLayout(maxSize, bigRead int) soakLayout {
 	var l soakLayout
 	l.slot = (maxSize + 4095) &^ 4095
 	if l.slot == 0 {
@@ -173,9 +183,10 @@ func newSoakLayout(maxSize int) soakLayout {
 	l.recv = l.local + soakWindow*l.slot    // receive slots
 	l.write = l.recv + soakRQ*l.slot        // WRITE targets of the peer
 	l.readSrc = l.write + soakWindow*l.slot // static bytes the peer READs
-	l.readLen = max(soakReadLen, l.slot)
+	l.readLen = max(soakReadLen, l.slot, bigRead)
 	l.atomic = l.readSrc + l.readLen // FETCH_ADD word, CMP_SWP word
-	l.size = l.atomic + 64
+	l.big, l.bigLen = l.atomic+64, bigRead
+	l.size = l.big + l.bigLen
 	return l
 }
 
@@ -300,6 +311,9 @@ type soakDir struct {
 	rng      *rand.Rand
 	n        int // WRs to post
 	maxSize  int
+	bigRead  int  // soakConfig.bigRead
+	bigOut   bool // a big READ is outstanding
+	bigReads int  // big READs completed
 
 	posted, completed int
 	wrs               [soakWindow]soakWR
@@ -316,6 +330,7 @@ type soakWR struct {
 	n, roff int
 	seq     uint64
 	want    uint64 // atomics: the value the responder must return
+	big     bool   // a big READ (into the layout's big region)
 }
 
 func (s *soakDir) postRecv(slot int) error {
@@ -358,6 +373,10 @@ func (s *soakDir) post() error {
 			s.expect = append(s.expect, e)
 		}
 	case qp.WRRDMARead:
+		if s.bigRead > 0 && !s.bigOut && s.rng.IntN(8) == 0 {
+			size = s.bigRead/2 + s.rng.IntN(s.bigRead/2+1)
+			loc, w.big, s.bigOut = l.big, true, true
+		}
 		w.roff = s.rng.IntN(l.readLen - size + 1)
 		clear(s.src.buf[loc : loc+size])
 		wr.SGL = s.sgl(loc, size)
@@ -420,6 +439,11 @@ func (s *soakDir) onSend(wc *cq.WC) error {
 			return fmt.Errorf("dir %d: WRITE %d (%d bytes): remote byte %d differs", s.id, w.seq, w.n, i)
 		}
 	case qp.WRRDMARead:
+		if w.big {
+			loc = l.big
+			s.bigOut = false
+			s.bigReads++
+		}
 		src := s.dst.buf[l.readSrc+w.roff : l.readSrc+w.roff+w.n]
 		got := s.src.buf[loc : loc+w.n]
 		for i := range got {
@@ -543,7 +567,7 @@ func runSoak(t *testing.T, c soakConfig) soakResult {
 	if c.pairs < 1 {
 		c.pairs = 1
 	}
-	lay := newSoakLayout(c.maxSize)
+	lay := newSoakLayout(c.maxSize, c.bigRead)
 	fo := soakFaults()
 	if c.faults != nil {
 		fo = *c.faults
@@ -586,7 +610,7 @@ func runSoak(t *testing.T, c soakConfig) soakResult {
 		for k, pr := range [][2]*soakEnd{{a, b}, {b, a}} {
 			id := uint64(2*i + k)
 			dirs = append(dirs, &soakDir{id: id, src: pr[0], dst: pr[1], n: per, maxSize: c.maxSize,
-				rng: rand.New(rand.NewPCG(c.seed, id))})
+				bigRead: c.bigRead, rng: rand.New(rand.NewPCG(c.seed, id))})
 		}
 	}
 	start := time.Now()
@@ -615,6 +639,7 @@ func runSoak(t *testing.T, c soakConfig) soakResult {
 	for _, d := range dirs {
 		res.msgs += uint64(d.completed)
 		res.bytes += d.bytes
+		res.bigReads += d.bigReads
 		if failed {
 			continue
 		}
