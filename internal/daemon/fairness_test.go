@@ -148,8 +148,8 @@ func TestTenantFairness(t *testing.T) {
 		qps[0], qps[1], depth, size, mbps[0], mbps[1], share)
 	t.Logf("8-byte ping-pong: idle p50 %.1f us p99 %.1f us (%d), loaded p50 %.1f us p99 %.1f us (%d): p99 loaded/idle %.2f (target <= 2)",
 		idle50, idle99, idleN, load50, load99, loadN, load99/idle99)
-	fmt.Printf("FAIRNESS qps=%d,%d mbps=%.0f,%.0f share=%.2f p99_idle_us=%.1f p99_loaded_us=%.1f p99_ratio=%.2f\n",
-		qps[0], qps[1], mbps[0], mbps[1], share, idle99, load99, load99/idle99)
+	fmt.Printf("FAIRNESS qps=%d,%d mbps=%.0f,%.0f share=%.2f p50_idle_us=%.1f p50_loaded_us=%.1f p99_idle_us=%.1f p99_loaded_us=%.1f p99_ratio=%.2f\n",
+		qps[0], qps[1], mbps[0], mbps[1], share, idle50, load50, idle99, load99, load99/idle99)
 }
 
 // fairChild runs one program of TestTenantFairness (role fbw, fsink, fping or fpong).
