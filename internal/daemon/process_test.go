@@ -35,6 +35,8 @@ func TestMain(m *testing.M) {
 		os.Exit(benchSplitChild(role))
 	} else if role == "daemon" {
 		os.Exit(daemonChild())
+	} else if role == "uid" {
+		os.Exit(uidChild())
 	} else if role == "emfile" {
 		os.Exit(emfileChild())
 	} else if role == "fbw" || role == "fsink" || role == "fping" || role == "fpong" {
