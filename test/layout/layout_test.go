@@ -24,6 +24,7 @@ var layers = []struct {
 	// leaves: nothing of softroce but pkg/bth
 	{"pkg/bth/layer", 1},
 	{"internal/clock", 1},
+	{"internal/cc", 1},
 	{"internal/event", 1},
 	{"internal/gid", 1},
 	{"internal/mr", 1},

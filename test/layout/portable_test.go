@@ -13,6 +13,7 @@ import (
 var portable = []string{
 	"pkg/bth/...",
 	"internal/clock",
+	"internal/cc",
 	"internal/event",
 	"internal/mr",
 	"internal/cq",
