@@ -4,9 +4,23 @@ package daemon
 // TestPostRecvVisible shows what the hook fixes).
 func SetRecvRefillDisabled(off bool) { recvRefillOff.Store(off) }
 
-// PauseDrainers makes the server's post-ring drainers ignore doorbells: a post in a ring then
-// reaches the engine only through the RecvRefill hook or a later socket request.
+// PauseDrainers makes the server's post-ring drainers ignore their clients' doorbells: a post
+// in a ring then reaches the engine only when the engine asks for it (the RecvRefill hook) or
+// before a later socket request.
 func (s *Server) PauseDrainers(on bool) { s.drainPaused.Store(on) }
 
 // SetAcceptBackoffHook calls f with each accept error Serve backs off on (a test knob).
 func SetAcceptBackoffHook(f func(error)) { acceptBackoffHook = f }
+
+// LockPosts takes the post lock of the client that owns QP qpn, as that client's drainer holds
+// it for as long as the client keeps its post ring full, and returns the function releasing it.
+func (s *Server) LockPosts(qpn uint32) (unlock func()) {
+	s.omu.Lock()
+	o, ok := s.owners[qpn]
+	s.omu.Unlock()
+	if !ok {
+		panic("LockPosts: no such QP")
+	}
+	o.ss.postMu.Lock()
+	return o.ss.postMu.Unlock
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/softroce/softroce/internal/daemon/proto"
+	"github.com/softroce/softroce/pkg/roce"
 )
 
 // postRing is a session's post ring (proto.PostRing): the client writes its
@@ -18,6 +19,7 @@ type postRing struct {
 	r      *proto.PostRing
 	mem    []byte
 	bell   *os.File // the daemon's copy of the doorbell eventfd
+	bellFD int      // its descriptor, for refill's wakeup (written under session.parkMu)
 	buf    []byte   // private copy of the record being decoded
 	cost   usage    // charged to the client's user (limits.go)
 	broken bool
@@ -82,8 +84,11 @@ func (ss *session) openPostRing() (proto.PostRingResp, []int, error) {
 	ss.ev = &evRing{r: er, fd: evfd}
 	ss.evMu.Unlock()
 	ok = true
-	pr := &postRing{r: r, mem: mem, bell: proto.EventFile(bell, "softroce-post-bell"), done: make(chan struct{}), cost: cost}
+	pr := &postRing{r: r, mem: mem, bell: proto.EventFile(bell, "softroce-post-bell"), bellFD: bell, done: make(chan struct{}), cost: cost}
 	ss.ring = pr
+	ss.parkMu.Lock()
+	ss.parkRing = pr
+	ss.parkMu.Unlock()
 	ss.s.mapped.Add(int64(len(mem)))
 	go ss.drainLoop(pr)
 	return proto.PostRingResp{Bytes: len(mem)}, fdsOut, nil
@@ -103,9 +108,11 @@ const (
 	drainTurnBytes   = 256 << 10
 )
 
-// drainLoop drains the ring whenever the doorbell rings, in turns (above). While it drains,
-// the ring's awake flag tells the client not to ring; before sleeping it clears the flag and
-// looks once more (proto.PostRing's doorbell rule). A corrupt ring disconnects the client.
+// drainLoop drains the ring whenever the doorbell rings, in turns (above); after each turn
+// it runs the refills the engine asked for that the turn made due (unparkDue). While it
+// drains, the ring's awake flag tells the client not to ring; before sleeping it clears the
+// flag and looks once more (proto.PostRing's doorbell rule). The engine's refill requests
+// (refill) ring the same doorbell. A corrupt ring disconnects the client.
 func (ss *session) drainLoop(pr *postRing) {
 	defer close(pr.done)
 	spin := ss.s.postSpin
@@ -114,6 +121,14 @@ func (ss *session) drainLoop(pr *postRing) {
 	// stopRing closes the doorbell, or here on a corrupt ring.
 	proto.WaitLoop(pr.bell, func(bool) bool {
 		if ss.s.drainPaused.Load() {
+			// test knob: the client's doorbells are ignored, the engine's refills served
+			if ss.refillWanted() {
+				ss.postMu.Lock()
+				err := ss.drainLocked()
+				ss.postMu.Unlock()
+				ss.unparkDue()
+				return err != nil
+			}
 			return false
 		}
 		for {
@@ -125,6 +140,7 @@ func (ss *session) drainLoop(pr *postRing) {
 			more, err := ss.drain(drainTurnRecords, drainTurnBytes)
 			<-ss.s.turns
 			ss.postMu.Unlock()
+			ss.unparkDue()
 			if err != nil {
 				return true
 			}
@@ -221,6 +237,9 @@ func (ss *session) stopRing(drain bool) {
 	if pr == nil {
 		return
 	}
+	ss.parkMu.Lock()
+	ss.parkRing = nil // refill answers false from now on, and signals no more (bell closes below)
+	ss.parkMu.Unlock()
 	ss.evMu.Lock()
 	if ss.ev != nil {
 		proto.CloseFD(ss.ev.fd)
@@ -236,6 +255,7 @@ func (ss *session) stopRing(drain bool) {
 	}
 	ss.ring = nil
 	ss.postMu.Unlock()
+	ss.unparkDue() // the packets held for this ring run now
 	proto.Unmap(pr.mem)
 	ss.s.mapped.Add(-int64(len(pr.mem)))
 	ss.release(pr.cost)
@@ -263,22 +283,69 @@ func (ss *session) pushEvent(e proto.Event) {
 var recvRefillOff atomic.Bool
 
 // refill is the engine's RecvRefill hook (qp.Config) on every QP of the session without an
-// SRQ: a packet that consumes a receive WQE found the QP's receive queue empty. The client may
-// have published receives in the post ring before its peer sent that packet (PostRecv returned,
-// then the program told the peer to send), so the ring is drained here, synchronously, before
-// the engine decides "no receive WQE" (RNR NAK on RC, a dropped message on UC and UD). postMu
-// serializes this with the drainer goroutine and with socket requests: a drain in progress
-// (a record taken from the ring but not yet posted) is waited for. Called on the device's
-// receive goroutine with no QP lock held (the drain posts to this session's QPs and takes
-// their locks); a stopped session has no ring (nothing to do).
-func (ss *session) refill() {
+// SRQ: a packet that consumes a receive WQE, and passed the QP's own checks, found the QP's
+// receive queue empty. The client may have published receives in the post ring before its
+// peer sent that packet (PostRecv returned, then the program told the peer to send), so the
+// engine must not decide "no receive WQE" (RNR NAK on RC, a dropped message on UC and UD)
+// before those are posted. It runs on the device's receive goroutine, shared by every client,
+// so it never drains the ring and never waits for postMu (the drainer may hold it as long as
+// the client keeps its ring full, a socket request for as long as the request takes):
+//
+//   - if postMu is free and nothing is published but not consumed, no receive is on its way:
+//     false, the engine answers the packet now;
+//   - otherwise the QP holds the packet (true), the session notes the QP and the ring tail
+//     published so far, and rings the drainer's doorbell. Once the ring is consumed up to that
+//     tail (drainer passes, socket requests, stopRing), unparkDue calls the QP's Refilled on
+//     that client goroutine, which executes the held packets.
+//
+// A stopped ring answers false.
+func (ss *session) refill(q *roce.QP) bool {
 	if recvRefillOff.Load() {
+		return false
+	}
+	ss.parkMu.Lock()
+	defer ss.parkMu.Unlock()
+	pr := ss.parkRing
+	if pr == nil {
+		return false
+	}
+	if ss.postMu.TryLock() {
+		pending := pr.r.Pending()
+		ss.postMu.Unlock()
+		if !pending {
+			return false
+		}
+	}
+	ss.parkAt = pr.r.Tail()
+	ss.parked = append(ss.parked, q)
+	ss.s.refills.Add(1)
+	proto.Signal(pr.bellFD) // bellFD stays open while parkRing is set (stopRing)
+	return true
+}
+
+// refillWanted reports whether QPs hold packets for a refill.
+func (ss *session) refillWanted() bool {
+	ss.parkMu.Lock()
+	defer ss.parkMu.Unlock()
+	return len(ss.parked) > 0
+}
+
+// unparkDue runs the refills the engine asked for once the ring has been consumed up to the
+// tail published when they were asked (or the ring stopped): each QP's Refilled executes its
+// held packets, on the calling client goroutine. postMu must not be held.
+func (ss *session) unparkDue() {
+	ss.unparkMu.Lock()
+	defer ss.unparkMu.Unlock()
+	ss.parkMu.Lock()
+	if len(ss.parked) == 0 || (ss.parkRing != nil && int64(ss.parkAt-ss.parkRing.r.Consumed()) > 0) {
+		ss.parkMu.Unlock()
 		return
 	}
-	ss.postMu.Lock()
-	if ss.ring != nil {
-		ss.s.refills.Add(1)
-		ss.drainLocked()
+	ss.parked, ss.unparking = ss.unparking[:0], ss.parked
+	ss.parkMu.Unlock()
+	for i, q := range ss.unparking {
+		q.Refilled()
+		ss.unparking[i] = nil
 	}
-	ss.postMu.Unlock()
+	ss.unparking = ss.unparking[:0]
 }

@@ -278,10 +278,11 @@ func testPostRecvVisible(t *testing.T, typ qp.Type, pair int, paused bool) {
 }
 
 // TestRecvRefillZeroAlloc: the refill path allocates nothing. The receiver's daemon ignores
-// its doorbell (PauseDrainers), so each step's receive, posted through the ring, reaches the
-// engine only when the peer's SEND finds the queue empty and RecvRefill drains the ring from
-// the receive goroutine. The whole process (both daemons, both clients) is measured; the
-// refill count shows the path ran once per step.
+// its client's doorbell (PauseDrainers), so each step's receive, posted through the ring,
+// reaches the engine only when the peer's SEND finds the queue empty: the QP holds the SEND,
+// RecvRefill rings the drainer, which drains the ring and executes the SEND (QP.Refilled). The
+// whole process (both daemons, both clients) is measured; the refill count shows the path ran
+// once per step.
 func TestRecvRefillZeroAlloc(t *testing.T) {
 	ipA, ipB := loopbackPair(32)
 	da := udpDaemon(t, ipA, "a", 50*time.Microsecond)

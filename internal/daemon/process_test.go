@@ -31,6 +31,8 @@ import (
 func TestMain(m *testing.M) {
 	if role := os.Getenv("SOFTROCE_DAEMON_CHILD"); role == "bench" {
 		os.Exit(benchChild())
+	} else if role == "flood" {
+		os.Exit(floodChild())
 	} else if role == "benchsend" || role == "benchrecv" {
 		os.Exit(benchSplitChild(role))
 	} else if role == "daemon" {

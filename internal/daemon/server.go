@@ -79,7 +79,7 @@ type Server struct {
 	nCMID                    atomic.Int64 // rdma_cm IDs (cm.go)
 	mapped                   atomic.Int64
 	ringPosts, socketPosts   atomic.Uint64
-	refills                  atomic.Uint64 // session.refill drains (postring.go)
+	refills                  atomic.Uint64 // packets held for a session.refill (postring.go)
 	acceptBackoffs           atomic.Uint64 // accept errors Serve backed off on (EMFILE, ...)
 	badPosts                 atomic.Uint64 // post records and messages refused (malformed, unknown handle)
 	droppedEvents            atomic.Uint64 // asynchronous events dropped on full event rings
@@ -88,9 +88,9 @@ type Server struct {
 	turns                    chan struct{} // drain turn tokens (postring.go)
 	quit                     chan struct{} // closed by Shutdown
 	logs                     logLimiter    // rate limits of repeated warnings (limitedLog)
-	// drainPaused makes the post rings' drainer goroutines ignore doorbells (a test knob,
-	// export_test.go): records then reach the engine only through RecvRefill or a socket
-	// request.
+	// drainPaused makes the post rings' drainer goroutines ignore the client's doorbells (a
+	// test knob, export_test.go): records then reach the engine only when the engine asks
+	// (RecvRefill) or before a socket request.
 	drainPaused atomic.Bool
 
 	// owners maps engine objects (*cq.CQ, *qp.SRQ, QPN) to the client

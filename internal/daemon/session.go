@@ -45,6 +45,18 @@ type session struct {
 	evMu   sync.Mutex
 	ev     *evRing
 
+	// The engine's refill requests (postring.go): parkMu guards parkRing (the open
+	// ring, nil once it stops), parked (QPs holding packets until the ring is drained
+	// up to parkAt, the tail published when they asked). It is taken on the device's
+	// receive goroutine and only ever held briefly. unparkMu serializes unparkDue,
+	// which owns unparking.
+	parkMu    sync.Mutex
+	parkRing  *postRing
+	parked    []*roce.QP
+	parkAt    uint64
+	unparkMu  sync.Mutex
+	unparking []*roce.QP
+
 	cm *sessionCM // rdma_cm IDs' event channel (cm.go); guarded by mu
 
 	rbuf, wbuf, oob []byte
@@ -183,6 +195,7 @@ func (ss *session) run() {
 // handle serves one request, leaving the response in wbuf; it takes the
 // fds it keeps out of *fds and returns the fds to send (SCM_RIGHTS).
 func (ss *session) handle(b []byte, fds *[]int) (rights []byte) {
+	defer ss.unparkDue() // after postMu is released: the drain below may satisfy a refill
 	ss.postMu.Lock()
 	defer ss.postMu.Unlock()
 	ss.drainLocked()

@@ -273,8 +273,11 @@ func (q *QP) ensureRQ() {
 // rxe sends them: the replay tests compare them with rxe's byte for byte), and the requests that a
 // batch of ACKs lets through leave in one burst: fewer system calls per packet on both sides.
 func (q *QP) ReceiveDeferred(now time.Time, p *bth.Packet, src, dst netip.AddrPort) bool {
-	q.maybeRefill(p) // before the lock (refill.go)
 	q.mu.Lock()
+	if q.refillHold(p, src, dst) { // held for the owner's refill (refill.go)
+		q.mu.Unlock()
+		return false
+	}
 	ok := q.receive(now, p, src, dst)
 	if q.tmr.active && !q.outstanding() {
 		// everything acknowledged: the ACK timer stops now (IBTA 9.7.6.1.3), not at the flush,

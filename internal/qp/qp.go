@@ -92,13 +92,17 @@ type Config struct {
 	// MTU is the port's active MTU: the UD message limit and the RC/UC
 	// default before a path MTU is set (0 = MTU1024).
 	MTU MTU
-	// RecvRefill, if set, is called by Receive and ReceiveDeferred on the
-	// receiving goroutine, with no QP lock held, before a packet that
-	// consumes a receive WQE (SEND FIRST/ONLY, RDMA WRITE with immediate
-	// LAST/ONLY) is executed while the QP's own receive queue is empty: the
-	// owner posts receives it has accepted but not yet handed to the engine
-	// (refill.go). Not called on QPs with an SRQ.
-	RecvRefill func()
+	// RecvRefill, if set, is asked by Receive and ReceiveDeferred, on the
+	// receiving goroutine with no QP lock held, when a packet that passed the
+	// QP's checks and consumes a receive WQE (SEND FIRST/ONLY, RDMA WRITE with
+	// immediate LAST/ONLY) is next to execute while the QP's own receive queue
+	// is empty: whether the owner holds receives it accepted (PostRecv
+	// returned) but has not handed to the engine yet. It must not block (the
+	// goroutine serves other QPs) nor take this QP's lock. true: the QP holds
+	// the packet, and the request packets after it, until the owner has posted
+	// those receives from its own goroutine and calls Refilled; false: the
+	// packet is executed now (refill.go). Not called on QPs with an SRQ.
+	RecvRefill func(q *QP) bool
 	// Writes, if set, executes RC WRITE Only requests outside the engine (writes.go).
 	Writes WriteResponder
 }
@@ -176,7 +180,6 @@ type QP struct {
 	sqTail           uint32
 	rq               []recvWQE
 	rqHead, rqTail   uint32
-	rqLen            atomic.Uint32 // rqTail-rqHead for RecvRefill (refill.go)
 	rdAtomicInFlight int
 
 	req  requester
@@ -193,6 +196,11 @@ type QP struct {
 	// resN is the number of responder resources (max_dest_rd_atomic) to
 	// allocate at the first READ/atomic
 	resN int
+
+	// park holds request packets for the owner's refill (nil: none held); refillGen counts
+	// Refilled calls (refill.go)
+	park      *parking
+	refillGen uint64
 }
 
 // icrcCache holds the pseudo-header CRC state of one (endpoints, length)
@@ -422,7 +430,7 @@ func (q *QP) resetLocked() {
 	}
 	q.sqHead, q.sqReq, q.sqTail = 0, 0, 0
 	q.rqHead, q.rqTail = 0, 0
-	q.rqNote()
+	q.dropParking()
 	q.rdAtomicInFlight = 0
 	q.req = requester{}
 	res, sge := q.resp.res, q.resp.wqe.sge
@@ -464,6 +472,7 @@ func (q *QP) Destroy() {
 	// FlushReceived: send them now, the program may destroy the QP as soon as it polled.
 	q.flush()
 	q.detachWrites()
+	q.dropParking()
 	q.dead = true
 	q.state = StateReset
 	if q.tmr.t != nil {
@@ -519,7 +528,6 @@ func (q *QP) flushQueues() {
 		q.cfg.RecvCQ.Push(&wc, false)
 		q.rqHead++
 	}
-	q.rqNote()
 	if q.resp.haveWQE && q.cfg.SRQ != nil {
 		wc := cq.WC{WRID: q.resp.wqe.wrid, Status: cq.StatusWRFlushErr, Opcode: cq.OpRecv, QPNum: q.num}
 		q.cfg.RecvCQ.Push(&wc, false)
@@ -679,7 +687,6 @@ func (q *QP) PostRecv(wrs []RecvWR) (int, error) {
 		r.wrid = wr.WRID
 		r.n = copy(r.sge, wr.SGL)
 		q.rqTail++
-		q.rqNote()
 	}
 	if q.state == StateErr {
 		q.flushQueues()
@@ -710,7 +717,6 @@ func (q *QP) popRecv(dst *recvWQE) bool {
 	dst.sge = dst.sge[:cap(dst.sge)]
 	dst.n = copy(dst.sge, r.sge[:r.n])
 	q.rqHead++
-	q.rqNote()
 	return true
 }
 

@@ -71,9 +71,12 @@ type resource struct {
 // the timer. Remote input never panics: anything malformed is dropped or
 // NAKed.
 func (q *QP) Receive(now time.Time, p *bth.Packet, src, dst netip.AddrPort) {
-	q.maybeRefill(p) // before the lock (refill.go)
 	q.mu.Lock()
+	held := q.refillHold(p, src, dst) // the hook runs unlocked: if it panics there is nothing to unlock
 	defer q.mu.Unlock()
+	if held {
+		return
+	}
 	if q.receive(now, p, src, dst) {
 		q.flush()
 		q.armTimerAt(now)

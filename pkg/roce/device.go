@@ -390,11 +390,13 @@ type QPInit struct {
 	Cap    qp.Cap
 	// SigAll: every send WR generates a completion (sq_sig_all).
 	SigAll bool
-	// RecvRefill is qp.Config.RecvRefill: called on the receive goroutine,
-	// with no QP lock held, before a packet that consumes a receive WQE
-	// finds the QP's receive queue empty (the daemon drains the client's
-	// post ring there, docs/daemon.md). nil = none.
-	RecvRefill func()
+	// RecvRefill is qp.Config.RecvRefill: asked on the receive goroutine,
+	// with no QP lock held, when a packet that consumes a receive WQE finds
+	// the QP's receive queue empty, whether the owner holds receives not yet
+	// posted; if so the QP holds the packet until the owner calls
+	// QP.Refilled (the daemon's post ring, docs/daemon.md). Must not block.
+	// nil = none.
+	RecvRefill func(q *QP) bool
 }
 
 // CreateQP creates a QP in RESET (ibv_create_qp). QP numbers are
@@ -436,17 +438,22 @@ func (d *Device) CreateQP(in QPInit) (*QP, error) {
 			}
 		}
 	}
+	q := &QP{dev: d}
+	var refill func(*qp.QP) bool
+	if in.RecvRefill != nil {
+		refill = func(*qp.QP) bool { return in.RecvRefill(q) } // asked only once q is in the table
+	}
 	eq, err := qp.New(qp.Config{
 		Type: in.Type, QPN: qpn, PD: in.PD, MRs: d.tbl, SendCQ: in.SendCQ, RecvCQ: in.RecvCQ,
 		SRQ: in.SRQ, Cap: in.Cap, SigAll: in.SigAll, Out: d.links[qpn%uint32(len(d.links))], Clock: d.clock,
 		Resolve: d.resolve, DstPort: d.port, Device: &d.attr, Counters: &d.cnt,
-		AtomicMu: &d.atomicMu, Events: d.sink, MTU: d.mtu, RecvRefill: in.RecvRefill,
+		AtomicMu: &d.atomicMu, Events: d.sink, MTU: d.mtu, RecvRefill: refill,
 		Writes: d.writesFor(qpn),
 	})
 	if err != nil {
 		return nil, err
 	}
-	q := &QP{QP: eq, dev: d}
+	q.QP = eq
 	if qpn == 1 {
 		d.gsi.Store(q)
 	} else {

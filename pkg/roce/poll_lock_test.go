@@ -176,7 +176,7 @@ func TestPollReleasesLockOnPanic(t *testing.T) {
 	var err error
 	if b.qp, err = db.CreateQP(QPInit{Type: qp.TypeRC, PD: b.pd, SendCQ: b.scq, RecvCQ: b.rcq,
 		Cap:        qp.Cap{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 1, MaxRecvSGE: 1},
-		RecvRefill: func() { panic("application refill") }}); err != nil {
+		RecvRefill: func(*QP) bool { panic("application refill") }}); err != nil {
 		t.Fatal(err)
 	}
 	connect(t, a, b, qp.MTU1024, 1, 2)

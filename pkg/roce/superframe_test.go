@@ -268,11 +268,12 @@ func TestSplitPanicRecovered(t *testing.T) {
 	var err error
 	if b.qp, err = db.CreateQP(QPInit{Type: qp.TypeRC, PD: b.pd, SendCQ: b.scq, RecvCQ: b.rcq,
 		Cap: qp.Cap{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 1, MaxRecvSGE: 1},
-		RecvRefill: func() {
+		RecvRefill: func(*QP) bool {
 			if refill {
 				refill = false
 				panic("application refill")
 			}
+			return false
 		}}); err != nil {
 		t.Fatal(err)
 	}

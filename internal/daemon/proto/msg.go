@@ -194,9 +194,10 @@ type Debug struct {
 	// RingPosts counts post messages drained from post rings, SocketPosts
 	// post messages read from sockets (both since the daemon started).
 	RingPosts, SocketPosts uint64
-	// Refills counts the post-ring drains the engine asked for because a
-	// packet needing a receive WQE found a client QP's receive queue empty
-	// (the RecvRefill hook, docs/daemon.md).
+	// Refills counts the packets the engine held for a client's post ring
+	// to be drained: a packet needing a receive WQE found a client QP's
+	// receive queue empty while that client's ring had posts not yet
+	// handed over (the RecvRefill hook, docs/daemon.md).
 	Refills uint64
 	// AcceptBackoffs counts the accept errors (out of descriptors or memory) the daemon backed
 	// off on and retried instead of stopping.

@@ -136,6 +136,15 @@ func (r *PostRing) Write(msg []byte) (ok, ring bool) {
 // Doorbells counts the Writes that asked for the doorbell (producer).
 func (r *PostRing) Doorbells() uint64 { return r.bells.Load() }
 
+// Tail returns the producer's published tail (consumer; any goroutine): the
+// ring position after the last record published so far, as the client wrote
+// it (Next checks it).
+func (r *PostRing) Tail() uint64 { return atomic.LoadUint64(r.u64(postTail)) }
+
+// Consumed returns the consumer's position (consumer; any goroutine): every
+// record before it has been taken by Next.
+func (r *PostRing) Consumed() uint64 { return r.seen.Load() }
+
 // Pending reports whether records wait (consumer). Unlike Next it may be
 // called concurrently with Next.
 func (r *PostRing) Pending() bool { return atomic.LoadUint64(r.u64(postTail)) != r.seen.Load() }
