@@ -71,6 +71,8 @@ func benchPair(tb testing.TB, mtu MTU) (a, b *side, ra, rb *ringOut) {
 	b = n.newSide("10.0.0.2", sideOpts{qpn: 0x12})
 	ra, rb = newRingOut(512), newRingOut(512)
 	a.qp.cfg.Out, b.qp.cfg.Out = ra, rb
+	// READ responses past the first few are built by RunResponder (writeStream calls it)
+	a.qp.cfg.Schedule, b.qp.cfg.Schedule = func(*QP) { a.sched = true }, func(*QP) { b.sched = true }
 	n.connect(a, b, connOpts{mtu: mtu})
 	return
 }
@@ -82,8 +84,13 @@ func writeStream(tb testing.TB, a, b *side, ra, rb, sa, sb *ringOut, wr []SendWR
 		tb.Fatal(err)
 	}
 	for {
+		for _, s := range [2]*side{a, b} {
+			if s.sched {
+				s.sched = s.qp.RunResponder(ReadBudget)
+			}
+		}
 		moved := drain(ra, sa, b.qp, nil) + drain(rb, sb, a.qp, nil)
-		if moved == 0 {
+		if moved == 0 && !a.sched && !b.sched {
 			break
 		}
 	}
@@ -135,6 +142,26 @@ func BenchmarkWriteStream(b *testing.B) {
 			a, r, ra, rb := benchPair(bb, mtu)
 			sa, sb := newRingOut(512), newRingOut(512)
 			wr := []SendWR{{WRID: 1, Opcode: WRRDMAWrite, SGL: []SGE{a.sge(0, 64<<10)}, Flags: SendSignaled,
+				RemoteAddr: r.va(dstOff), RKey: r.mr.RKey()}}
+			wcs := make([]cq.WC, 4)
+			bb.SetBytes(64 << 10)
+			bb.ReportAllocs()
+			bb.ResetTimer()
+			for i := 0; i < bb.N; i++ {
+				writeStream(bb, a, r, ra, rb, sa, sb, wr, wcs)
+			}
+		})
+	}
+}
+
+// BenchmarkReadStream is BenchmarkWriteStream for 64 KiB RDMA READs: the responder builds 16
+// (MTU 4096) or 64 (MTU 1024) responses per READ, past ReadInline through RunResponder.
+func BenchmarkReadStream(b *testing.B) {
+	for _, mtu := range []MTU{MTU1024, MTU4096} {
+		b.Run("mtu"+mtu.String(), func(bb *testing.B) {
+			a, r, ra, rb := benchPair(bb, mtu)
+			sa, sb := newRingOut(512), newRingOut(512)
+			wr := []SendWR{{WRID: 1, Opcode: WRRDMARead, SGL: []SGE{a.sge(0, 64<<10)}, Flags: SendSignaled,
 				RemoteAddr: r.va(dstOff), RKey: r.mr.RKey()}}
 			wcs := make([]cq.WC, 4)
 			bb.SetBytes(64 << 10)

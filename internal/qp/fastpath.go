@@ -274,7 +274,7 @@ func (q *QP) ensureRQ() {
 // batch of ACKs lets through leave in one burst: fewer system calls per packet on both sides.
 func (q *QP) ReceiveDeferred(now time.Time, p *bth.Packet, src, dst netip.AddrPort) bool {
 	q.mu.Lock()
-	if q.refillHold(p, src, dst) { // held for the owner's refill (refill.go)
+	if q.receiveHold(p, src, dst) { // held behind a busy responder or for the owner's refill (hold.go)
 		q.mu.Unlock()
 		return false
 	}

@@ -41,6 +41,7 @@ type side struct {
 	buf      []byte
 	mr       *mr.MR
 	cnt      Counters
+	sched    bool // the QP asked to be scheduled (bench_test.go's writeStream runs it)
 }
 
 // net joins sides on a fake clock. filter may drop (return false) or
@@ -52,6 +53,27 @@ type net struct {
 	filter func(from *side, d *link.Datagram, p *bth.Packet) bool
 	// delivered counts packets handed to a QP.
 	delivered int
+	// sched are the QPs whose responder asked to be run (Config.Schedule), in order; pump
+	// runs them (RunResponder, ReadBudget) round-robin between deliveries, as a device's
+	// responder scheduler does.
+	sched []*QP
+}
+
+func (n *net) schedule(q *QP) { n.sched = append(n.sched, q) }
+
+// runScheduled gives each scheduled QP one turn; false if none was scheduled.
+func (n *net) runScheduled() bool {
+	if len(n.sched) == 0 {
+		return false
+	}
+	qs := n.sched
+	n.sched = nil
+	for _, q := range qs {
+		if q.RunResponder(ReadBudget) {
+			n.sched = append(n.sched, q)
+		}
+	}
+	return true
 }
 
 const bufSize = 4 << 20
@@ -124,7 +146,8 @@ func (n *net) newSide(addr string, o sideOpts) *side {
 	s.qp, err = New(Config{
 		Type: o.typ, QPN: o.qpn, PD: s.pd, MRs: s.tbl, SendCQ: s.scq, RecvCQ: s.rcq, SRQ: o.srq,
 		Cap: o.cap, Out: out, Clock: n.clk, Events: o.events, Counters: &s.cnt, MTU: o.mtu,
-		Resolve: func(ah *AHAttr) (Path, error) { return Path{Src: local, Dst: ah.DGID}, nil },
+		Resolve:  func(ah *AHAttr) (Path, error) { return Path{Src: local, Dst: ah.DGID}, nil },
+		Schedule: n.schedule,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -222,6 +245,9 @@ func (n *net) pump() {
 				moved = true
 				n.deliver(s, &q[i])
 			}
+		}
+		if n.runScheduled() {
+			moved = true
 		}
 		if !moved {
 			return

@@ -105,6 +105,12 @@ type Config struct {
 	RecvRefill func(q *QP) bool
 	// Writes, if set, executes RC WRITE Only requests outside the engine (writes.go).
 	Writes WriteResponder
+	// Schedule, if set, is called (with the QP lock held; it must not block nor take the
+	// QP's lock) when the responder has more READ responses to send than it builds on the
+	// goroutine that received the request: the scheduler is to call RunResponder from its
+	// own goroutine until it reports no more work (readresp.go). nil: every response is
+	// built at once.
+	Schedule func(q *QP)
 }
 
 // Engine tunables (rxe values: RXE_MAX_UNACKED_PSNS, RXE_MAX_PKT_PER_ACK).
@@ -197,10 +203,13 @@ type QP struct {
 	// allocate at the first READ/atomic
 	resN int
 
-	// park holds request packets for the owner's refill (nil: none held); refillGen counts
-	// Refilled calls (refill.go)
-	park      *parking
-	refillGen uint64
+	// held: request packets waiting for the responder (hold.go; nil: none); waitRefill: for
+	// the owner's Refilled, asking: the refill hook is running, refillGen counts Refilled
+	// calls (refill.go)
+	held       *heldQueue
+	waitRefill bool
+	asking     bool
+	refillGen  uint64
 }
 
 // icrcCache holds the pseudo-header CRC state of one (endpoints, length)
@@ -430,7 +439,7 @@ func (q *QP) resetLocked() {
 	}
 	q.sqHead, q.sqReq, q.sqTail = 0, 0, 0
 	q.rqHead, q.rqTail = 0, 0
-	q.dropParking()
+	q.dropHeld()
 	q.rdAtomicInFlight = 0
 	q.req = requester{}
 	res, sge := q.resp.res, q.resp.wqe.sge
@@ -472,7 +481,7 @@ func (q *QP) Destroy() {
 	// FlushReceived: send them now, the program may destroy the QP as soon as it polled.
 	q.flush()
 	q.detachWrites()
-	q.dropParking()
+	q.dropHeld()
 	q.dead = true
 	q.state = StateReset
 	if q.tmr.t != nil {
@@ -491,6 +500,8 @@ func (q *QP) enterError() {
 	}
 	q.state = StateErr
 	q.detachWrites()
+	q.resp.rd = readGen{} // no more READ responses (readresp.go)
+	q.dropHeld()
 	q.tmr.t.Stop()
 	q.tmr.armed = false
 	q.tmr.rnrWait = false

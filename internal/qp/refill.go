@@ -2,8 +2,6 @@ package qp
 
 import (
 	"net/netip"
-	"sync"
-	"unsafe"
 
 	"github.com/softroce/softroce/pkg/bth"
 )
@@ -24,20 +22,9 @@ import (
 //     sends to a QP, and nothing a QP's peer sends while receives are queued, reaches the hook.
 //  2. The hook runs with no QP lock held and must not block: it reports whether the owner holds
 //     receives that are not posted yet (or may be posting them right now).
-//  3. If so, the QP holds the packet (a copy, in a pooled buffer) and every request packet after
-//     it, in order, and goes on with other work; responses (ACKs, READ responses) are not held:
-//     IBTA orders the two directions independently (9.7.1). The owner posts its receives on its
-//     own goroutine and then calls Refilled, which executes the held packets there.
-//  4. A QP holds at most parkPackets packets (parkBytes bytes); more are dropped, as a full
-//     receive queue on a network drops them, and on RC one PSN sequence error NAK after the
-//     held packets asks the requester to resend from the expected PSN (IBTA 9.7.5.2.1) rather
-//     than wait for its ACK timeout.
-
-const (
-	// parkPackets and parkBytes bound the packets a QP holds for its owner's refill.
-	parkPackets = 32
-	parkBytes   = 64 << 10
-)
+//  3. If so, the QP holds the packet and the requests after it (hold.go) and goes on with
+//     other work. The owner posts its receives on its own goroutine and then calls Refilled,
+//     which executes the held packets there.
 
 // consumesRecvWQE reports whether a request packet takes a receive WQE when it is executed: the
 // FIRST or ONLY packet of a SEND (with immediate or invalidate included; UD SEND ONLY), and the
@@ -57,58 +44,6 @@ func consumesRecvWQE(p *bth.Packet) bool {
 	return false
 }
 
-// parking holds the request packets of a QP that wait for the owner's refill.
-type parking struct {
-	buf  []byte // the packets back to back (cap parkBytes)
-	ents [parkPackets]parkEntry
-	n    int
-	// lost: a request was dropped because the parking was full; lostPSN is the last one
-	lost    bool
-	lostPSN bth.PSN
-	pkt     bth.Packet // the packet being replayed (Refilled)
-}
-
-type parkEntry struct {
-	off, n   int
-	src, dst netip.AddrPort
-}
-
-// parkPool keeps idle parkings (a mutex-guarded stack, as txPool).
-var parkPool struct {
-	mu   sync.Mutex
-	free []*parking
-}
-
-const parkPoolMax = 16
-
-func getParking() *parking {
-	parkPool.mu.Lock()
-	if n := len(parkPool.free); n > 0 {
-		pk := parkPool.free[n-1]
-		parkPool.free[n-1] = nil
-		parkPool.free = parkPool.free[:n-1]
-		parkPool.mu.Unlock()
-		return pk
-	}
-	parkPool.mu.Unlock()
-	return &parking{buf: make([]byte, 0, parkBytes)}
-}
-
-func putParking(pk *parking) {
-	pk.buf = pk.buf[:0]
-	pk.n = 0
-	pk.lost = false
-	pk.pkt = bth.Packet{}
-	for i := range pk.ents {
-		pk.ents[i] = parkEntry{}
-	}
-	parkPool.mu.Lock()
-	if len(parkPool.free) < parkPoolMax {
-		parkPool.free = append(parkPool.free, pk)
-	}
-	parkPool.mu.Unlock()
-}
-
 // needsRefill reports whether p, which the responder would execute next, consumes a receive WQE
 // while the QP has none, so the owner is to be asked (q.mu held). The QP's own receive checks
 // come first; RC's PSN check too (a duplicate or a packet ahead of the expected PSN takes no
@@ -122,108 +57,60 @@ func (q *QP) needsRefill(p *bth.Packet, src, dst netip.AddrPort) bool {
 	return q.typ != TypeRC || q.wo != nil || p.BTH.PSN() == q.resp.epsn
 }
 
-// refillHold is the receive path's refill step (q.mu held on entry and on return; the hook runs
-// with it released). It reports whether the QP took the packet: held for the owner's refill (or
-// dropped because the parking was full). false: execute it now.
-func (q *QP) refillHold(p *bth.Packet, src, dst netip.AddrPort) bool {
-	if q.cfg.RecvRefill == nil {
-		return false
-	}
-	if q.park != nil {
-		if p.Info == nil || !p.Info.Request {
-			return false // responses are not held (IBTA 9.7.1: each direction has its own order)
-		}
-		q.hold(p, src, dst)
-		return true
-	}
-	if !q.needsRefill(p, src, dst) {
-		return false
-	}
+// askOwner calls the refill hook with q.mu released (held on entry and on return) and reports
+// whether the packet is to wait for Refilled: the owner holds receives not yet posted, and did
+// not post them (Refilled) while the hook ran. While it runs, asking keeps the responder busy,
+// so no other goroutine runs held packets meanwhile. A hook that panics (application code)
+// leaves the QP as if it had answered false.
+func (q *QP) askOwner() bool {
+	q.asking = true
 	gen := q.refillGen
 	q.mu.Unlock()
+	returned := false
+	defer func() {
+		if !returned {
+			q.mu.Lock()
+			q.asking = false
+			q.mu.Unlock()
+		}
+	}()
 	keep := q.cfg.RecvRefill(q)
+	returned = true
 	q.mu.Lock()
-	// Refilled ran meanwhile (the owner was quick): the receives are posted, execute now
-	if !keep || q.refillGen != gen || q.dead {
-		return false
-	}
-	q.hold(p, src, dst)
-	return true
+	q.asking = false
+	return keep && q.refillGen == gen && !q.dead
 }
 
-// hold copies p into the QP's parking (q.mu held); a full parking drops it.
-func (q *QP) hold(p *bth.Packet, src, dst netip.AddrPort) {
-	if q.park == nil {
-		q.park = getParking()
+// receiveHold is the receive path's first step (q.mu held on entry and on return): it reports
+// whether the QP took p — held behind a busy responder (hold.go), or held for the owner's
+// refill. false: execute it now.
+func (q *QP) receiveHold(p *bth.Packet, src, dst netip.AddrPort) bool {
+	if q.holdIfBusy(p, src, dst) {
+		return true
 	}
-	pk := q.park
-	b := packetBytes(p)
-	if b == nil || pk.n == len(pk.ents) || len(pk.buf)+len(b) > cap(pk.buf) {
-		q.cnt.RcvdDropped.Add(1)
-		if q.typ == TypeRC {
-			pk.lost, pk.lostPSN = true, p.BTH.PSN()
-		}
-		return
+	if !q.needsRefill(p, src, dst) || !q.askOwner() {
+		return false
 	}
-	pk.ents[pk.n] = parkEntry{off: len(pk.buf), n: len(b), src: src, dst: dst}
-	pk.n++
-	pk.buf = append(pk.buf, b...)
+	q.waitRefill = true
+	q.hold(p, src, dst)
+	return true
 }
 
 // Refilled tells the QP that its owner has posted the receives it held when RecvRefill
 // returned true: the packets the QP held since are executed now, in order, on the caller's
 // goroutine, and what they produce is sent. Call it with no QP lock held, after every receive
-// accepted before the hook was called has been posted. Calls when nothing is held cost a lock.
+// accepted before the hook was called has been posted. Calls when nothing waits cost a lock.
 func (q *QP) Refilled() {
 	q.mu.Lock()
 	q.refillGen++
-	pk := q.park
-	if pk == nil {
+	if !q.waitRefill {
 		q.mu.Unlock()
 		return
 	}
-	q.park = nil
+	q.waitRefill = false
 	now := q.cfg.Clock.Now()
-	for i := 0; i < pk.n; i++ {
-		e := &pk.ents[i]
-		if bth.ParseInto(&pk.pkt, pk.buf[e.off:e.off+e.n]) == nil {
-			q.receive(now, &pk.pkt, e.src, e.dst)
-		}
-	}
-	if pk.lost && q.typ == TypeRC && !q.dead && (q.state == StateRTR || q.state == StateRTS) &&
-		!q.resp.nakSent && pk.lostPSN.Sub(q.resp.epsn) >= 0 {
-		// requests were dropped past the expected PSN: one PSN sequence error NAK (IBTA
-		// 9.7.5.2.1) and the requester resends from it at once
-		q.cnt.OutOfSeqRequest.Add(1)
-		q.resp.nakSent = true
-		q.sendAck(bth.SyndromeNAK(bth.NAKPSNSeqErr), q.resp.epsn)
-	}
+	q.runHeld(now) // the hook may run again (released lock): no defer
 	q.flush()
 	q.armTimerAt(now)
 	q.mu.Unlock()
-	putParking(pk)
-}
-
-// dropParking discards the held packets (q.mu held): RESET and Destroy.
-func (q *QP) dropParking() {
-	if pk := q.park; pk != nil {
-		q.park = nil
-		q.cnt.RcvdDropped.Add(uint64(pk.n))
-		putParking(pk)
-	}
-}
-
-// packetBytes returns the bytes p was parsed from: bth.ParseInto makes every view of a packet
-// alias the one buffer it parsed, the BTH at its start and the ICRC at its end. nil if p does
-// not look like that.
-func packetBytes(p *bth.Packet) []byte {
-	if p.Info == nil || len(p.BTH) != bth.BTHSize || len(p.ICRC) != bth.ICRCSize {
-		return nil
-	}
-	n := p.Info.HdrLen + len(p.Payload) + p.Pad + bth.ICRCSize
-	start := unsafe.Pointer(&p.BTH[0])
-	if uintptr(unsafe.Pointer(&p.ICRC[bth.ICRCSize-1]))-uintptr(start) != uintptr(n-1) {
-		return nil
-	}
-	return unsafe.Slice((*byte)(start), n)
 }

@@ -242,7 +242,7 @@ func TestRecvRefillHoldsInOrder(t *testing.T) {
 	}
 }
 
-// TestRecvRefillParkFull: the QP holds at most parkPackets request packets; the rest are
+// TestRecvRefillParkFull: the QP holds at most heldPackets request packets; the rest are
 // dropped, and after the held ones execute one PSN sequence error NAK makes the requester resend
 // at once (no ACK timeout: the manual clock never moves). Every message then completes.
 func TestRecvRefillParkFull(t *testing.T) {
@@ -258,8 +258,8 @@ func TestRecvRefillParkFull(t *testing.T) {
 	a.postSend(t, SendWR{WRID: 1, Opcode: WRSend, SGL: []SGE{a.sge(0, size)}, Flags: SendSignaled})
 	n.pump()
 	dropped := b.cnt.Snapshot().RcvdDropped
-	if !r.asked || dropped != 100-parkPackets {
-		t.Fatalf("asked %v, %d dropped: want %d held and the rest dropped", r.asked, dropped, parkPackets)
+	if !r.asked || dropped != 100-heldPackets {
+		t.Fatalf("asked %v, %d dropped: want %d held and the rest dropped", r.asked, dropped, heldPackets)
 	}
 	r.deliver()
 	n.pump()
@@ -283,13 +283,13 @@ func TestRecvRefillDestroyDrops(t *testing.T) {
 	r.pending = []RecvWR{{WRID: 7, SGL: []SGE{b.sge(dstOff, 100)}}}
 	a.postSend(t, SendWR{WRID: 1, Opcode: WRSend, SGL: []SGE{a.sge(0, 100)}, Flags: SendSignaled})
 	n.pump()
-	if !r.asked || b.qp.park == nil {
+	if !r.asked || b.qp.held == nil {
 		t.Fatal("nothing held")
 	}
 	if err := b.qp.Modify(&Attr{State: StateReset}, AttrState); err != nil {
 		t.Fatal(err)
 	}
-	if b.qp.park != nil || b.cnt.Snapshot().RcvdDropped != 1 {
+	if b.qp.held != nil || b.cnt.Snapshot().RcvdDropped != 1 {
 		t.Fatalf("RESET kept the held packet (dropped %d)", b.cnt.Snapshot().RcvdDropped)
 	}
 	b.qp.Refilled()

@@ -47,6 +47,8 @@ type responder struct {
 
 	res     []resource // READ/atomic responder resources (max_dest_rd_atomic)
 	resNext int
+	rd      readGen // the READ whose responses are being sent (readresp.go)
+	sched   bool    // the QP waits for its scheduler's RunResponder
 
 	writes writeCount // RDMA WRITE messages executed (QP.RemoteWrites)
 
@@ -72,7 +74,7 @@ type resource struct {
 // NAKed.
 func (q *QP) Receive(now time.Time, p *bth.Packet, src, dst netip.AddrPort) {
 	q.mu.Lock()
-	held := q.refillHold(p, src, dst) // the hook runs unlocked: if it panics there is nothing to unlock
+	held := q.receiveHold(p, src, dst) // the hook runs unlocked: if it panics there is nothing to unlock
 	defer q.mu.Unlock()
 	if held {
 		return
@@ -441,7 +443,7 @@ func (q *QP) recvRead(p *bth.Packet, psn bth.PSN) {
 	*res = resource{valid: true, first: psn, last: psn.Add(n - 1), rkey: f.RKey}
 	q.resp.epsn = psn.Add(n)
 	q.resp.msn = (q.resp.msn + 1) & bth.PSNMask
-	q.readResponses(psn, f.VA, f.RKey, f.DMALen)
+	q.startRead(psn, f.VA, f.RKey, f.DMALen) // a burst at a time (readresp.go)
 }
 
 func (q *QP) newResource() *resource {
@@ -452,60 +454,6 @@ func (q *QP) newResource() *resource {
 	r := &q.resp.res[q.resp.resNext]
 	q.resp.resNext = (q.resp.resNext + 1) % len(q.resp.res)
 	return r
-}
-
-// readResponses sends the READ response packets for length bytes at va
-// starting at psn (IBTA 9.4.4: FIRST/MIDDLE/LAST or ONLY; AETH on all but
-// MIDDLE). A key failing in the middle (MR deregistered) ends the
-// responses with a remote access NAK.
-func (q *QP) readResponses(psn bth.PSN, va uint64, rkey, length uint32) {
-	n := uint32(1)
-	if length > q.mtu {
-		n = (length + q.mtu - 1) / q.mtu
-	}
-	var off uint32
-	for i := uint32(0); i < n; i++ {
-		sz := length - off
-		if sz > q.mtu {
-			sz = q.mtu
-		}
-		var op bth.Opcode
-		switch {
-		case n == 1:
-			op = bth.OpRCReadRespOnly
-		case i == 0:
-			op = bth.OpRCReadRespFirst
-		case i == n-1:
-			op = bth.OpRCReadRespLast
-		default:
-			op = bth.OpRCReadRespMiddle
-		}
-		buf := q.txBuf()
-		h := bth.BTHSize
-		if op != bth.OpRCReadRespMiddle {
-			bth.AETH(buf[h:]).Encode(&bth.AETHFields{Syndrome: bth.SyndromeACK(0x1F), MSN: q.resp.msn})
-			h += bth.AETHSize
-		}
-		if sz > 0 {
-			b, done, err := q.cfg.MRs.CheckQP(q.cfg.PD, q.num, rkey, va+uint64(off), sz, mr.OpRemoteRead)
-			if err != nil {
-				// The key no longer allows the READ (the MR was
-				// deregistered or invalidated, e.g. before a duplicate
-				// READ is replayed): remote access NAK at the first
-				// response not sent, and the QP enters ERR as for any
-				// responder class C error (IBTA 9.7.5.2.4, 9.9.3.1;
-				// rxe RESPST_ERR_RKEY_VIOLATION).
-				q.sendAck(bth.SyndromeNAK(bth.NAKRemoteAccessErr), psn.Add(i))
-				q.raise(event.QPAccessErr)
-				q.enterError()
-				return
-			}
-			copy(buf[h:], b)
-			done()
-		}
-		q.finish(buf, op, false, false, q.attr.DestQPN, psn.Add(i), h, int(sz), &q.path)
-		off += sz
-	}
 }
 
 // recvAtomic executes CMP_SWAP / FETCH_ADD (IBTA 9.4.5): 8-byte aligned,
@@ -572,7 +520,7 @@ func (q *QP) duplicate(p *bth.Packet, psn bth.PSN) {
 				if psn.Add(n-1) != r.last {
 					return
 				}
-				q.readResponses(psn, f.VA, f.RKey, f.DMALen)
+				q.startRead(psn, f.VA, f.RKey, f.DMALen) // replaces a READ in progress (readresp.go)
 				return
 			}
 		}

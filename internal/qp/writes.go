@@ -128,15 +128,16 @@ func (q *QP) adoptWrites() {
 }
 
 // publishWrites hands the responder's state back (the QP holding it paused): unpaused only
-// if the responder is at rest — no NAK outstanding, no message in progress, communication
-// established (IBTA 11.6.3: the first request in RTR raises CommEst, which only the engine
-// does) — and nothing the engine queued is still to be sent (an ACK of the program's must not
+// if the responder is at rest — no NAK outstanding, no message in progress, no READ responses
+// still to send and no request waiting (hold.go, readresp.go), communication established
+// (IBTA 11.6.3: the first request in RTR raises CommEst, which only the engine does) — and
+// nothing the engine queued is still to be sent (an ACK of the program's must not
 // overtake a response the engine built first: flush publishes again after sending).
 func (q *QP) publishWrites() {
 	if q.wo == nil || !q.woHeld {
 		return
 	}
-	rest := !q.resp.nakSent && q.resp.inMsg == msgNone && q.writesWanted() &&
+	rest := !q.resp.nakSent && q.resp.inMsg == msgNone && !q.busy() && q.held == nil && q.writesWanted() &&
 		(q.state != StateRTR || q.resp.commEst) && (q.out == nil || len(q.out.batch) == 0)
 	q.wo.Resume(uint32(q.resp.epsn), q.resp.msn, !rest)
 	q.woHeld = !rest

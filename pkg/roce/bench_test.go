@@ -1,6 +1,7 @@
 package roce
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/softroce/softroce/internal/cq"
@@ -78,4 +79,47 @@ func stream(b *testing.B, x *end, wrs [][]qp.SendWR, wcs []cq.WC, n int) {
 			<-x.scq.Channel()
 		}
 	}
+}
+
+// BenchmarkMemRead streams signaled RDMA READs between two devices on the in-memory link, 8 in
+// flight: 64 KiB (16 responses at MTU 4096, all built when the request arrives; 64 at MTU 1024)
+// and 1 MiB (the responses past the first few built by the responder scheduler, sched.go).
+func BenchmarkMemRead(b *testing.B) {
+	for _, size := range []int{64 << 10, 1 << 20} {
+		for _, mtu := range []qp.MTU{qp.MTU1024, qp.MTU4096} {
+			b.Run(fmt.Sprintf("%dKiB/mtu%v", size>>10, mtu), func(b *testing.B) {
+				nw := mem.NewNetwork(mem.Options{QueueDepth: 1024})
+				la, err1 := nw.Attach(addrA)
+				lb, err2 := nw.Attach(addrB)
+				if err1 != nil || err2 != nil {
+					b.Fatal(err1, err2)
+				}
+				da, err1 := Open(Options{Link: la})
+				db, err2 := Open(Options{Link: lb})
+				if err1 != nil || err2 != nil {
+					b.Fatal(err1, err2)
+				}
+				defer da.Close()
+				defer db.Close()
+				benchRead(b, da, db, mtu, size)
+			})
+		}
+	}
+}
+
+func benchRead(b *testing.B, da, db *Device, mtu qp.MTU, size int) {
+	const inflight = 8
+	x, y := newEnd(b, da, qp.TypeRC, inflight*size), newEnd(b, db, qp.TypeRC, inflight*size)
+	connect(b, x, y, mtu, 1, 2)
+	wrs := make([][]qp.SendWR, inflight)
+	for i := range wrs {
+		wrs[i] = []qp.SendWR{{WRID: uint64(i), Opcode: qp.WRRDMARead, SGL: []qp.SGE{x.sge(i*size, size)},
+			Flags: qp.SendSignaled, RemoteAddr: y.va(i * size), RKey: y.mr.RKey()}}
+	}
+	wcs := make([]cq.WC, inflight)
+	stream(b, x, wrs, wcs, 300*(64<<10)/size+8) // warm up
+	b.SetBytes(int64(size))
+	b.ReportAllocs()
+	b.ResetTimer()
+	stream(b, x, wrs, wcs, b.N)
 }

@@ -138,6 +138,8 @@ type Device struct {
 	// links[0] is link; the rest are Options.Shards (one receive worker each)
 	links []link.Link
 	pin   bool
+	// scheds[i] is the responder scheduler of worker i (sched.go)
+	scheds []*respSched
 
 	events   chan event.Event
 	userSink event.Sink
@@ -213,15 +215,20 @@ func Open(o Options) (*Device, error) {
 			return nil, err
 		}
 	}
+	d.scheds = make([]*respSched, len(d.links))
+	for i := range d.scheds {
+		d.scheds[i] = newRespSched()
+	}
 	if err := d.openGSI(o.CM); err != nil {
 		return nil, err
 	}
 	for i, l := range d.links {
 		if d.pl != nil {
-			break // polled mode: the application's Poll reads the links
+			break // polled mode: the application's Poll reads the links and runs the schedulers
 		}
-		d.wg.Add(1)
+		d.wg.Add(2)
 		go d.recvLoop(i, l)
+		go d.runSched(d.scheds[i])
 	}
 	return d, nil
 }
@@ -448,7 +455,7 @@ func (d *Device) CreateQP(in QPInit) (*QP, error) {
 		SRQ: in.SRQ, Cap: in.Cap, SigAll: in.SigAll, Out: d.links[qpn%uint32(len(d.links))], Clock: d.clock,
 		Resolve: d.resolve, DstPort: d.port, Device: &d.attr, Counters: &d.cnt,
 		AtomicMu: &d.atomicMu, Events: d.sink, MTU: d.mtu, RecvRefill: refill,
-		Writes: d.writesFor(qpn),
+		Writes: d.writesFor(qpn), Schedule: d.scheds[qpn%uint32(len(d.scheds))].add,
 	})
 	if err != nil {
 		return nil, err
@@ -545,6 +552,9 @@ func (d *Device) Close() error {
 		l.Close()
 	}
 	d.batchMu.Unlock()
+	for _, s := range d.scheds {
+		close(s.quit)
+	}
 	d.wg.Wait()
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -110,6 +110,11 @@ func (d *Device) Poll() (int, error) {
 	if p.rx.npending > 0 {
 		d.flushGuarded(p) // the previous Poll's deferred packets
 	}
+	for _, s := range d.scheds {
+		if s.count.Load() > 0 {
+			d.schedGuarded(p, s) // one turn for each QP with READ responses to send (sched.go)
+		}
+	}
 	total := 0
 	for _, l := range p.links {
 		batch := p.batch
@@ -168,6 +173,15 @@ func (d *Device) flushGuarded(p *pollState) {
 	done := false
 	defer p.pollGuard(&done)
 	d.flushPolled()
+	done = true
+}
+
+// schedGuarded is respSched.round for Poll (p.mu held; released on a panic: a held request a
+// turn executes may call the application's refill hook).
+func (d *Device) schedGuarded(p *pollState, s *respSched) {
+	done := false
+	defer p.pollGuard(&done)
+	s.round()
 	done = true
 }
 
