@@ -46,6 +46,10 @@ type Conn struct {
 	disconnectedSent bool
 	destroyed        bool
 
+	// a received request waiting for its consumer (pending.go)
+	pendIn             bool
+	pendPrev, pendNext *Conn
+
 	// Context is free for the owner.
 	Context any
 }
@@ -121,9 +125,15 @@ func (m *Manager) fire(c *Conn) {
 	m.unlock()
 }
 
-// expire handles a timer expiry (IBTA 12.9: CM response timeout; TIMEWAIT).
+// expire handles a timer expiry (IBTA 12.9: CM response timeout; TIMEWAIT; a received
+// request unanswered, pending.go).
 func (m *Manager) expire(c *Conn) {
 	switch c.state {
+	case StateREQRcvd, StateMRAREQSent, StateSIDRREQRcvd:
+		if c.pendIn {
+			m.expireREQ(c)
+		}
+		return
 	case StateTimewait:
 		m.toIdle(c)
 		m.event(c, Event{Type: EventTimewaitExit})
@@ -162,6 +172,7 @@ func (m *Manager) expire(c *Conn) {
 // toIdle forgets the connection.
 func (m *Manager) toIdle(c *Conn) {
 	m.cancel(c)
+	m.unpend(c)
 	c.state = StateIdle
 	if m.local[c.localID] == c {
 		delete(m.local, c.localID)
@@ -190,6 +201,7 @@ func (m *Manager) toIdle(c *Conn) {
 // the timer ends it.
 func (m *Manager) enterTimewait(c *Conn) {
 	m.cancel(c)
+	m.unpend(c)
 	c.state = StateTimewait
 	d := m.o.TimeWait
 	if d == 0 {
@@ -370,6 +382,7 @@ func (c *Conn) Accept(o AcceptOptions) error {
 	if c.localQPN != 0 {
 		m.byQPN[c.localQPN] = c
 	}
+	m.unpend(c) // answered: no longer a pending request
 	c.state = StateREPSent
 	m.sendRetried(c, mad, c.respTimeout, int(c.maxCMRetries))
 	return nil
@@ -422,6 +435,13 @@ func (c *Conn) SendMRA(serviceTimeout uint8, privateData []byte) error {
 	switch c.state {
 	case StateREQRcvd:
 		which, c.state = MsgREQ, StateMRAREQSent
+		// the active side now waits ServiceTimeout + 2 x PacketLifeTime per attempt (IBTA
+		// 12.6.6): the pending request expires accordingly (pending.go)
+		if c.pendIn {
+			if d := m.reqWait(serviceTimeout&31, c.maxCMRetries, c.path.PacketLifeTime); !c.armed || m.clock.Now().Add(d).After(c.deadline) {
+				m.arm(c, d)
+			}
+		}
 	case StateREPRcvd:
 		which, c.state = MsgREP, StateMRAREPSent
 	default:

@@ -125,6 +125,8 @@ func (m *Manager) onREQ(src Addr, tid uint64, r REQ) {
 		FlowControl: r.EndToEndFlowControl(), SRQ: r.SRQ(), PathMTU: r.PathMTU(), Path: path}
 	m.local[id] = c
 	m.insertRemote(c)
+	// it waits for its consumer at most as long as its sender waits for us (pending.go)
+	m.pend(c, m.reqWait(r.RemoteCMResponseTimeout(), r.MaxCMRetries(), plt))
 	m.event(c, Event{Type: EventConnectRequest, Listener: l, Remote: c.req, Src: src,
 		PrivateData: copyBytes(r.PrivateData())})
 }
@@ -344,6 +346,7 @@ func (m *Manager) onSIDRReq(src Addr, tid uint64, r SIDRReq) {
 	c.localID = id
 	m.local[id] = c
 	m.sidr[k] = c
+	m.pend(c, m.maxREQWait()) // a SIDR_REQ states no timeout (IBTA 12.11.2): the cap (pending.go)
 	m.event(c, Event{Type: EventConnectRequest, Listener: l, Src: src,
 		Remote:      ConnParam{ServiceID: r.ServiceID()},
 		PrivateData: copyBytes(r.PrivateData())})

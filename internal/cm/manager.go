@@ -39,11 +39,18 @@ type Options struct {
 	// ManualDREP makes a received DREQ wait in DREQ_RCVD for Conn.Disconnect
 	// to send the DREP; by default the DREP is sent at once.
 	ManualDREP bool
+	// MaxREQWait caps how long a received request waits for its consumer's answer
+	// (0 = DefaultMaxREQWait); MaxPendingREQs bounds how many wait at once, the
+	// oldest expiring first (0 = DefaultMaxPendingREQs). See pending.go.
+	MaxREQWait     time.Duration
+	MaxPendingREQs int
 }
 
-// Stats counts the Manager's traffic.
+// Stats counts the Manager's traffic. Expired counts received requests given up
+// unanswered (pending.go).
 type Stats struct {
 	Sent, Retries, Received, Duplicates, Dropped, Malformed, SendErrors uint64
+	Expired                                                             uint64
 }
 
 // Manager is the CM of one port: it owns the communication IDs, listeners
@@ -64,6 +71,10 @@ type Manager struct {
 	queue    []effect
 	draining bool
 	closed   bool
+
+	// pending passive requests, oldest first (pending.go)
+	pendHead, pendTail *Conn
+	npend              int
 }
 
 type remoteKey struct {
@@ -142,6 +153,12 @@ func (m *Manager) Close() {
 	}
 	m.local, m.remote, m.remoteQP = map[uint32]*Conn{}, map[remoteKey]*Conn{}, map[remoteKey]*Conn{}
 	m.sidr, m.byQPN, m.listen = map[sidrKey]*Conn{}, map[uint32]*Conn{}, map[uint64]*Listener{}
+	for c := m.pendHead; c != nil; {
+		next := c.pendNext
+		c.pendPrev, c.pendNext, c.pendIn = nil, nil, false
+		c = next
+	}
+	m.pendHead, m.pendTail, m.npend = nil, nil, 0
 }
 
 // Listen registers a listener for serviceID (e.g. ServiceID(PSTCP, port)).

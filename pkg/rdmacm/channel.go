@@ -49,14 +49,33 @@ func (c *EventChannel) push(e Event) {
 // TryGet returns the next event without waiting.
 func (c *EventChannel) TryGet() (Event, bool) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if len(c.q) == 0 {
+		c.mu.Unlock()
 		return Event{}, false
 	}
 	e := c.q[0]
 	c.q[0] = Event{}
 	c.q = c.q[1:]
+	c.mu.Unlock()
+	if e.Type == EventConnectRequest && e.Listen != nil && e.ID != nil {
+		e.Listen.taken(e.ID) // out of the listener's backlog (ID.Listen)
+	}
 	return e, true
+}
+
+// withdraw removes the first queued event f matches; false if none does.
+func (c *EventChannel) withdraw(f func(*Event) bool) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range c.q {
+		if f(&c.q[i]) {
+			copy(c.q[i:], c.q[i+1:])
+			c.q[len(c.q)-1] = Event{}
+			c.q = c.q[:len(c.q)-1]
+			return true
+		}
+	}
+	return false
 }
 
 // Get waits for the next event (rdma_get_cm_event). It returns ctx.Err()

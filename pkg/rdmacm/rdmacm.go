@@ -196,7 +196,11 @@ type ID struct {
 	conn     *cm.Conn
 	listener *cm.Listener
 	backlog  int
-	pending  int
+	// queued (listener): children whose CONNECT_REQUEST the application has not taken from
+	// the channel yet, oldest first, at most backlog; inQueue (child): in its parent's queued
+	// (both guarded by the parent's mu)
+	queued   []*ID
+	inQueue  bool
 	parent   *ID
 	reqParam ConnParam
 	ownsPort bool
@@ -620,7 +624,13 @@ func (id *ID) DestroyQP() error {
 
 // Listen starts listening for connection requests (rdma_listen); an
 // unbound ID is bound to the unspecified address and an ephemeral port.
-// At most backlog requests wait for Accept/Reject; more are rejected.
+// At most backlog CONNECT_REQUEST events wait in the channel for the
+// application to take them (as Linux's ucma counts its backlog); a request
+// arriving while backlog wait drops the oldest of them (its connection is
+// rejected, its event withdrawn), so a flood of requests cannot keep a new
+// one out. A request the application took and leaves unanswered expires
+// when its sender must have given up (internal/cm pending.go): the child
+// then gets UNREACHABLE.
 func (id *ID) Listen(backlog int) error {
 	if id.rem != nil {
 		return id.remListen(backlog)
@@ -832,16 +842,63 @@ func (id *ID) Accept(p *ConnParam) error {
 	return nil
 }
 
-// parentDone frees the request's backlog slot.
+// parentDone detaches the request from its listener (id.mu held): it leaves the backlog if
+// its event is still queued.
 func (id *ID) parentDone() {
 	if p := id.parent; p != nil {
 		p.mu.Lock()
-		if p.pending > 0 {
-			p.pending--
-		}
+		p.unqueue(id)
 		p.mu.Unlock()
 		id.parent = nil
 	}
+}
+
+// unqueue removes child from the backlog (listener's mu held).
+func (id *ID) unqueue(child *ID) {
+	if !child.inQueue {
+		return
+	}
+	child.inQueue = false
+	for i, c := range id.queued {
+		if c == child {
+			copy(id.queued[i:], id.queued[i+1:])
+			id.queued[len(id.queued)-1] = nil
+			id.queued = id.queued[:len(id.queued)-1]
+			return
+		}
+	}
+}
+
+// taken is called when the application takes a CONNECT_REQUEST event for child from the
+// channel: it no longer counts against the listener's backlog.
+func (id *ID) taken(child *ID) {
+	id.mu.Lock()
+	id.unqueue(child)
+	id.mu.Unlock()
+}
+
+// drop forgets a request whose CONNECT_REQUEST the application has not taken: the event is
+// withdrawn from the channel and the child destroyed (its connection rejected unless the CM
+// gave it up already). false if the application took the event meanwhile (it keeps the
+// child).
+func (id *ID) drop(rejectConn bool) bool {
+	if !id.ch.withdraw(func(e *Event) bool { return e.Type == EventConnectRequest && e.ID == id }) {
+		return false
+	}
+	id.mu.Lock()
+	if id.state == stDestroyed {
+		id.mu.Unlock()
+		return true
+	}
+	id.state = stDestroyed
+	c := id.conn
+	id.parentDone()
+	id.mu.Unlock()
+	if c != nil && rejectConn {
+		c.Destroy() // REJ (Consumer Defined), as ib_destroy_cm_id in REQ_RCVD
+	}
+	release(id.ds)
+	return true
 }
 
 // Reject refuses a CONNECT_REQUEST with a REJ (reason Consumer Defined,
@@ -980,6 +1037,20 @@ func (ds *devState) handle(e cm.Event) {
 		ev.Status = &RejectError{Reason: e.Reason}
 		ev.Param.PrivateData = e.PrivateData
 	case cm.EventUnreachable:
+		if id.state == stConnectReq && id.parent != nil {
+			// a request left unanswered until its sender gave up (internal/cm pending.go):
+			// if the application has not taken its CONNECT_REQUEST, it never hears of it
+			id.mu.Unlock()
+			if id.drop(false) {
+				return
+			}
+			id.mu.Lock()
+			if id.state == stDestroyed {
+				id.mu.Unlock()
+				return
+			}
+			id.parentDone()
+		}
 		id.state = stIdle
 		ev.Status = e.Err
 		if ev.Status == nil {
@@ -1026,7 +1097,7 @@ func (ds *devState) connectRequest(e cm.Event) {
 		return
 	}
 	lid.mu.Lock()
-	if lid.state != stListen || lid.pending >= lid.backlog {
+	if lid.state != stListen {
 		lid.mu.Unlock()
 		rejectRaw(e)
 		return
@@ -1038,12 +1109,22 @@ func (ds *devState) connectRequest(e cm.Event) {
 		rejectRaw(e)
 		return
 	}
-	lid.pending++
-	lid.mu.Unlock()
+	// a full backlog drops its oldest untaken request (Listen): the newest get in
+	var evict []*ID
+	for len(lid.queued) >= lid.backlog {
+		old := lid.queued[0]
+		lid.unqueue(old)
+		evict = append(evict, old)
+	}
 	_, lport, _ := cm.SplitServiceID(e.Conn.ServiceID())
 	child := &ID{ch: lid.ch, ds: ds, ps: lid.ps, Context: lid.Context, state: stConnectReq,
 		local: netip.AddrPortFrom(dst, lport), remote: netip.AddrPortFrom(hdr.Src().Unmap(), hdr.SrcPort()),
-		parent: lid, conn: e.Conn}
+		parent: lid, conn: e.Conn, inQueue: true}
+	lid.queued = append(lid.queued, child)
+	lid.mu.Unlock()
+	for _, old := range evict {
+		old.drop(true) // false: the application took it meanwhile, and keeps it
+	}
 	mtu := qp.MTU(e.Remote.PathMTU)
 	if !mtu.Valid() {
 		mtu = qp.MTU1024

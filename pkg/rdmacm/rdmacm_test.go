@@ -319,8 +319,10 @@ func TestNoListener(t *testing.T) {
 	}
 }
 
-// TestBacklogAndBind: a second listener on a bound port fails; the backlog
-// refuses requests beyond it until one is answered.
+// TestBacklogAndBind: a second listener on a bound port fails; the backlog holds the
+// CONNECT_REQUEST events the application has not taken yet, and a request beyond it drops the
+// oldest untaken one (its client is REJECTED, Consumer Defined) rather than being refused: the
+// newest requests get in. A taken event frees its place.
 func TestBacklogAndBind(t *testing.T) {
 	a, b, _ := pair(t, nil, nil)
 	srv := newSide(t, b, cm.PSTCP)
@@ -338,14 +340,31 @@ func TestBacklogAndBind(t *testing.T) {
 		connectTo(t, c, 77, ConnParam{})
 		clis = append(clis, c)
 	}
-	for i := 0; i < 4; i++ {
-		next(t, srv.ch, EventConnectRequest)
-	}
-	e := next(t, clis[4].ch, EventRejected)
+	e := next(t, clis[0].ch, EventRejected)
 	if e.Status.(*RejectError).Reason != cm.RejConsumerDefined {
 		t.Fatalf("over backlog: %v", e.Status)
 	}
+	for i := 1; i < 5; i++ {
+		req := next(t, srv.ch, EventConnectRequest)
+		if req.ID.RemoteAddr() != clis[i].id.LocalAddr() {
+			t.Fatalf("request %d from %v, want client %d (%v)", i, req.ID.RemoteAddr(), i, clis[i].id.LocalAddr())
+		}
+	}
 	none(t, srv.ch)
+	// the four taken requests no longer count: four more fit, nobody is dropped
+	for i := 0; i < 4; i++ {
+		c := newSide(t, a, cm.PSTCP)
+		connectTo(t, c, 77, ConnParam{})
+		clis = append(clis, c)
+	}
+	for i := 5; i < 9; i++ {
+		if req := next(t, srv.ch, EventConnectRequest); req.ID.RemoteAddr() != clis[i].id.LocalAddr() {
+			t.Fatalf("request from %v, want client %d", req.ID.RemoteAddr(), i)
+		}
+	}
+	for _, c := range clis[1:] {
+		none(t, c.ch)
+	}
 }
 
 // TestLostREQ: every MAD from a is dropped; the CM resends the REQ at each

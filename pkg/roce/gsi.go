@@ -49,6 +49,11 @@ type CMOptions struct {
 	CAGUID uint64
 	// RecvDepth is the number of MAD receive buffers on QP1 (0 = 64).
 	RecvDepth int
+	// MaxREQWait and MaxPendingREQs bound the received connection requests
+	// waiting for an answer (cm.Options; 0 = cm.DefaultMaxREQWait,
+	// cm.DefaultMaxPendingREQs).
+	MaxREQWait     time.Duration
+	MaxPendingREQs int
 }
 
 // ErrNoCM is returned when the device was opened with CMOptions.Disable.
@@ -158,7 +163,7 @@ func (d *Device) openGSI(o CMOptions) error {
 	}
 	g.mgr, err = cm.NewManager(cm.Options{
 		Transport: g, Clock: d.clock, Rand: o.Rand, CAGUID: guid, TimeWait: o.TimeWait,
-		TIDHigh: o.TIDHigh, Events: g.event,
+		TIDHigh: o.TIDHigh, Events: g.event, MaxREQWait: o.MaxREQWait, MaxPendingREQs: o.MaxPendingREQs,
 	})
 	if err != nil {
 		eq.Destroy()
