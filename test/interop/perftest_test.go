@@ -52,6 +52,11 @@ type pfCase struct {
 	// DM (with XDP): softroce's buffer in device memory (--dm): its XDP program executes and
 	// ACKs kernel rxe's WRITEs, so its ring receives only responses.
 	DM bool
+	// Bidir is -b (both sides measure, each printing the sum of both reports), Dur -D in
+	// seconds (0: -n), Conn -c (UC, UD; "" is RC): perftest_modes_test.go.
+	Bidir bool
+	Dur   int
+	Conn  string
 }
 
 func (c pfCase) tool() string {
@@ -86,6 +91,15 @@ func (c pfCase) name() string {
 	if c.CM {
 		n += "-R"
 	}
+	if c.Bidir {
+		n += "-b"
+	}
+	if c.Dur > 0 {
+		n += fmt.Sprintf("-D%d", c.Dur)
+	}
+	if c.Conn != "" {
+		n += "-" + strings.ToLower(c.Conn)
+	}
 	if c.Verb == "atomic" {
 		return n + "-" + map[string]string{"CMP_AND_SWAP": "cas", "FETCH_AND_ADD": "faa"}[c.Atomic]
 	}
@@ -105,6 +119,15 @@ func (c pfCase) flags() string {
 	}
 	if c.QPs > 1 {
 		f += fmt.Sprintf(" -q %d", c.QPs)
+	}
+	if c.Bidir {
+		f += " -b"
+	}
+	if c.Dur > 0 {
+		f += fmt.Sprintf(" -D %d", c.Dur)
+	}
+	if c.Conn != "" {
+		f += " -c " + c.Conn
 	}
 	if c.Verb == "atomic" {
 		return f + " -A " + c.Atomic
@@ -319,15 +342,20 @@ func pfCheckOutputs(t *testing.T, c pfCase, client bool, ours, guest string) {
 			t.Errorf("%s: %d result rows, want 1", who, len(rows))
 			return
 		}
-		if rows[0][0] != want[0] || rows[0][1] != want[1] {
+		if rows[0][0] != want[0] || (c.Dur == 0 && rows[0][1] != want[1]) {
 			t.Errorf("%s: result row %v, want %s bytes x %s iterations", who, rows[0], want[0], want[1])
+		}
+		if n, err := strconv.Atoi(rows[0][1]); c.Dur > 0 && (err != nil || n <= 0) {
+			t.Errorf("%s: result row %v: no messages in the duration's sample", who, rows[0])
 		}
 	}
 	noServerTable := c.Lat && (c.Verb == "read" || c.Verb == "atomic")
 	check("softroce", oRows, !(ourServer && noServerTable))
 	check("rxe", gRows, !(!ourServer && noServerTable))
-	if !c.Lat && c.Verb != "send" && len(oRows) == 1 && len(gRows) == 1 {
-		// write/read/atomic BW: the server prints the client's report as exchanged
+	// write/read/atomic BW: the server prints the client's report as exchanged; -b: both
+	// print the sum of both reports (not in send's duration mode, where each counts its own)
+	same := !c.Lat && (c.Verb != "send" || (c.Bidir && c.Dur == 0))
+	if same && len(oRows) == 1 && len(gRows) == 1 {
 		if strings.Join(oRows[0], " ") != strings.Join(gRows[0], " ") {
 			t.Errorf("server and client BW lines differ: softroce %v, rxe %v", oRows[0], gRows[0])
 		}
@@ -363,8 +391,8 @@ func pfCheckWire(t *testing.T, c pfCase, client bool, wire []testcap.IPv4UDP, lo
 			continue
 		}
 		info := p.Info
-		if info.Transport != bth.TransportRC {
-			t.Errorf("%v on an RC test", p.BTH.Opcode())
+		if want := map[string]bth.Transport{"UC": bth.TransportUC, "UD": bth.TransportUD}[c.Conn]; info.Transport != want {
+			t.Errorf("%v on a %s test", p.BTH.Opcode(), c.tool()+" -c "+c.Conn)
 		}
 		kinds[p.BTH.Opcode().String()]++
 		want2 := map[string]bth.OpKind{"write": bth.KindWrite, "read": bth.KindReadReq, "send": bth.KindSend}[c.Verb]
@@ -401,14 +429,17 @@ func pfCheckWire(t *testing.T, c pfCase, client bool, wire []testcap.IPv4UDP, lo
 	// counts are only logged: the tools' own counts (the #iterations column, and exit 0
 	// only when every completion succeeded) are exact anyway.
 	min := c.Iters * c.qps()
-	if lost {
+	switch {
+	case lost:
 		min = 1
 		t.Logf("tcpdump dropped packets: message counts not checked")
+	case c.Dur > 0:
+		min = 1 // as many as the duration allowed
 	}
 	if got := max(reqs[requester], resps[other]); got < min {
 		t.Errorf("the client (%v) sent %d %s requests and got %d responses on the wire, want >= %d", requester, reqs[requester], c.Verb, resps[other], min)
 	}
-	if c.Lat && (c.Verb == "write" || c.Verb == "send") {
+	if c.Bidir || (c.Lat && (c.Verb == "write" || c.Verb == "send")) {
 		if got := max(reqs[other], resps[requester]); got < min {
 			t.Errorf("the server (%v) sent %d %s messages in the ping-pong (%d responses), want >= %d", other, reqs[other], c.Verb, resps[requester], min)
 		}

@@ -17,6 +17,7 @@ const ResultLine = "------------------------------------------------------------
 const (
 	HeaderBW      = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n"                                                                    // RESULT_FMT
 	HeaderBWGbits = " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"                                                                    // RESULT_FMT_G
+	HeaderLatDur  = " #bytes        #iterations       t_avg[usec]    tps average\n"                                                                                         // RESULT_FMT_LAT_DUR
 	HeaderLat     = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] \n" // RESULT_FMT_LAT
 )
 
@@ -223,10 +224,27 @@ func AddressLine(t Test, s Side, d Dest, withGID bool) string {
 	return b.String()
 }
 
+// FormatLatDur is print_report_lat_duration's line (REPORT_FMT_LAT_DUR), newline included:
+// the average latency over a duration-mode sample of window holding iters round trips
+// (halfRTT: WRITE and SEND latency report half of each) and the transactions per second.
+func FormatLatDur(size, iters uint64, window time.Duration, halfRTT bool) string {
+	var lat, tps float64
+	if us := float64(window) / float64(time.Microsecond); iters > 0 && us > 0 {
+		lat = us / float64(iters)
+		if halfRTT {
+			lat /= 2
+		}
+		tps = float64(iters) / window.Seconds()
+	}
+	// " %-7lu       %" PRIu64 "            %-7.2f        %-7.2f"
+	return fmt.Sprintf(" %-7d       %d            %-7s        %-7s\n", size, iters, cf(lat, 2), cf(tps, 2))
+}
+
 // Banner holds what ctx_print_test_info shows.
 type Banner struct {
 	Test   Test
 	Role   Role
+	Duplex bool   // -b: "Bidirectional", and both depths shown
 	Atomic string // atomic tests: "CMP_AND_SWAP" or "FETCH_AND_ADD"
 	Device string // e.g. "rxe1"
 	QPs    int
@@ -261,6 +279,9 @@ func (b *Banner) String() string {
 		s.WriteString(b.Atomic + " ")
 	}
 	if b.Test.BW() {
+		if b.Duplex {
+			s.WriteString("Bidirectional ")
+		}
 		s.WriteString("BW ")
 	} else {
 		s.WriteString("Latency ")
@@ -271,10 +292,10 @@ func (b *Banner) String() string {
 	fmt.Fprintf(&s, " Connection type : %s\t\tUsing SRQ      : %s\n", b.Connection, onOff(b.SRQ))
 	fmt.Fprintf(&s, " PCIe relax order: %s\n", b.PCIeRelaxOrder)
 	fmt.Fprintf(&s, " ibv_wr* API     : %s\n", onOff(b.NewPostSend))
-	if b.Role == Client {
+	if b.Role == Client || b.Duplex {
 		fmt.Fprintf(&s, " TX depth        : %d\n", b.TXDepth)
 	}
-	if b.Test.Send() && b.Role == Server {
+	if b.Test.Send() && (b.Role == Server || b.Duplex) {
 		fmt.Fprintf(&s, " RX depth        : %d\n", b.RXDepth)
 	}
 	if b.Test.BW() {

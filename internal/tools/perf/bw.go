@@ -10,42 +10,24 @@ import (
 	"github.com/softroce/softroce/internal/qp"
 )
 
-// bwClient is run_iter_bw for one message size; it fills tposted and tcompleted.
+// bwClient is run_iter_bw for one message size: up to tx_depth WRs in flight per QP, every
+// cq_mod-th signaled. With -n it fills tposted and tcompleted; in the duration mode (-D) it
+// posts until the measurement ends and counts the completions of the sample.
 func (r *perfRes) bwClient(size int) error {
 	c := r.c
 	r.setSendWQEs(size)
-	inc := perfInc(size)
-	slots := r.slots(size)
-	cyc := r.cycles(size)
-	tot := c.Iters * len(r.qps)
-	totS, totC := 0, 0
 	r.t0 = time.Now()
-	for totS < tot || totC < tot {
-		for i, q := range r.qps {
-			for r.scnt[i] < c.Iters && r.scnt[i]-r.ccnt[i]+1 <= c.TxDepth {
-				k := r.scnt[i]
-				w := &r.wr[i]
-				if c.CQMod == 1 || k%c.CQMod == c.CQMod-1 || k == c.Iters-1 {
-					w.Flags = qp.SendSignaled
-				} else {
-					w.Flags = 0
-				}
-				if cyc { // increase_loc_addr / increase_rem_addr
-					off := uint64((k % slots) * inc)
-					r.sge[i].Addr = r.sendIOVA(i) + off
-					if c.Verb != "send" {
-						w.RemoteAddr = r.rem[i].VAddr + off
-					}
-				}
-				r.tposted[totS] = r.since()
-				if _, err := q.PostSend(r.wr[i : i+1]); err != nil {
-					return fmt.Errorf("%w: Couldn't post send: qp %d scnt=%d: %w", errPerfVerbs, i, k, err)
-				}
-				r.scnt[i]++
-				totS++
-			}
+	r.dur, r.sampled = newPerfDuration(c), 0
+	tot := c.Iters * len(r.qps)
+	if r.dur != nil {
+		tot = 0
+	}
+	totS, totC := 0, 0
+	for totS < tot || totC < tot || (r.dur != nil && !r.dur.ended(time.Now())) {
+		if err := r.postSends(size, &totS); err != nil {
+			return err
 		}
-		if totC >= tot {
+		if totC >= totS && r.dur == nil {
 			continue
 		}
 		n := r.scq.Poll(r.wcs)
@@ -55,32 +37,97 @@ func (r *perfRes) bwClient(size int) error {
 				return err
 			}
 		}
-		now := r.since()
-		r.polls++
-		for j := 0; j < n; j++ {
-			w := &r.wcs[j]
-			if w.Status != cq.StatusSuccess {
-				return r.wcErr(w, false)
+		done, err := r.sendCompletions(n, tot, &totC)
+		if err != nil {
+			return err
+		}
+		totC += done
+	}
+	return nil
+}
+
+// postSends posts, on every QP, the WRs its send queue has room for (scnt - ccnt below
+// tx_depth; with -n at most -n), each cq_mod-th and the last signaled, addresses advancing in
+// the cycle buffer (increase_loc_addr / increase_rem_addr); *totS counts them.
+func (r *perfRes) postSends(size int, totS *int) error {
+	c := r.c
+	inc := perfInc(size)
+	slots := r.slots(size)
+	cyc := r.cycles(size)
+	for i, q := range r.qps {
+		for (r.dur != nil || r.scnt[i] < c.Iters) && r.scnt[i]-r.ccnt[i]+1 <= c.TxDepth {
+			k := r.scnt[i]
+			w := &r.wr[i]
+			if c.CQMod == 1 || k%c.CQMod == c.CQMod-1 || (r.dur == nil && k == c.Iters-1) {
+				w.Flags = qp.SendSignaled
+			} else {
+				w.Flags = 0
 			}
-			qi := int(w.WRID)
-			if qi < 0 || qi >= len(r.qps) {
-				return fmt.Errorf("%w: completion for unknown wr_id %d", errPerfVerbs, w.WRID)
+			if cyc {
+				off := uint64((k % slots) * inc)
+				r.sge[i].Addr = r.sendIOVA(i) + off
+				if c.Verb != "send" {
+					w.RemoteAddr = r.rem[i].VAddr + off
+				}
 			}
-			// A signaled WR completes the messages since the previous one: cq_mod of
-			// them, or fewer for the last WR when -n is not a multiple of cq_mod
-			// (counting a full cq_mod there made totC reach tot while another QP
-			// still had messages to post, and the loop stopped polling and spun).
-			done := min(c.CQMod, c.Iters-r.ccnt[qi])
-			r.ccnt[qi] += done
-			totC += done
-			r.tcompleted[min(totC, tot)-1] = now
+			if r.dur == nil {
+				r.tposted[*totS] = r.since()
+			}
+			if _, err := q.PostSend(r.wr[i : i+1]); err != nil {
+				return fmt.Errorf("%w: Couldn't post send: qp %d scnt=%d: %w", errPerfVerbs, i, k, err)
+			}
+			r.scnt[i]++
+			*totS++
 		}
 	}
 	return nil
 }
 
-// bwReport is print_report_bw for the client's run of size bytes.
+// sendCompletions accounts for the n send completions in r.wcs: a signaled WR completes the
+// messages since the previous one, cq_mod of them, or (with -n) fewer for the last WR when
+// -n is not a multiple of cq_mod (counting a full cq_mod there made the total reach its end
+// while another QP still had messages to post, and the loop stopped polling and spun). With
+// -n it stamps tcompleted (tot messages in all, *totC so far); in the duration mode it
+// counts the sample. It returns how many messages completed.
+func (r *perfRes) sendCompletions(n, tot int, totC *int) (int, error) {
+	c := r.c
+	now := time.Now()
+	since := now.Sub(r.t0)
+	if n > 0 {
+		r.polls++
+	}
+	all := 0
+	for j := 0; j < n; j++ {
+		w := &r.wcs[j]
+		if w.Status != cq.StatusSuccess {
+			return 0, r.wcErr(w, false)
+		}
+		qi := int(w.WRID)
+		if qi < 0 || qi >= len(r.qps) {
+			return 0, fmt.Errorf("%w: completion for unknown wr_id %d", errPerfVerbs, w.WRID)
+		}
+		done := c.CQMod
+		if r.dur == nil {
+			done = min(c.CQMod, c.Iters-r.ccnt[qi])
+		}
+		r.ccnt[qi] += done
+		all += done
+		switch {
+		case r.dur == nil:
+			r.tcompleted[min(*totC+all, tot)-1] = since
+		case r.dur.sampling(now):
+			r.sampled += done
+		}
+	}
+	return all, nil
+}
+
+// bwReport is print_report_bw for this side's run of size bytes: from the first post to the
+// last completion with -n (and the peak, unless -N), over the sample in the duration mode.
 func (r *perfRes) bwReport(size int) perftest.BWReport {
+	if r.dur != nil {
+		return perftest.NewBWReport(uint64(size), uint64(r.sampled), r.dur.window(), 0, r.c.Gbits)
+	}
 	tot := r.c.Iters * len(r.qps)
 	total := r.tcompleted[tot-1] - r.tposted[0]
 	var best time.Duration
@@ -124,37 +171,61 @@ func perfPeak(posted, completed []time.Duration, cqMod int) time.Duration {
 	return time.Duration(lo)
 }
 
-// bwServerSend is run_iter_bw_server: count receive completions, repost, time the run.
+// bwServerSend is run_iter_bw_server: count receive completions, repost, time the run from
+// the first receive to the last; in the duration mode the clock starts at the first receive
+// (set_on_first_rx_packet) and the sample is counted.
 func (r *perfRes) bwServerSend(size int) (perftest.BWReport, error) {
 	c := r.c
 	tot := c.Iters * len(r.qps)
 	rcnt := 0
 	var first, last time.Time
-	for rcnt < tot {
+	r.dur, r.sampled = newPerfDuration(c), 0
+	started := false
+	for rcnt < tot || (r.dur != nil && !(started && r.dur.ended(time.Now()))) {
 		n, err := r.wait(r.rcq, perfSpinBW)
 		if err != nil {
 			return perftest.BWReport{}, err
 		}
-		if rcnt == 0 {
-			first = time.Now()
+		now := time.Now()
+		if n > 0 && !started {
+			started, first = true, now
+			if r.dur != nil {
+				r.dur.restart()
+			}
 		}
-		for j := 0; j < n; j++ {
-			w := &r.wcs[j]
-			if w.Status != cq.StatusSuccess {
-				return perftest.BWReport{}, r.wcErr(w, true)
-			}
-			qi := int(w.WRID)
-			if qi < 0 || qi >= len(r.qps) {
-				return perftest.BWReport{}, fmt.Errorf("%w: receive completion for unknown wr_id %d", errPerfVerbs, w.WRID)
-			}
-			rcnt++
-			if r.rpost[qi]+1 <= c.Iters {
-				if err := r.postRecv(qi, size); err != nil {
-					return perftest.BWReport{}, err
-				}
-			}
+		if err := r.recvCompletions(n, size, now, &rcnt); err != nil {
+			return perftest.BWReport{}, err
 		}
 	}
 	last = time.Now()
+	if r.dur != nil {
+		return perftest.NewBWReport(uint64(size), uint64(r.sampled), r.dur.window(), 0, c.Gbits), nil
+	}
 	return perftest.NewBWReport(uint64(size), uint64(tot), last.Sub(first), 0, c.Gbits), nil
+}
+
+// recvCompletions accounts for the n receive completions in r.wcs (polled at now): each
+// counts one message; its receive is posted again while fewer than -n were posted (always in
+// the duration mode, where those of the sample are counted).
+func (r *perfRes) recvCompletions(n, size int, now time.Time, rcnt *int) error {
+	for j := 0; j < n; j++ {
+		w := &r.wcs[j]
+		if w.Status != cq.StatusSuccess {
+			return r.wcErr(w, true)
+		}
+		qi := int(w.WRID)
+		if qi < 0 || qi >= len(r.qps) {
+			return fmt.Errorf("%w: receive completion for unknown wr_id %d", errPerfVerbs, w.WRID)
+		}
+		*rcnt++
+		if r.dur != nil && r.dur.sampling(now) {
+			r.sampled++
+		}
+		if r.dur != nil || r.rpost[qi]+1 <= r.c.Iters {
+			if err := r.postRecv(qi, size); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

@@ -481,6 +481,16 @@ func (m *perfCMComm) bwReports(mine perftest.BWReport) (perftest.BWReport, error
 // Close implements perfExchanger (the QP goes with the connection in close).
 func (m *perfCMComm) Close() error { return nil }
 
+// ExchangeBWReport implements perfExchanger: xchg_bw_reports over the exchange QP.
+func (m *perfCMComm) ExchangeBWReport(_ context.Context, mine perftest.BWReport) (perftest.BWReport, error) {
+	return m.bwReports(mine)
+}
+
+// CloseExchange implements perfExchanger: ctx_close_connection with rdma_cm, one key round.
+func (m *perfCMComm) CloseExchange(_ context.Context, mine *perftest.Dest) (perftest.Dest, error) {
+	return m.handShake(mine, m.c.Timeout)
+}
+
 // preamble runs exchange_versions, check_sys_data and check_mtu over the exchange QP and
 // returns the agreed cycle buffer, cache line and MTU.
 func (m *perfCMComm) preamble(mtu perftest.MTU) (perftest.SysData, perftest.MTU, error) {

@@ -128,7 +128,7 @@ func TestPerfCMPairs(t *testing.T) {
 		{[]string{"write", "-s", "65536", "-n", "50", "-q", "2", "--report_gbits"}, []int{65536}, 50, 2},
 		{[]string{"send", "-s", "3000", "-n", "200"}, []int{3000}, 200, 1},
 		{[]string{"send", "-s", "64", "-n", "300", "-q", "2", "-r", "16"}, []int{64}, 300, 2},
-		{[]string{"send", "-a", "-n", "5"}, perfSizes(&perfConfig{All: true}), 5, 1},
+		{[]string{"send", "-a", "-n", "5"}, perfSizes(&perfConfig{All: true}, 0), 5, 1},
 		{[]string{"read", "-s", "3000", "-n", "200"}, []int{3000}, 200, 1},
 		{[]string{"read", "-s", "3000", "-n", "100", "-q", "2", "-o", "4"}, []int{3000}, 100, 2},
 		{[]string{"atomic", "-n", "200"}, []int{8}, 200, 1},

@@ -280,7 +280,7 @@ func perfRunCM(ctx context.Context, c *perfConfig, out io.Writer) (err error) {
 		}
 		return nil
 	}
-	sizes := perfSizes(c)
+	sizes := perfSizes(c, 0)
 	if err := all(); err != nil {
 		return err
 	}

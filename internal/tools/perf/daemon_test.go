@@ -135,7 +135,7 @@ func TestPerfDaemon(t *testing.T) {
 		{args: []string{"send", "--lat", "-s", "8", "-n", "100"}, sizes: []int{8}, iters: 100, qps: 1},
 		{args: []string{"read", "--lat", "-s", "64", "-n", "100"}, sizes: []int{64}, iters: 100, qps: 1},
 		{args: []string{"atomic", "--lat", "-n", "100"}, sizes: []int{8}, iters: 100, qps: 1},
-		{args: []string{"send", "--lat", "-a", "-n", "5"}, sizes: perfSizes(&perfConfig{All: true}), iters: 5, qps: 1},
+		{args: []string{"send", "--lat", "-a", "-n", "5"}, sizes: perfSizes(&perfConfig{All: true}, 0), iters: 5, qps: 1},
 		{args: []string{"write", "-s", "3000", "-n", "100"}, sizes: []int{3000}, iters: 100, qps: 1, cm: true},
 		{args: []string{"send", "-s", "64", "-n", "150", "-q", "2", "-r", "16"}, sizes: []int{64}, iters: 150, qps: 2, cm: true},
 		{args: []string{"read", "-s", "3000", "-n", "100", "-q", "2", "-o", "4"}, sizes: []int{3000}, iters: 100, qps: 2, cm: true},

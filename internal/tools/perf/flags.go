@@ -53,7 +53,7 @@ type flags struct {
 	Config
 	size                                                     sizeValue
 	iters, mtu, tx, rx, cqMod, outReads, inline, ibPort, dur int
-	qpTimeout, sl                                            int
+	qpTimeout, sl, margin                                    int
 	rocePort                                                 uint
 	cpuFreq, bidir, version                                  bool
 	conn                                                     string
@@ -69,6 +69,8 @@ func newFlagSet(f *flags) *pflag.FlagSet {
 	fs.StringVarP(&f.conn, "connection", "c", "RC", "Connection type RC/UC/UD (default RC)")
 	fs.VarP(&f.Dev, "ib-dev", "d", "Use IB device <dev> (softroce: the local ADDR|IFNAME whose address is the RoCE GID)")
 	fs.IntVarP(&f.dur, "duration", "D", 0, "Run test for a customized period of `seconds`.")
+	fs.IntVarP(&f.margin, "margin", "f", -1, "measure results within margins. (default=2sec)")
+	fs.BoolVar(&f.ReportBoth, "report-both", false, "Report RX & TX results separately on Bidirectional BW tests")
 	fs.BoolVarP(&f.Events, "events", "e", false, "Sleep on CQ events (default poll)")
 	fs.BoolVarP(&f.cpuFreq, "CPU-freq", "F", false, "Do not show a warning even if cpufreq_ondemand module is loaded, and cpu-freq is not on max.")
 	fs.IntVarP(&f.ibPort, "ib-port", "i", 1, "Use `port` of IB device (default 1; softroce devices have port 1 only)")
@@ -109,7 +111,7 @@ func newFlagSet(f *flags) *pflag.FlagSet {
 	// perftest's options softroce refuses by name
 	u := cli.NewUnsupported(fs)
 	for _, o := range []struct{ short, long string }{
-		{"f", "margin"}, {"l", "post_list"}, {"L", "hop_limit"}, {"M", "MGID"}, {"T", "tos"}, {"w", "limit_bw"},
+		{"l", "post_list"}, {"L", "hop_limit"}, {"M", "MGID"}, {"T", "tos"}, {"w", "limit_bw"},
 		{"y", "limit_msgrate"}, {"W", "report-counters"}, {"X", "vector"}, {"B", "source_mac"}, {"E", "dest_mac"},
 		{"J", "dest_ip"}, {"j", "source_ip"}, {"K", "dest_port"}, {"k", "source_port"}, {"Y", "ethertype"},
 	} {
@@ -127,7 +129,7 @@ func newFlagSet(f *flags) *pflag.FlagSet {
 		"flows", "flows_burst", "reply_every", "vlan_pcp", "recv_post_list"} {
 		u.Value("", n, "")
 	}
-	for _, n := range []string{"run_infinitely", "use-srq", "report-both", "reversed", "tcp", "cpu_util", "out_json",
+	for _, n := range []string{"run_infinitely", "use-srq", "reversed", "tcp", "cpu_util", "out_json",
 		"dont_xchg_versions", "ipv6", "raw_ipv6", "report-per-port", "odp", "use_hugepages", "use_old_post_send", "promiscuous",
 		"raw_mcast", "mr_per_qp", "perform_warm_up", "vlan_en", "disable_pcie_relaxed", "use_ooo"} {
 		u.Bool("", n, "")
@@ -184,18 +186,28 @@ func parseArgs(args []string) (*Config, error) {
 		return nil, fmt.Errorf("%s is %w", f.unsupported.Given(), errPerfUnsupported)
 	case len(positional) > 1:
 		return nil, fmt.Errorf("%w: more than one SERVER argument: %q", errPerfUsage, positional)
-	case f.dur != 0:
-		return nil, fmt.Errorf("-D (duration mode) is %w: use -n", errPerfUnsupported)
-	case f.bidir:
-		return nil, fmt.Errorf("-b (bidirectional) is %w", errPerfUnsupported)
+	case fs.Changed("duration") && f.dur <= 0:
+		return nil, fmt.Errorf("%w: -D: Duration period must be positive", errPerfUsage)
+	case fs.Changed("margin") && f.margin < 0:
+		return nil, fmt.Errorf("%w: -f: Margin must be non-negative", errPerfUsage)
+	case f.bidir && c.Lat:
+		return nil, fmt.Errorf("%w: -b: Bidirectional is only available in BW test", errPerfUsage)
 	case c.RDMACM && c.Lat:
 		return nil, fmt.Errorf("-R with the latency tests is %w: bandwidth only", errPerfUnsupported)
 	case c.RDMACM && c.Loopback:
 		return nil, fmt.Errorf("%w: -R and --loopback exclude each other", errPerfUsage)
 	case c.RDMACM && len(positional) == 0 && !c.Dev.IsSet() && c.Daemon == "":
 		return nil, fmt.Errorf("%w: -R server: name the local address with -d (softroce devices have one address)", errPerfUsage)
-	case f.conn != "RC":
-		return nil, fmt.Errorf("-c %s is %w: RC only", f.conn, errPerfUnsupported)
+	case f.conn == "XRC" || f.conn == "DC" || f.conn == "SRD":
+		return nil, fmt.Errorf("-c %s is %w: RC, UC or UD", f.conn, errPerfUnsupported)
+	case f.conn != "RC" && f.conn != "UC" && f.conn != "UD":
+		return nil, fmt.Errorf("%w: -c %s: Invalid Connection type. Please choose from {RC,UC,UD,XRC,DC,SRD}", errPerfUsage, f.conn)
+	case f.conn == "UC" && (c.Verb == "read" || c.Verb == "atomic"):
+		return nil, fmt.Errorf("%w: -c UC: UC connection not possible in READ/ATOMIC verbs", errPerfUsage)
+	case f.conn == "UD" && c.Verb != "send":
+		return nil, fmt.Errorf("%w: -c UD: UD connection only possible in SEND verb", errPerfUsage)
+	case (f.bidir || f.dur != 0 || f.conn != "RC") && (c.RDMACM || c.Loopback):
+		return nil, fmt.Errorf("-b, -D and -c UC/UD with -R or --loopback are %w", errPerfUnsupported)
 	case c.Port < 0 || c.Port > 65535:
 		return nil, fmt.Errorf("%w: -p %d: not a TCP port", errPerfUsage, c.Port)
 	case f.ibPort != 1:
@@ -260,6 +272,27 @@ func parseArgs(args []string) (*Config, error) {
 	c.RocePort, c.Inline = uint16(f.rocePort), f.inline
 	c.QPTimeout, c.SL = uint8(f.qpTimeout), uint8(f.sl)
 	c.Test = perfTest(c.Verb, c.Lat)
+	c.Duplex = f.bidir
+	c.Conn = map[string]qp.Type{"RC": qp.TypeRC, "UC": qp.TypeUC, "UD": qp.TypeUD}[f.conn]
+	// the duration mode (force_dependecies): the margin defaults to a quarter of it, which
+	// must leave a sample; no peak, no -a, no events
+	duration, margin := 5, f.margin // DEF_DURATION when -D is not given
+	if f.dur != 0 {
+		duration = f.dur
+		if margin < 0 {
+			margin = duration / 4
+		}
+		switch {
+		case c.All:
+			return nil, fmt.Errorf("%w: -D: Duration mode currently doesn't support running on all sizes.", errPerfUsage)
+		case c.Events:
+			return nil, fmt.Errorf("%w: -D: Duration mode doesn't work with events.", errPerfUsage)
+		}
+		c.Duration, c.Margin = time.Duration(duration)*time.Second, time.Duration(margin)*time.Second
+	}
+	if duration <= 2*margin {
+		return nil, fmt.Errorf("%w: please check that DURATION > 2*MARGIN", errPerfUsage)
+	}
 
 	// perftest's defaults and force_dependecies (perftest_parameters.c).
 	bw := !c.Lat
@@ -299,7 +332,9 @@ func parseArgs(args []string) (*Config, error) {
 			c.TxDepth = perfDefTxBW
 		}
 	}
-	c.TxDepth = min(c.TxDepth, c.Iters)
+	if c.Duration == 0 { // force_dependecies, ITERATIONS
+		c.TxDepth = min(c.TxDepth, c.Iters)
+	}
 	c.RxDepth = f.rx
 	if c.RxDepth == 0 {
 		c.RxDepth = perfDefRxRDMA
@@ -307,17 +342,27 @@ func parseArgs(args []string) (*Config, error) {
 			c.RxDepth = perfDefRxSend
 		}
 	}
-	if c.Verb == "send" {
+	if c.Verb == "send" && c.Duration == 0 {
 		c.RxDepth = min(c.RxDepth, c.Iters)
+		if c.Conn != qp.TypeRC && c.RxDepth == perfDefRxSend {
+			// no RNR NAK on UC/UD: every message has its receive posted before
+			c.RxDepth = min(c.Iters, perfUCMaxRx)
+		}
+	}
+	if c.Verb == "send" && c.RxDepth%2 == 1 && !c.All {
+		c.RxDepth++ // perftest's "WA for a bug when rx_depth is odd in SEND"
 	}
 	c.CQMod = f.cqMod
 	if c.CQMod == 0 {
 		c.CQMod = perfDefCQMod
-		if c.Size > perfCQModLimit && !c.All && !c.Events {
+		if c.Size > perfCQModLimit && c.Conn != qp.TypeUD && !c.All && !c.Events {
 			c.CQMod = 1
 		}
 	}
 	c.CQMod = min(c.CQMod, c.TxDepth)
+	if c.Duration != 0 || (c.Verb == "send" && bw && c.Server == "" && !c.Duplex) {
+		c.NoPeak = true
+	}
 	if bw && c.Iters > perfNoPeakIters {
 		c.NoPeak = true
 	}

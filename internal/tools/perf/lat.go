@@ -11,7 +11,8 @@ import (
 	"github.com/softroce/softroce/pkg/roce"
 )
 
-// latWrite is run_iter_lat_write (QP 0): the server writes first.
+// latWrite is run_iter_lat_write (QP 0): the server writes first. In the duration mode both
+// sides run until their measurement ends, counting the completions of the sample.
 func (r *perfRes) latWrite(size int) error {
 	c := r.c
 	r.setSendWQEs(size)
@@ -21,25 +22,35 @@ func (r *perfRes) latWrite(size int) error {
 	q := r.qps[0]
 	scnt, ccnt, rcnt := 0, 0, 0
 	r.t0 = time.Now()
-	for scnt < c.Iters || ccnt < c.Iters || rcnt < c.Iters {
-		if rcnt < c.Iters && !(scnt < 1 && r.server()) {
+	r.dur, r.sampled = newPerfDuration(c), 0
+	dm, iters := r.dur != nil, c.Iters
+	if dm {
+		iters = 0
+	}
+	for scnt < iters || ccnt < iters || rcnt < iters || (dm && !r.dur.ended(time.Now())) {
+		if (dm || rcnt < iters) && !(scnt < 1 && r.server()) {
 			rcnt++
 			if err := r.waitByte(q, pollOff, byte(rcnt)); err != nil {
 				return err
 			}
+			if dm && r.dur.ended(time.Now()) {
+				break
+			}
 		}
-		if scnt < c.Iters {
-			r.tposted[scnt] = r.since()
+		if dm || scnt < iters {
+			if !dm {
+				r.tposted[scnt] = r.since()
+			}
 			scnt++
 			r.buf[postOff] = byte(scnt)
 			if _, err := q.PostSend(r.wr[:1]); err != nil {
 				return fmt.Errorf("%w: Couldn't post send: scnt=%d: %w", errPerfVerbs, scnt, err)
 			}
-			if r.phases != nil {
+			if r.phases != nil && scnt <= len(r.phases.posted) {
 				r.phases.posted[scnt-1] = r.since()
 			}
 		}
-		if ccnt < c.Iters {
+		if dm || ccnt < iters {
 			n, err := r.wait(r.scq, perfSpinLat)
 			if err != nil {
 				return err
@@ -53,6 +64,9 @@ func (r *perfRes) latWrite(size int) error {
 				r.phases.acked[ccnt] = r.since()
 			}
 			ccnt += n
+			if dm && r.dur.sampling(time.Now()) {
+				r.sampled += n
+			}
 		}
 	}
 	return nil
@@ -72,7 +86,7 @@ func (r *perfRes) waitByte(q roce.QueuePair, off int, v byte) error {
 		return r.waitBytePolled(rw, off, v)
 	}
 	notify := rw.RemoteWriteNotify()
-	deadline := time.Now().Add(r.c.RunTimeout)
+	deadline, end := r.deadline()
 	for i := 0; ; i++ {
 		if w := rw.RemoteWrites(); w != r.writesSeen {
 			r.writesSeen = w
@@ -90,6 +104,9 @@ func (r *perfRes) waitByte(q roce.QueuePair, off int, v byte) error {
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
+			if end { // in the duration mode: the measurement ended
+				return nil
+			}
 			return fmt.Errorf("%w: no WRITE from the peer within %v", errPerfTimeout, r.c.RunTimeout)
 		}
 		// wake at least every 100 ms to notice a QP in error (the peer gave up)
@@ -102,30 +119,44 @@ func (r *perfRes) waitByte(q roce.QueuePair, off int, v byte) error {
 	}
 }
 
-// latSend is run_iter_lat_send (QP 0): the client sends first.
+// latSend is run_iter_lat_send (QP 0): the client sends first. In the duration mode the
+// receives of the sample are counted.
 func (r *perfRes) latSend(size int) error {
 	c := r.c
 	r.setSendWQEs(size)
 	q := r.qps[0]
 	scnt, rcnt := 0, 0
 	r.t0 = time.Now()
-	for scnt < c.Iters || rcnt < c.Iters {
-		if rcnt < c.Iters && !(scnt < 1 && !r.server()) {
+	r.dur, r.sampled = newPerfDuration(c), 0
+	dm, iters := r.dur != nil, c.Iters
+	if dm {
+		iters = 0
+	}
+	for scnt < iters || rcnt < iters || (dm && !r.dur.ended(time.Now())) {
+		if (dm || rcnt < iters) && !(scnt < 1 && !r.server()) {
 			n, err := r.waitOne(r.rcq, true)
 			if err != nil {
 				return err
 			}
+			if n == 0 { // the measurement ended
+				break
+			}
 			rcnt += n
-			if rcnt+c.RxDepth <= c.Iters {
+			if dm && r.dur.sampling(time.Now()) {
+				r.sampled += n
+			}
+			if dm || rcnt+c.RxDepth <= iters {
 				if err := r.postRecv(0, size); err != nil {
 					return err
 				}
 			}
 		}
-		if scnt < c.Iters {
-			r.tposted[scnt] = r.since()
+		if dm || scnt < iters {
+			if !dm {
+				r.tposted[scnt] = r.since()
+			}
 			scnt++
-			poll := scnt%c.CQMod == 0 || scnt == c.Iters
+			poll := scnt%c.CQMod == 0 || (!dm && scnt == iters)
 			r.wr[0].Flags = 0
 			if poll {
 				r.wr[0].Flags = qp.SendSignaled
@@ -134,8 +165,10 @@ func (r *perfRes) latSend(size int) error {
 				return fmt.Errorf("%w: Couldn't post send: scnt=%d: %w", errPerfVerbs, scnt, err)
 			}
 			if poll {
-				if _, err := r.waitOne(r.scq, false); err != nil {
+				if n, err := r.waitOne(r.scq, false); err != nil {
 					return err
+				} else if n == 0 {
+					break
 				}
 			}
 		}
@@ -143,13 +176,14 @@ func (r *perfRes) latSend(size int) error {
 	return nil
 }
 
-// waitOne waits for one completion (ibv_poll_cq(cq, 1, &wc) in a loop) and checks it.
+// waitOne waits for one completion (ibv_poll_cq(cq, 1, &wc) in a loop) and checks it; 0 when
+// a duration-mode measurement ended first.
 func (r *perfRes) waitOne(c roce.CompletionQueue, recv bool) (int, error) {
 	wcs := r.wcs
 	r.wcs = r.wcs[:1]
 	n, err := r.wait(c, perfSpinLat)
 	r.wcs = wcs
-	if err != nil {
+	if err != nil || n == 0 {
 		return 0, err
 	}
 	if r.wcs[0].Status != cq.StatusSuccess {
@@ -164,16 +198,37 @@ func (r *perfRes) latReadAtomic(size int) error {
 	r.setSendWQEs(size)
 	q := r.qps[0]
 	r.t0 = time.Now()
-	for scnt := 0; scnt < c.Iters; scnt++ {
-		r.tposted[scnt] = r.since()
+	r.dur, r.sampled = newPerfDuration(c), 0
+	for scnt := 0; scnt < c.Iters || (r.dur != nil && !r.dur.ended(time.Now())); scnt++ {
+		if r.dur == nil {
+			r.tposted[scnt] = r.since()
+		}
 		if _, err := q.PostSend(r.wr[:1]); err != nil {
 			return fmt.Errorf("%w: Couldn't post send: scnt=%d: %w", errPerfVerbs, scnt, err)
 		}
-		if _, err := r.waitOne(r.scq, false); err != nil {
+		n, err := r.waitOne(r.scq, false)
+		if err != nil {
 			return err
+		}
+		if r.dur != nil && r.dur.sampling(time.Now()) {
+			r.sampled += n
 		}
 	}
 	return nil
+}
+
+// latLine is this run's result line: print_report_lat over tposted, or in the duration mode
+// print_report_lat_duration over the sample (write and send latency are half a round trip).
+func (r *perfRes) latLine(size int) (string, error) {
+	half := r.c.Verb == "write" || r.c.Verb == "send"
+	if r.dur != nil {
+		return perftest.FormatLatDur(uint64(size), uint64(r.sampled), r.dur.window(), half), nil
+	}
+	rep, err := r.latReport(size)
+	if err != nil {
+		return "", err
+	}
+	return perftest.FormatLat(rep), nil
 }
 
 // latReport is print_report_lat over tposted.

@@ -52,6 +52,7 @@ const (
 	perfDefTxLat      = 1       // DEF_TX_LAT
 	perfDefRxSend     = 512     // DEF_RX_SEND
 	perfDefRxRDMA     = 1       // DEF_RX_RDMA
+	perfUCMaxRx       = 16000   // UC_MAX_RX
 	perfDefCQMod      = 100     // DEF_CQ_MOD
 	perfMaxSize       = 8388608 // MAX_SIZE (also the largest -a size, 2^23)
 	perfCQModLimit    = 8192    // MSG_SIZE_CQ_MOD_LIMIT: larger messages signal every WR
@@ -106,27 +107,36 @@ type Config struct {
 	Iters  int    // -n
 	MTU    qp.MTU // -m (0 = the port's active MTU)
 	// GIDIndex is -x (accepted; the GID is the -d address). -1 = not given.
-	GIDIndex   int
-	QPs        int    // -q
-	Atomic     string // -A: CMP_AND_SWAP or FETCH_AND_ADD
-	TxDepth    int    // -t
-	RxDepth    int    // -r
-	CQMod      int    // -Q
-	NoPeak     bool   // -N
-	OutReads   int    // -o
-	Inline     int    // -I (banner only: softroce copies inline data like any other)
-	QPTimeout  uint8  // -u: the QPs' local ACK timeout (IBTA 9.7.6.1.3: 4.096 us * 2^QPTimeout)
-	SL         uint8  // -S: the service level of the address vector (not on the wire with RoCE)
-	Gbits      bool   // --report_gbits
-	Events     bool   // -e: sleep on CQ events (softroce's default anyway)
-	BusyPoll   bool   // --busy-poll: spin before sleeping (perftest's polling)
-	Timeout    time.Duration
-	RunTimeout time.Duration
-	RocePort   uint16
-	Portable   bool
-	XDP        bool // --xdp: the link's AF_XDP path (afxdp.Options)
-	XDPNoPairs bool // --xdp-no-pairs: that path's [request, ACK] pairs as two frames (afxdp.Options.NoPairs)
-	DM         bool // --dm: the buffer in device memory, whose WRITEs the XDP program executes (Device.AllocDM)
+	GIDIndex int
+	QPs      int    // -q
+	Atomic   string // -A: CMP_AND_SWAP or FETCH_AND_ADD
+	TxDepth  int    // -t
+	RxDepth  int    // -r
+	CQMod    int    // -Q
+	NoPeak   bool   // -N
+	OutReads int    // -o
+	Inline   int    // -I (banner only: softroce copies inline data like any other)
+	// Conn is -c: RC, UC (write and send tests) or UD (send tests).
+	Conn qp.Type
+	// Duplex is -b: both sides measure, each with its own requester (BW tests).
+	Duplex bool
+	// ReportBoth is --report-both: with -b, the local and the remote results on their own too.
+	ReportBoth bool
+	// Duration is -D: measure for this long instead of -n iterations, counting only between
+	// Margin (-f) after the start and Margin before the end; 0 = iterations.
+	Duration, Margin time.Duration
+	QPTimeout        uint8 // -u: the QPs' local ACK timeout (IBTA 9.7.6.1.3: 4.096 us * 2^QPTimeout)
+	SL               uint8 // -S: the service level of the address vector (not on the wire with RoCE)
+	Gbits            bool  // --report_gbits
+	Events           bool  // -e: sleep on CQ events (softroce's default anyway)
+	BusyPoll         bool  // --busy-poll: spin before sleeping (perftest's polling)
+	Timeout          time.Duration
+	RunTimeout       time.Duration
+	RocePort         uint16
+	Portable         bool
+	XDP              bool // --xdp: the link's AF_XDP path (afxdp.Options)
+	XDPNoPairs       bool // --xdp-no-pairs: that path's [request, ACK] pairs as two frames (afxdp.Options.NoPairs)
+	DM               bool // --dm: the buffer in device memory, whose WRITEs the XDP program executes (Device.AllocDM)
 	// Loopback runs both ends in this process (the former tool); Mem uses the in-memory link.
 	Loopback, Mem bool
 	// CPUProfile, if set, is where a pprof CPU profile of the run is written.

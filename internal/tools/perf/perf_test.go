@@ -57,8 +57,13 @@ func TestPerfFlags(t *testing.T) {
 		{[]string{"write"}, perftest.WriteBW, 65536, 5000, 128, 1, 1, 128, false}, // >8 KiB: cq_mod 1
 		{[]string{"write", "-s", "4096"}, perftest.WriteBW, 4096, 5000, 128, 1, 100, 128, false},
 		{[]string{"write", "-n", "5", "-s", "3000"}, perftest.WriteBW, 3000, 5, 5, 1, 5, 128, false}, // the lab's CQ Moderation 5
-		{[]string{"send", "-n", "300"}, perftest.SendBW, 65536, 300, 128, 300, 1, 128, false},
-		{[]string{"send", "-s", "64"}, perftest.SendBW, 64, 5000, 128, 512, 100, 128, false},
+		{[]string{"send", "-n", "300"}, perftest.SendBW, 65536, 300, 128, 300, 1, 128, true},         // the server: no peak
+		{[]string{"send", "-s", "64", "h"}, perftest.SendBW, 64, 5000, 128, 512, 100, 128, false},
+		{[]string{"send", "-n", "5", "h"}, perftest.SendBW, 65536, 5, 5, 6, 1, 128, false},                                    // an odd rx_depth + 1
+		{[]string{"send", "-c", "UD", "-n", "20000", "-s", "1024"}, perftest.SendBW, 1024, 20000, 128, 16000, 100, 128, true}, // UD: a receive per message
+		{[]string{"send", "-c", "UC", "-n", "100", "h"}, perftest.SendBW, 65536, 100, 100, 100, 1, 128, false},
+		{[]string{"write", "-D", "4"}, perftest.WriteBW, 65536, 5000, 128, 1, 1, 128, true}, // duration: no peak, tx_depth not capped
+		{[]string{"send", "-D", "4", "-n", "10", "h"}, perftest.SendBW, 65536, 10, 128, 512, 1, 128, true},
 		{[]string{"read", "-n", "20001"}, perftest.ReadBW, 65536, 20001, 128, 1, 1, 128, true},
 		{[]string{"atomic", "-o", "16"}, perftest.AtomicBW, 8, 5000, 128, 1, 100, 16, false},
 		{[]string{"write", "--lat"}, perftest.WriteLat, 2, 1000, 1, 1, 1, 128, false},
@@ -85,7 +90,8 @@ func TestPerfFlags(t *testing.T) {
 	}
 	for _, bad := range [][]string{
 		{}, {"-s", "8"}, {"flush"}, {"write", "-n", "4"}, {"atomic", "-s", "64"}, {"atomic", "-a"}, {"write", "-m", "1500"},
-		{"atomic", "-A", "SWAP"}, {"write", "-D", "5"}, {"write", "-b"}, {"write", "-R"}, {"write", "-c", "UD"},
+		{"atomic", "-A", "SWAP"}, {"write", "--lat", "-b"}, {"write", "-D", "0"}, {"write", "-D", "4", "-a"}, {"send", "-D", "4", "-e"},
+		{"write", "-D", "2", "-f", "1"}, {"write", "-f", "3"}, {"write", "-R"}, {"write", "-c", "UD"}, {"read", "-c", "UC"}, {"write", "-c", "rc"},
 		{"write", "--lat", "-q", "2"}, {"write", "-q", "0"}, {"write", "-s", "8388609"}, {"write", "-i", "2"},
 		{"write", "a", "b"}, {"write", "--loopback", "host"}, {"write", "-p", "70000"}, {"write", "--timeout", "0s"},
 	} {
@@ -93,8 +99,15 @@ func TestPerfFlags(t *testing.T) {
 			t.Errorf("%q accepted", bad)
 		}
 	}
-	if _, err := parse("write", "-D", "5"); !errors.Is(err, errPerfUnsupported) {
-		t.Errorf("-D: %v, want errPerfUnsupported", err)
+	if _, err := parse("write", "-c", "XRC"); !errors.Is(err, errPerfUnsupported) {
+		t.Errorf("-c XRC: %v, want errPerfUnsupported", err)
+	}
+	cfg, err = parse("write", "-b", "-D", "6", "-c", "UC", "--report-both", "h")
+	if err != nil || !cfg.Duplex || cfg.Duration != 6*time.Second || cfg.Margin != time.Second || cfg.Conn != qp.TypeUC || !cfg.ReportBoth {
+		t.Errorf("-b -D 6 -c UC: %+v %v", cfg, err)
+	}
+	if cfg, err = parse("send", "-D", "10", "-f", "0", "-c", "UD", "h"); err != nil || cfg.Margin != 0 || cfg.Conn != qp.TypeUD {
+		t.Errorf("-D 10 -f 0 -c UD: %+v %v", cfg, err)
 	}
 }
 
@@ -384,9 +397,9 @@ func TestPerfPairs(t *testing.T) {
 		{[]string{"send", "--lat", "-s", "8", "-n", "300"}, []int{8}, 300, 1},
 		{[]string{"read", "--lat", "-s", "64", "-n", "100"}, []int{64}, 100, 1},
 		{[]string{"atomic", "--lat", "-n", "100"}, []int{8}, 100, 1},
-		{[]string{"write", "-a", "-n", "5", "-m", "4096"}, perfSizes(&perfConfig{All: true}), 5, 1},
-		{[]string{"send", "-a", "-n", "5"}, perfSizes(&perfConfig{All: true}), 5, 1},
-		{[]string{"send", "--lat", "-a", "-n", "5"}, perfSizes(&perfConfig{All: true}), 5, 1},
+		{[]string{"write", "-a", "-n", "5", "-m", "4096"}, perfSizes(&perfConfig{All: true}, 0), 5, 1},
+		{[]string{"send", "-a", "-n", "5"}, perfSizes(&perfConfig{All: true}, 0), 5, 1},
+		{[]string{"send", "--lat", "-a", "-n", "5"}, perfSizes(&perfConfig{All: true}, 0), 5, 1},
 	} {
 		t.Run(strings.Join(c.args, "_"), func(t *testing.T) {
 			cfg, err := parsePerf(c.args, new(bytes.Buffer))

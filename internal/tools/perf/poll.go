@@ -119,6 +119,9 @@ func (r *perfRes) waitBytePolled(q perfRemoteWrites, off int, v byte) error {
 			return err
 		}
 		if i%perfPollCheck == 0 {
+			if r.dur != nil && r.dur.ended(time.Now()) {
+				return nil
+			}
 			if q.State() == qp.StateErr {
 				return fmt.Errorf("%w: QP %#x entered the error state while waiting for the peer's WRITE", errPerfVerbs, q.Num())
 			}
@@ -141,6 +144,9 @@ func (r *perfRes) waitPolled(c roce.CompletionQueue) (int, error) {
 			return 0, err
 		}
 		if i%perfPollCheck == 0 {
+			if r.dur != nil && r.dur.ended(time.Now()) {
+				return 0, nil
+			}
 			if err := r.pollDeadline(&deadline, "no completion"); err != nil {
 				return 0, err
 			}

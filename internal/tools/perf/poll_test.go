@@ -66,7 +66,7 @@ func TestPerfPolledMode(t *testing.T) {
 			_, _, so, co := perfPairInProcess(t, args...)
 			sizes := []int{cfg.Size}
 			if cfg.All {
-				sizes = perfSizes(cfg)
+				sizes = perfSizes(cfg, 0)
 			}
 			checkPerfPair(t, so, co, cfg.Test, sizes, cfg.Iters, 1, cfg.Gbits)
 			if t.Failed() {

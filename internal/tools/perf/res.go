@@ -91,6 +91,12 @@ type perfRes struct {
 	// poller drives the device in polled mode (perf --lat --busy-poll, poll.go); nil
 	// when the device has a receive goroutine.
 	poller *perfPoller
+	// ahs are the UD QPs' address handles toward the peer's QPs (-c UD).
+	ahs []*qp.AH
+	// dur is the -D state machine of the current measurement (nil: iterations); sampled
+	// counts the messages completed while it samples.
+	dur     *perfDuration
+	sampled int
 	// phases times the steps of each write-latency iteration (polled mode with --stats;
 	// poll.go), nil otherwise.
 	phases *perfPhases
@@ -133,7 +139,7 @@ func newPerfResWith(c *perfConfig, dev roce.Verbs, addr netip.Addr, gidx int, cr
 	if c.Verb == "read" || c.Verb == "atomic" {
 		outReads = uint16(min(c.OutReads, dev.Attr().MaxQPRDAtom))
 	}
-	r.qpInit = roce.VerbsQPInit{Type: qp.TypeRC, PD: r.pd, SendCQ: r.scq, RecvCQ: r.rcq, Cap: caps}
+	r.qpInit = roce.VerbsQPInit{Type: c.conn(), PD: r.pd, SendCQ: r.scq, RecvCQ: r.rcq, Cap: caps}
 	for i := 0; i < c.QPs; i++ {
 		if create != nil {
 			q, err := create(i, r.qpInit)
@@ -147,8 +153,15 @@ func newPerfResWith(c *perfConfig, dev roce.Verbs, addr netip.Addr, gidx int, cr
 				return nil, fmt.Errorf("%w: Couldn't create QP[%d]: %w", errPerfVerbs, i, err)
 			}
 			r.qps = append(r.qps, q)
+			// ctx_modify_qp_to_init: a UD QP takes perftest's Q_Key (IBTA 10.2.5), the others
+			// the remote access the test needs
 			a := qp.Attr{State: qp.StateInit, Port: 1, AccessFlags: mr.AccessRemoteWrite | mr.AccessRemoteRead | mr.AccessRemoteAtomic}
-			if err := q.Modify(&a, qp.AttrState|qp.AttrPKeyIndex|qp.AttrPort|qp.AttrAccessFlags); err != nil {
+			mask := qp.AttrState | qp.AttrPKeyIndex | qp.AttrPort | qp.AttrAccessFlags
+			if c.Conn == qp.TypeUD {
+				a.AccessFlags, a.QKey = 0, perfQKey
+				mask = qp.AttrState | qp.AttrPKeyIndex | qp.AttrPort | qp.AttrQKey
+			}
+			if err := q.Modify(&a, mask); err != nil {
 				return nil, fmt.Errorf("%w: Failed to modify QP[%d] to INIT: %w", errPerfVerbs, i, err)
 			}
 		}
@@ -182,8 +195,24 @@ func (r *perfRes) recvIOVA(i int) uint64 { return perfIOVA + uint64(r.recvOff(i)
 func (r *perfRes) since() time.Duration  { return time.Since(r.t0) }
 func (r *perfRes) readOrAtomic() bool    { return r.c.Verb == "read" || r.c.Verb == "atomic" }
 func (r *perfRes) server() bool          { return r.c.Server == "" }
-func (r *perfRes) cycles(size int) bool  { return size <= r.cycle/2 }
+func (r *perfRes) cycles(size int) bool  { return size+r.grh() <= r.cycle/2 }
 func (r *perfRes) slots(size int) int    { return max(1, r.cycle/perfInc(size)) }
+
+// grh is the room a UD receive leaves for the GRH (UD_ADDITION, IBTA 11.4.1.2), and udShift
+// where in a receive slot it starts, so that the payload begins on the cache line.
+func (r *perfRes) grh() int {
+	if r.c.Conn == qp.TypeUD {
+		return perfGRH
+	}
+	return 0
+}
+func (r *perfRes) udShift() int {
+	if r.c.Conn == qp.TypeUD {
+		return perfCacheLine - perfGRH
+	}
+	return 0
+}
+
 func (r *perfRes) wcErr(w *cq.WC, recv bool) error {
 	return &perfWCError{Recv: recv, WC: *w}
 }
@@ -246,23 +275,49 @@ func (r *perfRes) connect(remote []perftest.Dest, mtu qp.MTU, tcpPeer netip.Addr
 		if !dgid.IsValid() || dgid.IsUnspecified() || dgid.Is4() != r.addr.Is4() {
 			return fmt.Errorf("%w: GID %v cannot be reached from %v", errPerfPeer, dgid, r.addr)
 		}
+		av := qp.AHAttr{DGID: dgid, SGIDIndex: uint8(r.gidx), HopLimit: 0xff, SL: r.c.SL, Port: 1}
+		if err := r.connectQP(i, q, d, av, mtu); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// connectQP is ctx_modify_qp_to_rtr and _rts for QP i by its type: RC with the whole path
+// (IBTA 9.7), UC with the path but no responder resources or retries (9.8), UD with states
+// and the send PSN only, its destination in an address handle per send (9.8.5, ctx_connect's
+// ibv_create_ah).
+func (r *perfRes) connectQP(i int, q roce.QueuePair, d perftest.Dest, av qp.AHAttr, mtu qp.MTU) error {
+	rtr := qp.Attr{State: qp.StateRTR}
+	rts := qp.Attr{State: qp.StateRTS, SQPSN: r.mine[i].PSN}
+	rtrMask, rtsMask := qp.AttrState, qp.AttrState|qp.AttrSQPSN
+	switch r.c.conn() {
+	case qp.TypeRC:
 		destRD, rd := uint8(1), uint8(1)
 		if r.readOrAtomic() {
 			destRD = uint8(min(int(r.mine[i].OutReads), 255))
 			rd = uint8(max(1, min(int(d.OutReads), r.dev.Attr().MaxQPRDAtom, 255)))
 		}
-		rtr := qp.Attr{State: qp.StateRTR, PathMTU: mtu, DestQPN: d.QPN, RQPSN: d.PSN, MaxDestRDAtomic: destRD,
-			MinRNRTimer: perfMinRNRTimer, AH: qp.AHAttr{DGID: dgid, SGIDIndex: uint8(r.gidx), HopLimit: 0xff, SL: r.c.SL, Port: 1}}
-		if err := q.Modify(&rtr, qp.AttrState|qp.AttrAV|qp.AttrPathMTU|qp.AttrDestQPN|qp.AttrRQPSN|
-			qp.AttrMaxDestRDAtomic|qp.AttrMinRNRTimer); err != nil {
-			return fmt.Errorf("%w: Failed to modify QP %d to RTR: %w", errPerfVerbs, i, err)
+		rtr.PathMTU, rtr.DestQPN, rtr.RQPSN, rtr.MaxDestRDAtomic, rtr.MinRNRTimer, rtr.AH = mtu, d.QPN, d.PSN, destRD, perfMinRNRTimer, av
+		rtrMask |= qp.AttrAV | qp.AttrPathMTU | qp.AttrDestQPN | qp.AttrRQPSN | qp.AttrMaxDestRDAtomic | qp.AttrMinRNRTimer
+		rts.Timeout, rts.RetryCnt, rts.RNRRetry, rts.MaxRDAtomic = r.c.QPTimeout, perfRetryCount, 7, rd
+		rtsMask |= qp.AttrTimeout | qp.AttrRetryCnt | qp.AttrRNRRetry | qp.AttrMaxQPRDAtomic
+	case qp.TypeUC:
+		rtr.PathMTU, rtr.DestQPN, rtr.RQPSN, rtr.AH = mtu, d.QPN, d.PSN, av
+		rtrMask |= qp.AttrAV | qp.AttrPathMTU | qp.AttrDestQPN | qp.AttrRQPSN
+	}
+	if err := q.Modify(&rtr, rtrMask); err != nil {
+		return fmt.Errorf("%w: Failed to modify QP %d to RTR: %w", errPerfVerbs, i, err)
+	}
+	if err := q.Modify(&rts, rtsMask); err != nil {
+		return fmt.Errorf("%w: Failed to modify QP %d to RTS: %w", errPerfVerbs, i, err)
+	}
+	if r.c.Conn == qp.TypeUD {
+		ah, err := r.dev.CreateAH(r.pd, av)
+		if err != nil {
+			return fmt.Errorf("%w: Failed to create AH: %w", errPerfVerbs, err)
 		}
-		rts := qp.Attr{State: qp.StateRTS, SQPSN: r.mine[i].PSN, Timeout: r.c.QPTimeout, RetryCnt: perfRetryCount,
-			RNRRetry: 7, MaxRDAtomic: rd}
-		if err := q.Modify(&rts, qp.AttrState|qp.AttrSQPSN|qp.AttrTimeout|qp.AttrRetryCnt|qp.AttrRNRRetry|
-			qp.AttrMaxQPRDAtomic); err != nil {
-			return fmt.Errorf("%w: Failed to modify QP %d to RTS: %w", errPerfVerbs, i, err)
-		}
+		r.ahs = append(r.ahs, ah)
 	}
 	return nil
 }
@@ -290,6 +345,9 @@ func (r *perfRes) setSendWQEs(size int) {
 		if r.c.Verb != "send" {
 			w.RemoteAddr, w.RKey = r.rem[i].VAddr, r.rem[i].RKey
 		}
+		if r.c.Conn == qp.TypeUD {
+			w.AH, w.RemoteQPN, w.RemoteQKey = r.ahs[i], r.rem[i].QPN, perfQKey
+		}
 		r.wr[i] = w
 		r.scnt[i], r.ccnt[i] = 0, 0
 	}
@@ -299,7 +357,7 @@ func (r *perfRes) setSendWQEs(size int) {
 func (r *perfRes) postRecvs(size int) error {
 	for i := range r.qps {
 		r.rpost[i] = 0
-		r.rsge[i] = qp.SGE{Length: uint32(size), LKey: r.mr.LKey()}
+		r.rsge[i] = qp.SGE{Length: uint32(size + r.grh()), LKey: r.mr.LKey()}
 		r.rwr[i] = qp.RecvWR{WRID: uint64(i), SGL: r.rsge[i : i+1]}
 		for k := 0; k < r.c.RxDepth; k++ {
 			if err := r.postRecv(i, size); err != nil {
@@ -316,7 +374,8 @@ func (r *perfRes) postRecv(i, size int) error {
 	if r.cycles(size) {
 		slot = r.rpost[i] % r.slots(size)
 	}
-	r.rsge[i].Addr = r.recvIOVA(i) + uint64(slot*perfInc(size))
+	// UD: the 40-byte GRH lands first, the payload on the cache line (ctx_set_recv_wqes)
+	r.rsge[i].Addr = r.recvIOVA(i) + uint64(slot*perfInc(size)) + uint64(r.udShift())
 	if _, err := r.qps[i].PostRecv(r.rwr[i : i+1]); err != nil {
 		return fmt.Errorf("%w: Couldn't post recv: qp %d: %w", errPerfVerbs, i, err)
 	}
@@ -325,7 +384,8 @@ func (r *perfRes) postRecv(i, size int) error {
 }
 
 // wait returns at least one completion of c: it polls, yields spin times, then sleeps on
-// the CQ's channel, for at most --run-timeout.
+// the CQ's channel, for at most --run-timeout. In the duration mode it returns 0 completions
+// once the measurement ended.
 func (r *perfRes) wait(c roce.CompletionQueue, spin int) (int, error) {
 	if r.poller != nil {
 		return r.waitPolled(c)
@@ -341,7 +401,7 @@ func (r *perfRes) wait(c roce.CompletionQueue, spin int) (int, error) {
 			}
 		}
 	}
-	deadline := time.Now().Add(r.c.RunTimeout)
+	deadline, end := r.deadline()
 	for {
 		if err := c.ReqNotify(false); err != nil {
 			return 0, fmt.Errorf("%w: Couldn't request CQ notification: %w", errPerfVerbs, err)
@@ -351,6 +411,9 @@ func (r *perfRes) wait(c roce.CompletionQueue, spin int) (int, error) {
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
+			if end {
+				return 0, nil
+			}
 			return 0, fmt.Errorf("%w: no completion within %v", errPerfTimeout, r.c.RunTimeout)
 		}
 		r.timer.Reset(left)
@@ -364,4 +427,14 @@ func (r *perfRes) wait(c roce.CompletionQueue, spin int) (int, error) {
 			return n, nil
 		}
 	}
+}
+
+// deadline is how long a wait may last: --run-timeout, or (end) the end of a duration-mode
+// measurement when that comes first.
+func (r *perfRes) deadline() (t time.Time, end bool) {
+	t = time.Now().Add(r.c.RunTimeout)
+	if r.dur != nil && r.dur.end().Before(t) {
+		return r.dur.end(), true
+	}
+	return t, false
 }

@@ -10,7 +10,6 @@ import (
 	"os"
 	"sort"
 	"strconv"
-	"time"
 
 	"github.com/softroce/softroce/internal/oob"
 	"github.com/softroce/softroce/internal/oob/perftest"
@@ -55,6 +54,10 @@ const (
 	perfQPTimeout   = 14
 	perfRetryCount  = 7
 	perfPollBatch   = 16 // CTX_POLL_BATCH
+	// perfQKey is perftest's Q_Key of UD QPs (DEF_QKEY) and perfGRH the room a UD receive
+	// leaves for the GRH (UD_ADDITION).
+	perfQKey = 0x11111111
+	perfGRH  = 40
 	// perfSpinBW and perfSpinLat are how many yields a --busy-poll waiter polls before it
 	// sleeps on the CQ channel. perftest always spins; on a shared 2-core machine a spinning
 	// waiter starves the device goroutines of both processes (8-byte SEND latency: 247 us
@@ -64,12 +67,19 @@ const (
 )
 
 // perfSizes returns the message sizes of the run: 2, 4, ... 2^23 with -a, else -s.
-func perfSizes(c *perfConfig) []int {
+//
+// A UD message is one packet (IBTA 9.8.5): with -c UD the sizes stop at mtu (check_mtu: a
+// larger -s becomes the MTU; send_bw.c's -a runs 2 .. the MTU).
+func perfSizes(c *perfConfig, mtu qp.MTU) []int {
+	top := perfMaxSize
+	if c.Conn == qp.TypeUD && mtu.Valid() {
+		top = mtu.Bytes()
+	}
 	if !c.All {
-		return []int{c.Size}
+		return []int{min(c.Size, top)}
 	}
 	var s []int
-	for i := 1; i < 24; i++ {
+	for i := 1; i < 24 && 1<<i <= top; i++ {
 		s = append(s, 1<<i)
 	}
 	return s
@@ -186,15 +196,18 @@ func perfRun(ctx context.Context, c *perfConfig, out io.Writer) (err error) {
 	if c.Test == perftest.WriteLat {
 		relax = "OFF" // as ib_write_lat prints on rxe
 	}
-	banner := perftest.Banner{Test: c.Test, Role: role, Atomic: c.Atomic, Device: ld.V.Name(), QPs: c.QPs,
-		Transport: "IB", Connection: "RC", LinkType: "Ethernet", PCIeRelaxOrder: relax, TXDepth: c.TxDepth,
+	banner := perftest.Banner{Test: c.Test, Role: role, Duplex: c.Duplex, Atomic: c.Atomic, Device: ld.V.Name(), QPs: c.QPs,
+		Transport: "IB", Connection: c.conn().String(), LinkType: "Ethernet", PCIeRelaxOrder: relax, TXDepth: c.TxDepth,
 		RXDepth: c.RxDepth, CQModeration: c.CQMod, MTU: perftest.MTU(mtu), GIDIndex: ld.GIDIndex,
 		InlineSize: c.Inline, OutReads: int(r.mine[0].OutReads)}
 	fmt.Fprint(out, banner.String())
-	sizes := perfSizes(c)
+	sizes := perfSizes(c, mtu)
 	setup := &perftest.Setup{Test: c.Test, MTU: perftest.MTU(mtu), Local: r.mine,
-		Connect: func(rem []perftest.Dest, m perftest.MTU) error { return r.connect(rem, qp.MTU(m), tcpPeer) }}
-	if c.Verb == "send" && (c.Lat || role == perftest.Server) {
+		Connect: func(rem []perftest.Dest, m perftest.MTU) error {
+			sizes = perfSizes(c, qp.MTU(m)) // the agreed MTU bounds a UD message
+			return r.connect(rem, qp.MTU(m), tcpPeer)
+		}}
+	if c.Verb == "send" && (c.Lat || role == perftest.Server || c.Duplex) {
 		setup.BeforeSync = func() error { return r.postRecvs(sizes[0]) }
 	}
 	sess, err := conn.Setup(ctx, setup)
@@ -214,133 +227,6 @@ func perfRun(ctx context.Context, c *perfConfig, out io.Writer) (err error) {
 	fmt.Fprint(out, perftest.ResultLine)
 
 	return perfMeasure(ctx, r, conn, role, out, sizes)
-}
-
-// perfExchanger is the out-of-band exchange during and after the measurement: the TCP
-// exchange (*perftest.Conn) or, with -R, the rdma_cm one (cm.go).
-type perfExchanger interface {
-	// HandShake is ctx_hand_shake: one key record round.
-	HandShake(ctx context.Context, mine *perftest.Dest) (perftest.Dest, error)
-	// Finish runs the exchanges after the measurement (see perftest.Conn.Finish).
-	Finish(ctx context.Context, t perftest.Test, local *perftest.Dest, mine perftest.BWReport) (perftest.BWReport, error)
-	// Close ends the exchange.
-	Close() error
-}
-
-// perfMeasure runs the measurement of every size and the closing exchanges, printing
-// perftest's table.
-func perfMeasure(ctx context.Context, r *perfRes, conn perfExchanger, role perftest.Role, out io.Writer, sizes []int) error {
-	c := r.c
-	var err error
-	switch {
-	case c.Test.BW() && c.Verb != "send":
-		fmt.Fprint(out, perftest.BWHeader(c.Gbits))
-		if role == perftest.Server { // write_bw.c: the server only waits for the client's report
-			rep, err := conn.Finish(ctx, c.Test, &r.mine[0], perftest.BWReport{})
-			if err != nil {
-				return fmt.Errorf("Failed to exchange data between server and clients: %w", err)
-			}
-			fmt.Fprint(out, perftest.FormatBW(rep, nil, c.Gbits))
-			fmt.Fprint(out, perftest.ResultLine)
-			return nil
-		}
-		var rep perftest.BWReport
-		for _, s := range sizes {
-			if err := r.bwClient(s); err != nil {
-				return fmt.Errorf("Failed to complete run_iter_bw function successfully: %w", err)
-			}
-			rep = r.bwReport(s)
-			fmt.Fprint(out, perftest.FormatBW(rep, nil, c.Gbits))
-		}
-		if _, err := conn.Finish(ctx, c.Test, &r.mine[0], rep); err != nil {
-			return fmt.Errorf("Failed to close connection between server and client: %w", err)
-		}
-		fmt.Fprint(out, perftest.ResultLine)
-	case c.Test == perftest.SendBW:
-		fmt.Fprint(out, perftest.BWHeader(c.Gbits))
-		for k, s := range sizes {
-			if k > 0 { // send_bw.c RUN_ALL: receives for this size, then a sync
-				if role == perftest.Server {
-					if err := r.postRecvs(s); err != nil {
-						return err
-					}
-				}
-				if _, err := conn.HandShake(ctx, &r.mine[0]); err != nil {
-					return fmt.Errorf("Failed to exchange data between server and clients: %w", err)
-				}
-			}
-			var rep perftest.BWReport
-			if role == perftest.Server {
-				if rep, err = r.bwServerSend(s); err != nil {
-					return err
-				}
-			} else {
-				if err := r.bwClient(s); err != nil {
-					return err
-				}
-				rep = r.bwReport(s)
-			}
-			fmt.Fprint(out, perftest.FormatBW(rep, nil, c.Gbits))
-			if c.All {
-				if _, err := conn.HandShake(ctx, &r.mine[0]); err != nil {
-					return fmt.Errorf("Failed to exchange data between server and clients: %w", err)
-				}
-			}
-		}
-		fmt.Fprint(out, perftest.ResultLine)
-		if _, err := conn.Finish(ctx, c.Test, &r.mine[0], perftest.BWReport{}); err != nil {
-			return fmt.Errorf("Failed to close connection between server and client: %w", err)
-		}
-	case (c.Test == perftest.ReadLat || c.Test == perftest.AtomicLat) && role == perftest.Server:
-		// read_lat.c: the server closes at once and prints only the separator.
-		if _, err := conn.Finish(ctx, c.Test, &r.mine[0], perftest.BWReport{}); err != nil {
-			return fmt.Errorf("Failed to close connection between server and client: %w", err)
-		}
-	default: // latency
-		fmt.Fprint(out, perftest.HeaderLat)
-		for k, s := range sizes {
-			var err error
-			switch c.Test {
-			case perftest.WriteLat:
-				err = r.measure(r.latWrite, s)
-			case perftest.SendLat:
-				if k > 0 {
-					if err := r.postRecvs(s); err != nil {
-						return err
-					}
-					if _, err := conn.HandShake(ctx, &r.mine[0]); err != nil {
-						return fmt.Errorf("Failed to exchange data between server and clients: %w", err)
-					}
-				}
-				err = r.measure(r.latSend, s)
-			default:
-				err = r.measure(r.latReadAtomic, s)
-			}
-			if err != nil {
-				return fmt.Errorf("Test exited with Error: %w", err)
-			}
-			rep, err := r.latReport(s)
-			if err != nil {
-				return err
-			}
-			fmt.Fprint(out, perftest.FormatLat(rep))
-		}
-		if c.Test != perftest.WriteLat {
-			if _, err := conn.Finish(ctx, c.Test, &r.mine[0], perftest.BWReport{}); err != nil {
-				return fmt.Errorf("Failed to close connection between server and client: %w", err)
-			}
-		} else {
-			conn.Close()
-			// ib_write_lat exits without a closing exchange; the peer may still be waiting for
-			// the ACK of its last WRITE, which our responder sent from its receive path
-			// already. Give a lost ACK one retransmission round before the device goes.
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	if !c.Test.BW() {
-		fmt.Fprint(out, perftest.ResultLine)
-	}
-	return nil
 }
 
 // perfPrintStats writes the device's non-zero counters and its link's counters (--stats).
@@ -380,9 +266,23 @@ func perfPrintStats(w io.Writer, vd *cli.VerbsDev) {
 	}
 }
 
+// conn is -c's QP type (RC when the Config was not parsed from a command line).
+func (c *perfConfig) conn() qp.Type {
+	if c.Conn == 0 {
+		return qp.TypeRC
+	}
+	return c.Conn
+}
+
 // area is one QP's half of the buffer (perftest's INC(size) of the largest message, at least
 // the cycle buffer); bufferBytes the whole buffer (a send and a receive area per QP).
-func (c *perfConfig) area() int        { return perfInc(max(c.Size, perfCycleBuffer)) }
+func (c *perfConfig) area() int {
+	a := perfInc(max(c.Size, perfCycleBuffer))
+	if c.Conn == qp.TypeUD {
+		a += perfCacheLine // IF_UD_ADD: the GRH's room in a receive
+	}
+	return a
+}
 func (c *perfConfig) bufferBytes() int { return 2 * c.QPs * c.area() }
 
 // dmBytes is the device memory a run needs (--dm: the buffer), 0 without.

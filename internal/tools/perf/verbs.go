@@ -84,7 +84,8 @@ func (r *perfRes) pollByte(q roce.QueuePair, off int, v byte) error {
 		return (*[4]byte)(unsafe.Pointer(&w))[off-base] == v
 	}
 	start := time.Now()
-	deadline, nextState, spinUntil := start.Add(r.c.RunTimeout), start.Add(perfPollStateEvery), start.Add(perfPollSpin)
+	deadline, end := r.deadline()
+	nextState, spinUntil := start.Add(perfPollStateEvery), start.Add(perfPollSpin)
 	sleep := perfPollMinSleep
 	for i := 0; ; i++ {
 		if look() {
@@ -102,7 +103,7 @@ func (r *perfRes) pollByte(q roce.QueuePair, off int, v byte) error {
 			}
 		}
 		if now.After(deadline) {
-			if look() {
+			if look() || end { // in the duration mode: the measurement ended
 				return nil
 			}
 			return fmt.Errorf("%w: no WRITE from the peer within %v", errPerfTimeout, r.c.RunTimeout)
