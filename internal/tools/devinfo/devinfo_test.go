@@ -5,9 +5,11 @@ import (
 	"context"
 	"io"
 	"net/netip"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/softroce/softroce/internal/daemontest"
 	"github.com/softroce/softroce/pkg/link/mem"
@@ -76,6 +78,36 @@ func TestDevinfoArgs(t *testing.T) {
 	for _, args := range [][]string{{"-i", "2"}, {"-i0"}, {"-d"}, {"-x"}, {"extra"}, {"-d", "lo", "--daemon", "s"}} {
 		if _, err := ParseArgs(args); err == nil {
 			t.Errorf("%q accepted", args)
+		}
+	}
+}
+
+// TestDevinfoGetopt: command lines are accepted and refused as ibv_devinfo's getopt_long
+// ("d:i:lv" and its long names) accepts and refuses them; where ibverbs-utils is installed
+// (the lab's packages, CI) each is also run through ibv_devinfo, without an RDMA device: its
+// parser refused a line when it printed its usage. (ibv_devinfo takes -i 2 and fails later on
+// a one-port device; softroce refuses it at once: not in the table.)
+func TestDevinfoGetopt(t *testing.T) {
+	for _, tc := range []struct {
+		args   string
+		accept bool
+	}{
+		{"-v", true}, {"-vl", true}, {"--verb --li", true}, {"-d127.0.0.1 -i1", true}, {"--ib-dev=lo --ib-port 1", true},
+		{"-x", false}, {"-i0", false}, {"-d", false}, {"--nosuch", false}, {"--i 1", false},
+	} {
+		args := strings.Fields(tc.args)
+		if _, err := ParseArgs(args); (err == nil) != tc.accept {
+			t.Errorf("devinfo %s: %v, want accepted %v", tc.args, err, tc.accept)
+		}
+		bin, err := exec.LookPath("ibv_devinfo")
+		if err != nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		out, _ := exec.CommandContext(ctx, bin, args...).CombinedOutput()
+		cancel()
+		if accepted := !strings.Contains(string(out), "Usage:"); accepted != tc.accept {
+			t.Errorf("%s %s: accepted %v, the table says %v:\n%s", bin, tc.args, accepted, tc.accept, out)
 		}
 	}
 }
