@@ -55,10 +55,10 @@ func (r *perfRes) postSends(size int, totS *int) error {
 	slots := r.slots(size)
 	cyc := r.cycles(size)
 	for i, q := range r.qps {
-		for (r.dur != nil || r.scnt[i] < c.Iters) && r.scnt[i]-r.ccnt[i]+1 <= c.TxDepth {
+		for (c.Duration != 0 || r.scnt[i] < c.Iters) && r.scnt[i]-r.ccnt[i]+1 <= c.TxDepth {
 			k := r.scnt[i]
 			w := &r.wr[i]
-			if c.CQMod == 1 || k%c.CQMod == c.CQMod-1 || (r.dur == nil && k == c.Iters-1) {
+			if c.CQMod == 1 || k%c.CQMod == c.CQMod-1 || (c.Duration == 0 && k == c.Iters-1) {
 				w.Flags = qp.SendSignaled
 			} else {
 				w.Flags = 0
@@ -70,7 +70,7 @@ func (r *perfRes) postSends(size int, totS *int) error {
 					w.RemoteAddr = r.rem[i].VAddr + off
 				}
 			}
-			if r.dur == nil {
+			if c.Duration == 0 {
 				r.tposted[*totS] = r.since()
 			}
 			if _, err := q.PostSend(r.wr[i : i+1]); err != nil {
@@ -107,15 +107,15 @@ func (r *perfRes) sendCompletions(n, tot int, totC *int) (int, error) {
 			return 0, fmt.Errorf("%w: completion for unknown wr_id %d", errPerfVerbs, w.WRID)
 		}
 		done := c.CQMod
-		if r.dur == nil {
+		if c.Duration == 0 {
 			done = min(c.CQMod, c.Iters-r.ccnt[qi])
 		}
 		r.ccnt[qi] += done
 		all += done
 		switch {
-		case r.dur == nil:
+		case c.Duration == 0:
 			r.tcompleted[min(*totC+all, tot)-1] = since
-		case r.dur.sampling(now):
+		case r.dur != nil && r.dur.sampling(now):
 			r.sampled += done
 		}
 	}
@@ -125,7 +125,7 @@ func (r *perfRes) sendCompletions(n, tot int, totC *int) (int, error) {
 // bwReport is print_report_bw for this side's run of size bytes: from the first post to the
 // last completion with -n (and the peak, unless -N), over the sample in the duration mode.
 func (r *perfRes) bwReport(size int) perftest.BWReport {
-	if r.dur != nil {
+	if r.c.Duration != 0 && r.dur != nil {
 		return perftest.NewBWReport(uint64(size), uint64(r.sampled), r.dur.window(), 0, r.c.Gbits)
 	}
 	tot := r.c.Iters * len(r.qps)
@@ -176,29 +176,30 @@ func perfPeak(posted, completed []time.Duration, cqMod int) time.Duration {
 // (set_on_first_rx_packet) and the sample is counted.
 func (r *perfRes) bwServerSend(size int) (perftest.BWReport, error) {
 	c := r.c
+	dm := c.Duration != 0
 	tot := c.Iters * len(r.qps)
+	if dm {
+		tot = 0
+	}
 	rcnt := 0
 	var first, last time.Time
-	r.dur, r.sampled = newPerfDuration(c), 0
-	started := false
-	for rcnt < tot || (r.dur != nil && !(started && r.dur.ended(time.Now()))) {
+	r.dur, r.sampled = nil, 0 // the clock starts at the first receive: until then --run-timeout bounds the wait
+	for rcnt < tot || (dm && (r.dur == nil || !r.dur.ended(time.Now()))) {
 		n, err := r.wait(r.rcq, perfSpinBW)
 		if err != nil {
 			return perftest.BWReport{}, err
 		}
 		now := time.Now()
-		if n > 0 && !started {
-			started, first = true, now
-			if r.dur != nil {
-				r.dur.restart()
-			}
+		if n > 0 && first.IsZero() {
+			first = now
+			r.dur = newPerfDuration(c)
 		}
 		if err := r.recvCompletions(n, size, now, &rcnt); err != nil {
 			return perftest.BWReport{}, err
 		}
 	}
 	last = time.Now()
-	if r.dur != nil {
+	if dm {
 		return perftest.NewBWReport(uint64(size), uint64(r.sampled), r.dur.window(), 0, c.Gbits), nil
 	}
 	return perftest.NewBWReport(uint64(size), uint64(tot), last.Sub(first), 0, c.Gbits), nil
@@ -221,7 +222,7 @@ func (r *perfRes) recvCompletions(n, size int, now time.Time, rcnt *int) error {
 		if r.dur != nil && r.dur.sampling(now) {
 			r.sampled++
 		}
-		if r.dur != nil || r.rpost[qi]+1 <= r.c.Iters {
+		if r.c.Duration != 0 || r.rpost[qi]+1 <= r.c.Iters {
 			if err := r.postRecv(qi, size); err != nil {
 				return err
 			}

@@ -23,15 +23,19 @@ func (r *perfRes) bwBi(size int) (perftest.BWReport, error) {
 	c := r.c
 	r.setSendWQEs(size)
 	r.t0 = time.Now()
-	r.dur, r.sampled = newPerfDuration(c), 0
+	dm := c.Duration != 0
+	r.dur, r.sampled = nil, 0
 	tot := c.Iters * len(r.qps)
-	if r.dur != nil {
+	if dm {
 		tot = 0
 	}
 	sending := !r.server() // the server sends once it received
+	if sending {
+		r.dur = newPerfDuration(c) // the server's clock starts at its first receive
+	}
 	totS, totC, totR := 0, 0, 0
 	idle := 0 // rounds without a completion: spin (--busy-poll), arm both CQs, sleep
-	for totC < tot || totR < tot || (r.dur != nil && !r.dur.ended(time.Now())) {
+	for totC < tot || totR < tot || (dm && (r.dur == nil || !r.dur.ended(time.Now()))) {
 		if sending {
 			if err := r.postSends(size, &totS); err != nil {
 				return perftest.BWReport{}, err
@@ -43,9 +47,7 @@ func (r *perfRes) bwBi(size int) (perftest.BWReport, error) {
 			now := time.Now()
 			if !sending {
 				sending = true
-				if r.dur != nil {
-					r.dur.restart()
-				}
+				r.dur = newPerfDuration(c)
 			}
 			if err := r.recvCompletions(n, size, now, &totR); err != nil {
 				return perftest.BWReport{}, err

@@ -23,10 +23,6 @@ func newPerfDuration(c *perfConfig) *perfDuration {
 	return &perfDuration{start: time.Now(), margin: c.Margin, total: c.Duration}
 }
 
-// restart moves the start to now (the send BW server starts at its first receive:
-// set_on_first_rx_packet).
-func (d *perfDuration) restart() { d.start = time.Now() }
-
 // sampling reports whether t is in the sample (SAMPLE_STATE).
 func (d *perfDuration) sampling(t time.Time) bool {
 	e := t.Sub(d.start)
