@@ -389,7 +389,9 @@ func TestPerfPairs(t *testing.T) {
 		{[]string{"send", "-s", "64", "-n", "300", "-q", "2", "-r", "16"}, []int{64}, 300, 2},
 		// -n not a multiple of cq_mod (100) with several QPs: the last signaled WR of a QP
 		// completes fewer than cq_mod messages (counting cq_mod there stopped the client)
-		{[]string{"write", "-s", "64", "-n", "1050", "-q", "8"}, []int{64}, 1050, 8},
+		// -u 17: 8 QPs x 128 WRITEs in flight on a busy machine can go unanswered for longer
+		// than perftest's default ACK timeout (14: 67 ms) times 7 retries
+		{[]string{"write", "-s", "64", "-n", "1050", "-q", "8", "-u", "17"}, []int{64}, 1050, 8},
 		{[]string{"atomic", "-n", "200"}, []int{8}, 200, 1},
 		{[]string{"atomic", "-n", "200", "-A", "CMP_AND_SWAP"}, []int{8}, 200, 1},
 		{[]string{"write", "--lat", "-s", "64", "-n", "300"}, []int{64}, 300, 1},
