@@ -44,8 +44,11 @@ type Datagram struct {
 	Dst netip.AddrPort
 	// TClass, on Send, is the IPv4 TOS / IPv6 Traffic Class byte to send with: the address
 	// vector's GRH TClass, which RoCEv2 carries in the IP header (IBTA A17.4.5; rxe puts
-	// grh.traffic_class there). 0 is the socket's default, 0. Links that cannot set it per
-	// datagram (the in-memory network) ignore it; Recv leaves it 0.
+	// grh.traffic_class there), its low two bits the ECN field (ECT(0) on ECN-capable data,
+	// IBTA A17.9.1, RFC 3168). 0 is the socket's default, 0. On Recv, the byte the datagram
+	// arrived with, whose ECN field is CE (ECNCE) when a switch marked it: link/udp reads it
+	// with IP_RECVTOS / IPV6_RECVTCLASS, link/afxdp from the IP header, link/mem delivers the
+	// sender's (and link/fault may mark it); 0 where a path cannot know it.
 	TClass uint8
 	// HasIPv4ID, on Recv, says IPv4ID is the Identification of the IPv4 header the datagram
 	// arrived with: a link that sees the whole frame (the AF_XDP path) knows it, a UDP socket
@@ -54,6 +57,18 @@ type Datagram struct {
 	HasIPv4ID bool
 	IPv4ID    uint16
 }
+
+// ECN codepoints (RFC 3168 section 5): the low two bits of Datagram.TClass.
+const (
+	ECNMask   = 0b11
+	ECNNotECT = 0b00 // not ECN-capable: a congested switch drops it
+	ECNECT1   = 0b01
+	ECNECT0   = 0b10 // ECN-capable, what softroce's data packets carry
+	ECNCE     = 0b11 // congestion experienced: marked by a switch instead of dropped
+)
+
+// CE reports whether the datagram arrived marked Congestion Experienced.
+func (d *Datagram) CE() bool { return d.TClass&ECNMask == ECNCE }
 
 // Link moves batches of datagrams. Implementations: link/mem (tests), link/udp, link/afxdp.
 type Link interface {

@@ -41,6 +41,7 @@ type stdRx struct {
 	buf      []byte
 	n        int
 	src, dst netip.AddrPort
+	tclass   uint8
 }
 
 const stdPool = 256
@@ -69,8 +70,10 @@ func listenStdUDP(addrs []netip.Addr, port uint16) (*stdUDP, error) {
 			rc.Control(func(fd uintptr) {
 				if a.Is4() {
 					unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
+					unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_RECVTOS, 1) // the ECN field
 				} else {
 					unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_DO)
+					unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_RECVTCLASS, 1)
 					udp.AcceptZeroChecksum6(int(fd)) // kernel rxe's zero UDP checksums
 				}
 			})
@@ -94,6 +97,7 @@ func (l *stdUDP) closeConns() {
 func (l *stdUDP) reader(i int) {
 	defer l.wg.Done()
 	c, local := l.conns[i], l.locals[i]
+	oob := make([]byte, 64)
 	for {
 		var buf []byte
 		select {
@@ -101,7 +105,7 @@ func (l *stdUDP) reader(i int) {
 		case <-l.closing:
 			return
 		}
-		n, src, err := c.ReadFromUDPAddrPort(buf)
+		n, oobn, _, src, err := c.ReadMsgUDPAddrPort(buf, oob)
 		wire.Load()
 		if err != nil {
 			l.free <- buf
@@ -111,7 +115,7 @@ func (l *stdUDP) reader(i int) {
 			continue
 		}
 		select {
-		case l.rx <- stdRx{buf: buf, n: n, src: src, dst: local}:
+		case l.rx <- stdRx{buf: buf, n: n, src: src, dst: local, tclass: udp.TClassOf(oob[:oobn])}:
 		case <-l.closing:
 			return
 		}
@@ -180,7 +184,7 @@ func (l *stdUDP) Recv(batch []link.Datagram) (int, error) {
 	for {
 		d := &batch[n]
 		d.Buf = d.Buf[:copy(d.Buf[:cap(d.Buf)], r.buf[:r.n])]
-		d.Src, d.Dst, d.HasIPv4ID = r.src, r.dst, false
+		d.Src, d.Dst, d.TClass, d.HasIPv4ID = r.src, r.dst, r.tclass, false
 		l.free <- r.buf
 		n++
 		if n == len(batch) {

@@ -88,7 +88,7 @@ func (x *xdpSock) parse(d *link.Datagram, f []byte, copyOut bool) bool {
 	}
 	d.Src = netip.AddrPortFrom(netip.AddrFrom4(src), uint16(f[34])<<8|uint16(f[35]))
 	d.Dst = netip.AddrPortFrom(x.addr, dp)
-	d.TClass = 0
+	d.TClass = f[15] // the IPv4 TOS: its ECN field tells a CE-marked packet (IBTA A17.9.1)
 	d.HasIPv4ID, d.IPv4ID = true, uint16(f[18])<<8|uint16(f[19])
 	return true
 }

@@ -316,7 +316,8 @@ func TestXDPProgram(t *testing.T) {
 }
 
 // FuzzXDPParse: frames from the ring are remote input. parse never reads outside the frame,
-// accepts only what is addressed to the link, and hands out the UDP payload the headers give.
+// accepts only what is addressed to the link, and hands out the UDP payload the headers give
+// with the IPv4 ID and TOS (its ECN field) they carry.
 func FuzzXDPParse(f *testing.F) {
 	x := &xdpSock{addr: netip.MustParseAddr("198.18.6.1"), addr4: [4]byte{198, 18, 6, 1}, port: 4791, peers: make(map[[4]byte]*xdpPeer), asked: make(map[[4]byte]time.Time)}
 	good := func(payload int) []byte {
@@ -334,6 +335,9 @@ func FuzzXDPParse(f *testing.F) {
 	withID := good(40)
 	withID[18], withID[19] = 0xdf, 0x78 // kernel rxe's counting IDs
 	f.Add(withID)
+	ce := good(40)
+	ce[15] = 0x48 | link.ECNCE // marked by a switch
+	f.Add(ce)
 	f.Add(good(0))
 	f.Add(append(good(20), 0, 0, 0, 0)) // Ethernet padding after the datagram
 	f.Add([]byte{})
@@ -354,6 +358,9 @@ func FuzzXDPParse(f *testing.F) {
 			}
 			if !d.HasIPv4ID || d.IPv4ID != uint16(fr[18])<<8|uint16(fr[19]) {
 				t.Fatalf("IPv4 ID %v %#x, frame's %#x", d.HasIPv4ID, d.IPv4ID, fr[18:20])
+			}
+			if d.TClass != fr[15] || d.CE() != (fr[15]&3 == 3) {
+				t.Fatalf("TClass %#x, frame's TOS %#x", d.TClass, fr[15])
 			}
 		}
 	})

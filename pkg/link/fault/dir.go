@@ -25,6 +25,7 @@ const maxFree = 4096
 type held struct {
 	pb       *pbuf
 	src, dst netip.AddrPort
+	tclass   uint8
 	seq      uint64
 	rule     int
 	deadline time.Time
@@ -34,6 +35,7 @@ type held struct {
 type readyEnt struct {
 	pb       *pbuf
 	src, dst netip.AddrPort
+	tclass   uint8
 }
 
 // decision is what happens to one datagram.
@@ -48,6 +50,7 @@ type decision struct {
 	hold      int
 	holdDelay time.Duration
 	delay     time.Duration
+	mark      bool
 }
 
 // draws are the random values of one datagram, always drawn in this order so that each fault
@@ -55,6 +58,7 @@ type decision struct {
 type draws struct {
 	drop, corrupt, dup, reorder float64
 	bit, dupDelay, hold, jitter uint64
+	mark                        float64
 }
 
 // dir is one direction of the injector. All fields below mu are guarded by it.
@@ -163,6 +167,7 @@ func (d *dir) draw(seq uint64) draws {
 	v.reorder = d.rng.Float64()
 	v.hold = d.rng.Uint64()
 	v.jitter = d.rng.Uint64()
+	v.mark = d.rng.Float64() // last: the earlier draws do not move
 	return v
 }
 
@@ -283,6 +288,8 @@ func (d *dir) decide(seq uint64, buf []byte) decision {
 		case Delay:
 			dec.delay = r.Delay
 			return dec
+		case Mark:
+			dec.mark = true
 		}
 		if latency {
 			dec.delay = d.latency(&v)
@@ -300,6 +307,7 @@ func (d *dir) decide(seq uint64, buf []byte) decision {
 	if dec.dup && o.DuplicateDelay > 0 {
 		dec.dupDelay = time.Duration(1 + v.dupDelay%uint64(o.DuplicateDelay))
 	}
+	dec.mark = v.mark < o.Mark
 	dec.reorder = v.reorder < o.Reorder
 	if dec.reorder {
 		dec.hold = 1 + int(v.hold%uint64(o.ReorderDepth))
@@ -331,6 +339,14 @@ func (d *dir) process(dg *link.Datagram) {
 		d.event(Drop, seq, dec.rule, buf, 0, 0, 0)
 		return
 	}
+	tc := dg.TClass
+	if dec.mark && tc&link.ECNMask != link.ECNNotECT && tc&link.ECNMask != link.ECNCE {
+		// a switch's ECN mark (RFC 3168 section 5: ECT becomes CE; a not-ECT packet is left as
+		// it is, an AQM would drop it instead)
+		tc |= link.ECNCE
+		d.stats.Marked++
+		d.event(Mark, seq, dec.rule, buf, 0, 0, 0)
+	}
 	var pb *pbuf
 	if dec.corrupt {
 		pb = d.get(buf)
@@ -353,7 +369,7 @@ func (d *dir) process(dg *link.Datagram) {
 		}
 		deadline, count = d.clockNow().Add(dec.holdDelay), dec.hold
 		d.stats.Reordered++
-		d.hold(held{pb: pb, src: dg.Src, dst: dg.Dst, seq: seq, rule: dec.rule, deadline: deadline, count: count})
+		d.hold(held{pb: pb, src: dg.Src, dst: dg.Dst, tclass: tc, seq: seq, rule: dec.rule, deadline: deadline, count: count})
 		d.event(Reorder, seq, dec.rule, buf, 0, dec.holdDelay, dec.hold)
 	case dec.delay > 0:
 		if pb == nil {
@@ -361,27 +377,27 @@ func (d *dir) process(dg *link.Datagram) {
 		}
 		deadline = d.clockNow().Add(dec.delay)
 		d.stats.Delayed++
-		d.hold(held{pb: pb, src: dg.Src, dst: dg.Dst, seq: seq, rule: dec.rule, deadline: deadline})
+		d.hold(held{pb: pb, src: dg.Src, dst: dg.Dst, tclass: tc, seq: seq, rule: dec.rule, deadline: deadline})
 		d.event(Delay, seq, dec.rule, buf, 0, dec.delay, 0)
 	default:
-		d.emit(buf, pb, dg.Src, dg.Dst)
+		d.emit(buf, pb, dg.Src, dg.Dst, tc)
 		passed = true
 	}
 	if dec.dup {
 		d.stats.Duplicated++
 		switch {
 		case dec.dupDelay > 0:
-			d.hold(held{pb: d.get(buf), src: dg.Src, dst: dg.Dst, seq: seq, rule: dec.rule,
+			d.hold(held{pb: d.get(buf), src: dg.Src, dst: dg.Dst, tclass: tc, seq: seq, rule: dec.rule,
 				deadline: d.clockNow().Add(dec.dupDelay)})
 			d.event(Duplicate, seq, dec.rule, buf, 0, dec.dupDelay, 0)
 		case !passed:
 			// the original is held: the copy waits right behind it
-			d.hold(held{pb: d.get(buf), src: dg.Src, dst: dg.Dst, seq: seq, rule: dec.rule,
+			d.hold(held{pb: d.get(buf), src: dg.Src, dst: dg.Dst, tclass: tc, seq: seq, rule: dec.rule,
 				deadline: deadline, count: count})
 			d.event(Duplicate, seq, dec.rule, buf, 0, 0, 0)
 		default:
 			d.event(Duplicate, seq, dec.rule, buf, 0, 0, 0)
-			d.emit(buf, nil, dg.Src, dg.Dst)
+			d.emit(buf, nil, dg.Src, dg.Dst, tc)
 		}
 	}
 	if passed {
@@ -391,8 +407,8 @@ func (d *dir) process(dg *link.Datagram) {
 
 // emit appends a datagram to the outgoing list; pb (if not nil) is returned to the pool once the
 // datagram has been handed on.
-func (d *dir) emit(buf []byte, pb *pbuf, src, dst netip.AddrPort) {
-	d.out = append(d.out, link.Datagram{Buf: buf, Src: src, Dst: dst})
+func (d *dir) emit(buf []byte, pb *pbuf, src, dst netip.AddrPort, tclass uint8) {
+	d.out = append(d.out, link.Datagram{Buf: buf, Src: src, Dst: dst, TClass: tclass})
 	d.outPB = append(d.outPB, pb)
 }
 
@@ -437,7 +453,7 @@ func (d *dir) tick() {
 func (d *dir) release(h *held) {
 	d.stats.Released++
 	d.event(Release, h.seq, h.rule, h.pb.b, 0, 0, 0)
-	d.emit(h.pb.b, h.pb, h.src, h.dst)
+	d.emit(h.pb.b, h.pb, h.src, h.dst, h.tclass)
 }
 
 // rearm points the direction's one timer at the earliest deadline.
@@ -526,7 +542,7 @@ func (d *dir) flushRecv() {
 		if pb == nil {
 			pb = d.get(d.out[i].Buf)
 		}
-		d.push(readyEnt{pb: pb, src: d.out[i].Src, dst: d.out[i].Dst})
+		d.push(readyEnt{pb: pb, src: d.out[i].Src, dst: d.out[i].Dst, tclass: d.out[i].TClass})
 		d.out[i] = link.Datagram{}
 		d.outPB[i] = nil
 	}
@@ -606,6 +622,7 @@ func (d *dir) recvBatch(batch []link.Datagram) (int, error) {
 		batch[n].Buf = b[:c]
 		batch[n].Src = e.src
 		batch[n].Dst = e.dst
+		batch[n].TClass = e.tclass
 		d.put(e.pb)
 		*e = readyEnt{}
 		d.rhead = (d.rhead + 1) % len(d.ready)

@@ -96,6 +96,10 @@ type DirOptions struct {
 	ReorderDepth int
 	// ReorderDelay bounds how long a reordered datagram is held; 0 means DefaultReorderDelay.
 	ReorderDelay time.Duration
+	// Mark is the probability an ECN-capable datagram (TClass ECT(0) or ECT(1)) is marked
+	// Congestion Experienced, as a switch's AQM marks instead of dropping (RFC 3168 section 5,
+	// IBTA A17.9.1): its TClass becomes CE; a not-ECT datagram is left alone.
+	Mark float64
 	// Corrupt is the probability one bit of the datagram (in CorruptRegion) is flipped. The
 	// caller's buffer is never modified: the corrupted datagram is a copy.
 	Corrupt float64
@@ -117,7 +121,7 @@ func (o *DirOptions) active() bool {
 
 // random reports whether any random fault or latency is configured.
 func (o *DirOptions) random() bool {
-	return o.Drop > 0 || o.Duplicate > 0 || o.Reorder > 0 || o.Corrupt > 0 || o.Delay > 0 || o.Jitter > 0
+	return o.Drop > 0 || o.Duplicate > 0 || o.Reorder > 0 || o.Corrupt > 0 || o.Mark > 0 || o.Delay > 0 || o.Jitter > 0
 }
 
 // Validate checks the options.
@@ -125,7 +129,7 @@ func (o *DirOptions) Validate() error {
 	for _, p := range [...]struct {
 		name string
 		v    float64
-	}{{"drop", o.Drop}, {"dup", o.Duplicate}, {"reorder", o.Reorder}, {"corrupt", o.Corrupt}} {
+	}{{"drop", o.Drop}, {"dup", o.Duplicate}, {"reorder", o.Reorder}, {"corrupt", o.Corrupt}, {"mark", o.Mark}} {
 		if !(p.v >= 0 && p.v <= 1) {
 			return fmt.Errorf("%w: %s probability %v not in [0,1]", ErrRule, p.name, p.v)
 		}
@@ -185,7 +189,7 @@ func (o *Options) Validate() error {
 type Event struct {
 	// Dir is the direction.
 	Dir Direction
-	// Kind is Drop, Duplicate, Reorder, Corrupt, Delay, Release or Discard.
+	// Kind is Drop, Duplicate, Reorder, Corrupt, Delay, Mark, Release or Discard.
 	Kind Action
 	// Seq is the datagram's index in its direction (0 = the first datagram seen); a duplicate
 	// or a released datagram carries its original's Seq.
@@ -216,6 +220,7 @@ type DirStats struct {
 	Duplicated uint64 // Duplicate faults
 	Reordered  uint64 // Reorder faults
 	Corrupted  uint64 // Corrupt faults
+	Marked     uint64 // ECN-capable datagrams marked CE (Mark)
 	Delayed    uint64 // datagrams held by Delay rules or Delay/Jitter latency
 	Released   uint64 // held datagrams let go (by the clock or by later datagrams)
 	Discarded  uint64 // held or queued datagrams freed by Close

@@ -32,12 +32,15 @@ const (
 	Release
 	// Discard (events only): Close freed a held datagram that was never released.
 	Discard
+	// Mark marks an ECN-capable datagram Congestion Experienced (its TClass's ECN field, RFC
+	// 3168), as a switch does instead of dropping; a not-ECT datagram is left alone.
+	Mark
 )
 
-var actionNames = [...]string{"none", "drop", "dup", "reorder", "corrupt", "delay", "release", "discard"}
+var actionNames = [...]string{"none", "drop", "dup", "reorder", "corrupt", "delay", "release", "discard", "mark"}
 
 // String returns the action's name as written in rules ("drop", "dup", "reorder", "corrupt",
-// "delay"), or "release"/"discard" for those events.
+// "delay", "mark"), or "release"/"discard" for those events.
 func (a Action) String() string {
 	if int(a) < len(actionNames) {
 		return actionNames[a]
@@ -62,7 +65,7 @@ const (
 // or on every match (Nth == 0). Datagrams that bth.ParseInto rejects match only rules with an
 // empty Match. Text form: see ParseRule.
 type Rule struct {
-	// Action is Drop, Duplicate, Reorder, Corrupt or Delay.
+	// Action is Drop, Duplicate, Reorder, Corrupt, Delay or Mark.
 	Action Action
 	// Match says which of Op, PSN and QPN are compared.
 	Match Match
@@ -90,7 +93,7 @@ var ErrRule = errors.New("fault: invalid rule")
 // Validate checks the rule's fields.
 func (r *Rule) Validate() error {
 	switch r.Action {
-	case Drop, Duplicate, Reorder, Corrupt, Delay:
+	case Drop, Duplicate, Reorder, Corrupt, Delay, Mark:
 	default:
 		return fmt.Errorf("%w: action %v", ErrRule, r.Action)
 	}
@@ -180,7 +183,7 @@ func (r Rule) String() string {
 //
 //	ACTION[:KEY=VALUE]...
 //
-// ACTION is drop, dup (or duplicate), reorder, corrupt or delay. KEYs:
+// ACTION is drop, dup (or duplicate), reorder, corrupt, delay or mark (ECN CE). KEYs:
 //
 //	op=NAME|NUMBER   BTH opcode: a name such as READ_RESPONSE_MIDDLE, ACK, SEND_ONLY_IMM,
 //	                 UD_SEND_ONLY, CNP (see OpcodeName; RC is the default transport), or a
@@ -209,6 +212,8 @@ func ParseRule(s string) (Rule, error) {
 		r.Action = Corrupt
 	case "delay":
 		r.Action = Delay
+	case "mark", "ce":
+		r.Action = Mark
 	default:
 		return Rule{}, fmt.Errorf("%w: %q: unknown action %q", ErrRule, s, parts[0])
 	}

@@ -11,6 +11,7 @@ import (
 // flags (e.g. -fault-send, -fault-recv). Items are separated by ',' or ';':
 //
 //	drop=P  dup=P  reorder=P  corrupt=P      probabilities in [0,1]
+//	mark=P                                   ECN CE mark of ECN-capable datagrams, in [0,1]
 //	dupdelay=D  reorderdelay=D               DirOptions.DuplicateDelay / ReorderDelay
 //	depth=K                                  DirOptions.ReorderDepth
 //	delay=D  jitter=D                        link latency (every datagram)
@@ -52,6 +53,8 @@ func ParseDirOptions(s string) (DirOptions, error) {
 			o.Reorder, err = parseProb(v)
 		case "corrupt":
 			o.Corrupt, err = parseProb(v)
+		case "mark", "ce":
+			o.Mark, err = parseProb(v)
 		case "dupdelay":
 			o.DuplicateDelay, err = parseDur(v)
 		case "reorderdelay":
@@ -132,6 +135,7 @@ func (o DirOptions) String() string {
 	}
 	dur("reorderdelay", o.ReorderDelay)
 	prob("corrupt", o.Corrupt)
+	prob("mark", o.Mark)
 	if o.CorruptRegion != CorruptCovered && int(o.CorruptRegion) < len(regionNames) {
 		parts = append(parts, "region="+regionNames[o.CorruptRegion])
 	}

@@ -104,6 +104,7 @@ func (n *Network) lookup(a netip.Addr) *memLink {
 type memSlot struct {
 	buf      []byte
 	src, dst netip.AddrPort
+	tclass   uint8 // the sender's TClass: the in-memory network carries the IP header's byte
 }
 
 // memLink is a link.Link on a Network. The receive queue is a ring of slots under mu.
@@ -199,6 +200,7 @@ func (l *memLink) enqueue(d *link.Datagram) bool {
 	s.buf = append(s.buf[:0], d.Buf...)
 	s.src = d.Src
 	s.dst = d.Dst
+	s.tclass = d.TClass
 	l.count++
 	l.notEmpty.Signal()
 	l.mu.Unlock()
@@ -237,6 +239,7 @@ func (l *memLink) takeLocked(batch []link.Datagram) int {
 		batch[n].Buf = b[:c]
 		batch[n].Src = s.src
 		batch[n].Dst = s.dst
+		batch[n].TClass = s.tclass
 		batch[n].HasIPv4ID = false
 		l.head = (l.head + 1) % len(l.ring)
 		l.count--

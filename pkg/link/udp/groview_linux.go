@@ -44,7 +44,7 @@ func (s *udpSock) viewGRO(batch []link.Datagram) int {
 	for k < len(batch) && s.gmi < s.gn {
 		m := &s.gmsgs[s.gmi]
 		total := int(m.len)
-		seg := s.groSize(s.gmi)
+		seg, tc := s.groControl(s.gmi)
 		if seg <= 0 || seg > total {
 			seg = total
 		}
@@ -55,6 +55,7 @@ func (s *udpSock) viewGRO(batch []link.Datagram) int {
 		batch[k].Buf = s.gbufs[s.gmi][s.goff:end:end]
 		batch[k].Src = getSockaddr(&s.gsa[s.gmi])
 		batch[k].Dst = s.local
+		batch[k].TClass = tc
 		batch[k].HasIPv4ID = false
 		k++
 		s.goff = end

@@ -27,7 +27,9 @@ func (s *udpSock) prepRecv(batch []link.Datagram) {
 		h.Namelen = unix.SizeofSockaddrInet6
 		h.Iov = iov
 		h.SetIovlen(1)
-		h.Control, h.Controllen, h.Flags = nil, 0, 0
+		h.Control = &s.rctl[i*recvCtlSpace]
+		h.SetControllen(recvCtlSpace)
+		h.Flags = 0
 		s.rmsgs[i].len = 0
 	}
 	s.rcount = n
@@ -69,7 +71,7 @@ func (s *udpSock) tryRecv(fd uintptr) { s.rn = s.recvmmsg(fd, s.rmsgs[:s.rcount]
 
 // prepGRO points the GRO messages at the private buffers.
 func (s *udpSock) prepGRO() {
-	space := unix.CmsgSpace(4)
+	space := groCtlSpace
 	for i := range s.gmsgs {
 		s.giov[i].Base = &s.gbufs[i][0]
 		s.giov[i].SetLen(len(s.gbufs[i]))
@@ -97,40 +99,76 @@ func (s *udpSock) doGRORecv(fd uintptr) bool {
 // tryGRORecv runs inside RawConn.Control: one attempt.
 func (s *udpSock) tryGRORecv(fd uintptr) { s.gn = s.recvmmsg(fd, s.gmsgs) }
 
-// groSize returns the UDP_GRO segment size in message i's control data (0 if none).
-func (s *udpSock) groSize(i int) int {
-	space := unix.CmsgSpace(4)
-	n := min(int(s.gmsgs[i].hdr.Controllen), space)
-	return parseGROSize(s.gctl[i*space : i*space+n])
+// The receive control buffers: IP_RECVTOS / IPV6_RECVTCLASS deliver each datagram's IPv4 TOS
+// (one byte) or IPv6 Traffic Class (an int) as a control message, which carries the ECN field a
+// switch marks CE (IBTA A17.9.1, RFC 3168); a GRO message has its UDP_GRO segment size too (the
+// kernel coalesces only datagrams whose IP headers agree on the TOS, inet_gro_receive and
+// ipv6_gro_receive, so the class holds for every segment).
+var (
+	recvCtlSpace = unix.CmsgSpace(4)
+	groCtlSpace  = unix.CmsgSpace(4) + unix.CmsgSpace(4)
+)
+
+// groControl returns the UDP_GRO segment size (0 if none) and the traffic class in message
+// i's control data.
+func (s *udpSock) groControl(i int) (seg int, tclass uint8) {
+	n := min(int(s.gmsgs[i].hdr.Controllen), groCtlSpace)
+	return parseControl(s.gctl[i*groCtlSpace : i*groCtlSpace+n])
 }
 
-// parseGROSize walks control messages (kernel-written, but checked like remote input: never
-// reads outside ctl) and returns the UDP_GRO segment size, 0 if absent or malformed.
-func parseGROSize(ctl []byte) int {
+// recvTClass returns the traffic class in plain message i's control data (0 if none).
+func (s *udpSock) recvTClass(i int) uint8 {
+	n := min(int(s.rmsgs[i].hdr.Controllen), recvCtlSpace)
+	_, tc := parseControl(s.rctl[i*recvCtlSpace : i*recvCtlSpace+n])
+	return tc
+}
+
+// TClassOf returns the IPv4 TOS / IPv6 Traffic Class in the control data a socket with
+// IP_RECVTOS / IPV6_RECVTCLASS received with a datagram (0 if none): for readers of plain
+// sockets (roce's portable link).
+func TClassOf(oob []byte) uint8 {
+	if len(oob) == 0 {
+		return 0
+	}
+	// align like the kernel-written buffer (cmsghdr needs 8-byte alignment)
+	var buf [64]uint64
+	b := unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), len(buf)*8)
+	_, tc := parseControl(b[:copy(b, oob)])
+	return tc
+}
+
+// parseControl walks control messages (kernel-written, but checked like remote input: never
+// reads outside ctl) and returns the UDP_GRO segment size and the IPv4 TOS / IPv6 Traffic Class,
+// each 0 if absent or malformed.
+func parseControl(ctl []byte) (seg int, tclass uint8) {
 	hdr := unix.SizeofCmsghdr
 	for len(ctl) >= hdr {
 		c := (*unix.Cmsghdr)(unsafe.Pointer(&ctl[0]))
 		cl := uint64(c.Len) // uint32 or uint64 by architecture
 		if cl < uint64(hdr) || cl > uint64(len(ctl)) {
-			return 0
+			return seg, tclass
 		}
 		data := ctl[unix.CmsgLen(0):cl]
-		if c.Level == unix.SOL_UDP && c.Type == unix.UDP_GRO {
+		switch {
+		case c.Level == unix.SOL_UDP && c.Type == unix.UDP_GRO:
 			switch {
 			case len(data) >= 4:
-				return int(*(*int32)(unsafe.Pointer(&data[0])))
+				seg = int(*(*int32)(unsafe.Pointer(&data[0])))
 			case len(data) >= 2:
-				return int(*(*uint16)(unsafe.Pointer(&data[0])))
+				seg = int(*(*uint16)(unsafe.Pointer(&data[0])))
 			}
-			return 0
+		case c.Level == unix.IPPROTO_IP && c.Type == unix.IP_TOS && len(data) >= 1:
+			tclass = data[0]
+		case c.Level == unix.IPPROTO_IPV6 && c.Type == unix.IPV6_TCLASS && len(data) >= 4:
+			tclass = uint8(*(*int32)(unsafe.Pointer(&data[0])))
 		}
 		next := unix.CmsgSpace(len(data))
 		if next > len(ctl) {
-			return 0
+			return seg, tclass
 		}
 		ctl = ctl[next:]
 	}
-	return 0
+	return seg, tclass
 }
 
 // drainGRO copies held segments into batch; returns how many.
@@ -139,7 +177,7 @@ func (s *udpSock) drainGRO(batch []link.Datagram) int {
 	for k < len(batch) && s.gmi < s.gn {
 		m := &s.gmsgs[s.gmi]
 		total := int(m.len)
-		seg := s.groSize(s.gmi)
+		seg, tc := s.groControl(s.gmi)
 		if seg <= 0 || seg > total {
 			seg = total
 		}
@@ -155,6 +193,7 @@ func (s *udpSock) drainGRO(batch []link.Datagram) int {
 		batch[k].Buf = b[:c]
 		batch[k].Src = getSockaddr(&s.gsa[s.gmi])
 		batch[k].Dst = s.local
+		batch[k].TClass = tc
 		batch[k].HasIPv4ID = false
 		k++
 		s.goff = end
@@ -188,6 +227,7 @@ func (s *udpSock) finishRecv(batch []link.Datagram) int {
 		}
 		batch[i].Src = getSockaddr(&s.rsa[i])
 		batch[i].Dst = s.local
+		batch[i].TClass = s.recvTClass(i)
 		batch[i].HasIPv4ID = false
 	}
 	for i := 0; i < s.rcount; i++ {

@@ -145,6 +145,7 @@ type udpSock struct {
 	rmsgs  []mmsghdr
 	riov   []unix.Iovec
 	rsa    []unix.RawSockaddrInet6
+	rctl   []byte // one traffic-class cmsg per message (recvCtlSpace each)
 	rcount int
 	rn     int
 	rerr   error
@@ -246,6 +247,9 @@ func openSock(l *Link, a netip.Addr, o *Options) (*udpSock, error) {
 			return fail("setsockopt UDP_NO_CHECK6_RX", err)
 		}
 	}
+	if op, err := recvTClass(fd, s.v6); err != nil {
+		return fail(op, err)
+	}
 	port := int(o.Port)
 	if o.AnyPort {
 		port = 0
@@ -309,6 +313,7 @@ func openSock(l *Link, a netip.Addr, o *Options) (*udpSock, error) {
 	s.rmsgs = make([]mmsghdr, n)
 	s.riov = make([]unix.Iovec, n)
 	s.rsa = make([]unix.RawSockaddrInet6, n)
+	s.rctl = make([]byte, n*recvCtlSpace)
 	s.rearm = make(chan struct{}, 1)
 	s.sendFn = s.doSend
 	s.recvFn = s.doRecv
@@ -322,7 +327,7 @@ func openSock(l *Link, a netip.Addr, o *Options) (*udpSock, error) {
 		s.gmsgs = make([]mmsghdr, groBatch)
 		s.giov = make([]unix.Iovec, groBatch)
 		s.gsa = make([]unix.RawSockaddrInet6, groBatch)
-		s.gctl = make([]byte, groBatch*unix.CmsgSpace(4))
+		s.gctl = make([]byte, groBatch*groCtlSpace)
 		s.groFn = s.doGRORecv
 		s.gtryFn = s.tryGRORecv
 	}
@@ -351,6 +356,22 @@ func setSendOpts(fd int, v6 bool, sendBuf int, noForce bool) (string, error) {
 	}
 	if err := setBuf(fd, unix.SO_SNDBUF, unix.SO_SNDBUFFORCE, sendBuf, noForce); err != nil {
 		return "setsockopt SO_SNDBUF", err
+	}
+	return "", nil
+}
+
+// recvTClass asks for each datagram's IPv4 TOS / IPv6 Traffic Class as a control message
+// (IP_RECVTOS / IPV6_RECVTCLASS): link.Datagram.TClass on receive, whose ECN field tells a
+// CE-marked packet (IBTA A17.9.1). On failure it returns the operation that failed.
+func recvTClass(fd int, v6 bool) (string, error) {
+	if v6 {
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_RECVTCLASS, 1); err != nil {
+			return "setsockopt IPV6_RECVTCLASS", err
+		}
+		return "", nil
+	}
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_RECVTOS, 1); err != nil {
+		return "setsockopt IP_RECVTOS", err
 	}
 	return "", nil
 }

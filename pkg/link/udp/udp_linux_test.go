@@ -309,16 +309,21 @@ func BenchmarkUDP(b *testing.B) {
 	}
 }
 
-func FuzzParseGROSize(f *testing.F) {
-	good := make([]byte, unix.CmsgSpace(4))
+func FuzzParseControl(f *testing.F) {
+	good := make([]byte, groCtlSpace)
 	h := (*unix.Cmsghdr)(unsafe.Pointer(&good[0]))
 	h.Level, h.Type = unix.SOL_UDP, unix.UDP_GRO
 	h.SetLen(unix.CmsgLen(4))
 	good[unix.CmsgLen(0)] = 0x10 // 16 on little-endian
-	if parseGROSize(good) != 16 {
-		f.Fatalf("parseGROSize of a well-formed cmsg = %d", parseGROSize(good))
+	h = (*unix.Cmsghdr)(unsafe.Pointer(&good[unix.CmsgSpace(4)]))
+	h.Level, h.Type = unix.IPPROTO_IP, unix.IP_TOS
+	h.SetLen(unix.CmsgLen(1))
+	good[unix.CmsgSpace(4)+unix.CmsgLen(0)] = 0x03
+	if seg, tc := parseControl(good); seg != 16 || tc != 3 {
+		f.Fatalf("parseControl of well-formed cmsgs = %d, %#x", seg, tc)
 	}
 	f.Add(good)
+	f.Add(good[:unix.CmsgSpace(4)])
 	f.Add(good[:unix.SizeofCmsghdr])
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, ctl []byte) {
@@ -326,6 +331,6 @@ func FuzzParseGROSize(f *testing.F) {
 		buf := make([]uint64, (len(ctl)+7)/8)
 		b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(buf))), len(buf)*8)[:len(ctl)]
 		copy(b, ctl)
-		parseGROSize(b) // must not panic
+		parseControl(b) // must not panic
 	})
 }

@@ -44,6 +44,7 @@ func Run(t *testing.T, variants ...Variant) {
 		{"CloseUnblocksRecv", closeUnblocksRecv},
 		{"ConcurrentSend", concurrentSend},
 		{"SendValidation", sendValidation},
+		{"TrafficClass", trafficClass},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -108,13 +109,15 @@ func RecvN(t testing.TB, l link.Link, n, batch int) []link.Datagram {
 			t.Fatalf("recv returned %d for a batch of %d", k, batch)
 		}
 		for i := 0; i < k; i++ {
-			got = append(got, link.Datagram{Buf: append([]byte(nil), in[i].Buf...), Src: in[i].Src, Dst: in[i].Dst})
+			got = append(got, link.Datagram{Buf: append([]byte(nil), in[i].Buf...), Src: in[i].Src, Dst: in[i].Dst,
+				TClass: in[i].TClass})
 		}
 	}
 	return got
 }
 
-// Check compares what B received with what A sent (payloads, sources, and B's address).
+// Check compares what B received with what A sent (payloads, sources, traffic classes, and B's
+// address).
 func (p *Pair) Check(t *testing.T, sent, got []link.Datagram) {
 	t.Helper()
 	if len(got) != len(sent) {
@@ -129,6 +132,31 @@ func (p *Pair) Check(t *testing.T, sent, got []link.Datagram) {
 		}
 		if got[i].Dst != p.BAddr {
 			t.Fatalf("datagram %d: Dst %v, want %v", i, got[i].Dst, p.BAddr)
+		}
+		if got[i].TClass != sent[i].TClass {
+			t.Fatalf("datagram %d: TClass %#x, want %#x", i, got[i].TClass, sent[i].TClass)
+		}
+	}
+}
+
+// trafficClass: each datagram arrives with the IPv4 TOS / IPv6 Traffic Class it was sent with,
+// the ECN field included (ECT(0), and CE as a switch marks it: link.Datagram.CE), also where
+// equal-size datagrams would be sent as one GSO message and coalesced again by GRO (neither
+// merges different classes).
+func trafficClass(t *testing.T, p *Pair) {
+	classes := []uint8{link.ECNECT0, link.ECNECT0, link.ECNCE, link.ECNCE, 0, 0xB8 | link.ECNECT0, link.ECNECT0, 0x48 | link.ECNCE}
+	out := p.MkBatch(len(classes), 700, 4)
+	for i, c := range classes {
+		out[i].TClass = c
+	}
+	if err := p.A.Send(out); err != nil {
+		t.Fatal(err)
+	}
+	got := RecvN(t, p.B, len(out), 64)
+	p.Check(t, out, got)
+	for i := range got {
+		if got[i].CE() != (classes[i]&link.ECNMask == link.ECNCE) {
+			t.Fatalf("datagram %d (class %#x): CE %v", i, classes[i], got[i].CE())
 		}
 	}
 }
