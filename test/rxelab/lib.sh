@@ -12,9 +12,10 @@
 #   RXE_LAB_APT_CACHE  where setup keeps downloaded .deb files        [$RXE_LAB_CACHE/apt]
 #   RXE_LAB_APPEND  extra guest kernel command line words (experiments; bench/lab-probe.sh)
 #
-# Network (fixed, see README.md): netns "rxelab" on the host holds tap "rxetap0"
-# with 198.18.0.1/24; the guest's eth0 is 198.18.0.2/24. Nothing is routed
-# anywhere else: the netns has no other interface and no default route.
+# Network (fixed, see docs/lab.md): netns "rxelab" on the host holds tap "rxetap0"
+# with 198.18.0.1/24 and 2001:db8:198:18::1/64; the guest's eth0 is 198.18.0.2/24 and
+# 2001:db8:198:18::2/64. Nothing is routed anywhere else: the netns has no other
+# interface and no default route.
 
 LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CACHE=${RXE_LAB_CACHE:-/var/cache/rxe-lab}
@@ -25,7 +26,11 @@ TAP=rxetap0
 HOST_IP=198.18.0.1
 GUEST_IP=198.18.0.2
 PREFIXLEN=24
-GUEST_MAC=52:54:00:18:00:02
+HOST_IP6=2001:db8:198:18::1    # IPv6 (documentation prefix, RFC 3849); added without DAD
+GUEST_IP6=2001:db8:198:18::2
+PREFIXLEN6=64
+HOST_MAC=52:54:00:18:00:01     # the tap's: link-local fe80::5054:ff:fe18:1
+GUEST_MAC=52:54:00:18:00:02    # eth0's: link-local fe80::5054:ff:fe18:2, rxe0's GID 0
 MTU=${RXE_LAB_MTU:-1500}
 SMP=${RXE_LAB_SMP:-2}
 MEM=${RXE_LAB_MEM:-1024}

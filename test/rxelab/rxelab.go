@@ -1,7 +1,8 @@
 // Package rxelab drives the kernel-rxe lab (test/rxelab/setup, test/rxelab/vm) from Go
 // interop tests: it boots the QEMU guest that runs Linux's rdma_rxe, runs guest jobs through
 // the vm script, and creates host sockets inside the lab's network namespace "rxelab"
-// (where the tap 198.18.0.1/24 faces the guest's 198.18.0.2).
+// (where the tap 198.18.0.1/24 and 2001:db8:198:18::1/64 faces the guest's 198.18.0.2 and
+// 2001:db8:198:18::2).
 //
 // Netns choice: the test binary itself runs in the host's normal namespace (so plain
 // `go test -tags interop ./test/interop/...` works and the Go build cache is shared);
@@ -53,6 +54,17 @@ const (
 	GuestDev = "rxe0"
 	// GuestGIDIndex is the index of the IPv4 RoCEv2 GID on GuestDev.
 	GuestGIDIndex = 1
+	// HostIP6 is the tap's IPv6 address (added without duplicate address detection).
+	HostIP6 = "2001:db8:198:18::1"
+	// GuestIP6 is the guest eth0's IPv6 address (kernel rxe0's RoCEv2 GID, index 2).
+	GuestIP6 = "2001:db8:198:18::2"
+	// GuestGIDIndex6 is the index of the IPv6 RoCEv2 GID on GuestDev (after the link-local
+	// GID 0 and the IPv4 one: ib_core adds a netdev's IPv4 addresses before its IPv6 ones).
+	GuestGIDIndex6 = 2
+	// HostLinkLocal is the tap's link-local address (its fixed MAC 52:54:00:18:00:01).
+	HostLinkLocal = "fe80::5054:ff:fe18:1"
+	// GuestLinkLocal is eth0's link-local address, kernel rxe0's GID 0 (MAC 52:54:00:18:00:02).
+	GuestLinkLocal = "fe80::5054:ff:fe18:2"
 )
 
 // Exit statuses the vm script uses for jobs.

@@ -54,3 +54,15 @@ func TestDefaultDir(t *testing.T) {
 		t.Error("RXE_LAB_DIR ignored")
 	}
 }
+
+// TestAddressesMatchLibSh: the Go constants are the addresses lib.sh gives the lab.
+func TestAddressesMatchLibSh(t *testing.T) {
+	out, err := exec.Command("bash", "-c", `. "$0/lib.sh" && echo "$NETNS $TAP $HOST_IP $GUEST_IP $HOST_IP6 $GUEST_IP6"`, DefaultDir()).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strings.Join([]string{Netns, Tap, HostIP, GuestIP, HostIP6, GuestIP6}, " ")
+	if got := strings.TrimSpace(string(out)); got != want {
+		t.Errorf("lib.sh: %q, rxelab.go: %q", got, want)
+	}
+}
