@@ -40,7 +40,8 @@ type Entry struct {
 	// GID is the 16-byte GID (IPv4 addresses in IPv4-mapped form).
 	GID [16]byte
 	// Addr is the IP address the GID stands for (4-byte for IPv4), the address RoCEv2 packets
-	// from this GID are sent from.
+	// from this GID are sent from. A link-local IPv6 address the table knows the interface of
+	// carries it as its zone (fe80::1%eth0): it can be bound.
 	Addr netip.Addr
 	// Type is the GID type.
 	Type Type
@@ -65,8 +66,11 @@ type Options struct {
 	// LinkLocalFromMAC), so the table still has the fe80:: entry rxe always has at index 0.
 	MAC net.HardwareAddr
 	// Addrs are the interface addresses in order; IPv4 (or IPv4-mapped) and IPv6 may be mixed:
-	// the table lists the IPv4 ones first, then the IPv6 ones, each in the given order.
-	// IPv6 link-local addresses and duplicates are skipped.
+	// the table lists the IPv4 ones first, then the IPv6 ones, each in the given order, as
+	// ib_core's roce_gid_mgmt adds a netdev's addresses. An IPv6 link-local address counts only
+	// with its zone (the interface, which binding it needs): the one that is the index-0 GID
+	// makes that entry bindable, another follows the other IPv6 entries. Link-local addresses
+	// without a zone and duplicates are skipped.
 	Addrs []netip.Addr
 	// MTU is the netdev MTU (bytes); 0 means 1500.
 	MTU int
@@ -111,15 +115,27 @@ func FromAddrs(o Options) *Table {
 			t.add(a)
 		}
 	}
+	for _, a := range o.Addrs {
+		if a = a.Unmap(); !a.Is6() || !a.IsLinkLocalUnicast() || a.Zone() == "" {
+			continue
+		}
+		if a.WithZone("") == ll {
+			t.entries[0].Addr = a
+		} else {
+			t.addZoned(a)
+		}
+	}
 	return t
 }
 
 // add appends a's GID unless it is already present or invalid.
-func (t *Table) add(a netip.Addr) {
+func (t *Table) add(a netip.Addr) { t.addZoned(a.WithZone("")) }
+
+// addZoned is add keeping a's zone in the entry's address.
+func (t *Table) addZoned(a netip.Addr) {
 	if !a.IsValid() {
 		return
 	}
-	a = a.WithZone("")
 	if _, err := t.Index(a); err == nil {
 		return
 	}
@@ -157,11 +173,12 @@ func (t *Table) Index(ip netip.Addr) (int, error) {
 func (t *Table) IndexGID(g [16]byte) (int, error) { return t.Index(netip.AddrFrom16(g)) }
 
 // Addrs returns the IP addresses of the entries (for udp.Listen / mem.Network.Attach),
-// skipping the index-0 link-local GID, which needs a zone to be bound.
+// skipping link-local ones without a zone (the index-0 GID of a table that does not know the
+// interface has that address): they cannot be bound.
 func (t *Table) Addrs() []netip.Addr {
 	var out []netip.Addr
-	for i, e := range t.entries {
-		if i == 0 && e.Addr.IsLinkLocalUnicast() {
+	for _, e := range t.entries {
+		if e.Addr.IsLinkLocalUnicast() && e.Addr.Zone() == "" {
 			continue
 		}
 		out = append(out, e.Addr)

@@ -97,6 +97,38 @@ func TestFromAddrsOrder(t *testing.T) {
 	}
 }
 
+// TestFromAddrsLinkLocal: a link-local address counts only with its zone (binding it needs
+// the interface); the MAC's makes the index-0 GID bindable, another one is appended after the
+// other IPv6 GIDs, as ib_core adds every address of a netdev.
+func TestFromAddrsLinkLocal(t *testing.T) {
+	mac, _ := net.ParseMAC("52:54:00:18:00:01")
+	ip := netip.MustParseAddr
+	tb := FromAddrs(Options{MAC: mac, Addrs: []netip.Addr{
+		ip("fe80::5054:ff:fe18:1%rxetap0"), ip("fe80::7"), ip("fe80::8%rxetap0"), ip("198.18.0.1"), ip("2001:db8:198:18::1"),
+	}})
+	want := []string{"fe80::5054:ff:fe18:1%rxetap0", "198.18.0.1", "2001:db8:198:18::1", "fe80::8%rxetap0"}
+	if tb.Len() != len(want) {
+		t.Fatalf("%d entries %v, want %v", tb.Len(), tb.Entries(), want)
+	}
+	for i, w := range want {
+		e, _ := tb.Entry(i)
+		if e.Addr != ip(w) || netip.AddrFrom16(e.GID) != ip(w).WithZone("").Unmap() && !ip(w).Is4() {
+			t.Errorf("entry %d = %v (GID %v), want %s", i, e.Addr, netip.AddrFrom16(e.GID), w)
+		}
+		if j, err := tb.Index(ip(w).WithZone("")); j != i || err != nil {
+			t.Errorf("Index(%s) = %d, %v", w, j, err)
+		}
+	}
+	if got := tb.Addrs(); len(got) != 4 || got[0] != ip("fe80::5054:ff:fe18:1%rxetap0") {
+		t.Errorf("Addrs %v: want every entry, the link-local ones with their zone", got)
+	}
+	// without the zone the index-0 GID stays unbindable
+	tb = FromAddrs(Options{MAC: mac, Addrs: []netip.Addr{ip("fe80::5054:ff:fe18:1"), ip("198.18.0.1")}})
+	if got := tb.Addrs(); len(got) != 1 || got[0] != ip("198.18.0.1") || tb.Len() != 2 {
+		t.Errorf("unzoned link-local: Addrs %v, entries %v", got, tb.Entries())
+	}
+}
+
 func TestFromAddrsDefaults(t *testing.T) {
 	tb := FromAddrs(Options{Addrs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}})
 	if tb.NetdevMTU != 1500 || tb.ActiveMTU() != 1024 {

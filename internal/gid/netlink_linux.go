@@ -44,7 +44,10 @@ func fromInterface(h *netlink.Handle, name string) (*Table, error) {
 			continue // not usable yet (DAD), as ib_core waits for it
 		}
 		if ip, ok := netip.AddrFromSlice(a.IP); ok {
-			o.Addrs = append(o.Addrs, ip.Unmap())
+			if ip = ip.Unmap(); ip.Is6() && ip.IsLinkLocalUnicast() {
+				ip = ip.WithZone(name) // bindable on this interface
+			}
+			o.Addrs = append(o.Addrs, ip)
 		}
 	}
 	t := FromAddrs(o)

@@ -153,4 +153,18 @@ func TestFromInterfaceAndWatch(t *testing.T) {
 	if i, err := tb.Index(netip.MustParseAddr("198.18.2.2")); i != 1 || err != nil {
 		t.Fatalf("after removal 198.18.2.2 -> %d %v", i, err)
 	}
+	// link-local addresses: the MAC's is the index-0 GID, now bindable with the interface as
+	// its zone; another one is a GID of its own after the other IPv6 ones
+	addAddr("fe80::5054:ff:feaa:bbcc/64")
+	addAddr("fe80::99/64")
+	tb = next(func(tb *Table) bool { return tb.Len() == 4 && len(tb.Addrs()) == 4 })
+	want = []string{"fe80::5054:ff:feaa:bbcc%srv0", "198.18.2.2", "2001:db8::5", "fe80::99%srv0"}
+	for i, w := range want {
+		if e, _ := tb.Entry(i); e.Addr != netip.MustParseAddr(w) {
+			t.Fatalf("entry %d = %v, want %s (%v)", i, e.Addr, w, tb.Entries())
+		}
+	}
+	if got := tb.Addrs(); got[0] != netip.MustParseAddr("fe80::5054:ff:feaa:bbcc%srv0") || got[3] != netip.MustParseAddr("fe80::99%srv0") {
+		t.Fatalf("Addrs %v", got)
+	}
 }

@@ -507,7 +507,8 @@ func (d *Device) lookup(qpn uint32) *QP {
 
 // resolve maps an address vector to a path: the source from the GID
 // table, the destination from the DGID (IBTA A17.4: the GRH becomes the
-// IP header).
+// IP header). A link-local source GID is usable when the table bound it
+// (its address carries the interface as zone, gid.FromInterface).
 func (d *Device) resolve(ah *qp.AHAttr) (qp.Path, error) {
 	e, err := d.gids.Entry(int(ah.SGIDIndex))
 	if err != nil {
@@ -515,7 +516,7 @@ func (d *Device) resolve(ah *qp.AHAttr) (qp.Path, error) {
 	}
 	dst := ah.DGID.Unmap()
 	src := e.Addr
-	if !dst.IsValid() || src.Is4() != dst.Is4() || src.IsLinkLocalUnicast() {
+	if !dst.IsValid() || src.Is4() != dst.Is4() || src.IsLinkLocalUnicast() && src.Zone() == "" {
 		return qp.Path{}, fmt.Errorf("%w: DGID %v from GID %v", ErrInvalidArg, ah.DGID, src)
 	}
 	return qp.Path{Src: src, Dst: dst, TClass: ah.TrafficClass}, nil

@@ -114,6 +114,8 @@ func (l *stdUDP) reader(i int) {
 			}
 			continue
 		}
+		// a link-local peer comes with our interface as its zone: the device compares GIDs
+		src = netip.AddrPortFrom(src.Addr().Unmap().WithZone(""), src.Port())
 		select {
 		case l.rx <- stdRx{buf: buf, n: n, src: src, dst: local, tclass: udp.TClassOf(oob[:oobn])}:
 		case <-l.closing:
@@ -160,9 +162,9 @@ func tclassCmsg(tc uint8, dst6 bool) []byte {
 }
 
 func (l *stdUDP) conn(a netip.Addr) *net.UDPConn {
-	a = a.Unmap()
+	a = a.Unmap().WithZone("")
 	for i, lp := range l.locals {
-		if lp.Addr() == a {
+		if lp.Addr().WithZone("") == a {
 			return l.conns[i]
 		}
 	}
@@ -212,9 +214,9 @@ func (l *stdUDP) LocalAddrs() []netip.Addr {
 
 // SourcePort is the bound port (unconnected sockets send from it).
 func (l *stdUDP) SourcePort(local netip.Addr, _ uint16) uint16 {
-	local = local.Unmap()
+	local = local.Unmap().WithZone("")
 	for _, lp := range l.locals {
-		if lp.Addr() == local {
+		if lp.Addr().WithZone("") == local {
 			return lp.Port()
 		}
 	}

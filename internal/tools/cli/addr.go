@@ -28,15 +28,20 @@ var (
 )
 
 // ParseAddr parses a literal IP address usable as a RoCEv2 GID or a peer: IPv4, IPv6, or an
-// IPv4-mapped IPv6 address as a GID is written (returned unmapped, IBTA A17.8). Unspecified,
-// multicast and zoned addresses are refused.
+// IPv4-mapped IPv6 address as a GID is written (returned unmapped, IBTA A17.8). A link-local
+// IPv6 address may name its interface as a zone (fe80::1%eth0: binding it needs one; the GID
+// is the address without it). Unspecified and multicast addresses, and zones on any other
+// address, are refused.
 func ParseAddr(s string) (netip.Addr, error) {
 	a, err := netip.ParseAddr(s)
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("%w %q: not an IP address", ErrAddr, s)
 	}
-	if a.Zone() != "" || a.IsUnspecified() || a.IsMulticast() {
-		return netip.Addr{}, fmt.Errorf("%w %q: a RoCEv2 GID needs a unicast address without a zone", ErrAddr, s)
+	if a.IsUnspecified() || a.IsMulticast() {
+		return netip.Addr{}, fmt.Errorf("%w %q: a RoCEv2 GID needs a unicast address", ErrAddr, s)
+	}
+	if a.Zone() != "" && !(a.Is6() && a.IsLinkLocalUnicast()) {
+		return netip.Addr{}, fmt.Errorf("%w %q: only a link-local IPv6 address takes a zone", ErrAddr, s)
 	}
 	return a.Unmap(), nil
 }

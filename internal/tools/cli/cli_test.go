@@ -57,14 +57,14 @@ func TestParseGetopt(t *testing.T) {
 		}
 	}
 	for _, args := range [][]string{
-		{"-size", "5"},       // Go's single-dash long option: -s ize
-		{"--i", "5"},         // ambiguous: iters, iters-name
-		{"-s"},               // value missing
-		{"-s", "12abc"},      // not a number (perftest: "should be int")
-		{"-x"},               // unknown
-		{"--unknown"},        // unknown
-		{"-d", "224.0.0.1"},  // not a unicast address
-		{"-d", "fe80::1%lo"}, // zoned
+		{"-size", "5"},           // Go's single-dash long option: -s ize
+		{"--i", "5"},             // ambiguous: iters, iters-name
+		{"-s"},                   // value missing
+		{"-s", "12abc"},          // not a number (perftest: "should be int")
+		{"-x"},                   // unknown
+		{"--unknown"},            // unknown
+		{"-d", "224.0.0.1"},      // not a unicast address
+		{"-d", "2001:db8::1%lo"}, // a zone on a global address
 	} {
 		if _, _, err := parse(args...); err == nil {
 			t.Errorf("%q accepted", args)
@@ -100,12 +100,13 @@ func TestPrintFlags(t *testing.T) {
 }
 
 func TestParseAddr(t *testing.T) {
-	for in, want := range map[string]string{"127.0.0.2": "127.0.0.2", "::ffff:198.18.0.1": "198.18.0.1", "2001:db8::1": "2001:db8::1"} {
+	for in, want := range map[string]string{"127.0.0.2": "127.0.0.2", "::ffff:198.18.0.1": "198.18.0.1", "2001:db8::1": "2001:db8::1",
+		"fe80::1%lo": "fe80::1%lo"} {
 		if a, err := ParseAddr(in); err != nil || a.String() != want {
 			t.Errorf("ParseAddr(%q) = %v, %v", in, a, err)
 		}
 	}
-	for _, in := range []string{"", "x", "0.0.0.0", "::", "224.0.0.1", "fe80::1%lo"} {
+	for _, in := range []string{"", "x", "0.0.0.0", "::", "224.0.0.1", "2001:db8::1%lo", "::ffff:198.18.0.1%lo"} {
 		if _, err := ParseAddr(in); !errors.Is(err, ErrAddr) {
 			t.Errorf("ParseAddr(%q): %v", in, err)
 		}
@@ -125,12 +126,13 @@ func TestParseAddr(t *testing.T) {
 
 func TestDevFlag(t *testing.T) {
 	var f DevFlag
-	for in, want := range map[string]string{"127.0.0.2": "127.0.0.2", "::ffff:198.18.0.1": "198.18.0.1", "lo": "lo", "fd00::1": "fd00::1"} {
+	for in, want := range map[string]string{"127.0.0.2": "127.0.0.2", "::ffff:198.18.0.1": "198.18.0.1", "lo": "lo", "fd00::1": "fd00::1",
+		"fe80::1%eth0": "fe80::1%eth0"} {
 		if err := f.Set(in); err != nil || f.String() != want || !f.IsSet() {
 			t.Errorf("Set(%q): %v, %q", in, err, f.String())
 		}
 	}
-	for _, in := range []string{"", "0.0.0.0", "224.0.0.1", "fe80::1%lo", "a/b", "averyveryverylongname"} {
+	for _, in := range []string{"", "0.0.0.0", "224.0.0.1", "fd00::1%lo", "a/b", "averyveryverylongname"} {
 		if err := f.Set(in); err == nil {
 			t.Errorf("Set(%q) accepted", in)
 		}
@@ -172,8 +174,12 @@ func TestListenOptions(t *testing.T) {
 	if o, err := ListenOptions([]string{"lo"}); err != nil || o.Interface != "lo" {
 		t.Fatalf("interface: %+v %v", o, err)
 	}
-	if _, err := ListenOptions([]string{"fe80::1%lo"}); err == nil {
-		t.Fatal("zoned address accepted")
+	if _, err := ListenOptions([]string{"2001:db8::1%lo"}); err == nil {
+		t.Fatal("zoned global address accepted")
+	}
+	// a link-local address names its interface (binding it needs the zone)
+	if o, err := ListenOptions([]string{"fe80::1%lo"}); err != nil || len(o.Addrs) != 1 || o.Addrs[0] != netip.MustParseAddr("fe80::1%lo") {
+		t.Fatalf("link-local with zone: %+v %v", o, err)
 	}
 	if o, err := ListenOptions(nil); err != nil || len(o.Addrs) == 0 {
 		t.Fatalf("default (all addresses): %+v %v", o, err)

@@ -200,7 +200,8 @@ func InterfaceMTU(addr netip.Addr) int {
 		}
 		for _, a := range as {
 			if n, ok := a.(*net.IPNet); ok {
-				if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap() == addr {
+				if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap() == addr.WithZone("") &&
+					(addr.Zone() == "" || !ip.IsLinkLocalUnicast() || addr.Zone() == ifc.Name) {
 					return ifc.MTU
 				}
 			}
@@ -281,7 +282,9 @@ func OpenVerbs(sock string, f *DevFlag, o DevOptions) (*VerbsDev, error) {
 func DaemonLocalAddr(v roce.Verbs, f *DevFlag, peer netip.Addr) (netip.Addr, error) {
 	peer = peer.Unmap()
 	if f != nil && f.Addr.IsValid() {
-		if v.GIDIndex(f.Addr) < 1 {
+		// index 0 is the link-local GID: only when -d names it (the daemon binds it when it
+		// listens on the interface, gid.FromInterface)
+		if i := v.GIDIndex(f.Addr); i < 0 || i == 0 && !f.Addr.IsLinkLocalUnicast() {
 			return netip.Addr{}, fmt.Errorf("%w %v: not an address of the daemon's device %s", ErrDev, f.Addr, v.Name())
 		}
 		return f.Addr, nil
