@@ -247,6 +247,9 @@ type Stats struct {
 	// Writes counts the RDMA WRITEs the write responder executed in the XDP program (and
 	// ACKed there): requests and ACKs that no other counter sees (Options.WriteMemory).
 	Writes uint64
+	// CsumErrors counts the datagrams the rings dropped for a wrong UDP checksum (the kernel's
+	// UDP receive would have; the rings bypass it).
+	CsumErrors uint64
 }
 
 // Add adds o's counters to s (a device sums its links').
@@ -257,6 +260,7 @@ func (s *Stats) Add(o Stats) {
 	s.Pairs += o.Pairs
 	s.PairsOff += o.PairsOff
 	s.Writes += o.Writes
+	s.CsumErrors += o.CsumErrors
 }
 
 // StatsLink is implemented by links with the AF_XDP path.
@@ -267,7 +271,7 @@ type StatsLink interface {
 // XDPStats implements StatsLink.
 func (l *Link) XDPStats() Stats {
 	x := l.x
-	st := Stats{Sent: x.sent.Load(), Received: x.received.Load(), Fallbacks: x.fallbacks.Load(),
+	st := Stats{Sent: x.sent.Load(), Received: x.received.Load(), Fallbacks: x.fallbacks.Load(), CsumErrors: x.csumErrors.Load(),
 		Pairs: x.pairs.Load(), PairsOff: x.pairsOff.Load()}
 	if x.writes != nil {
 		st.Writes = x.writes.executed()

@@ -76,6 +76,12 @@ func (x *xdpSock) parse(d *link.Datagram, f []byte, copyOut bool) bool {
 	if dst != x.addr4 || dp != x.port {
 		return false
 	}
+	// the UDP checksum, as the kernel's UDP receive would have checked it: 0 is none (RFC 768;
+	// kernel rxe and this path send 0), a wrong one drops the datagram (docs/link.md)
+	if (f[40] != 0 || f[41] != 0) && !udp4ChecksumOK(f[26:34], f[34:34+ul]) {
+		x.csumErrors.Add(1)
+		return false
+	}
 	var src [4]byte
 	copy(src[:], f[26:30])
 	x.learn(src, f[6:12])

@@ -331,8 +331,18 @@ func TestXDPWriteDeclines(t *testing.T) {
 			t.Errorf("%s: verdict %d (frame changed: %v), want XDP_PASS untouched", name, v, !bytes.Equal(out, fr))
 		}
 	}
-	// a bad ICRC, a flipped bit anywhere the ICRC covers unmasked
+	// a wrong UDP checksum leaves the WRITE to user space, which drops it
 	fr := goodWrite(7, eight).frame()
+	partial := fold(onesSum(fr[26:34]) + 17 + uint64(len(fr)-34))
+	right := ^fold(onesSum(fr[26:34]) + 17 + uint64(len(fr)-34) + onesSum(fr[34:]))
+	for _, sum := range []uint16{1, partial + 1, right ^ 0x0010, right + 1} {
+		withSum := append([]byte(nil), fr...)
+		binary.BigEndian.PutUint16(withSum[40:], sum)
+		if v, out := r.run(t, withSum); v != xdpVerdictPass || !bytes.Equal(out, withSum) {
+			t.Errorf("UDP checksum %#04x (right %#04x, pseudo-header sum %#04x): verdict %d, want XDP_PASS untouched", sum, right, partial, v)
+		}
+	}
+	// a bad ICRC, a flipped bit anywhere the ICRC covers unmasked
 	for i := 14; i < len(fr); i++ {
 		if icrcMasked(i) || (i >= 26 && i < 34) || i == fBTH || i == fBTH+1 {
 			continue // masked, or the addresses and opcode (declined before the ICRC anyway)
@@ -364,6 +374,18 @@ func TestXDPWriteDeclines(t *testing.T) {
 	}
 	if v, _ := r.run(t, ok); v != xdpVerdictTx {
 		t.Fatalf("masked fields changed: verdict %d, want XDP_TX", v)
+	}
+	// the pseudo-header's sum a local sender's socket leaves for checksum offload, and a right
+	// checksum (a 3-byte payload: the pad in the sum), are executed
+	next := goodWrite(8, eight).frame()
+	binary.BigEndian.PutUint16(next[40:], fold(onesSum(next[26:34])+17+uint64(len(next)-34)))
+	if v, _ := r.run(t, next); v != xdpVerdictTx {
+		t.Fatalf("a local sender's partial UDP checksum: verdict %d, want XDP_TX", v)
+	}
+	next = goodWrite(9, []byte("abc")).frame()
+	binary.BigEndian.PutUint16(next[40:], ^fold(onesSum(next[26:34])+17+uint64(len(next)-34)+onesSum(next[34:])))
+	if v, _ := r.run(t, next); v != xdpVerdictTx {
+		t.Fatalf("a right UDP checksum: verdict %d, want XDP_TX", v)
 	}
 }
 
@@ -494,6 +516,10 @@ func modelWrite(frame []byte, word uint64) (exec bool, off int, payload []byte, 
 		binary.BigEndian.Uint16(frame[20:])&0x3fff != 0 || [4]byte(frame[30:34]) != rigLocal ||
 		binary.BigEndian.Uint16(frame[36:]) != link.UDPPort || [4]byte(frame[26:30]) != rigPeer ||
 		int(binary.BigEndian.Uint16(frame[16:])) != n-14 || int(binary.BigEndian.Uint16(frame[38:])) != n-34 {
+		return
+	}
+	// UDP checksum none, the pseudo-header's sum (a local sender's, for offload) or right
+	if c := binary.BigEndian.Uint16(frame[40:]); c != 0 && !udp4ChecksumOK(frame[26:34], frame[34:]) {
 		return
 	}
 	b := bth.BTH(frame[fBTH:])

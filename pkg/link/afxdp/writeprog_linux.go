@@ -2,8 +2,25 @@ package afxdp
 
 import (
 	"encoding/binary"
+	"golang.org/x/sys/unix"
 	"hash/crc32"
 )
+
+// foldSum folds the 64-bit sum of 16- and 32-bit big-endian words in register r to its 16-bit
+// ones' complement sum (RFC 1071; r5 clobbered).
+func foldSum(a *bpfAsm, r uint8) {
+	a.op(bMovX, 5, r, 0, 0)
+	a.op(bRshK, 5, 0, 0, 32)
+	a.op(bLshK, r, 0, 0, 32)
+	a.op(bRshK, r, 0, 0, 32)
+	a.op(bAddX, r, 5, 0, 0)
+	for range 3 {
+		a.op(bMovX, 5, r, 0, 0)
+		a.op(bRshK, 5, 0, 0, 16)
+		a.op(bAndK, r, 0, 0, 0xffff)
+		a.op(bAddX, r, 5, 0, 0)
+	}
+}
 
 // crcStep emits one byte of the reflected CRC-32: r4 = table[(r4 ^ r1) & 0xff] ^ (r4 >> 8),
 // the table's pointer in r5, the byte in r1 (clobbered).
@@ -86,6 +103,43 @@ func (w *xdpWrite) program(a *bpfAsm, decline string) {
 	a.op(bToBE, 3, 0, 0, 16)
 	a.op(bAddK, 3, 0, 0, 34)
 	a.jmp(bJneX, 3, 2, 0, decline) // and the UDP length
+	// the UDP checksum, as the kernel's UDP receive would have checked it (RFC 768): none (0,
+	// kernel rxe's), the pseudo-header's sum a local sender leaves for checksum offload, or a
+	// right one; udp4ChecksumOK is the same rule in Go (the ring's)
+	a.op(bLdxH, 3, 7, 40, 0)
+	a.jmp(bJeqK, 3, 0, 0, "udpsum")
+	a.op(bToBE, 3, 0, 0, 16)
+	a.op(bMovK, 4, 0, 0, unix.IPPROTO_UDP)
+	for _, off := range []int16{26, 28, 30, 32, 38} { // the addresses and the UDP length
+		a.op(bLdxH, 5, 7, off, 0)
+		a.op(bToBE, 5, 0, 0, 16)
+		a.op(bAddX, 4, 5, 0, 0)
+	}
+	a.op(bMovX, 2, 4, 0, 0)
+	foldSum(a, 2)
+	a.jmp(bJneX, 3, 2, 0, "udpfull")
+	a.jmp(bJa, 0, 0, 0, "udpsum") // the pseudo-header's sum only
+	a.label("udpfull")
+	for off := int16(34); off < fPayload; off += 4 { // the UDP header, BTH and RETH
+		a.op(bLdxW, 1, 7, off, 0)
+		a.op(bToBE, 1, 0, 0, 32)
+		a.op(bAddX, 4, 1, 0, 0)
+	}
+	a.op(bLdxDW, 3, 10, wsN, 0)
+	a.op(bAddK, 3, 0, 0, 4) // payload, pad and ICRC: a multiple of 4 bytes
+	for i := 0; i < xdpWriteMax+4; i += 4 {
+		a.jmp(bJleK, 3, 0, int32(i), "udpsumdone")
+		a.op(bMovX, 1, 7, 0, 0)
+		a.op(bAddK, 1, 0, 0, int32(fPayload+i+4))
+		a.jmp(bJgtX, 1, 8, 0, decline)
+		a.op(bLdxW, 1, 7, int16(fPayload+i), 0)
+		a.op(bToBE, 1, 0, 0, 32)
+		a.op(bAddX, 4, 1, 0, 0)
+	}
+	a.label("udpsumdone")
+	foldSum(a, 4)
+	a.jmp(bJneK, 4, 0, 0xffff, decline) // a wrong checksum: user space drops it (and counts it)
+	a.label("udpsum")
 	loadBE24(a, 2, fBTH+5)
 	a.op(bStxW, 10, 2, wsKey, 0)
 	lookup(w.qps, decline) // the QP

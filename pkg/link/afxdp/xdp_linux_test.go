@@ -2,6 +2,7 @@ package afxdp
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -311,6 +312,39 @@ func TestXDPProgram(t *testing.T) {
 			t.Fatalf("insn %d: address constant %#x", i, in.imm)
 		case in.code == 0x55 && in.off != 0 && p[i-1].off == 36 && in.imm != 0xb712:
 			t.Fatalf("insn %d: port constant %#x, want 4791 byte-swapped", i, in.imm)
+		}
+	}
+}
+
+// TestXDPParseChecksum: the ring takes a datagram with UDP checksum 0 (kernel rxe's), the right
+// checksum, or the pseudo-header's sum a local sender leaves for offload, and drops one with a
+// wrong checksum, counting it, as the kernel's UDP receive would have.
+func TestXDPParseChecksum(t *testing.T) {
+	x := &xdpSock{addr: netip.MustParseAddr("198.18.6.1"), addr4: [4]byte{198, 18, 6, 1}, port: 4791, peers: make(map[[4]byte]*xdpPeer), asked: make(map[[4]byte]time.Time)}
+	fr := make([]byte, ethIPv4UDP+41)
+	fr[12], fr[13], fr[14], fr[23] = 0x08, 0x00, 0x45, 17
+	binary.BigEndian.PutUint16(fr[16:], 28+41)
+	copy(fr[26:30], []byte{198, 18, 6, 2})
+	copy(fr[30:34], []byte{198, 18, 6, 1})
+	binary.BigEndian.PutUint16(fr[34:], 0xc001)
+	binary.BigEndian.PutUint16(fr[36:], 4791)
+	binary.BigEndian.PutUint16(fr[38:], 8+41)
+	for i := ethIPv4UDP; i < len(fr); i++ {
+		fr[i] = byte(i * 7)
+	}
+	udp := fr[34:]
+	partial := fold(onesSum(fr[26:34]) + 17 + uint64(len(udp)))
+	right := ^fold(onesSum(fr[26:34]) + 17 + uint64(len(udp)) + onesSum(udp))
+	for _, c := range []struct {
+		sum  uint16
+		want bool
+	}{{0, true}, {right, true}, {partial, true}, {right ^ 0x0400, false}, {0xFFFF, right == 0xFFFF}} {
+		binary.BigEndian.PutUint16(fr[40:], c.sum)
+		before := x.csumErrors.Load()
+		d := link.Datagram{Buf: make([]byte, 0, 64)}
+		if got := x.parse(&d, fr, true); got != c.want || (x.csumErrors.Load() != before) == c.want {
+			t.Errorf("UDP checksum %#04x (right %#04x, partial %#04x): accepted %v, want %v; errors %d -> %d",
+				c.sum, right, partial, got, c.want, before, x.csumErrors.Load())
 		}
 	}
 }

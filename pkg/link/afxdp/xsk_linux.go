@@ -95,6 +95,8 @@ type xdpSock struct {
 	last  atomic.Pointer[xdpPeer] // the last peer learned or looked up (no lock, no map)
 
 	sent, received, fallbacks atomic.Uint64
+	// csumErrors counts ring datagrams dropped for a wrong UDP checksum.
+	csumErrors atomic.Uint64
 	// the ring's batches: kicks that sent frames (and pairs), reads that returned frames
 	sendBatches, recvBatches atomic.Uint64
 
