@@ -431,6 +431,20 @@ func (q *QP) txBuf() []byte {
 	return t.bufs[len(t.batch)]
 }
 
+// entropy is the UDP source port's entropy (IBTA A17.3.2) as kernel rxe picks it
+// (rdma_get_udp_sport): UD and QP1 from the QPN; RC/UC from the address vector's flow label
+// when it has one (rdma_cm gives a connection bth.CMFlowLabel of its ports, on both ends),
+// else from the QPN pair.
+func (q *QP) entropy(dqpn uint32) uint16 {
+	if q.typ.Datagram() {
+		return bth.UDSourcePort(q.num)
+	}
+	if fl := q.attr.AH.FlowLabel; fl != 0 {
+		return bth.FlowLabelToSourcePort(fl)
+	}
+	return bth.SourcePort(q.num, dqpn)
+}
+
 // finish writes the BTH, the pad and the ICRC of the packet in buf whose
 // extension headers end at h and whose payload is n bytes, and queues it.
 // BTH per IBTA 9.2 (P_Key 0xFFFF, TVer 0); ICRC per IBTA A17.3.3 with the
@@ -447,11 +461,7 @@ func (q *QP) finish(buf []byte, op bth.Opcode, se, ackReq bool, dqpn uint32, psn
 		DestQP: dqpn, AckReq: ackReq, PSN: psn,
 	})
 	pkt := buf[:end]
-	entropy := bth.SourcePort(q.num, dqpn) // RC/UC: from the QPN pair (IBTA A17.3.2)
-	if q.typ.Datagram() {
-		entropy = bth.UDSourcePort(q.num)
-	}
-	sport := q.cfg.Out.SourcePort(path.Src, entropy)
+	sport := q.cfg.Out.SourcePort(path.Src, q.entropy(dqpn))
 	ep := bth.Endpoints{Src: path.Src, Dst: path.Dst, SrcPort: sport, DstPort: q.cfg.DstPort}
 	ph := q.pseudoHeader(&ep, end) // cached per (endpoints, length) (fastpath.go)
 	t := q.txSetFor()

@@ -65,7 +65,7 @@ func (q *QP) writesInfo() WriteQPInfo {
 	if q.cfg.PD != nil {
 		w.PD = q.cfg.PD.Handle()
 	}
-	w.SrcPort = q.cfg.Out.SourcePort(q.path.Src, bth.SourcePort(q.num, q.attr.DestQPN))
+	w.SrcPort = q.cfg.Out.SourcePort(q.path.Src, q.entropy(q.attr.DestQPN))
 	bth.BTH(w.ACK[:]).Encode(&bth.BTHFields{Opcode: bth.OpRCAck, PKey: 0xFFFF, DestQP: q.attr.DestQPN})
 	bth.AETH(w.ACK[bth.BTHSize:]).Encode(&bth.AETHFields{Syndrome: bth.SyndromeACK(0x1F)})
 	return w

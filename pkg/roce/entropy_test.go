@@ -8,9 +8,11 @@ import (
 	"testing"
 
 	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/mr"
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/link"
+	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/link/udp"
 )
 
@@ -194,4 +196,96 @@ func TestOpenUDPEntropyOption(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestFlowLabelSourcePort: an RC QP whose address vector carries a flow label (rdma_cm gives a
+// connection bth.CMFlowLabel of its ports, on both ends) sends from the port that label folds
+// to, requests and ACKs alike, as kernel rxe does (rdma_get_udp_sport); without one, from the
+// QPN pair's (TestUDPEntropySourcePorts).
+func TestFlowLabelSourcePort(t *testing.T) {
+	nw := mem.NewNetwork(mem.Options{})
+	la, err := nw.Attach(addrA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, err := nw.Attach(addrB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ra, rb := &memPorts{Link: la}, &memPorts{Link: lb}
+	da, err := Open(Options{Link: ra, Name: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer da.Close()
+	db, err := Open(Options{Link: rb, Name: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	a, b := newEnd(t, da, qp.TypeRC, 1<<16), newEnd(t, db, qp.TypeRC, 1<<16)
+	fl := bth.CMFlowLabel(0xb4ca, 7174) // the lab's rping REQ (internal/cm capture test)
+	for _, e := range []struct{ e, peer *end }{{a, b}, {b, a}} {
+		for _, s := range []struct {
+			a qp.Attr
+			m qp.AttrMask
+		}{
+			{qp.Attr{State: qp.StateInit, Port: 1, AccessFlags: mr.AccessRemoteWrite}, qp.AttrState | qp.AttrPKeyIndex | qp.AttrPort | qp.AttrAccessFlags},
+			{qp.Attr{State: qp.StateRTR, AH: qp.AHAttr{DGID: e.peer.addr, SGIDIndex: uint8(e.e.dev.GIDIndex(e.e.addr)), FlowLabel: fl, Port: 1},
+				PathMTU: qp.MTU1024, DestQPN: e.peer.qp.Num(), RQPSN: 7, MaxDestRDAtomic: 1, MinRNRTimer: 1},
+				qp.AttrState | qp.AttrAV | qp.AttrPathMTU | qp.AttrDestQPN | qp.AttrRQPSN | qp.AttrMaxDestRDAtomic | qp.AttrMinRNRTimer},
+			{qp.Attr{State: qp.StateRTS, SQPSN: 7, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRDAtomic: 1},
+				qp.AttrState | qp.AttrSQPSN | qp.AttrTimeout | qp.AttrRetryCnt | qp.AttrRNRRetry | qp.AttrMaxQPRDAtomic},
+		} {
+			if err := e.e.qp.Modify(&s.a, s.m); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	post(t, a, qp.SendWR{WRID: 1, Opcode: qp.WRRDMAWrite, SGL: []qp.SGE{a.sge(0, 3000)}, Flags: qp.SendSignaled,
+		RemoteAddr: b.va(0), RKey: b.mr.RKey()})
+	checkWC(t, waitWC(t, a.scq, 1)[0], cq.WC{WRID: 1, Opcode: cq.OpRDMAWrite, ByteLen: 3000})
+	w := bth.FlowLabelToSourcePort(fl)
+	if w == bth.SourcePort(a.qp.Num(), b.qp.Num()) {
+		t.Fatal("the flow label folds to the QPN pair's port: the test cannot tell them apart")
+	}
+	if req, ack := rb.seen(b.qp.Num()), ra.seen(a.qp.Num()); len(req) != 1 || req[w] != 3 || len(ack) != 1 || ack[w] == 0 {
+		t.Fatalf("requests from ports %v, ACKs from %v; want all from %d (flow label %#x)", req, ack, w, fl)
+	}
+}
+
+// memPorts records, per destination QP, the UDP source ports of the datagrams an in-memory link
+// received (srcRecorder's for a UDP link).
+type memPorts struct {
+	link.Link
+	mu    sync.Mutex
+	ports map[uint32]map[uint16]int
+}
+
+func (l *memPorts) Recv(b []link.Datagram) (int, error) {
+	n, err := l.Link.Recv(b)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ports == nil {
+		l.ports = map[uint32]map[uint16]int{}
+	}
+	for _, d := range b[:n] {
+		if p, perr := bth.Parse(d.Buf); perr == nil {
+			if l.ports[p.BTH.DestQP()] == nil {
+				l.ports[p.BTH.DestQP()] = map[uint16]int{}
+			}
+			l.ports[p.BTH.DestQP()][d.Src.Port()]++
+		}
+	}
+	return n, err
+}
+
+func (l *memPorts) seen(qpn uint32) map[uint16]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[uint16]int{}
+	for k, v := range l.ports[qpn] {
+		out[k] = v
+	}
+	return out
 }
