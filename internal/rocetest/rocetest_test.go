@@ -17,7 +17,7 @@ var (
 )
 
 // loadRoCE reads a reference capture and returns its IPv4 RoCE datagrams.
-func loadRoCE(t *testing.T, name string) []testcap.IPv4UDP {
+func loadRoCE(t *testing.T, name string) []testcap.IPUDP {
 	t.Helper()
 	f, err := os.Open("../../testdata/captures/" + name)
 	if err != nil {
@@ -28,9 +28,9 @@ func loadRoCE(t *testing.T, name string) []testcap.IPv4UDP {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []testcap.IPv4UDP
+	var out []testcap.IPUDP
 	for i := range frames {
-		if d, ok := testcap.DecodeIPv4UDP(&frames[i]); ok && d.DstPort == bth.UDPPort {
+		if d, ok := testcap.DecodeIPUDP(&frames[i]); ok && d.DstPort == bth.UDPPort {
 			out = append(out, d)
 		}
 	}
@@ -54,7 +54,7 @@ func TestSpecReproducesCapturedPackets(t *testing.T) {
 	ep := bth.Endpoints{Src: host, Dst: guest, SrcPort: bth.UDPPort, DstPort: bth.UDPPort}
 	for i, c := range []struct {
 		spec *Spec
-		wire testcap.IPv4UDP
+		wire testcap.IPUDP
 	}{{&send, wire[0]}, {&ack, wire[3]}} {
 		if c.wire.Src != host || c.wire.ID != 0 || !c.wire.DF {
 			t.Fatalf("case %d: capture packet %v id %d df %v, want ours with ID 0 and DF", i, c.wire.Src, c.wire.ID, c.wire.DF)

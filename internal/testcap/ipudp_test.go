@@ -3,6 +3,7 @@ package testcap
 import (
 	"bytes"
 	"errors"
+	"net/netip"
 	"os"
 	"testing"
 
@@ -15,11 +16,11 @@ import (
 
 const hostToGuest = captures + "/host-to-guest-rc.pcap"
 
-// roceDatagrams returns the IPv4 RoCE datagrams of records.
-func roceDatagrams(recs []Record) []IPv4UDP {
-	var out []IPv4UDP
+// roceDatagrams returns the RoCE datagrams of records.
+func roceDatagrams(recs []Record) []IPUDP {
+	var out []IPUDP
 	for i := range recs {
-		if d, ok := DecodeIPv4UDP(&recs[i]); ok && d.DstPort == bth.UDPPort {
+		if d, ok := DecodeIPUDP(&recs[i]); ok && d.DstPort == bth.UDPPort {
 			out = append(out, d)
 		}
 	}
@@ -126,7 +127,53 @@ func TestReadStreamPcapng(t *testing.T) {
 	}
 }
 
-func TestDecodeIPv4UDPRejects(t *testing.T) {
+// TestDecodeIPv6: kernel rxe's RoCEv2 over IPv6 (the lab's capture) decodes with its addresses,
+// ports and UDP checksum 0, and every ICRC verifies over the real IPv6 header; raw IP frames
+// decode too; truncations and extension headers do not.
+func TestDecodeIPv6(t *testing.T) {
+	f, err := os.Open(captures + "/guest-to-host-rc-ipv6.pcap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	recs, err := ReadStream(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wire := roceDatagrams(recs)
+	if len(wire) != 26 {
+		t.Fatalf("%d RoCE packets, want 26", len(wire))
+	}
+	guest, host := netip.MustParseAddr("2001:db8:198:18::2"), netip.MustParseAddr("2001:db8:198:18::1")
+	for _, d := range wire {
+		if d.Src != guest || d.Dst != host || d.UDPChecksum != 0 || d.ID != 0 || d.DF || d.TTL == 0 {
+			t.Fatalf("%+v", d)
+		}
+		want, err := bth.ICRCFromIP(d.IP)
+		if err != nil || bth.GetICRC(d.Payload) != want {
+			t.Errorf("ICRC %#x, computed %#x (%v)", bth.GetICRC(d.Payload), want, err)
+		}
+	}
+	for _, c := range []Record{{LinkType: layers.LinkTypeRaw, Data: wire[0].IP}, {LinkType: layers.LinkTypeIPv6, Data: wire[0].IP},
+		{LinkType: layers.LinkTypeLinuxSLL2, Data: append(append([]byte{0x86, 0xDD}, make([]byte, 18)...), wire[0].IP...)}} {
+		if d, ok := DecodeIPUDP(&c); !ok || d.Src != guest || !bytes.Equal(d.Payload, wire[0].Payload) {
+			t.Errorf("link type %d: ok %v", c.LinkType, ok)
+		}
+	}
+	frame := append(append(make([]byte, 12), 0x86, 0xDD), wire[0].IP...)
+	for i := 0; i < len(frame); i++ {
+		if _, ok := DecodeIPUDP(&Record{LinkType: layers.LinkTypeEthernet, Data: frame[:i]}); ok {
+			t.Errorf("IPv6 frame truncated to %d bytes decoded", i)
+		}
+	}
+	ext := bytes.Clone(frame)
+	ext[14+6] = 0 // a hop-by-hop options header, not UDP
+	if _, ok := DecodeIPUDP(&Record{LinkType: layers.LinkTypeEthernet, Data: ext}); ok {
+		t.Error("IPv6 with an extension header decoded")
+	}
+}
+
+func TestDecodeIPUDPRejects(t *testing.T) {
 	f, err := os.Open(hostToGuest)
 	if err != nil {
 		t.Fatal(err)
@@ -139,37 +186,37 @@ func TestDecodeIPv4UDPRejects(t *testing.T) {
 	wire := roceDatagrams(recs)
 	eth := append(make([]byte, 12), 0x08, 0x00)
 	frame := append(eth, wire[0].IP...)
-	if _, ok := DecodeIPv4UDP(&Record{LinkType: layers.LinkTypeEthernet, Data: frame}); !ok {
+	if _, ok := DecodeIPUDP(&Record{LinkType: layers.LinkTypeEthernet, Data: frame}); !ok {
 		t.Fatal("rebuilt frame does not decode")
 	}
 	for i := 0; i < len(frame); i++ {
 		f := Record{LinkType: layers.LinkTypeEthernet, Data: frame[:i]}
-		if _, ok := DecodeIPv4UDP(&f); ok {
+		if _, ok := DecodeIPUDP(&f); ok {
 			t.Errorf("frame truncated to %d bytes decoded", i)
 		}
 	}
 	frag := bytes.Clone(frame)
 	frag[14+6] |= 0x20 // MF
-	if _, ok := DecodeIPv4UDP(&Record{LinkType: layers.LinkTypeEthernet, Data: frag}); ok {
+	if _, ok := DecodeIPUDP(&Record{LinkType: layers.LinkTypeEthernet, Data: frag}); ok {
 		t.Error("fragment decoded")
 	}
 	// the cooked headers: v1 (16 bytes, protocol at 14) and v2 (20 bytes, protocol at 0)
 	sll := append(append(make([]byte, 14), 0x08, 0x00), wire[0].IP...)
 	sll2 := append(append([]byte{0x08, 0x00}, make([]byte, 18)...), wire[0].IP...)
 	for _, c := range []Record{{LinkType: layers.LinkTypeLinuxSLL, Data: sll}, {LinkType: layers.LinkTypeLinuxSLL2, Data: sll2}, {LinkType: layers.LinkTypeRaw, Data: wire[0].IP}} {
-		d, ok := DecodeIPv4UDP(&c)
+		d, ok := DecodeIPUDP(&c)
 		if !ok || !bytes.Equal(d.IP, wire[0].IP) || d.ID != wire[0].ID {
 			t.Errorf("link type %d: ok %v", c.LinkType, ok)
 		}
 	}
-	if _, ok := DecodeIPv4UDP(&Record{LinkType: layers.LinkTypeLinuxSLL2, Data: sll}); ok {
+	if _, ok := DecodeIPUDP(&Record{LinkType: layers.LinkTypeLinuxSLL2, Data: sll}); ok {
 		t.Error("an SLL v1 frame decoded as SLL2")
 	}
 }
 
 // Remote input (captured frames) must never panic.
 
-func FuzzDecodeIPv4UDP(f *testing.F) {
+func FuzzDecodeIPUDP(f *testing.F) {
 	b, err := os.ReadFile(hostToGuest)
 	if err != nil {
 		f.Fatal(err)
@@ -181,10 +228,18 @@ func FuzzDecodeIPv4UDP(f *testing.F) {
 	for _, r := range recs {
 		f.Add(r.Data, uint16(layers.LinkTypeEthernet))
 	}
+	if b, err = os.ReadFile(captures + "/guest-to-host-rc-ipv6.pcap"); err != nil {
+		f.Fatal(err)
+	}
+	if recs, err = ReadStream(bytes.NewReader(b)); err != nil || len(recs) == 0 {
+		f.Fatal(len(recs), err)
+	}
+	f.Add(recs[len(recs)-1].Data, uint16(layers.LinkTypeEthernet))
 	f.Add([]byte{0x45}, uint16(layers.LinkTypeRaw))
+	f.Add([]byte{0x60}, uint16(layers.LinkTypeRaw))
 	f.Fuzz(func(t *testing.T, data []byte, link uint16) {
 		r := Record{LinkType: layers.LinkType(link), Data: data}
-		d, ok := DecodeIPv4UDP(&r)
+		d, ok := DecodeIPUDP(&r)
 		if ok && (len(d.Payload) > len(d.IP) || len(d.IP) > len(data)) {
 			t.Fatalf("decoded slices exceed the frame: ip %d payload %d frame %d", len(d.IP), len(d.Payload), len(data))
 		}

@@ -2,7 +2,7 @@
 // testdata/captures and the captures the interop suite takes in the lab. Read returns, per
 // frame, the IP packet, the UDP payload and the addressing a RoCEv2 receiver needs
 // (including the IPv4 Identification, which the ICRC covers); ReadStream returns the raw
-// records of a capture that may still be growing, and DecodeIPv4UDP takes one apart.
+// records of a capture that may still be growing, and DecodeIPUDP takes one apart.
 //
 // Only tests import it. The containers are read by gopacket's pcapgo, the frames decoded by
 // gopacket/layers; the production packages never do either (softroce decode has its own

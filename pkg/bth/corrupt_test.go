@@ -67,6 +67,8 @@ var referenceCaptures = []string{
 	"ib_send_bw.pcap", "ib_send_lat.pcap", "ib_write_bw.pcap", "ib_write_lat.pcap",
 	"rc_pingpong.pcap", "rc_pingpong_small.pcap", "rping.pcap", "srq_pingpong.pcap",
 	"uc_pingpong.pcap", "ucmatose.pcap", "ud_pingpong.pcap", "udaddy.pcap",
+	// from the interop suite: softroce and kernel rxe over IPv6 (rdma_cm, SEND, READ, WRITE)
+	"ipv6-rping.pcap",
 }
 
 func TestReferenceCapturesPresent(t *testing.T) {

@@ -78,7 +78,7 @@ func buildLibs(t *testing.T) string {
 func libSpec(t *testing.T, ctx context.Context, lab *rxelab.Lab, softroce string, spec *pairSpec, prog string, args []string) {
 	t.Helper()
 	lib := buildLibs(t)
-	sock := startLabDaemon(t, ctx, lab, softroce)
+	sock := startLabDaemon(t, ctx, lab, softroce, netV4)
 	// clib/tests/probe.c: skip, saying why, while the daemon cannot serve the libraries
 	// (another protocol version, or no access to a program's memory)
 	probe := exec.CommandContext(ctx, probeBin)
@@ -127,7 +127,7 @@ func init() {
 	const size, count = 64, 3
 	name := fmt.Sprintf("rping-lib-%dx%d", size, count)
 	pairings = append(pairings,
-		pairing{Name: name, Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, true, size, count, sideLib) }},
-		pairing{Name: name, Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, false, size, count, sideLib) }},
+		pairing{Name: name, Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, true, size, count, sideLib, netV4) }},
+		pairing{Name: name, Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, false, size, count, sideLib, netV4) }},
 	)
 }

@@ -30,18 +30,24 @@ func init() {
 	const size, count = 64, 3
 	name := fmt.Sprintf("rping-daemon-%dx%d", size, count)
 	pairings = append(pairings,
-		pairing{Name: name, Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, true, size, count, sideDaemon) }},
-		pairing{Name: name, Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, false, size, count, sideDaemon) }},
+		pairing{Name: name, Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, true, size, count, sideDaemon, netV4) }},
+		pairing{Name: name, Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, false, size, count, sideDaemon, netV4) }},
 	)
 }
 
-// startLabDaemon runs `softroce daemon` on the host address in the lab netns and returns its
-// socket once it is ready; the daemon is stopped (SIGTERM, then killed) at cleanup.
-func startLabDaemon(t *testing.T, ctx context.Context, lab *rxelab.Lab, bin string) string {
+// startLabDaemon runs `softroce daemon` in the lab netns and returns its socket once it is
+// ready; the daemon is stopped (SIGTERM, then killed) at cleanup. Over IPv4 it listens on the
+// host address; over IPv6 on the tap, whose GID table (gid.FromInterface: the link-local GID,
+// ::ffff:198.18.0.1, 2001:db8:198:18::1) the tools then pick their address from.
+func startLabDaemon(t *testing.T, ctx context.Context, lab *rxelab.Lab, bin string, n labNet) string {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "softroce.sock")
 	log := rocetest.NewWatch("softroce daemon ready")
-	cmd := lab.NSCommand(ctx, bin, "daemon", "--listen", rxelab.HostIP, "--socket", sock)
+	listen := rxelab.HostIP
+	if n.V6() {
+		listen = rxelab.Tap
+	}
+	cmd := lab.NSCommand(ctx, bin, "daemon", "--listen", listen, "--socket", sock)
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -72,10 +78,10 @@ func startLabDaemon(t *testing.T, ctx context.Context, lab *rxelab.Lab, bin stri
 // `--daemon SOCKET` arguments that send a softroce tool through it (nil otherwise). A tool
 // through the daemon still runs in the lab netns when it has an out-of-band exchange
 // (pingpong, perf): a unix socket path is reachable from any netns.
-func labDaemonArgs(t *testing.T, ctx context.Context, lab *rxelab.Lab, bin string, viaDaemon bool) []string {
+func labDaemonArgs(t *testing.T, ctx context.Context, lab *rxelab.Lab, bin string, viaDaemon bool, n labNet) []string {
 	t.Helper()
 	if !viaDaemon {
 		return nil
 	}
-	return []string{"--daemon", startLabDaemon(t, ctx, lab, bin)}
+	return []string{"--daemon", startLabDaemon(t, ctx, lab, bin, n)}
 }

@@ -10,6 +10,10 @@ package interop
 //   - rxe->softroce: softroce rping -s serves on 198.18.0.1, the guest's `rping -c -a
 //     198.18.0.1 -v -V -C 3` connects.
 //
+// The ipv6-rping-*, ipv6-ucmatose-* and ipv6-udaddy-* pairings run the same tools with the
+// lab's IPv6 addresses: rdma_cm resolves them to IPv6 GIDs and the CM REQ's CMA header says
+// IP version 6 (net_test.go).
+//
 // Checks: both exit 0; the client prints the three "ping data: rdma-ping-N: ..." lines rping's
 // pattern gives, the server three "server ping data: ..." lines; and the tap capture: every
 // RoCE packet's ICRC verifies over its real IP header (IBTA A17.3.3), the CM messages
@@ -34,12 +38,15 @@ import (
 )
 
 func init() {
-	for _, c := range []struct{ size, count int }{{64, 3}, {4000, 5}} {
+	for _, c := range []struct {
+		size, count int
+		n           labNet
+	}{{64, 3, netV4}, {4000, 5, netV4}, {4000, 5, netV6}} {
 		c := c
-		name := fmt.Sprintf("rping-%dx%d", c.size, c.count)
+		name := fmt.Sprintf("%srping-%dx%d", c.n.Prefix, c.size, c.count)
 		pairings = append(pairings,
-			pairing{Name: name, Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, true, c.size, c.count, sideEmbedded) }},
-			pairing{Name: name, Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, false, c.size, c.count, sideEmbedded) }},
+			pairing{Name: name, Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, true, c.size, c.count, sideEmbedded, c.n) }},
+			pairing{Name: name, Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { rpingInterop(t, lab, false, c.size, c.count, sideEmbedded, c.n) }},
 		)
 	}
 }
@@ -78,23 +85,23 @@ func rpingLines(out, prefix string) string {
 }
 
 // rpingInterop runs softroce rping against the guest's; client tells whether softroce is the
-// client, viaDaemon whether softroce's rping runs through a softroce daemon (cm_daemon_test.go).
-func rpingInterop(t *testing.T, lab *rxelab.Lab, client bool, size, count int, side ourSide) {
+// client, side what runs on softroce's side (cm_daemon_test.go, clib_test.go), n the network.
+func rpingInterop(t *testing.T, lab *rxelab.Lab, client bool, size, count int, side ourSide, n labNet) {
 	bin := buildSoftroce(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	viaDaemon := side == sideDaemon
-	daemonArgs := labDaemonArgs(t, ctx, lab, bin, viaDaemon)
+	daemonArgs := labDaemonArgs(t, ctx, lab, bin, viaDaemon, n)
 	stopCapture := ppStartCapture(t, lab)
 
 	var guestCmd string
 	var ourArgs []string
 	if client {
-		guestCmd = fmt.Sprintf("rping -s -a %s -v -d -S %d", rxelab.GuestIP, size)
-		ourArgs = []string{"rping", "-c", "-a", rxelab.GuestIP, "-C", fmt.Sprint(count), "-S", fmt.Sprint(size), "-v", "-V", "--timeout", "30s"}
+		guestCmd = fmt.Sprintf("rping -s -a %s -v -d -S %d", n.Guest, size)
+		ourArgs = []string{"rping", "-c", "-a", n.Guest.String(), "-C", fmt.Sprint(count), "-S", fmt.Sprint(size), "-v", "-V", "--timeout", "30s"}
 	} else {
-		guestCmd = fmt.Sprintf("rping -c -a %s -v -V -C %d -S %d", rxelab.HostIP, count, size)
-		ourArgs = []string{"rping", "-s", "-a", rxelab.HostIP, "-v", "-d", "-S", fmt.Sprint(size), "--timeout", "30s"}
+		guestCmd = fmt.Sprintf("rping -c -a %s -v -V -C %d -S %d", n.Host, count, size)
+		ourArgs = []string{"rping", "-s", "-a", n.Host.String(), "-v", "-d", "-S", fmt.Sprint(size), "--timeout", "30s"}
 	}
 	// through the daemon the rping program needs no netns of its own: it talks to the
 	// daemon's socket only
@@ -128,21 +135,21 @@ func rpingInterop(t *testing.T, lab *rxelab.Lab, client bool, size, count int, s
 		t.Errorf("-V reported a data mismatch")
 	}
 	wire, lost := stopCapture()
-	rpingCheckWire(t, wire, lost, client, count, (size+pathMTU-1)/pathMTU)
+	rpingCheckWire(t, wire, lost, client, count, (size+pathMTU-1)/pathMTU, n)
 }
 
 // rpingCheckWire: every ICRC verifies; the CM messages, in order, are REQ from the client,
 // REP from the server, RTU from the client, then a DREQ from the client answered by a DREP
 // (the server may also send its own DREQ crossing ours); one READ request per ping and
 // pkts WRITE packets per ping ran.
-func rpingCheckWire(t *testing.T, wire []testcap.IPv4UDP, lost, softroceClient bool, count, pkts int) {
+func rpingCheckWire(t *testing.T, wire []testcap.IPUDP, lost, softroceClient bool, count, pkts int, n labNet) {
 	t.Helper()
 	if lost {
 		t.Errorf("tcpdump dropped packets: the capture is incomplete")
 	}
-	srvIP := guestIP
+	srvIP := n.Guest
 	if !softroceClient {
-		srvIP = hostIP
+		srvIP = n.Host
 	}
 	var msgs []string
 	reads, writes, bad := 0, 0, 0
@@ -165,6 +172,7 @@ func rpingCheckWire(t *testing.T, wire []testcap.IPv4UDP, lost, softroceClient b
 				t.Errorf("MAD from %v: %v", d.Src, err)
 				continue
 			}
+			checkCMAHeader(t, m, n)
 			who := "c"
 			if d.Src == srvIP {
 				who = "s"
@@ -207,10 +215,19 @@ func init() {
 				name = tool + "-lib-100x10" // rdmacm-utils' own tool through the drop-in libraries
 			}
 			pairings = append(pairings,
-				pairing{Name: name, Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { cmtInterop(t, lab, tool, true, 1, 10, 100, side) }},
-				pairing{Name: name, Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { cmtInterop(t, lab, tool, false, 1, 10, 100, side) }},
+				pairing{Name: name, Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) { cmtInterop(t, lab, tool, true, 1, 10, 100, side, netV4) }},
+				pairing{Name: name, Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) { cmtInterop(t, lab, tool, false, 1, 10, 100, side, netV4) }},
 			)
 		}
+		tool := tool // over IPv6 addresses
+		pairings = append(pairings,
+			pairing{Name: netV6.Prefix + tool + "-100x10", Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) {
+				cmtInterop(t, lab, tool, true, 1, 10, 100, sideEmbedded, netV6)
+			}},
+			pairing{Name: netV6.Prefix + tool + "-100x10", Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) {
+				cmtInterop(t, lab, tool, false, 1, 10, 100, sideEmbedded, netV6)
+			}},
+		)
 	}
 	// several connections; ucmatose with multi-packet SENDs (path MTU 1024)
 	for _, c := range []struct {
@@ -221,10 +238,10 @@ func init() {
 		name := fmt.Sprintf("%s-c%d-%dx%d", c.tool, c.conns, c.size, c.count)
 		pairings = append(pairings,
 			pairing{Name: name, Direction: SoftroceToRxe, Run: func(t *testing.T, lab *rxelab.Lab) {
-				cmtInterop(t, lab, c.tool, true, c.conns, c.count, c.size, sideEmbedded)
+				cmtInterop(t, lab, c.tool, true, c.conns, c.count, c.size, sideEmbedded, netV4)
 			}},
 			pairing{Name: name, Direction: RxeToSoftroce, Run: func(t *testing.T, lab *rxelab.Lab) {
-				cmtInterop(t, lab, c.tool, false, c.conns, c.count, c.size, sideEmbedded)
+				cmtInterop(t, lab, c.tool, false, c.conns, c.count, c.size, sideEmbedded, netV4)
 			}},
 		)
 	}
@@ -234,22 +251,23 @@ func init() {
 // 100 bytes): both must print "return status 0" after "data transfers complete", and the
 // capture's ICRCs verify; ucmatose's CM exchange is REQ, REP, RTU, DREQ (server), DREP;
 // udaddy's is SIDR_REQ, SIDR_REP, with 10 UD SEND-with-immediate packets each way. viaDaemon
-// runs softroce's tool through a softroce daemon (cm_daemon_test.go).
-func cmtInterop(t *testing.T, lab *rxelab.Lab, tool string, client bool, conns, count, size int, side ourSide) {
+// runs softroce's tool through a softroce daemon (cm_daemon_test.go); n is the network.
+func cmtInterop(t *testing.T, lab *rxelab.Lab, tool string, client bool, conns, count, size int, side ourSide, n labNet) {
 	bin := buildSoftroce(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	daemonArgs := labDaemonArgs(t, ctx, lab, bin, side == sideDaemon)
+	daemonArgs := labDaemonArgs(t, ctx, lab, bin, side == sideDaemon, n)
 	stopCapture := ppStartCapture(t, lab)
 	var guestCmd string
 	var ourArgs []string
 	opts := fmt.Sprintf(" -c %d -C %d -S %d", conns, count, size)
+	host, guest := n.Host.String(), n.Guest.String()
 	if client {
-		guestCmd = tool + " -b " + rxelab.GuestIP + opts
-		ourArgs = append([]string{tool, "-s", rxelab.GuestIP, "-b", rxelab.HostIP, "--timeout", "30s"}, strings.Fields(opts)...)
+		guestCmd = tool + " -b " + guest + opts
+		ourArgs = append([]string{tool, "-s", guest, "-b", host, "--timeout", "30s"}, strings.Fields(opts)...)
 	} else {
-		guestCmd = tool + " -s " + rxelab.HostIP + " -b " + rxelab.GuestIP + opts
-		ourArgs = append([]string{tool, "-b", rxelab.HostIP, "--timeout", "30s"}, strings.Fields(opts)...)
+		guestCmd = tool + " -s " + host + " -b " + guest + opts
+		ourArgs = append([]string{tool, "-b", host, "--timeout", "30s"}, strings.Fields(opts)...)
 	}
 	ourArgs = append(ourArgs, daemonArgs...)
 	// "starting server" is printed just before rdma_bind_addr/rdma_listen
@@ -289,8 +307,9 @@ func cmtInterop(t *testing.T, lab *rxelab.Lab, tool string, client bool, conns, 
 		}
 		if p.BTH.DestQP() == cm.GSIQPN {
 			if m, err := cm.Parse(p.Payload); err == nil {
+				checkCMAHeader(t, m, n)
 				who := "g"
-				if d.Src == hostIP {
+				if d.Src == n.Host {
 					who = "s"
 				}
 				msgs = append(msgs, who+":"+m.Attr.String())
@@ -331,7 +350,7 @@ func cmtInterop(t *testing.T, lab *rxelab.Lab, tool string, client bool, conns, 
 	if strings.Contains(seq, "REJ") {
 		t.Errorf("CM exchange has a REJ: %q", seq)
 	}
-	if data[hostIP] != conns*count || data[guestIP] != conns*count {
+	if data[n.Host] != conns*count || data[n.Guest] != conns*count {
 		t.Errorf("data messages %v, want %d each way", data, conns*count)
 	}
 }

@@ -94,7 +94,7 @@ func TestDecodeCleanDetects(t *testing.T) {
 	}
 	roce := 0
 	for i := range frames {
-		if d, ok := testcap.DecodeIPv4UDP(&frames[i]); ok && (d.DstPort == bth.UDPPort || d.SrcPort == bth.UDPPort) {
+		if d, ok := testcap.DecodeIPUDP(&frames[i]); ok && (d.DstPort == bth.UDPPort || d.SrcPort == bth.UDPPort) {
 			roce++
 		}
 	}
@@ -112,7 +112,7 @@ func TestDecodeCleanDetects(t *testing.T) {
 	bad := append([]byte(nil), good...)
 	flipped := false
 	for i := range frames {
-		d, ok := testcap.DecodeIPv4UDP(&frames[i])
+		d, ok := testcap.DecodeIPUDP(&frames[i])
 		if !ok || d.DstPort != bth.UDPPort {
 			continue
 		}

@@ -203,7 +203,7 @@ type wireSide struct {
 // nmWire counts each side's packets; a request whose PSN is not above every PSN seen before
 // on its flow (source, destination QP) was sent again (a retransmission, or for rxe's
 // packets also a netem duplicate: both pass the tap after the guest's qdisc).
-func nmWire(t *testing.T, wire []testcap.IPv4UDP) map[netip.Addr]*wireSide {
+func nmWire(t *testing.T, wire []testcap.IPUDP) map[netip.Addr]*wireSide {
 	t.Helper()
 	type flow struct {
 		src netip.Addr

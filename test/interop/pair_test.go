@@ -175,7 +175,7 @@ func wantExit0(t *testing.T, who string, status int) {
 // checkICRC verifies a captured packet's ICRC over its real IP header (IPv4 ID included),
 // reporting the first 5 mismatches of a capture (*bad counts them all); false if the IP
 // header could not be read (reported), so the caller skips the packet.
-func checkICRC(t *testing.T, d testcap.IPv4UDP, bad *int) bool {
+func checkICRC(t *testing.T, d testcap.IPUDP, bad *int) bool {
 	t.Helper()
 	want, err := bth.ICRCFromIP(d.IP)
 	if err != nil {

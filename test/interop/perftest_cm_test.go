@@ -53,7 +53,7 @@ func pfcmInterop(t *testing.T, lab *rxelab.Lab, c pfCase, client bool) {
 	bin := buildSoftroce(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	daemonArgs := labDaemonArgs(t, ctx, lab, bin, c.Daemon)
+	daemonArgs := labDaemonArgs(t, ctx, lab, bin, c.Daemon, c.net())
 	stopCapture := ppStartCapture(t, lab)
 
 	flags := "-R " + c.flags()
@@ -92,7 +92,7 @@ func pfcmInterop(t *testing.T, lab *rxelab.Lab, c pfCase, client bool) {
 // to QP 1, at least REQ+REP+RTU per connection (the exchange and each data QP); everything
 // else RC, with the client's test messages (WRITE or SEND, counted at their last packet)
 // at least iters x QPs.
-func pfcmCheckWire(t *testing.T, c pfCase, client bool, wire []testcap.IPv4UDP, lost bool) {
+func pfcmCheckWire(t *testing.T, c pfCase, client bool, wire []testcap.IPUDP, lost bool) {
 	t.Helper()
 	requester := hostIP
 	if !client {

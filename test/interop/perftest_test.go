@@ -10,6 +10,9 @@ package interop
 //     CLI, run in the lab netns, is its client;
 //   - rxe->softroce: the softroce CLI serves on 198.18.0.1, the guest tool connects.
 //
+// The ipv6-perftest-* pairings do the same over the lab's IPv6 GIDs (-x 2 on the guest; the
+// TCP exchange stays on IPv4, as perftest's does without --ipv6; net_test.go).
+//
 // Each pairing checks both exit statuses, both outputs (each side's remote address lines
 // are the other's local lines; the result table has the size and iteration count asked, and
 // for WRITE/READ/atomic BW the server prints exactly the client's report, which crossed the
@@ -57,6 +60,16 @@ type pfCase struct {
 	Bidir bool
 	Dur   int
 	Conn  string
+	// V6 runs the pairing over IPv6 GIDs (netV6).
+	V6 bool
+}
+
+// net is the network the pairing runs over.
+func (c pfCase) net() labNet {
+	if c.V6 {
+		return netV6
+	}
+	return netV4
 }
 
 func (c pfCase) tool() string {
@@ -100,6 +113,7 @@ func (c pfCase) name() string {
 	if c.Conn != "" {
 		n += "-" + strings.ToLower(c.Conn)
 	}
+	n = c.net().Prefix + n
 	if c.Verb == "atomic" {
 		return n + "-" + map[string]string{"CMP_AND_SWAP": "cas", "FETCH_AND_ADD": "faa"}[c.Atomic]
 	}
@@ -113,7 +127,7 @@ func (c pfCase) qps() int { return max(1, c.QPs) }
 
 // flags are the perftest flags both sides get (the lab captures' commands, plus -n).
 func (c pfCase) flags() string {
-	f := fmt.Sprintf("-x %d -m %d -F -n %d", rxelab.GuestGIDIndex, pathMTU, c.Iters)
+	f := fmt.Sprintf("-x %d -m %d -F -n %d", c.net().GuestGID, pathMTU, c.Iters)
 	if c.CM {
 		f += " -R"
 	}
@@ -161,6 +175,12 @@ func init() {
 		pfCase{Verb: "write", Lat: true, Size: 8, Iters: 200, XDP: true},
 		pfCase{Verb: "write", Size: 3000, Iters: 200, XDP: true},
 		pfCase{Verb: "write", Lat: true, Size: 8, Iters: 200, XDP: true, DM: true})
+	// over IPv6 GIDs: every verb, BW and latency, one size
+	for _, v := range []string{"write", "read", "send"} {
+		cases = append(cases, pfCase{Verb: v, Size: 3000, Iters: 100, V6: true}, pfCase{Verb: v, Lat: true, Size: 64, Iters: 50, V6: true})
+	}
+	cases = append(cases, pfCase{Verb: "atomic", Iters: 100, Atomic: "FETCH_AND_ADD", V6: true},
+		pfCase{Verb: "atomic", Lat: true, Iters: 50, Atomic: "CMP_AND_SWAP", V6: true})
 	for _, c := range cases {
 		c := c
 		pairings = append(pairings,
@@ -175,8 +195,9 @@ func pfInterop(t *testing.T, lab *rxelab.Lab, c pfCase, client bool) {
 	bin := buildSoftroce(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	daemonArgs := labDaemonArgs(t, ctx, lab, bin, c.Daemon)
-	var stopCapture func() ([]testcap.IPv4UDP, bool)
+	n := c.net()
+	daemonArgs := labDaemonArgs(t, ctx, lab, bin, c.Daemon, n)
+	var stopCapture func() ([]testcap.IPUDP, bool)
 	if !c.XDP { // the tap's capture point sees no AF_XDP frame (pfCase.XDP)
 		stopCapture = ppStartCapture(t, lab) // snaplen 9000, 32 MiB buffer: BW bursts fit
 	}
@@ -186,7 +207,7 @@ func pfInterop(t *testing.T, lab *rxelab.Lab, c pfCase, client bool) {
 	if c.Lat {
 		ourArgs = append(ourArgs, "--lat")
 	}
-	ourArgs = append(ourArgs, "-d", rxelab.HostIP, "--timeout", "30s", "--run-timeout", "60s")
+	ourArgs = append(ourArgs, "-d", n.Host.String(), "--timeout", "30s", "--run-timeout", "60s")
 	ourArgs = append(ourArgs, daemonArgs...)
 	if c.XDP {
 		ourArgs = append(ourArgs, "--xdp", "--busy-poll", "--stats")
@@ -196,9 +217,9 @@ func pfInterop(t *testing.T, lab *rxelab.Lab, c pfCase, client bool) {
 	}
 	ourArgs = append(ourArgs, strings.Fields(c.flags())...)
 	if client {
-		ourArgs = append(ourArgs, rxelab.GuestIP)
+		ourArgs = append(ourArgs, n.oobGuest().String())
 	} else {
-		guestCmd += " " + rxelab.HostIP
+		guestCmd += " " + rxelab.HostIP // perftest's exchange: IPv4 (net_test.go)
 	}
 
 	// our server listens before it prints the waiting banner; our client retries its
@@ -276,8 +297,6 @@ func pfCheckXDP(t *testing.T, c pfCase, stderr string) {
 var (
 	pfLocalRe  = regexp.MustCompile(`(?m)^ local address: LID 0000 (QPN 0x[0-9a-f]+ PSN 0x[0-9a-f]+.*)\n GID: ([0-9:]+)$`)
 	pfRemoteRe = regexp.MustCompile(`(?m)^ remote address: LID 0000 (QPN 0x[0-9a-f]+ PSN 0x[0-9a-f]+.*)\n GID: ([0-9:]+)$`)
-	pfGIDHost  = "00:00:00:00:00:00:00:00:00:00:255:255:198:18:00:01"
-	pfGIDGuest = "00:00:00:00:00:00:00:00:00:00:255:255:198:18:00:02"
 )
 
 // pfRows returns the whitespace-separated fields of the result lines after the table header
@@ -318,7 +337,7 @@ func pfCheckOutputs(t *testing.T, c pfCase, client bool, ours, guest string) {
 		t.Fatalf("address lines: softroce %d local %d remote, rxe %d local %d remote; want %d each", len(oL), len(oR), len(gL), len(gR), n)
 	}
 	for i := 0; i < n; i++ {
-		if oL[i][2] != pfGIDHost || gL[i][2] != pfGIDGuest {
+		if oL[i][2] != perftestGID(c.net().Host) || gL[i][2] != perftestGID(c.net().Guest) {
 			t.Errorf("local GIDs: softroce %s, rxe %s", oL[i][2], gL[i][2])
 		}
 		if oR[i][1] != gL[i][1] || oR[i][2] != gL[i][2] {
@@ -372,17 +391,18 @@ func pfCheckOutputs(t *testing.T, c pfCase, client bool, ours, guest string) {
 // pfCheckWire checks the tap capture: ICRCs over the real headers, DF everywhere, the
 // test's requests from the requester (the client; both sides for write/send latency) and
 // their responses, at least iters messages.
-func pfCheckWire(t *testing.T, c pfCase, client bool, wire []testcap.IPv4UDP, lost bool) {
+func pfCheckWire(t *testing.T, c pfCase, client bool, wire []testcap.IPUDP, lost bool) {
 	t.Helper()
 	reqs := map[netip.Addr]int{}
 	resps := map[netip.Addr]int{}
 	bad := 0
 	kinds := map[string]int{}
+	hostIP, guestIP := c.net().Host, c.net().Guest
 	for _, d := range wire {
 		if !checkICRC(t, d, &bad) {
 			continue
 		}
-		if !d.DF {
+		if d.Src.Is4() && !d.DF {
 			t.Errorf("%v -> %v id %d without DF", d.Src, d.Dst, d.ID)
 		}
 		p, err := bth.Parse(d.Payload)

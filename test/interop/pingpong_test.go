@@ -10,6 +10,9 @@ package interop
 //     the softroce CLI, run in the lab netns with `ip netns exec rxelab`, is its client;
 //   - rxe->softroce: the softroce CLI serves on 198.18.0.1, the guest tool connects.
 //
+// The ipv6-pingpong-* pairings do the same over the lab's IPv6 addresses (GIDs
+// 2001:db8:198:18::1 and ::2, rxe0's GID index 2; net_test.go).
+//
 // Each pairing checks both exit statuses, both outputs (each side's remote lines are the
 // other's local lines, the result lines, no "invalid data" under -c) and captures the tap:
 // every RoCE packet's ICRC must verify over its real IP header (bth.ICRCFromIP, IBTA
@@ -46,6 +49,16 @@ type ppCase struct {
 	// Lib runs rdma-core's own ibv_X_pingpong on softroce's side, through the drop-in
 	// libraries and a softroce daemon (clib_test.go).
 	Lib bool
+	// V6 runs the pairing over IPv6 GIDs (netV6).
+	V6 bool
+}
+
+// net is the network the pairing runs over.
+func (c ppCase) net() labNet {
+	if c.V6 {
+		return netV6
+	}
+	return netV4
 }
 
 func (c ppCase) name() string {
@@ -60,17 +73,20 @@ func (c ppCase) name() string {
 	if c.Lib {
 		d = "lib-"
 	}
-	return fmt.Sprintf("pingpong-%s%s-%dx%d%s", d, c.Tool, c.Size, c.Iters, e)
+	return fmt.Sprintf("%spingpong-%s%s-%dx%d%s", c.net().Prefix, d, c.Tool, c.Size, c.Iters, e)
 }
 
 func init() {
 	for _, c := range []ppCase{
-		{"rc", 64, 20, false, false, false}, {"rc", 3000, 20, false, false, false},
-		{"uc", 64, 20, false, false, false}, {"uc", 3000, 20, true, false, false},
-		{"ud", 512, 20, true, false, false},
-		{"srq", 64, 32, false, false, false}, {"srq", 3000, 32, true, false, false},
+		{"rc", 64, 20, false, false, false, false}, {"rc", 3000, 20, false, false, false, false},
+		{"uc", 64, 20, false, false, false, false}, {"uc", 3000, 20, true, false, false, false},
+		{"ud", 512, 20, true, false, false, false},
+		{"srq", 64, 32, false, false, false, false}, {"srq", 3000, 32, true, false, false, false},
 		// softroce's side through a softroce daemon
-		{"rc", 3000, 20, false, true, false}, {"uc", 3000, 20, true, true, false}, {"ud", 512, 20, true, true, false}, {"srq", 3000, 32, true, true, false},
+		{"rc", 3000, 20, false, true, false, false}, {"uc", 3000, 20, true, true, false, false}, {"ud", 512, 20, true, true, false, false}, {"srq", 3000, 32, true, true, false, false},
+		// over IPv6 GIDs (one size each; the daemon listening on the tap interface)
+		{"rc", 3000, 20, false, false, false, true}, {"uc", 64, 20, true, false, false, true}, {"ud", 512, 20, true, false, false, true},
+		{"srq", 3000, 32, false, false, false, true}, {"rc", 3000, 20, false, true, false, true},
 	} {
 		c := c
 		pairings = append(pairings,
@@ -118,7 +134,8 @@ func ppInterop(t *testing.T, lab *rxelab.Lab, c ppCase, client bool) {
 	bin := buildSoftroce(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	daemonArgs := labDaemonArgs(t, ctx, lab, bin, c.Daemon)
+	n := c.net()
+	daemonArgs := labDaemonArgs(t, ctx, lab, bin, c.Daemon, n)
 	stopCapture := ppStartCapture(t, lab)
 
 	common := fmt.Sprintf("-s %d -n %d -c", c.Size, c.Iters)
@@ -128,13 +145,13 @@ func ppInterop(t *testing.T, lab *rxelab.Lab, c ppCase, client bool) {
 	if c.Tool != "ud" { // ud_pingpong has no -m: its messages are one packet
 		common += fmt.Sprintf(" -m %d", pathMTU)
 	}
-	guestCmd := fmt.Sprintf("ibv_%s_pingpong -d %s -g %d %s", c.Tool, rxelab.GuestDev, rxelab.GuestGIDIndex, common)
-	ourArgs := append([]string{"pingpong", c.Tool, "-d", rxelab.HostIP, "--timeout", "30s"}, strings.Fields(common)...)
+	guestCmd := fmt.Sprintf("ibv_%s_pingpong -d %s -g %d %s", c.Tool, rxelab.GuestDev, n.GuestGID, common)
+	ourArgs := append([]string{"pingpong", c.Tool, "-d", n.Host.String(), "--timeout", "30s"}, strings.Fields(common)...)
 	ourArgs = append(ourArgs, daemonArgs...)
 	if client {
-		ourArgs = append(ourArgs, rxelab.GuestIP)
+		ourArgs = append(ourArgs, n.oobGuest().String())
 	} else {
-		guestCmd += " " + rxelab.HostIP
+		guestCmd += " " + n.Host.String() // our server listens on both families
 	}
 
 	// our server listens before it prints its local address; our client retries its
@@ -168,8 +185,8 @@ var (
 )
 
 // ppCheckOutputs: each side prints numQP local and remote lines, its remote lines are the
-// other side's local lines, the GIDs are ::ffff:198.18.0.1 (us) and ::ffff:198.18.0.2 (rxe,
-// GID index 1), both print the result lines and neither reports invalid data (-c).
+// other side's local lines, the GIDs are the network's (IPv4: ::ffff:198.18.0.1 for us and
+// ::ffff:198.18.0.2 for rxe, GID index 1), both print the result lines and neither reports invalid data (-c).
 // It returns the QP numbers of each side, from their local address lines.
 func ppCheckOutputs(t *testing.T, c ppCase, numQP int, ours, guest string) (ourQPs, rxeQPs map[uint32]bool) {
 	t.Helper()
@@ -201,8 +218,8 @@ func ppCheckOutputs(t *testing.T, c ppCase, numQP int, ours, guest string) (ourQ
 		}
 		return locals, remotes
 	}
-	oL, oR := side("softroce", ours, "::ffff:"+rxelab.HostIP)
-	gL, gR := side("rxe", guest, "::ffff:"+rxelab.GuestIP)
+	oL, oR := side("softroce", ours, pingpongGID(c.net().Host))
+	gL, gR := side("rxe", guest, pingpongGID(c.net().Guest))
 	cross := func(who string, remotes, peerLocals [][]string) {
 		for i := 0; i < len(remotes) && i < len(peerLocals); i++ {
 			if strings.Join(remotes[i][1:], " ") != strings.Join(peerLocals[i][1:], " ") {
@@ -230,8 +247,9 @@ func ppCheckOutputs(t *testing.T, c ppCase, numQP int, ours, guest string) (ourQ
 // 67 ms ACK timeout), and each side sent iters distinct messages (srq: at least iters, a few
 // more may be in flight at the end) with, for rc, one ACK per message of the peer.
 // Packets to QPs of neither side (another lab user in the netns) are ignored and counted.
-func ppCheckWire(t *testing.T, c ppCase, wire []testcap.IPv4UDP, lost bool, ourQPs, rxeQPs map[uint32]bool) {
+func ppCheckWire(t *testing.T, c ppCase, wire []testcap.IPUDP, lost bool, ourQPs, rxeQPs map[uint32]bool) {
 	t.Helper()
+	hostIP, guestIP := c.net().Host, c.net().Guest
 	if lost {
 		t.Errorf("tcpdump dropped packets: the capture is incomplete")
 	}
@@ -265,7 +283,7 @@ func ppCheckWire(t *testing.T, c ppCase, wire []testcap.IPv4UDP, lost bool, ourQ
 		}
 		// Our IPv4 IDs are 0, or 0, 1, 2, ... for the segments of a UDP GSO send (docs/link.md);
 		// either way the ICRC, checked above over the real header, must have assumed them.
-		if d.Src == hostIP && !d.DF {
+		if d.Src == hostIP && hostIP.Is4() && !d.DF {
 			t.Errorf("our packet id %d without DF", d.ID)
 		}
 		info := p.Info
@@ -338,7 +356,7 @@ func ppCheckWire(t *testing.T, c ppCase, wire []testcap.IPv4UDP, lost bool, ourQ
 // ppStartCapture is startCapture (rc_send_test.go) that also reports what tcpdump says at
 // exit ("N packets dropped by kernel"): the returned func gives the datagrams and whether
 // tcpdump lost any.
-func ppStartCapture(t *testing.T, lab *rxelab.Lab) func() ([]testcap.IPv4UDP, bool) {
+func ppStartCapture(t *testing.T, lab *rxelab.Lab) func() ([]testcap.IPUDP, bool) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "tap.pcap")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -357,7 +375,7 @@ func ppStartCapture(t *testing.T, lab *rxelab.Lab) func() ([]testcap.IPv4UDP, bo
 			_ = c.Stop()
 		}
 	})
-	return func() ([]testcap.IPv4UDP, bool) {
+	return func() ([]testcap.IPUDP, bool) {
 		stopped = true
 		if err := c.Stop(); err != nil {
 			t.Errorf("tcpdump: %v", err)
@@ -374,9 +392,9 @@ func ppStartCapture(t *testing.T, lab *rxelab.Lab) func() ([]testcap.IPv4UDP, bo
 		if err != nil {
 			t.Fatalf("capture: %v", err)
 		}
-		var out []testcap.IPv4UDP
+		var out []testcap.IPUDP
 		for i := range frames {
-			if d, ok := testcap.DecodeIPv4UDP(&frames[i]); ok {
+			if d, ok := testcap.DecodeIPUDP(&frames[i]); ok {
 				out = append(out, d)
 			}
 		}

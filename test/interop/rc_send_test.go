@@ -250,7 +250,7 @@ func dialInNetns(t *testing.T, lab *rxelab.Lab, addr string, deadline time.Time)
 
 // startCapture starts tcpdump on the tap for RoCE traffic; the returned func stops it
 // and returns the decoded RoCE datagrams.
-func startCapture(t *testing.T, lab *rxelab.Lab) func() []testcap.IPv4UDP {
+func startCapture(t *testing.T, lab *rxelab.Lab) func() []testcap.IPUDP {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "tap.pcap")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -265,7 +265,7 @@ func startCapture(t *testing.T, lab *rxelab.Lab) func() []testcap.IPv4UDP {
 			_ = c.Stop()
 		}
 	})
-	return func() []testcap.IPv4UDP {
+	return func() []testcap.IPUDP {
 		stopped = true
 		if err := c.Stop(); err != nil {
 			t.Errorf("tcpdump: %v", err)
@@ -279,9 +279,9 @@ func startCapture(t *testing.T, lab *rxelab.Lab) func() []testcap.IPv4UDP {
 		if err != nil {
 			t.Fatalf("capture: %v", err)
 		}
-		var out []testcap.IPv4UDP
+		var out []testcap.IPUDP
 		for i := range frames {
-			if d, ok := testcap.DecodeIPv4UDP(&frames[i]); ok {
+			if d, ok := testcap.DecodeIPUDP(&frames[i]); ok {
 				out = append(out, d)
 			}
 		}
@@ -297,9 +297,9 @@ func startCapture(t *testing.T, lab *rxelab.Lab) func() []testcap.IPv4UDP {
 // checkCapture cross-checks the wire: every RoCE packet's ICRC verifies over the real
 // IP header; ours carry DF and the IDs our ICRCs assumed (0 for plain sends); rxe's carry DF, TTL 64, UDP checksum 0, and the IDs
 // SolveIPv4ID recovered, incrementing (neighbours may swap).
-func checkCapture(t *testing.T, wire []testcap.IPv4UDP, s *rcSide) {
+func checkCapture(t *testing.T, wire []testcap.IPUDP, s *rcSide) {
 	t.Helper()
-	var fromUs, fromRxe []testcap.IPv4UDP
+	var fromUs, fromRxe []testcap.IPUDP
 	for _, d := range wire {
 		want, err := bth.ICRCFromIP(d.IP)
 		if err != nil {
@@ -359,7 +359,7 @@ func checkCapture(t *testing.T, wire []testcap.IPv4UDP, s *rcSide) {
 	t.Logf("wire: %d packets from us with IDs %v, %d from rxe with IDs %v, all ICRCs valid", len(fromUs), ids(fromUs), len(fromRxe), ids(fromRxe))
 }
 
-func ids(d []testcap.IPv4UDP) []uint16 {
+func ids(d []testcap.IPUDP) []uint16 {
 	out := make([]uint16, len(d))
 	for i := range d {
 		out[i] = d[i].ID

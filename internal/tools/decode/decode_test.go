@@ -29,7 +29,7 @@ func decode(t *testing.T, args ...string) (stdout, stderr string, code int) {
 // testdata/decode/<capture>.{txt,jsonl} (go test -update rewrites them; the
 // JSON values were checked against tshark by TestTsharkCompare).
 func TestDecodeGolden(t *testing.T) {
-	for _, name := range []string{"rc_pingpong_small", "ib_atomic_bw_cas", "udaddy", "ib_read_lat", "guest-to-host-rc-ipv6"} {
+	for _, name := range []string{"rc_pingpong_small", "ib_atomic_bw_cas", "udaddy", "ib_read_lat", "guest-to-host-rc-ipv6", "ipv6-rping"} {
 		for _, mode := range []struct{ ext, flag string }{{"txt", ""}, {"jsonl", "--json"}} {
 			args := []string{filepath.Join(capDir, name+".pcap")}
 			if mode.flag != "" {

@@ -66,7 +66,7 @@ var wantRoCE = map[string]int{
 	"ib_write_lat.pcap": 20, "rc_pingpong.pcap": 16, "rc_pingpong_small.pcap": 8,
 	"rping.pcap": 29, "srq_pingpong.pcap": 10, "uc_pingpong.pcap": 12,
 	"ucmatose.pcap": 13, "ud_pingpong.pcap": 4, "udaddy.pcap": 6,
-	"guest-to-host-rc-ipv6.pcap": 26,
+	"guest-to-host-rc-ipv6.pcap": 26, "ipv6-rping.pcap": 95,
 }
 
 // TestDecodeEveryCaptureFrame: gopacket.NewPacket on every Ethernet frame of
