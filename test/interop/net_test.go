@@ -22,12 +22,16 @@ type labNet struct {
 	Host, Guest netip.Addr
 	// GuestGID is the index of Guest's GID on rxe0: the guest tools' -g / -x.
 	GuestGID int
+	// OurDev is softroce's -d: the host address over IPv4; over IPv6 the tap, with the same
+	// GID index as the guest's (-g / -x): softroce's table of the tap lists its GIDs as rxe's
+	// of eth0 does (0 link-local, 1 IPv4, 2 IPv6), so the index picks 2001:db8:198:18::1.
+	OurDev string
 }
 
 var (
-	netV4 = labNet{Prefix: "", Host: hostIP, Guest: guestIP, GuestGID: rxelab.GuestGIDIndex}
+	netV4 = labNet{Prefix: "", Host: hostIP, Guest: guestIP, GuestGID: rxelab.GuestGIDIndex, OurDev: rxelab.HostIP}
 	netV6 = labNet{Prefix: "ipv6-", Host: netip.MustParseAddr(rxelab.HostIP6), Guest: netip.MustParseAddr(rxelab.GuestIP6),
-		GuestGID: rxelab.GuestGIDIndex6}
+		GuestGID: rxelab.GuestGIDIndex6, OurDev: rxelab.Tap}
 )
 
 // V6 reports whether this is the IPv6 network.

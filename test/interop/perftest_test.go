@@ -207,7 +207,7 @@ func pfInterop(t *testing.T, lab *rxelab.Lab, c pfCase, client bool) {
 	if c.Lat {
 		ourArgs = append(ourArgs, "--lat")
 	}
-	ourArgs = append(ourArgs, "-d", n.Host.String(), "--timeout", "30s", "--run-timeout", "60s")
+	ourArgs = append(ourArgs, "-d", n.OurDev, "--timeout", "30s", "--run-timeout", "60s") // and c.flags()' -x
 	ourArgs = append(ourArgs, daemonArgs...)
 	if c.XDP {
 		ourArgs = append(ourArgs, "--xdp", "--busy-poll", "--stats")

@@ -146,7 +146,10 @@ func ppInterop(t *testing.T, lab *rxelab.Lab, c ppCase, client bool) {
 		common += fmt.Sprintf(" -m %d", pathMTU)
 	}
 	guestCmd := fmt.Sprintf("ibv_%s_pingpong -d %s -g %d %s", c.Tool, rxelab.GuestDev, n.GuestGID, common)
-	ourArgs := append([]string{"pingpong", c.Tool, "-d", n.Host.String(), "--timeout", "30s"}, strings.Fields(common)...)
+	ourArgs := append([]string{"pingpong", c.Tool, "-d", n.OurDev, "--timeout", "30s"}, strings.Fields(common)...)
+	if n.V6() {
+		ourArgs = append(ourArgs, "-g", fmt.Sprint(n.GuestGID)) // the tap's GID 2, as rxe0's
+	}
 	ourArgs = append(ourArgs, daemonArgs...)
 	if client {
 		ourArgs = append(ourArgs, n.oobGuest().String())

@@ -228,3 +228,39 @@ func TestStrtol(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenLocalGIDIndex: with -d IFNAME, a GID index picks the interface's GID of that index as
+// kernel rxe's table lists it (gid.FromInterface: on lo 0 is the unbound link-local GID, 1 is
+// 127.0.0.1) and the device opens on the whole interface so the index is the same; an index
+// past the table, or the link-local GID the interface does not have, is refused; with -d ADDR
+// the index is the address's own.
+func TestOpenLocalGIDIndex(t *testing.T) {
+	lo := DevFlag{Interface: "lo"}
+	d, err := OpenLocal(&lo, DevOptions{Port: tooltest.FreeUDPPort(t), GIDIndex: 1, ByGIDIndex: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Dev.Close()
+	if d.GIDIndex != 1 || d.Addr != netip.MustParseAddr("127.0.0.1") || d.Dev.GIDIndex(d.Addr) != 1 {
+		t.Fatalf("lo GID index 1: %v at %d (device's index %d)", d.Addr, d.GIDIndex, d.Dev.GIDIndex(d.Addr))
+	}
+	if g, err := d.Dev.GID(0); err != nil || !g.IsLinkLocalUnicast() {
+		t.Fatalf("GID 0 %v (%v): want rxe's link-local GID", g, err)
+	}
+	for _, idx := range []int{0, d.Dev.GIDTable().Len()} {
+		if d2, err := OpenLocal(&lo, DevOptions{Port: tooltest.FreeUDPPort(t), GIDIndex: idx, ByGIDIndex: true}); !errors.Is(err, ErrDev) {
+			if d2 != nil {
+				d2.Dev.Close()
+			}
+			t.Errorf("GID index %d of lo: %v, want ErrDev", idx, err)
+		}
+	}
+	a, err := OpenLocal(&DevFlag{Addr: netip.MustParseAddr("127.0.0.2")}, DevOptions{Port: tooltest.FreeUDPPort(t), GIDIndex: 3, ByGIDIndex: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Dev.Close()
+	if a.Addr != netip.MustParseAddr("127.0.0.2") || a.GIDIndex != a.Dev.GIDIndex(a.Addr) {
+		t.Fatalf("-d ADDR with an index: %v at %d", a.Addr, a.GIDIndex)
+	}
+}

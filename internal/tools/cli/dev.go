@@ -100,6 +100,14 @@ type DevOptions struct {
 	// DM, when > 0, gives that path a write responder with DM bytes of device memory
 	// (afxdp.Options.WriteMemory; roce.Device.AllocDM).
 	DM int
+	// GIDIndex is the tool's GID index (perftest's -x, ibv_*_pingpong's -g), used when
+	// ByGIDIndex is set (the option was given). With -d IFNAME it picks the GID as kernel rxe's table of that interface lists it (index
+	// 0 the link-local GID, then the IPv4 addresses, then the IPv6 ones; gid.FromInterface),
+	// and the device opens on the whole interface so that the index is the same; through the
+	// daemon, without -d ADDR, it picks the daemon device's GID of that index. With -d ADDR it
+	// is accepted and the address's own index is used.
+	GIDIndex   int
+	ByGIDIndex bool
 }
 
 // LocalDev is an opened device and the local address it speaks from.
@@ -118,6 +126,9 @@ func (l *LocalDev) GID() [16]byte { return l.Addr.As16() }
 // OpenLocal resolves f (or, unset, the route to o.Peer) to one local address and opens a
 // softroce device on it.
 func OpenLocal(f *DevFlag, o DevOptions) (*LocalDev, error) {
+	if f != nil && f.Interface != "" && o.ByGIDIndex && !o.XDP {
+		return openInterfaceGID(f.Interface, o)
+	}
 	addr, err := ResolveLocalAddr(f, o.Peer)
 	if err != nil {
 		return nil, err
@@ -148,6 +159,29 @@ func OpenLocal(f *DevFlag, o DevOptions) (*LocalDev, error) {
 		return nil, fmt.Errorf("%w on %v: the address is not in the device's GID table", ErrDev, addr)
 	}
 	return &LocalDev{Dev: d, Addr: addr, GIDIndex: idx, MTU: mtu}, nil
+}
+
+// openInterfaceGID opens a device on interface name (its GID table and MTU, as rxe's) and
+// speaks from GID o.GIDIndex.
+func openInterfaceGID(name string, o DevOptions) (*LocalDev, error) {
+	dn := o.Name
+	if dn == "" {
+		dn = "softroce0"
+	}
+	d, err := roce.OpenUDP(roce.UDPOptions{Interface: name, Port: o.Port, Portable: o.Portable, MTU: o.MTU, Name: dn,
+		Link: udp.Options{BusyPoll: o.BusyPoll}, Polled: o.Polled})
+	if err != nil {
+		return nil, fmt.Errorf("%w %q: %w", ErrDev, name, err)
+	}
+	e, err := d.GIDTable().Entry(o.GIDIndex)
+	if err == nil && e.Addr.IsLinkLocalUnicast() && e.Addr.Zone() == "" {
+		err = errors.New("the interface does not have this link-local address")
+	}
+	if err != nil {
+		d.Close()
+		return nil, fmt.Errorf("%w %q: GID index %d: %w", ErrDev, name, o.GIDIndex, err)
+	}
+	return &LocalDev{Dev: d, Addr: e.Addr, GIDIndex: o.GIDIndex, MTU: qp.MTUFromBytes(d.PortAttr().ActiveMTU.Bytes())}, nil
 }
 
 // ResolveLocalAddr picks the local address for f (see DevFlag).
@@ -267,6 +301,16 @@ func OpenVerbs(sock string, f *DevFlag, o DevOptions) (*VerbsDev, error) {
 		return nil, fmt.Errorf("%w: daemon %s: %w", ErrDev, sock, err)
 	}
 	addr, err := DaemonLocalAddr(c, f, o.Peer)
+	if o.ByGIDIndex && (f == nil || !f.Addr.IsValid()) {
+		// the daemon device's GID of that index (its table is rxe's when it listens on one
+		// interface)
+		err = nil
+		if gs := c.GIDs(); o.GIDIndex < len(gs) && gs[o.GIDIndex].IsValid() && !gs[o.GIDIndex].IsUnspecified() {
+			addr = gs[o.GIDIndex].Unmap()
+		} else {
+			err = fmt.Errorf("%w: the daemon's device %s has no GID index %d", ErrDev, c.Name(), o.GIDIndex)
+		}
+	}
 	if err != nil {
 		c.Close()
 		return nil, err

@@ -175,7 +175,8 @@ func perfRunCM(ctx context.Context, c *perfConfig, out io.Writer) (err error) {
 		}
 		server, peer = netip.AddrPortFrom(host.Unmap(), uint16(c.Port)), host
 	}
-	if ld, err = cli.OpenVerbs(c.Daemon, &c.Dev, cli.DevOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer, BusyPoll: c.linkBusyPoll()}); err != nil {
+	if ld, err = cli.OpenVerbs(c.Daemon, &c.Dev, cli.DevOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer, BusyPoll: c.linkBusyPoll(),
+		GIDIndex: c.GIDIndex, ByGIDIndex: c.GIDIndex >= 0}); err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, ld.Close()) }()

@@ -89,7 +89,7 @@ func newFlagSet(f *flags) *pflag.FlagSet {
 	fs.IntVarP(&f.tx, "tx-depth", "t", 0, "Size of tx queue (default 128 for BW, 1 for latency)")
 	fs.IntVarP(&f.qpTimeout, "qp-timeout", "u", perfQPTimeout, "QP timeout, timeout value is 4 usec * 2 ^(timeout), default 14")
 	fs.BoolVarP(&f.version, "version", "V", false, "Display version number")
-	fs.IntVarP(&f.GIDIndex, "gid-index", "x", -1, "Test uses GID with GID `index` (accepted; the GID is the -d address)")
+	fs.IntVarP(&f.GIDIndex, "gid-index", "x", -1, "Test uses GID with GID `index` (with -d IFNAME: the interface's GID of that index, as kernel rxe lists them; with -d ADDR: the address's own)")
 	fs.StringVarP(&f.Atomic, "atomic_type", "A", "FETCH_AND_ADD", "`type` of atomic operation from {CMP_AND_SWAP,FETCH_AND_ADD}")
 	fs.BoolVar(&f.Gbits, "report_gbits", false, "Report Max/Average BW of test in Gbit/sec (instead of MiB/sec)")
 	// softroce's own

@@ -106,7 +106,7 @@ type Config struct {
 	All    bool   // -a: sizes 2, 4, ... 2^23
 	Iters  int    // -n
 	MTU    qp.MTU // -m (0 = the port's active MTU)
-	// GIDIndex is -x (accepted; the GID is the -d address). -1 = not given.
+	// GIDIndex is -x: with -d IFNAME the GID of that index in the interface's table (cli.DevOptions). -1 = not given.
 	GIDIndex int
 	QPs      int    // -q
 	Atomic   string // -A: CMP_AND_SWAP or FETCH_AND_ADD

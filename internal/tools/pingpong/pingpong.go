@@ -111,7 +111,7 @@ type Config struct {
 	RxDepth  int  // -r
 	Iters    int  // -n
 	SL       int  // -l
-	GIDIndex int  // -g (accepted; -1 = not given)
+	GIDIndex int  // -g: with -d IFNAME the GID of that index in the interface's table (cli.DevOptions); -1 = not given
 	Events   bool // -e
 	Validate bool // -c
 	NumQP    int  // -q (srq)
@@ -188,7 +188,7 @@ func newFlagSet(f *flags, t oobpp.Tool) *pflag.FlagSet {
 	cli.CIntVarP(fs, &f.iters, "iters", "n", 1000, 0, "number of exchanges (default 1000)")
 	cli.CIntVarP(fs, &f.sl, "sl", "l", 0, 0, "service level value")
 	fs.BoolVarP(&f.events, "events", "e", false, "sleep on CQ events (default poll)")
-	cli.CIntVarP(fs, &f.gidx, "gid-idx", "g", -1, 0, "local port gid index (accepted; the GID is the -d address)")
+	cli.CIntVarP(fs, &f.gidx, "gid-idx", "g", -1, 0, "local port gid index (with -d IFNAME: the interface's GID of that index, as kernel rxe lists them; with -d ADDR: the address's own)")
 	fs.BoolVarP(&f.odp, "odp", "o", false, "use on demand paging (refused: softroce memory is always resident)")
 	fs.BoolVarP(&f.iodp, "iodp", "O", false, "use implicit on demand paging (refused)")
 	fs.BoolVarP(&f.prefetch, "prefetch", "P", false, "prefetch an ODP MR (refused)")

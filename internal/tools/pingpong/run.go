@@ -35,7 +35,8 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (err error) {
 	}()
 	open := func(peer netip.Addr) error {
 		var e error
-		if ld, e = cli.OpenVerbs(c.Daemon, &c.Dev, cli.DevOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer}); e != nil {
+		if ld, e = cli.OpenVerbs(c.Daemon, &c.Dev, cli.DevOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer,
+			GIDIndex: c.GIDIndex, ByGIDIndex: c.GIDIndex >= 0}); e != nil {
 			return e
 		}
 		if p, e = newPPCtx(c, ld); e != nil {
