@@ -91,6 +91,8 @@ const (
 	OpFetchAdd        Opcode = 4
 	OpBindMW          Opcode = 5
 	OpLocalInv        Opcode = 6
+	OpFlush           Opcode = 8   // IBV_WC_FLUSH (IBTA 1.5 memory placement)
+	OpAtomicWrite     Opcode = 9   // IBV_WC_ATOMIC_WRITE
 	OpRecv            Opcode = 128 // IBV_WC_RECV: receive completions have bit 7 set
 	OpRecvRDMAWithImm Opcode = 129
 )
@@ -112,6 +114,10 @@ func (o Opcode) String() string {
 		return "BIND_MW"
 	case OpLocalInv:
 		return "LOCAL_INV"
+	case OpFlush:
+		return "FLUSH"
+	case OpAtomicWrite:
+		return "ATOMIC_WRITE"
 	case OpRecv:
 		return "RECV"
 	case OpRecvRDMAWithImm:

@@ -48,7 +48,7 @@ func TestStatusTableComplete(t *testing.T) {
 	}
 	// Work completion opcodes and flags: ibv_wc_opcode / ibv_wc_flags numbering.
 	ops := map[Opcode]uint8{OpSend: 0, OpRDMAWrite: 1, OpRDMARead: 2, OpCompSwap: 3, OpFetchAdd: 4,
-		OpBindMW: 5, OpLocalInv: 6, OpRecv: 128, OpRecvRDMAWithImm: 129}
+		OpBindMW: 5, OpLocalInv: 6, OpFlush: 8, OpAtomicWrite: 9, OpRecv: 128, OpRecvRDMAWithImm: 129}
 	for o, v := range ops {
 		if uint8(o) != v || o.String() == "UNKNOWN" {
 			t.Errorf("opcode %v = %d, want %d", o, uint8(o), v)

@@ -37,8 +37,16 @@ const (
 	AccessRemoteAtomic Access = 8  // IBV_ACCESS_REMOTE_ATOMIC
 	AccessMWBind       Access = 16 // IBV_ACCESS_MW_BIND
 	AccessZeroBased    Access = 32 // IBV_ACCESS_ZERO_BASED: addresses are offsets from 0
-	accessAll                 = AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead |
-		AccessRemoteAtomic | AccessMWBind | AccessZeroBased
+	// AccessFlushGlobal (IBV_ACCESS_FLUSH_GLOBAL) lets a remote FLUSH with the global
+	// visibility placement type target the region (IBTA A19.4.1.1, memory placement).
+	AccessFlushGlobal Access = 1 << 8
+	// AccessFlushPersistent (IBV_ACCESS_FLUSH_PERSISTENT) lets a remote FLUSH with the
+	// persistence placement type target the region. Only memory that can be made durable
+	// takes it: RegMRWith with a Persister (docs/objects.md, "Persistence"); RegMR refuses it,
+	// as rxe refuses it on pages that are not persistent memory.
+	AccessFlushPersistent Access = 1 << 9
+	accessAll                    = AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead |
+		AccessRemoteAtomic | AccessMWBind | AccessZeroBased | AccessFlushGlobal | AccessFlushPersistent
 )
 
 // Valid reports whether a holds only defined bits and obeys the ibverbs rule that
@@ -157,6 +165,9 @@ type mapping struct {
 	mwType MWType
 	qpn    uint32 // type 2 window: the QP it is bound to
 	mw     *MW    // windows: the window object
+	// persist makes the MR's bytes durable (RegMROptions.Persist); nil for windows, which
+	// use their owner's (ownerM.persist)
+	persist Persister
 }
 
 type slot struct {
@@ -387,10 +398,34 @@ func newMR(t *Table, pd *PD, idx uint32) *MR {
 
 // RegMR registers buf at iova with access acc (ibv_reg_mr / ibv_reg_mr_iova; IBTA 10.6.3.1).
 // The MR's key state is Valid. With AccessZeroBased the MR is addressed from 0 (iova is
-// ignored). Errors: ErrInvalidArg (bad access combination, nil/dead PD, iova+len overflow),
-// ErrLimit, ErrRand.
+// ignored). Errors: ErrInvalidArg (bad access combination, nil/dead PD, iova+len overflow,
+// AccessFlushPersistent: see RegMRWith), ErrLimit, ErrRand.
 func (t *Table) RegMR(pd *PD, buf []byte, iova uint64, acc Access) (*MR, error) {
-	if !acc.Valid() {
+	return t.RegMRWith(pd, buf, iova, acc, RegMROptions{})
+}
+
+// Persister makes registered memory durable: a FLUSH with the persistence placement type
+// (IBTA A19.4.1.1) returns its response only after Persist returned nil for the bytes it
+// covers.
+type Persister interface {
+	// Persist returns once b, a sub-slice of the registered buffer, is durable (for a
+	// file mapping: msync(MS_SYNC) of the pages holding it), or the error that kept it
+	// from being so.
+	Persist(b []byte) error
+}
+
+// RegMROptions configures RegMRWith.
+type RegMROptions struct {
+	// Persist, if set, is how the region's bytes become durable. AccessFlushPersistent
+	// needs it: memory without one (the Go heap, a memfd, device memory) is volatile, and
+	// registering it for persistent FLUSH is refused (ErrInvalidArg) rather than promising
+	// what a FLUSH could not keep.
+	Persist Persister
+}
+
+// RegMRWith is RegMR with options.
+func (t *Table) RegMRWith(pd *PD, buf []byte, iova uint64, acc Access, o RegMROptions) (*MR, error) {
+	if !acc.Valid() || (acc&AccessFlushPersistent != 0 && o.Persist == nil) {
 		return nil, ErrInvalidArg
 	}
 	if acc&AccessZeroBased != 0 {
@@ -414,7 +449,7 @@ func (t *Table) RegMR(pd *PD, buf []byte, iova uint64, acc Access) (*MR, error) 
 	m := newMR(t, pd, idx)
 	t.publish(t.slotOf(idx), &m.cur, &mapping{
 		key: key, state: KeyValid, kind: kindMR, pd: pd,
-		buf: buf[:len(buf):len(buf)], iova: iova, acc: acc, owner: m,
+		buf: buf[:len(buf):len(buf)], iova: iova, acc: acc, owner: m, persist: o.Persist,
 	})
 	t.nMR++
 	pd.objs++
@@ -469,7 +504,7 @@ type FastRegOptions struct {
 // byte. Errors: ErrState (not a fast-register MR, or not Free), ErrInvalidArg, ErrWrongPD.
 func (m *MR) FastReg(o FastRegOptions) error {
 	t := m.t
-	if !o.Access.Valid() {
+	if !o.Access.Valid() || o.Access&AccessFlushPersistent != 0 { // no Persister: see RegMRWith
 		return ErrInvalidArg
 	}
 	t.mu.Lock()

@@ -156,7 +156,7 @@ func (q *QP) ackUpTo(psn bth.PSN) (lost bool) {
 		if psn.LessThan(w.firstPSN) {
 			break
 		}
-		if w.rdAtomic {
+		if kindOf(w.wr.Opcode).ownResponse() {
 			// Covered entirely: its response was lost. A PSN inside a
 			// READ's range (a NAK for a resumed READ) says nothing
 			// about the responses before it.
@@ -203,7 +203,12 @@ func (q *QP) onReadResp(now time.Time, p *bth.Packet, psn bth.PSN) {
 	if w == nil {
 		return
 	}
-	if kindOf(w.wr.Opcode) != kindRead {
+	switch kindOf(w.wr.Opcode) {
+	case kindRead:
+	case kindFlush, kindAtomicWrite:
+		q.onPlacementResp(w, p, psn) // placement.go
+		return
+	default:
 		// The oldest is an atomic: a response to a later request means
 		// its atomic ACK was lost (IBTA 9.7.6.1.3): resend now.
 		q.respGap(now, w, psn)

@@ -27,6 +27,13 @@ const (
 	DevCapMemMgtExt       DeviceCapFlags = 1 << 21
 	DevCapMemWindowType2A DeviceCapFlags = 1 << 23
 	DevCapMemWindowType2B DeviceCapFlags = 1 << 24
+	// The memory placement capabilities (IBTA 1.5 Annex A19) of device_cap_flags_ex, in the
+	// kernel's numbering (IB_UVERBS_DEVICE_FLUSH_GLOBAL, _FLUSH_PERSISTENT, _ATOMIC_WRITE),
+	// which rxe reports: FLUSH with each placement type, and RDMA ATOMIC WRITE. Beyond the 32
+	// bits of ibv_device_attr.device_cap_flags.
+	DevCapFlushGlobal     DeviceCapFlags = 1 << 38
+	DevCapFlushPersistent DeviceCapFlags = 1 << 39
+	DevCapAtomicWrite     DeviceCapFlags = 1 << 40
 )
 
 // AtomicCap is ibv_atomic_cap.
@@ -125,7 +132,8 @@ func DefaultDeviceAttr() DeviceAttr {
 		DeviceCapFlags: DevCapBadPKeyCntr | DevCapBadQKeyCntr | DevCapAutoPathMig |
 			DevCapChangePhyPort | DevCapUDAVPortEnforce | DevCapPortActiveEvent |
 			DevCapSysImageGUID | DevCapRCRNRNAKGen | DevCapSRQResize | DevCapMemMgtExt |
-			DevCapMemWindow | DevCapMemWindowType2B,
+			DevCapMemWindow | DevCapMemWindowType2B |
+			DevCapFlushGlobal | DevCapFlushPersistent | DevCapAtomicWrite,
 		MaxSGE:                DefaultMaxSGE,
 		MaxSGERD:              DefaultMaxSGE,
 		MaxCQ:                 DefaultMaxCQ,

@@ -136,7 +136,8 @@ const (
 	MaxQPN         = 0xFFFFFF
 	// MaxFlowLabel is the largest 20-bit IPv6 flow label.
 	MaxFlowLabel = 0xFFFFF
-	qpAccessBits = mr.AccessLocalWrite | mr.AccessRemoteWrite | mr.AccessRemoteRead | mr.AccessRemoteAtomic
+	qpAccessBits = mr.AccessLocalWrite | mr.AccessRemoteWrite | mr.AccessRemoteRead | mr.AccessRemoteAtomic |
+		mr.AccessFlushGlobal | mr.AccessFlushPersistent // the FLUSH placement types the responder takes
 )
 
 // CheckModify validates an ibv_modify_qp request for a QP of type t in state cur and returns

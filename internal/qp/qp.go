@@ -615,7 +615,7 @@ func (q *QP) enqueueSend(wr *SendWR) error {
 		return err
 	}
 	k := kindOf(wr.Opcode)
-	inline := wr.Flags&SendInline != 0 && (k == kindSend || k == kindWrite)
+	inline := wr.Flags&SendInline != 0 && (k == kindSend || k == kindWrite || k == kindAtomicWrite)
 	w := q.slot(q.sqTail)
 	w.reset()
 	if q.typ.Datagram() {
@@ -666,6 +666,9 @@ func (q *QP) enqueueSend(wr *SendWR) error {
 		w.wr.SGL = w.sge
 	}
 	w.length = total
+	if k == kindFlush {
+		w.length = wr.FlushLength // its completion's byte_len, as rxe reports it
+	}
 	q.sqTail++
 	return nil
 }

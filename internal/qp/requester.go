@@ -23,7 +23,22 @@ const (
 	kindRead
 	kindCmpSwap
 	kindFetchAdd
+	kindFlush       // FLUSH (placement.go)
+	kindAtomicWrite // ATOMIC WRITE (placement.go)
 )
+
+// rdAtomic reports whether the kind counts against max_rd_atomic while outstanding (IBTA
+// 9.4.4 initiator depth): READ and the atomics, and the memory placement operations, which
+// take a responder resource too (rxe counts ATOMIC WRITE; FLUSH is counted here as well, so
+// a responder never sees more of them outstanding than it was told to hold).
+func (k wrKind) rdAtomic() bool { return k >= kindRead }
+
+// ownResponse reports whether only the request's own response completes it: a READ's data
+// and an atomic's original value come in that response, so a later ACK covering the PSN
+// means the response was lost (IBTA 9.7.6.1.3). FLUSH and ATOMIC WRITE return nothing: a
+// coalesced ACK (or a later response) past their PSN says the responder executed them, in
+// order (IBTA 9.7.5.1.2), and completes them, as rxe's completer does.
+func (k wrKind) ownResponse() bool { return k == kindRead || k == kindCmpSwap || k == kindFetchAdd }
 
 func kindOf(op WROpcode) wrKind {
 	switch op {
@@ -37,6 +52,10 @@ func kindOf(op WROpcode) wrKind {
 		return kindCmpSwap
 	case WRAtomicFetchAndAdd:
 		return kindFetchAdd
+	case WRFlush:
+		return kindFlush
+	case WRAtomicWrite:
+		return kindAtomicWrite
 	}
 	return kindInvalid
 }
@@ -56,6 +75,10 @@ func wcOpcode(op WROpcode) cq.Opcode {
 		return cq.OpLocalInv
 	case WRBindMW:
 		return cq.OpBindMW
+	case WRFlush:
+		return cq.OpFlush
+	case WRAtomicWrite:
+		return cq.OpAtomicWrite
 	}
 	return cq.OpSend
 }
@@ -147,7 +170,7 @@ func (q *QP) canStart(w *sendWQE) bool {
 	if w.wr.Flags&SendFence != 0 && q.rdAtomicInFlight > 0 {
 		return false // IBTA 10.8.3.3: fenced WR waits for prior READ/atomics
 	}
-	if k == kindRead || k == kindCmpSwap || k == kindFetchAdd {
+	if k.rdAtomic() {
 		max := int(q.attr.MaxRDAtomic)
 		if max < 1 {
 			max = 1
@@ -180,7 +203,7 @@ func (q *QP) start(w *sendWQE) {
 	w.nextPkt = 0
 	w.readDone = 0
 	w.readReq = 0
-	if k == kindRead || k == kindCmpSwap || k == kindFetchAdd {
+	if k.rdAtomic() {
 		w.rdAtomic = true
 		q.rdAtomicInFlight++
 	}
@@ -195,6 +218,8 @@ func (q *QP) transmit(w *sendWQE) bool {
 	case kindCmpSwap, kindFetchAdd:
 		q.sendAtomic(w)
 		return true
+	case kindFlush, kindAtomicWrite:
+		return q.sendPlacement(w) // placement.go
 	}
 	for w.nextPkt < w.npsn {
 		psn := w.firstPSN.Add(w.nextPkt)

@@ -60,6 +60,7 @@ type responder struct {
 type resource struct {
 	valid  bool
 	atomic bool
+	place  bool // an ATOMIC WRITE or a FLUSH (atomic too: never a READ to replay; placement.go)
 	first  bth.PSN
 	last   bth.PSN
 	rkey   uint32
@@ -196,8 +197,11 @@ func (q *QP) respond(now time.Time, p *bth.Packet, src, dst netip.AddrPort) {
 		q.recvRead(p, psn)
 	case bth.KindCmpSwap, bth.KindFetchAdd:
 		q.recvAtomic(p, psn)
+	case bth.KindAtomicWrite:
+		q.recvAtomicWrite(p, psn) // placement.go
+	case bth.KindFlush:
+		q.recvFlush(p, psn)
 	default:
-		// FLUSH, ATOMIC_WRITE and anything else: not supported.
 		q.reqError(p, bth.NAKInvalidRequest, cq.StatusRemInvReqErr)
 	}
 }
@@ -524,10 +528,12 @@ func (q *QP) duplicate(p *bth.Packet, psn bth.PSN) {
 				return
 			}
 		}
+	case bth.KindAtomicWrite, bth.KindFlush:
+		q.duplicatePlacement(psn) // placement.go
 	case bth.KindCmpSwap, bth.KindFetchAdd:
 		for i := range q.resp.res {
 			r := &q.resp.res[i]
-			if r.valid && r.atomic && r.first == psn {
+			if r.valid && r.atomic && !r.place && r.first == psn {
 				q.sendAtomicAck(psn, r.orig)
 				return
 			}

@@ -28,23 +28,59 @@ const (
 	WRLocalInv          WROpcode = 7
 	WRBindMW            WROpcode = 8
 	WRSendWithInv       WROpcode = 9
+	// WRFlush is IBV_WR_FLUSH (IBTA 1.5 memory placement, A19.4.1): the responder makes the
+	// range (or the whole region) placed with the SendWR's FlushType before it answers. No
+	// payload; RC only.
+	WRFlush WROpcode = 14
+	// WRAtomicWrite is IBV_WR_ATOMIC_WRITE (IBTA 1.5, A19.4.2): the 8 bytes of the SGL (or of
+	// the inline data) are placed at an 8-byte aligned RemoteAddr in one store, after every
+	// earlier request of the QP. RC only.
+	WRAtomicWrite WROpcode = 15
 )
 
 var wrNames = [...]string{
 	"RDMA_WRITE", "RDMA_WRITE_WITH_IMM", "SEND", "SEND_WITH_IMM", "RDMA_READ",
 	"ATOMIC_CMP_AND_SWP", "ATOMIC_FETCH_AND_ADD", "LOCAL_INV", "BIND_MW", "SEND_WITH_INV",
+	14: "FLUSH", 15: "ATOMIC_WRITE",
 }
 
 // String returns the ibverbs name without the IBV_WR_ prefix.
 func (o WROpcode) String() string {
-	if int(o) < len(wrNames) {
+	if int(o) < len(wrNames) && wrNames[o] != "" {
 		return wrNames[o]
 	}
 	return "UNKNOWN"
 }
 
 // Valid reports whether o is a defined opcode.
-func (o WROpcode) Valid() bool { return o <= WRSendWithInv }
+func (o WROpcode) Valid() bool { return o <= WRSendWithInv || o == WRFlush || o == WRAtomicWrite }
+
+// FlushType is a FLUSH's placement type (ibv_placement_type; FETH bits 3..0, IBTA A19.4.1.1):
+// one or both of FlushGlobal and FlushPersistent.
+type FlushType uint8
+
+// Placement types.
+const (
+	// FlushGlobal (IBV_FLUSH_GLOBAL): what was placed before the FLUSH is visible to every
+	// observer of the memory. The responder's region needs AccessFlushGlobal.
+	FlushGlobal FlushType = 1 << 0
+	// FlushPersistent (IBV_FLUSH_PERSISTENT): what was placed before the FLUSH is durable.
+	// The responder's region needs AccessFlushPersistent.
+	FlushPersistent FlushType = 1 << 1
+)
+
+// FlushLevel is a FLUSH's selectivity level (ibv_selectivity_level; FETH bits 5..4, IBTA
+// A19.4.1.2).
+type FlushLevel uint8
+
+// Selectivity levels.
+const (
+	// FlushRange (IBV_FLUSH_RANGE): the RemoteAddr and FlushLength range of the region.
+	FlushRange FlushLevel = 0
+	// FlushMR (IBV_FLUSH_MR): the whole region RKey names; RemoteAddr and FlushLength are
+	// carried but not used.
+	FlushMR FlushLevel = 1
+)
 
 // Local reports whether the opcode is a local memory operation with no wire traffic.
 func (o WROpcode) Local() bool { return o == WRLocalInv || o == WRBindMW }
@@ -102,6 +138,12 @@ type SendWR struct {
 	RemoteQKey uint32
 	// Bind describes a WRBindMW.
 	Bind *BindInfo
+	// FlushLength, FlushType and FlushLevel are a WRFlush's range length, placement type and
+	// selectivity level (ibv_wr_flush's len, type and level; the range starts at
+	// RemoteAddr).
+	FlushLength uint32
+	FlushType   FlushType
+	FlushLevel  FlushLevel
 }
 
 // RecvWR is a receive work request (ibv_recv_wr).
@@ -168,7 +210,7 @@ func ValidateSend(t Type, wr *SendWR, lim WRLimits) (uint32, error) {
 		}
 	case TypeUC:
 		switch wr.Opcode {
-		case WRRDMARead, WRAtomicCmpAndSwp, WRAtomicFetchAndAdd:
+		case WRRDMARead, WRAtomicCmpAndSwp, WRAtomicFetchAndAdd, WRFlush, WRAtomicWrite:
 			return 0, ErrWROpcode
 		}
 	case TypeRC:
@@ -188,12 +230,22 @@ func ValidateSend(t Type, wr *SendWR, lim WRLimits) (uint32, error) {
 	if wr.Flags&SendInline != 0 && int(n) > lim.MaxInlineData {
 		return 0, ErrWRInlineSize
 	}
-	if wr.Opcode == WRAtomicCmpAndSwp || wr.Opcode == WRAtomicFetchAndAdd {
-		if wr.RemoteAddr&7 != 0 {
+	switch wr.Opcode {
+	case WRAtomicCmpAndSwp, WRAtomicFetchAndAdd, WRAtomicWrite:
+		if wr.RemoteAddr&7 != 0 { // IBTA 9.4.5; A19.4.2 for ATOMIC WRITE
 			return 0, ErrWRAtomicAlign
 		}
-		if n != 8 { // IBTA 9.4.5: atomic operations are 8 bytes
+		if n != 8 { // IBTA 9.4.5: atomic operations are 8 bytes; oA19-28 ATOMIC WRITE too
 			return 0, ErrWRLength
+		}
+	case WRFlush:
+		if n != 0 { // oA19-2: a FLUSH carries no payload
+			return 0, ErrWRLength
+		}
+		// the placement type names at least one defined type and nothing else (A19.4.1.1),
+		// the selectivity level is a defined one (A19.4.1.2)
+		if wr.FlushType == 0 || wr.FlushType&^(FlushGlobal|FlushPersistent) != 0 || wr.FlushLevel > FlushMR {
+			return 0, ErrBadWR
 		}
 	}
 	return n, nil

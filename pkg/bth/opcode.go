@@ -122,7 +122,7 @@ type OpInfo struct {
 	Hdrs         Hdr       // extension headers after the BTH (wire order = bit order)
 	HdrLen       int       // BTH + extension headers (+ the 16 reserved bytes of a CNP), bytes
 	Payload      bool      // may carry payload
-	FixedPayload int       // if > 0, the payload must be exactly this long (ATOMIC WRITE: 8)
+	FixedPayload int       // if > 0, the payload IBTA requires (ATOMIC WRITE: 8; Parse leaves the check to the responder)
 	First        bool      // first packet of a message (or only)
 	Middle       bool      // middle packet of a message
 	Last         bool      // last packet of a message (or only); Only = First && Last

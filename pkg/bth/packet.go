@@ -17,8 +17,7 @@ var (
 	// no payload but PadCnt is not 0 (IBTA 9.2.4).
 	ErrBadPad = errors.New("bth: bad pad count")
 	// ErrBadLength: the payload length is not allowed for the opcode: bytes
-	// after the headers of an opcode without payload, or an ATOMIC WRITE
-	// payload other than 8 bytes.
+	// after the headers of an opcode without payload.
 	ErrBadLength = errors.New("bth: bad payload length for opcode")
 )
 
@@ -66,7 +65,10 @@ type Packet struct {
 // Parse parses a RoCEv2 packet: b is the UDP payload, BTH through ICRC
 // (IBTA 9.2, 9.3). It checks TVer == 0, that the opcode is defined, that the
 // packet holds the opcode's headers, PadCnt pad bytes and the ICRC, and that
-// opcodes without payload have none (and PadCnt 0). It does not check the
+// opcodes without payload have none (and PadCnt 0). A payload of another
+// length than OpInfo.FixedPayload parses: that is a length error the
+// responder answers (an ATOMIC WRITE of 4 bytes is NAKed, IBTA 9.7.4.1.4,
+// oA19-28), not a malformed packet to drop. It does not check the
 // ICRC (see VerifyICRC) nor any transport state. The returned views alias
 // b. Malformed input gives a *ParseError wrapping a sentinel error; Parse
 // never panics and allocates nothing on success.
@@ -110,9 +112,6 @@ func ParseInto(p *Packet, b []byte) error {
 	} else {
 		if end-info.HdrLen < pad {
 			return &ParseError{Err: ErrBadPad, Opcode: op, Len: len(b), Need: info.HdrLen + pad + ICRCSize}
-		}
-		if info.FixedPayload > 0 && end-pad-info.HdrLen != info.FixedPayload {
-			return &ParseError{Err: ErrBadLength, Opcode: op, Len: len(b)}
 		}
 		p.Payload = b[info.HdrLen : end-pad : end-pad]
 	}

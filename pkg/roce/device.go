@@ -333,6 +333,15 @@ func (d *Device) RegMR(pd *mr.PD, buf []byte, iova uint64, acc mr.Access) (*mr.M
 	return d.tbl.RegMR(pd, buf, iova, acc)
 }
 
+// RegMRWith is RegMR with options: RegMROptions.Persist makes the region one a FLUSH can make
+// durable (AccessFlushPersistent; see FileMemory and docs/objects.md, "Persistence").
+func (d *Device) RegMRWith(pd *mr.PD, buf []byte, iova uint64, acc mr.Access, o RegMROptions) (*mr.MR, error) {
+	if d.closed.Load() {
+		return nil, ErrClosed
+	}
+	return d.tbl.RegMRWith(pd, buf, iova, acc, o)
+}
+
 // MRTable returns the device's memory-region table (memory windows,
 // fast registration and invalidation live there; see internal/mr).
 func (d *Device) MRTable() *mr.Table { return d.tbl }

@@ -10,8 +10,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/mr"
@@ -24,13 +26,17 @@ import (
 )
 
 // The soak test (docs/reliability.md): random mixes of SEND, SEND_WITH_IMM,
-// WRITE, WRITE_WITH_IMM, READ, CMP_SWP and FETCH_ADD on several RC QP pairs,
-// in both directions at once, between two devices whose links drop 10%,
-// duplicate 5%, reorder 5% and corrupt 1% of the datagrams they send
-// (pkg/link/fault, seeded). Every work request must complete
+// WRITE, WRITE_WITH_IMM, READ, CMP_SWP, FETCH_ADD, ATOMIC_WRITE and FLUSH on
+// several RC QP pairs, in both directions at once, between two devices whose
+// links drop 10%, duplicate 5%, reorder 5% and corrupt 1% of the datagrams
+// they send (pkg/link/fault, seeded). Every work request must complete
 // successfully, every byte must arrive as sent, and every atomic must return
 // exactly the value a sequential model predicts (so none ran twice or not
-// at all); the final atomic words must equal the model's.
+// at all); the final atomic words must equal the model's. An ATOMIC_WRITE's
+// word never goes back to an older value (a duplicate executed again after a
+// later one would), and a persistent FLUSH finds, when the responder runs it,
+// the bytes of the last WRITE before it in the range it flushes (the region's
+// Persister checks them), each FLUSH exactly once.
 //
 // Short by default; long runs: -soak.msgs=N (or SOFTROCE_SOAK_MSGS), see
 // scripts/soak.
@@ -171,6 +177,9 @@ type soakLayout struct {
 	big, bigLen                                              int // big READs' target (bigRead)
 }
 
+// soakAWWord is the offset of the ATOMIC_WRITE word (after the FETCH_ADD and CMP_SWP words).
+func (l *soakLayout) soakAWWord() int { return l.atomic + 16 }
+
 // newSoakLayout lays out one end's buffer for messages of up to maxSize bytes and big READs
 // of up to bigRead bytes (0: none).
 func newSoakLayout(maxSize, bigRead int) soakLayout {
@@ -237,6 +246,66 @@ type soakEnd struct {
 	addr     netip.Addr
 	dev      *Device
 	l        soakLayout
+	pers     soakPersister // the region's Persister: checks each persistent FLUSH
+}
+
+// soakFlush is what a persistent FLUSH must find when the responder runs it: the bytes of
+// WRITE seq of direction id (n bytes at off in the region), in the range (whole: the whole
+// region) it flushes.
+type soakFlush struct {
+	id, seq uint64
+	off, n  int
+	whole   bool
+}
+
+// soakPersister checks the persistent FLUSHes of the one direction that targets its end, in
+// the order the responder runs them (PSN order, once each).
+type soakPersister struct {
+	mu     sync.Mutex
+	buf    []byte
+	expect []soakFlush
+	done   int
+	err    error
+}
+
+func (p *soakPersister) push(f soakFlush) {
+	p.mu.Lock()
+	p.expect = append(p.expect, f)
+	p.mu.Unlock()
+}
+
+// Persist implements mr.Persister.
+func (p *soakPersister) Persist(b []byte) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.expect) == 0 {
+		p.fail(fmt.Errorf("persistent FLUSH %d executed, only %d posted (a duplicate executed again?)", p.done+1, p.done))
+		return nil
+	}
+	f := p.expect[0]
+	p.expect = p.expect[1:]
+	p.done++
+	got := b
+	if f.whole {
+		if len(b) != len(p.buf) {
+			p.fail(fmt.Errorf("dir %d: FLUSH after WRITE %d (whole region) got %d bytes, want %d", f.id, f.seq, len(b), len(p.buf)))
+			return nil
+		}
+		got = b[f.off : f.off+f.n]
+	} else if len(b) != f.n {
+		p.fail(fmt.Errorf("dir %d: FLUSH after WRITE %d got %d bytes, want %d", f.id, f.seq, len(b), f.n))
+		return nil
+	}
+	if i := soakPatternEqual(got, f.id, f.seq); i >= 0 {
+		p.fail(fmt.Errorf("dir %d: FLUSH after WRITE %d (%d bytes): byte %d not placed before the FLUSH ran", f.id, f.seq, f.n, i))
+	}
+	return nil
+}
+
+func (p *soakPersister) fail(err error) {
+	if p.err == nil {
+		p.err = err
+	}
 }
 
 func (e *soakEnd) va(off int) uint64 { return e.mr.IOVA() + uint64(off) }
@@ -257,11 +326,13 @@ func newSoakEnd(t *testing.T, d *Device, l soakLayout) *soakEnd {
 	if e.rcq, err = d.CreateCQ(soakRQ * 2); err != nil {
 		t.Fatal(err)
 	}
-	if e.mr, err = d.RegMR(pd, e.buf, 0x5000_0000, mr.AccessLocalWrite|mr.AccessRemoteWrite|mr.AccessRemoteRead|mr.AccessRemoteAtomic); err != nil {
+	e.pers.buf = e.buf
+	if e.mr, err = d.RegMRWith(pd, e.buf, 0x5000_0000, mr.AccessLocalWrite|mr.AccessRemoteWrite|mr.AccessRemoteRead|
+		mr.AccessRemoteAtomic|mr.AccessFlushGlobal|mr.AccessFlushPersistent, RegMROptions{Persist: &e.pers}); err != nil {
 		t.Fatal(err)
 	}
 	if e.qp, err = d.CreateQP(QPInit{Type: qp.TypeRC, PD: pd, SendCQ: e.scq, RecvCQ: e.rcq,
-		Cap: qp.Cap{MaxSendWR: soakWindow, MaxRecvWR: soakRQ, MaxSendSGE: 2, MaxRecvSGE: 2}}); err != nil {
+		Cap: qp.Cap{MaxSendWR: soakWindow, MaxRecvWR: soakRQ, MaxSendSGE: 2, MaxRecvSGE: 2, MaxInlineData: 8}}); err != nil {
 		t.Fatal(err)
 	}
 	return e
@@ -272,7 +343,8 @@ func newSoakEnd(t *testing.T, d *Device, l soakLayout) *soakEnd {
 // rnr_retry 7 (infinite), min_rnr_timer code 1 (0.01 ms).
 func soakConnect(t *testing.T, a, b *soakEnd, psnA, psnB uint32, timeout uint8) {
 	t.Helper()
-	all := mr.AccessRemoteWrite | mr.AccessRemoteRead | mr.AccessRemoteAtomic | mr.AccessLocalWrite
+	all := mr.AccessRemoteWrite | mr.AccessRemoteRead | mr.AccessRemoteAtomic | mr.AccessLocalWrite |
+		mr.AccessFlushGlobal | mr.AccessFlushPersistent
 	up := func(e, peer *soakEnd, rq, sq uint32) {
 		steps := []struct {
 			a qp.Attr
@@ -320,6 +392,9 @@ type soakDir struct {
 	expect            []recvExpect
 	recvSeq           uint64 // receive slots posted so far
 	faa, cas          uint64 // model of the responder's atomic words
+	aw                uint64 // the last ATOMIC_WRITE's value (0: none yet)
+	lastWrite         *soakFlush
+	flushes           int // persistent FLUSHes posted
 	bytes             uint64
 	last              time.Time // last completion (diagnostics)
 }
@@ -353,7 +428,7 @@ func (s *soakDir) post() error {
 	if s.rng.IntN(8) == 0 {
 		size = s.rng.IntN(64) // many tiny messages too
 	}
-	wr.Opcode = soakOpcode(s.rng.IntN(100))
+	wr.Opcode = soakOpcodePlacement(s.rng.IntN(100))
 	w.op = wr.Opcode
 	switch wr.Opcode {
 	case qp.WRSend, qp.WRSendWithImm, qp.WRRDMAWrite, qp.WRRDMAWriteWithImm:
@@ -368,6 +443,7 @@ func (s *soakDir) post() error {
 		if wr.Opcode == qp.WRRDMAWrite || wr.Opcode == qp.WRRDMAWriteWithImm {
 			wr.RemoteAddr, wr.RKey = s.dst.va(l.write+slot*l.slot), s.dst.mr.RKey()
 			e.op = cq.OpRecvRDMAWithImm
+			s.lastWrite = &soakFlush{id: s.id, seq: seq, off: l.write + slot*l.slot, n: size}
 		}
 		if wr.Opcode != qp.WRRDMAWrite {
 			s.expect = append(s.expect, e)
@@ -402,6 +478,34 @@ func (s *soakDir) post() error {
 			s.cas = wr.Swap
 		}
 		w.n = 8
+	case qp.WRAtomicWrite:
+		// the values grow: a duplicate executed again after a later one would take the word back
+		s.aw = s.id<<48 | (seq + 1)
+		binary.LittleEndian.PutUint64(s.src.buf[loc:], s.aw)
+		wr.SGL = []qp.SGE{s.src.sge(loc, 8)}
+		if s.rng.IntN(2) == 0 {
+			wr.Flags |= qp.SendInline
+		}
+		wr.RemoteAddr, wr.RKey = s.dst.va(l.soakAWWord()), s.dst.mr.RKey()
+		w.want, w.n = s.aw, 8
+	case qp.WRFlush:
+		// the range of the last WRITE posted before it, persistent and/or global; sometimes
+		// the whole region
+		wr.RKey = s.dst.mr.RKey()
+		wr.FlushType = []qp.FlushType{qp.FlushGlobal | qp.FlushPersistent, qp.FlushGlobal, qp.FlushPersistent}[s.rng.IntN(3)]
+		f := soakFlush{id: s.id, seq: 0, off: l.write, n: 0}
+		if s.lastWrite != nil {
+			f = *s.lastWrite
+		}
+		wr.RemoteAddr, wr.FlushLength = s.dst.va(f.off), uint32(f.n)
+		if s.rng.IntN(8) == 0 {
+			wr.FlushLevel, f.whole = qp.FlushMR, true
+		}
+		if wr.FlushType&qp.FlushPersistent != 0 {
+			s.dst.pers.push(f)
+			s.flushes++
+		}
+		w.n = f.n
 	}
 	if _, err := s.src.qp.PostSend([]qp.SendWR{wr}); err != nil {
 		return fmt.Errorf("dir %d: PostSend %d: %w", s.id, seq, err)
@@ -456,6 +560,14 @@ func (s *soakDir) onSend(wc *cq.WC) error {
 			return fmt.Errorf("dir %d: %v %d returned %#x, want %#x (executed twice, never, or out of order)",
 				s.id, w.op, w.seq, got, w.want)
 		}
+	case qp.WRAtomicWrite:
+		// later ATOMIC_WRITEs may have landed already (the responder runs ahead of the
+		// completions), never an earlier one after this
+		got := binary.LittleEndian.Uint64(soakWord(s.dst.buf[s.dst.l.soakAWWord():]))
+		if got>>48 != s.id || got < w.want || got > s.aw {
+			return fmt.Errorf("dir %d: ATOMIC_WRITE %d: word %#x, want between %#x and %#x (a duplicate executed again, or lost)",
+				s.id, w.seq, got, w.want, s.aw)
+		}
 	}
 	s.bytes += uint64(w.n)
 	s.completed++
@@ -490,6 +602,10 @@ func (s *soakDir) onRecv(wc *cq.WC) error {
 
 func wcOp(op qp.WROpcode) cq.Opcode {
 	switch op {
+	case qp.WRAtomicWrite:
+		return cq.OpAtomicWrite
+	case qp.WRFlush:
+		return cq.OpFlush
 	case qp.WRRDMAWrite, qp.WRRDMAWriteWithImm:
 		return cq.OpRDMAWrite
 	case qp.WRRDMARead:
@@ -650,6 +766,18 @@ func runSoak(t *testing.T, c soakConfig) soakResult {
 		if got := binary.LittleEndian.Uint64(d.dst.buf[lay.atomic+8:]); got != d.cas {
 			t.Errorf("dir %d: CMP_SWP word %#x, want %#x", d.id, got, d.cas)
 		}
+		if got := binary.LittleEndian.Uint64(soakWord(d.dst.buf[lay.soakAWWord():])); got != d.aw {
+			t.Errorf("dir %d: ATOMIC_WRITE word %#x, want the last one's %#x", d.id, got, d.aw)
+		}
+		p := &d.dst.pers
+		p.mu.Lock()
+		if p.err != nil {
+			t.Error(p.err)
+		}
+		if p.done != d.flushes || len(p.expect) != 0 {
+			t.Errorf("dir %d: %d persistent FLUSHes ran, %d posted", d.id, p.done, d.flushes)
+		}
+		p.mu.Unlock()
 		if st := d.src.qp.State(); st != qp.StateRTS {
 			t.Errorf("dir %d: QP state %v", d.id, st)
 		}
@@ -668,9 +796,37 @@ func runSoak(t *testing.T, c soakConfig) soakResult {
 	return res
 }
 
+// soakOpcodePlacement is TestSoak's mix: soakOpcode's, with 5% of RDMA ATOMIC_WRITE and 5% of
+// FLUSH taken from READ's and the atomics' shares: SEND 22%, SEND_WITH_IMM 8%, WRITE 22%,
+// WRITE_WITH_IMM 8%, READ 16%, FETCH_ADD 7%, CMP_SWP 7%, ATOMIC_WRITE 5%, FLUSH 5%.
+func soakOpcodePlacement(r int) qp.WROpcode {
+	switch {
+	case r < 60:
+		return soakOpcode(r)
+	case r < 76:
+		return qp.WRRDMARead
+	case r < 83:
+		return qp.WRAtomicFetchAndAdd
+	case r < 90:
+		return qp.WRAtomicCmpAndSwp
+	case r < 95:
+		return qp.WRAtomicWrite
+	default:
+		return qp.WRFlush
+	}
+}
+
+// soakWord returns the 8 bytes of b as read by one atomic load: the responder stores its
+// ATOMIC_WRITE word with one while a direction checks it.
+func soakWord(b []byte) []byte {
+	var w [8]byte
+	binary.NativeEndian.PutUint64(w[:], atomic.LoadUint64((*uint64)(unsafe.Pointer(&b[0]))))
+	return w[:]
+}
+
 // soakOpcode is the soaks' operation mix for a percentile r in [0, 100): SEND 22%,
 // SEND_WITH_IMM 8%, WRITE 22%, WRITE_WITH_IMM 8%, READ 20%, FETCH_ADD 10%, CMP_SWP 10%
-// (TestSoak and the two-process soak draw from the same mix).
+// (the two-process soak's; TestSoak adds the memory placement operations, soakOpcodePlacement).
 func soakOpcode(r int) qp.WROpcode {
 	switch {
 	case r < 22:

@@ -39,7 +39,9 @@ type WROpcode = qp.WROpcode
 const (
 	WRAtomicCmpAndSwp   = qp.WRAtomicCmpAndSwp
 	WRAtomicFetchAndAdd = qp.WRAtomicFetchAndAdd
+	WRAtomicWrite       = qp.WRAtomicWrite
 	WRBindMW            = qp.WRBindMW
+	WRFlush             = qp.WRFlush
 	WRLocalInv          = qp.WRLocalInv
 	WRRDMARead          = qp.WRRDMARead
 	WRRDMAWrite         = qp.WRRDMAWrite
@@ -62,6 +64,24 @@ const (
 
 // BindInfo is qp.BindInfo: the memory-window bind of a WRBindMW work request (ibv_mw_bind_info).
 type BindInfo = qp.BindInfo
+
+// FlushType is qp.FlushType: the placement type of a WRFlush (ibv_placement_type).
+type FlushType = qp.FlushType
+
+// The FlushType values (qp).
+const (
+	FlushGlobal     = qp.FlushGlobal
+	FlushPersistent = qp.FlushPersistent
+)
+
+// FlushLevel is qp.FlushLevel: the selectivity level of a WRFlush (ibv_selectivity_level).
+type FlushLevel = qp.FlushLevel
+
+// The FlushLevel values (qp).
+const (
+	FlushMR    = qp.FlushMR
+	FlushRange = qp.FlushRange
+)
 
 // Queue pairs (ibv_qp_attr, ibv_qp_cap, ibv_ah_attr).
 
@@ -190,7 +210,10 @@ const (
 	DevCapBadPKeyCntr     = qp.DevCapBadPKeyCntr
 	DevCapBadQKeyCntr     = qp.DevCapBadQKeyCntr
 	DevCapChangePhyPort   = qp.DevCapChangePhyPort
+	DevCapAtomicWrite     = qp.DevCapAtomicWrite
 	DevCapCurrQPStateMod  = qp.DevCapCurrQPStateMod
+	DevCapFlushGlobal     = qp.DevCapFlushGlobal
+	DevCapFlushPersistent = qp.DevCapFlushPersistent
 	DevCapMemMgtExt       = qp.DevCapMemMgtExt
 	DevCapMemWindow       = qp.DevCapMemWindow
 	DevCapMemWindowType2A = qp.DevCapMemWindowType2A
@@ -268,12 +291,14 @@ type Access = mr.Access
 
 // The Access values (mr).
 const (
-	AccessLocalWrite   = mr.AccessLocalWrite
-	AccessMWBind       = mr.AccessMWBind
-	AccessRemoteAtomic = mr.AccessRemoteAtomic
-	AccessRemoteRead   = mr.AccessRemoteRead
-	AccessRemoteWrite  = mr.AccessRemoteWrite
-	AccessZeroBased    = mr.AccessZeroBased
+	AccessFlushGlobal     = mr.AccessFlushGlobal
+	AccessFlushPersistent = mr.AccessFlushPersistent
+	AccessLocalWrite      = mr.AccessLocalWrite
+	AccessMWBind          = mr.AccessMWBind
+	AccessRemoteAtomic    = mr.AccessRemoteAtomic
+	AccessRemoteRead      = mr.AccessRemoteRead
+	AccessRemoteWrite     = mr.AccessRemoteWrite
+	AccessZeroBased       = mr.AccessZeroBased
 )
 
 // Completions (ibv_cq, ibv_wc).
@@ -318,9 +343,11 @@ type WCOpcode = cq.Opcode
 
 // The WCOpcode values (cq).
 const (
+	OpAtomicWrite     = cq.OpAtomicWrite
 	OpBindMW          = cq.OpBindMW
 	OpCompSwap        = cq.OpCompSwap
 	OpFetchAdd        = cq.OpFetchAdd
+	OpFlush           = cq.OpFlush
 	OpLocalInv        = cq.OpLocalInv
 	OpRDMARead        = cq.OpRDMARead
 	OpRDMAWrite       = cq.OpRDMAWrite

@@ -483,10 +483,15 @@ struct sr_send_wr {
 	uint32_t remote_qpn;  /* UD */
 	uint32_t remote_qkey; /* UD */
 	uint32_t has_ah;      /* UD: 1 = ah is the destination */
-	uint64_t compare_add;
-	uint64_t swap;
+	uint64_t compare_add; /* IBV_WR_FLUSH: the range's length (ibv_wr_flush's len) */
+	uint64_t swap;        /* IBV_WR_FLUSH: type | level << SR_FLUSH_LEVEL_SHIFT */
 	struct sr_ah_attr ah; /* UD: the address handle's attributes, by value */
 };
+
+/* sr_send_wr.swap of an IBV_WR_FLUSH: the placement type (ibv_placement_type) in bits 7..0, the
+ * selectivity level (ibv_selectivity_level) in bits 15..8. An IBV_WR_ATOMIC_WRITE's 8 bytes are
+ * its data: one 8-byte sr_sge, or 8 bytes of inline data (ibv_wr_atomic_write's copy). */
+#define SR_FLUSH_LEVEL_SHIFT 8u
 
 struct sr_recv_wr {
 	uint64_t wr_id;

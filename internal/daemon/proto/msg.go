@@ -294,6 +294,7 @@ func FromBody(b ErrorBody) error {
 //	SendWR:        wrid u64, opcode u8, nsge u8, sgidx u8, hop u8, flags u32, imm u32, invrkey u32,
 //	               raddr u64, rkey u32, rqpn u32, rqkey u32, tc u8, sl u8, hasAH u8, _ u8,
 //	               compareadd u64, swap u64, flowlabel u32, dgid [16]byte  = 84 bytes, then nsge x SGE
+//	               (IBV_WR_FLUSH: compareadd = the range length, swap = placement type | level << 8)
 //	SGE:           addr u64, length u32, lkey u32 = 16 bytes
 //	post recv:     [op][h u32][n u32] then n x (wrid u64, nsge u32) + nsge x SGE
 const (
@@ -338,8 +339,12 @@ func AppendPostSend(dst []byte, op Op, h Handle, wrs []qp.SendWR) ([]byte, error
 		dst = le.AppendUint32(dst, w.RemoteQPN)
 		dst = le.AppendUint32(dst, w.RemoteQKey)
 		dst = append(dst, tc, sl, hasAH, 0)
-		dst = le.AppendUint64(dst, w.CompareAdd)
-		dst = le.AppendUint64(dst, w.Swap)
+		ca, sw := w.CompareAdd, w.Swap
+		if w.Opcode == qp.WRFlush {
+			ca, sw = uint64(w.FlushLength), uint64(w.FlushType)|uint64(w.FlushLevel)<<8
+		}
+		dst = le.AppendUint64(dst, ca)
+		dst = le.AppendUint64(dst, sw)
 		dst = le.AppendUint32(dst, fl)
 		dst = append(dst, dgid[:]...)
 		dst = appendSGL(dst, w.SGL)
@@ -441,6 +446,10 @@ func (d *SendDecoder) Decode(b []byte, n int) ([]qp.SendWR, error) {
 		}
 		if w.Opcode == qp.WRBindMW {
 			return nil, ErrUnsupported
+		}
+		if w.Opcode == qp.WRFlush {
+			w.FlushLength, w.FlushType, w.FlushLevel = uint32(w.CompareAdd), qp.FlushType(w.Swap), qp.FlushLevel(w.Swap>>8)
+			w.CompareAdd, w.Swap = 0, 0
 		}
 		if p[46] != 0 {
 			ah := &ahs[i]

@@ -17,13 +17,16 @@ func TestPostSendRoundTrip(t *testing.T) {
 			SGL: []qp.SGE{{Addr: 1, Length: 2, LKey: 3}, {Addr: 4, Length: 5, LKey: 6}}},
 		{WRID: 2, Opcode: qp.WRSend, AH: ah, RemoteQPN: 0x11, RemoteQKey: 0x1234},
 		{WRID: 3, Opcode: qp.WRAtomicCmpAndSwp, CompareAdd: 5, Swap: 6, SGL: []qp.SGE{{Addr: 8, Length: 8, LKey: 1}}},
+		{WRID: 4, Opcode: qp.WRFlush, RemoteAddr: 0x2000, RKey: 10, FlushLength: 0xfedcba98, FlushType: qp.FlushPersistent | qp.FlushGlobal,
+			FlushLevel: qp.FlushMR},
+		{WRID: 5, Opcode: qp.WRAtomicWrite, RemoteAddr: 0x3008, RKey: 11, SGL: []qp.SGE{{Addr: 16, Length: 8, LKey: 1}}},
 	}
 	b, err := AppendPostSend(nil, OpPostSend, 42, in)
 	if err != nil {
 		t.Fatal(err)
 	}
 	h, n, rest, err := PostHeader(b)
-	if err != nil || h != 42 || n != 3 {
+	if err != nil || h != 42 || n != len(in) {
 		t.Fatalf("header %d %d %v", h, n, err)
 	}
 	var d SendDecoder
@@ -35,7 +38,8 @@ func TestPostSendRoundTrip(t *testing.T) {
 		w, g := in[i], out[i]
 		if g.WRID != w.WRID || g.Opcode != w.Opcode || g.Flags != w.Flags || g.Imm != w.Imm || g.RemoteAddr != w.RemoteAddr ||
 			g.RKey != w.RKey || g.CompareAdd != w.CompareAdd || g.Swap != w.Swap || g.RemoteQPN != w.RemoteQPN ||
-			g.RemoteQKey != w.RemoteQKey || len(g.SGL) != len(w.SGL) {
+			g.RemoteQKey != w.RemoteQKey || len(g.SGL) != len(w.SGL) || g.FlushLength != w.FlushLength ||
+			g.FlushType != w.FlushType || g.FlushLevel != w.FlushLevel {
 			t.Fatalf("WR %d: %+v, want %+v", i, g, w)
 		}
 		for j := range w.SGL {

@@ -508,6 +508,10 @@ type SendWR struct {
 	AH             AHAttr `c:"ah"`
 }
 
+// FlushLevelShift places an IBV_WR_FLUSH's selectivity level in SendWR.Swap (bits 15..8; the
+// placement type is bits 7..0; SendWR.CompareAdd is the range's length).
+const FlushLevelShift = 8
+
 // RecvWR is sr_recv_wr.
 type RecvWR struct {
 	WRID   uint64 `c:"wr_id"`
