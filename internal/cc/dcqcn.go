@@ -100,6 +100,7 @@ func (r *RP) OnCNP(now time.Time) bool {
 	if first {
 		start := mbps(r.p.RateToSetOnFirstCNP)
 		if start == 0 {
+			r.meter.sample(now)
 			start = r.meter.rate(now)
 		}
 		if start == 0 || start > r.max {
@@ -142,10 +143,10 @@ func (r *RP) OnCNP(now time.Time) bool {
 	return true
 }
 
-// OnSent accounts n bytes sent at now: the byte counter of the rate increase, and the rate
-// measurement a first CNP starts from.
-func (r *RP) OnSent(now time.Time, n int) {
-	r.meter.add(now, n)
+// OnSent accounts n bytes sent: the byte counter of the rate increase, and the rate
+// measurement a first CNP starts from (which Sample times; no clock is needed per packet).
+func (r *RP) OnSent(n int) {
+	r.meter.bytes += uint64(n)
 	if !r.limited || r.p.ByteReset == 0 {
 		return
 	}
@@ -157,6 +158,11 @@ func (r *RP) OnSent(now time.Time, n int) {
 		r.increase()
 	}
 }
+
+// Sample gives the rate measurement the time: the caller calls it whenever it has read its clock
+// anyway (a received ACK, a pacing decision), at least every few milliseconds while the QP
+// sends.
+func (r *RP) Sample(now time.Time) { r.meter.sample(now) }
 
 // Advance applies the α updates and increase-timer expiries due by now.
 func (r *RP) Advance(now time.Time) {
@@ -219,12 +225,14 @@ func (r *RP) alphaPeriod() time.Duration {
 	return us(r.p.DCETCPRTT)
 }
 
-// meter measures a QP's sending rate over windows of meterWindow: the rate of the last full
-// window, or of the current one once it is long enough.
+// meter measures a QP's sending rate over windows of at least meterWindow, from a byte count
+// (bytes, counted per packet) and the times sample gives it: the rate of the last full window,
+// or of the current one once it is long enough.
 type meter struct {
-	start time.Time
-	bytes uint64
-	last  float64 // bit/s of the last full window
+	bytes uint64    // bytes sent, ever
+	start time.Time // the current window's start
+	at    uint64    // bytes at start
+	last  float64   // bit/s of the last full window
 }
 
 const (
@@ -232,20 +240,20 @@ const (
 	meterMin    = 100 * time.Microsecond
 )
 
-func (m *meter) add(now time.Time, n int) {
+func (m *meter) sample(now time.Time) {
 	if m.start.IsZero() {
-		m.start = now
+		m.start, m.at = now, m.bytes
+		return
 	}
 	if d := now.Sub(m.start); d >= meterWindow {
-		m.last = float64(m.bytes) * 8 / d.Seconds()
-		m.start, m.bytes = now, 0
+		m.last = float64(m.bytes-m.at) * 8 / d.Seconds()
+		m.start, m.at = now, m.bytes
 	}
-	m.bytes += uint64(n)
 }
 
 func (m *meter) rate(now time.Time) float64 {
 	if d := now.Sub(m.start); !m.start.IsZero() && d >= meterMin && (m.last == 0 || d >= meterWindow) {
-		return float64(m.bytes) * 8 / d.Seconds()
+		return float64(m.bytes-m.at) * 8 / d.Seconds()
 	}
 	return m.last
 }

@@ -34,7 +34,8 @@ func firstCut(t *testing.T, p Params, startMbps uint32, now time.Time) *RP {
 func TestRPStartsUnlimited(t *testing.T) {
 	r := newRP(Defaults())
 	for i := 0; i < 1000; i++ {
-		r.OnSent(at(time.Duration(i)*time.Microsecond), 4096)
+		r.OnSent(4096)
+		r.Sample(at(time.Duration(i) * time.Microsecond))
 		r.Advance(at(time.Duration(i) * time.Microsecond))
 	}
 	if r.Limited() || r.Rate() != 0 || r.Target() != 0 {
@@ -48,7 +49,8 @@ func TestRPFirstCNP(t *testing.T) {
 	r := newRP(Defaults())
 	// 1 Gbit/s: 125 000 bytes per ms, 1250 bytes every 10 µs, for 3 ms
 	for i := 0; i <= 300; i++ {
-		r.OnSent(at(time.Duration(i)*10*time.Microsecond), 1250)
+		r.Sample(at(time.Duration(i) * 10 * time.Microsecond))
+		r.OnSent(1250)
 	}
 	now := at(3 * time.Millisecond)
 	if !r.OnCNP(now) {
@@ -219,7 +221,7 @@ func TestRPIncreaseStages(t *testing.T) {
 	rt += 10e6
 	step("additive", rt)
 	for i := 0; i < 4; i++ { // BC 1..4
-		r.OnSent(at(301*time.Microsecond), 6400)
+		r.OnSent(6400)
 		ts, bs := r.Stages()
 		if min(ts, bs) > 3 {
 			rt += float64(min(ts, bs)-3) * 40e6
@@ -234,7 +236,7 @@ func TestRPIncreaseStages(t *testing.T) {
 	r.Advance(at(500 * time.Microsecond)) // T=5, BC=4: i = 1
 	rt += 40e6
 	step("hyper 2", rt)
-	r.OnSent(at(500*time.Microsecond), 6400) // BC=5: i = 2
+	r.OnSent(6400) // BC=5: i = 2
 	rt += 80e6
 	step("hyper 3", rt)
 	// a cut restarts the stages
@@ -260,7 +262,7 @@ func TestRPClampTarget(t *testing.T) {
 	p.DCETCPRTT = 1 << 17
 	p.InitialAlphaValue = 512
 	r := firstCut(t, p, 1000, t0)
-	r.OnSent(at(10*time.Microsecond), 640) // a byte stage only
+	r.OnSent(640) // a byte stage only
 	rc := r.Rate()
 	rt := r.Target()
 	r.OnCNP(at(20 * time.Microsecond))
@@ -287,7 +289,7 @@ func TestRPClampTarget(t *testing.T) {
 	}
 	p.ClampTgtRate = true
 	r = firstCut(t, p, 1000, t0)
-	r.OnSent(at(10*time.Microsecond), 640)
+	r.OnSent(640)
 	rc = r.Rate()
 	r.OnCNP(at(20 * time.Microsecond))
 	if !near(r.Target(), rc) {
@@ -328,7 +330,8 @@ func TestRPNoAlloc(t *testing.T) {
 	now := t0
 	n := testing.AllocsPerRun(1000, func() {
 		now = now.Add(3 * time.Microsecond)
-		r.OnSent(now, 1024)
+		r.OnSent(1024)
+		r.Sample(now)
 		r.Advance(now)
 		if now.Nanosecond()%7 == 0 {
 			r.OnCNP(now)

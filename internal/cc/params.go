@@ -18,6 +18,10 @@ type Params struct {
 	Enabled bool
 	// NPEnabled turns the notification point on: a CE-marked packet makes the QP send a CNP.
 	NPEnabled bool
+	// ECN makes the QP's data packets ECN-capable, ECT(0) in the IP header's ECN field (IBTA
+	// A17.9.1), so an AQM marks them instead of dropping them. ("ecn", softroce's; a ConnectX
+	// sets ECT on the priorities with DCQCN.)
+	ECN bool
 
 	// rp_clamp_tgt_rate: on every CNP the target rate becomes the current rate.
 	ClampTgtRate bool
@@ -71,6 +75,7 @@ func Defaults() Params {
 	return Params{
 		Enabled:                 true,
 		NPEnabled:               true,
+		ECN:                     true,
 		ClampTgtRate:            false,
 		ClampTgtRateATI:         true,
 		TimeReset:               300,
@@ -106,6 +111,7 @@ type knob struct {
 var knobs = []knob{
 	{name: "cc", unit: "0/1", max: 1, flag: func(p *Params) *bool { return &p.Enabled }},
 	{name: "np", unit: "0/1", max: 1, flag: func(p *Params) *bool { return &p.NPEnabled }},
+	{name: "ecn", unit: "0/1", max: 1, flag: func(p *Params) *bool { return &p.ECN }},
 	{name: "rp_clamp_tgt_rate", unit: "0/1", max: 1, flag: func(p *Params) *bool { return &p.ClampTgtRate }},
 	{name: "rp_clamp_tgt_rate_ati", unit: "0/1", max: 1, flag: func(p *Params) *bool { return &p.ClampTgtRateATI }},
 	{name: "rp_time_reset", unit: "us", min: 1, max: 131071, field: func(p *Params) *uint32 { return &p.TimeReset }},
@@ -197,7 +203,8 @@ func (p *Params) Set(name string, v uint32) error {
 }
 
 // Parse applies a comma-separated list of name=value settings ("rp_ai_rate=1,rp_time_reset=
-// 1000"); "on" and "off" alone turn the reaction and notification points both on or off.
+// 1000"); "on" and "off" alone turn the reaction point, the notification point and ECT marking
+// all on or all off.
 func (p *Params) Parse(s string) error {
 	for _, f := range strings.Split(s, ",") {
 		f = strings.TrimSpace(f)
@@ -205,7 +212,7 @@ func (p *Params) Parse(s string) error {
 		case "":
 			continue
 		case "on", "off":
-			p.Enabled, p.NPEnabled = f == "on", f == "on"
+			p.Enabled, p.NPEnabled, p.ECN = f == "on", f == "on", f == "on"
 			continue
 		}
 		name, val, ok := strings.Cut(f, "=")

@@ -11,7 +11,7 @@ import (
 func TestDefaults(t *testing.T) {
 	p := Defaults()
 	want := map[string]uint32{
-		"cc": 1, "np": 1,
+		"cc": 1, "np": 1, "ecn": 1,
 		"rp_clamp_tgt_rate": 0, "rp_clamp_tgt_rate_ati": 1, "rp_time_reset": 300, "rp_byte_reset": 32767,
 		"rp_threshold": 1, "rp_ai_rate": 5, "rp_max_rate": 0, "rp_hai_rate": 50, "rp_min_dec_fac": 50,
 		"rp_min_rate": 1, "rp_rate_to_set_on_first_cnp": 0, "rp_dce_tcp_g": 1019, "rp_dce_tcp_rtt": 1,
@@ -47,7 +47,7 @@ func TestParamsSetParse(t *testing.T) {
 	if err := p.Parse("rp_ai_rate=1, rp_time_reset=1000,np_min_time_between_cnps=0x10,off"); err != nil {
 		t.Fatal(err)
 	}
-	if p.AIRate != 1 || p.TimeReset != 1000 || p.MinTimeBetweenCNPs != 16 || p.Enabled || p.NPEnabled {
+	if p.AIRate != 1 || p.TimeReset != 1000 || p.MinTimeBetweenCNPs != 16 || p.Enabled || p.NPEnabled || p.ECN {
 		t.Fatalf("%+v", p)
 	}
 	for _, bad := range []string{"rp_ai_rate", "rp_ai_rate=x", "rp_ai_rate=-1", "x=1", "rp_ai_rate=99999999999"} {

@@ -175,7 +175,7 @@ type Attr struct {
 	MaxRDAtomic     uint8  // AttrMaxQPRDAtomic: outstanding RDMA READ/atomic as initiator
 	MaxDestRDAtomic uint8  // AttrMaxDestRDAtomic: responder resources
 	Cap             Cap    // AttrCap
-	RateLimit       uint32 // AttrRateLimit, kbps (not supported)
+	RateLimit       uint32 // AttrRateLimit: kbit/s, 0 = none (ibv_modify_qp_rate_limit; congestion.go)
 }
 
 // Cap is a QP's queue capacity (ibv_qp_cap).

@@ -3,6 +3,7 @@ package qp
 import (
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/pkg/bth"
@@ -58,6 +59,10 @@ func drain(from, scratch *ringOut, q *QP, now func() bth.PSN) int {
 		p, err := bth.Parse(d.Buf)
 		if err != nil {
 			panic(err)
+		}
+		if p.Info.Kind == bth.KindCNP {
+			q.ReceiveCNP(q.cfg.Clock.Now(), d.Src)
+			continue
 		}
 		q.Receive(q.cfg.Clock.Now(), &p, d.Src, d.Dst)
 	}
@@ -171,5 +176,50 @@ func BenchmarkReadStream(b *testing.B) {
 				writeStream(bb, a, r, ra, rb, sa, sb, wr, wcs)
 			}
 		})
+	}
+}
+
+// TestPacedZeroAlloc: a paced requester (a rate limit, and DCQCN after a CNP) and a notification
+// point answering CE marks allocate nothing either: the pacer's pauses, the timer that ends
+// them, the CNPs.
+func TestPacedZeroAlloc(t *testing.T) {
+	a, b, ra, rb := benchPair(t, MTU1024)
+	sa, sb := newRingOut(512), newRingOut(512)
+	clk := a.qp.cfg.Clock.(*ManualClock)
+	if err := a.qp.Modify(&Attr{RateLimit: 10_000_000}, AttrRateLimit); err != nil { // 10 Gbit/s
+		t.Fatal(err)
+	}
+	a.qp.ReceiveCNP(clk.Now(), netip.AddrPortFrom(b.addr, 0xC000))
+	if !a.qp.CongestionState().Limited {
+		t.Fatal("no DCQCN limit after a CNP")
+	}
+	wr := []SendWR{{WRID: 1, Opcode: WRRDMAWrite, SGL: []SGE{a.sge(0, 64<<10)}, Flags: SendSignaled,
+		RemoteAddr: b.va(dstOff), RKey: b.mr.RKey()}}
+	wcs := make([]cq.WC, 4)
+	paced := func() {
+		if _, err := a.qp.PostSend(wr); err != nil {
+			t.Fatal(err)
+		}
+		for a.scq.Poll(wcs) == 0 {
+			for i := 0; i < ra.n; i++ {
+				ra.meta[i].TClass |= link.ECNCE // every request marked: CNPs back, at most one per interval
+			}
+			if ra.n > 0 && b.qp.NoteCE(clk.Now(), ra.meta[0].Src) {
+				b.qp.FlushDeferred()
+			}
+			if drain(ra, sa, b.qp, nil)+drain(rb, sb, a.qp, nil) == 0 {
+				clk.Advance(20 * time.Microsecond)
+			}
+		}
+		if wcs[0].Status != cq.StatusSuccess {
+			t.Fatalf("completion %+v", wcs[0])
+		}
+	}
+	paced()
+	if n := testing.AllocsPerRun(20, paced); n != 0 {
+		t.Fatalf("%.1f allocations per paced 64 KiB WRITE", n)
+	}
+	if b.cnt.NPCNPSent.Load() == 0 || a.cnt.RPCNPHandled.Load() < 2 {
+		t.Fatalf("CNPs sent %d, handled %d", b.cnt.NPCNPSent.Load(), a.cnt.RPCNPHandled.Load())
 	}
 }

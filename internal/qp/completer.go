@@ -34,6 +34,7 @@ func (q *QP) complete(now time.Time, p *bth.Packet) {
 		return
 	}
 	before := q.comp.psn
+	q.cc.rp.Sample(now) // the rate a first CNP starts from (congestion.go)
 	switch p.Info.Kind {
 	case bth.KindAck:
 		q.onAck(now, p, psn)
@@ -323,6 +324,7 @@ func (q *QP) readGap(now time.Time, w *sendWQE) {
 	q.tmr.lastProgress = now
 	psn := q.req.psn
 	w.readReq = 0
+	q.cc.run++ // outside a requester run: the pacer's accounting reads the clock afresh
 	q.sendRead(w)
 	q.req.psn = psn
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softroce/softroce/internal/cc"
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/event"
 	"github.com/softroce/softroce/internal/mr"
@@ -98,6 +99,8 @@ type sideOpts struct {
 	out func(*chanOut) Output
 	// events receives the QP's affiliated events.
 	events event.Sink
+	// cc is the QP's congestion control (nil: the defaults).
+	cc *cc.Params
 }
 
 func (n *net) newSide(addr string, o sideOpts) *side {
@@ -146,8 +149,9 @@ func (n *net) newSide(addr string, o sideOpts) *side {
 	s.qp, err = New(Config{
 		Type: o.typ, QPN: o.qpn, PD: s.pd, MRs: s.tbl, SendCQ: s.scq, RecvCQ: s.rcq, SRQ: o.srq,
 		Cap: o.cap, Out: out, Clock: n.clk, Events: o.events, Counters: &s.cnt, MTU: o.mtu,
-		Resolve:  func(ah *AHAttr) (Path, error) { return Path{Src: local, Dst: ah.DGID}, nil },
+		Resolve:  func(ah *AHAttr) (Path, error) { return Path{Src: local, Dst: ah.DGID, TClass: ah.TrafficClass}, nil },
 		Schedule: n.schedule,
+		CC:       o.cc,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -168,6 +172,8 @@ type connOpts struct {
 	accessA, accessB mr.Access
 	// noTimer sets timeout 0 (no ACK timer); timeout 0 above means 14.
 	noTimer bool
+	// tclass is both address vectors' traffic class.
+	tclass uint8
 }
 
 func (n *net) connect(a, b *side, o connOpts) {
@@ -213,7 +219,7 @@ func (n *net) bringUp(s, peer *side, acc mr.Access, rq, sq uint32, o connOpts) {
 	if q.Type() == TypeRC {
 		m |= AttrMaxDestRDAtomic | AttrMinRNRTimer
 	}
-	must(&Attr{State: StateRTR, AH: AHAttr{DGID: peer.addr, Port: 1}, PathMTU: o.mtu,
+	must(&Attr{State: StateRTR, AH: AHAttr{DGID: peer.addr, Port: 1, TrafficClass: o.tclass}, PathMTU: o.mtu,
 		DestQPN: peer.qp.Num(), RQPSN: rq, MaxDestRDAtomic: dest, MinRNRTimer: o.minRNR}, m)
 	m = AttrState | AttrSQPSN
 	if q.Type() == TypeRC {
@@ -278,6 +284,13 @@ func (n *net) deliver(from *side, d *link.Datagram) {
 		return
 	}
 	n.delivered++
+	if p.Info.Kind == bth.KindCNP { // as the device dispatches (pkg/roce handleChecked)
+		to.qp.ReceiveCNP(n.clk.Now(), d.Src)
+		return
+	}
+	if d.CE() && to.qp.NoteCE(n.clk.Now(), d.Src) {
+		to.qp.FlushReceived(n.clk.Now())
+	}
 	to.qp.Receive(n.clk.Now(), &p, d.Src, d.Dst)
 }
 

@@ -32,10 +32,13 @@ func perType(rc, uc, ud, gsi AttrMask) [numTypes]AttrMask {
 	return a
 }
 
+// The rate limit (ibv_modify_qp_rate_limit) may be set on the way to RTS and in RTS on RC, UC
+// and UD QPs: the kernel's table has IB_QP_RATE_LIMIT for raw packet QPs, whose place softroce's
+// QPs take for packet pacing (docs/congestion.md); QP1 is not paced.
 const (
-	optRTSRC  = AttrCurState | AttrAltPath | AttrAccessFlags | AttrMinRNRTimer | AttrPathMigState
-	optRTSUC  = AttrCurState | AttrAltPath | AttrAccessFlags | AttrPathMigState
-	optRTSUD  = AttrCurState | AttrQKey
+	optRTSRC  = AttrCurState | AttrAltPath | AttrAccessFlags | AttrMinRNRTimer | AttrPathMigState | AttrRateLimit
+	optRTSUC  = AttrCurState | AttrAltPath | AttrAccessFlags | AttrPathMigState | AttrRateLimit
+	optRTSUD  = AttrCurState | AttrQKey | AttrRateLimit
 	optRTSGSI = AttrCurState | AttrQKey
 )
 

@@ -15,9 +15,10 @@ type spec struct{ req, opt AttrMask }
 // of modify.go. Key: from, to; value per type. Absent types are illegal for that transition.
 func expectedTable() map[[2]State]map[Type]spec {
 	const (
-		rtsRC  = AttrCurState | AttrAltPath | AttrAccessFlags | AttrMinRNRTimer | AttrPathMigState
-		rtsUC  = AttrCurState | AttrAltPath | AttrAccessFlags | AttrPathMigState
-		rtsUD  = AttrCurState | AttrQKey
+		rtsRC  = AttrCurState | AttrAltPath | AttrAccessFlags | AttrMinRNRTimer | AttrPathMigState | AttrRateLimit
+		rtsUC  = AttrCurState | AttrAltPath | AttrAccessFlags | AttrPathMigState | AttrRateLimit
+		rtsUD  = AttrCurState | AttrQKey | AttrRateLimit
+		rtsGSI = AttrCurState | AttrQKey
 		sqdAll = AttrEnSQDAsyncNotify
 	)
 	all := func(s spec) map[Type]spec {
@@ -47,11 +48,11 @@ func expectedTable() map[[2]State]map[Type]spec {
 			TypeRC:  {req: AttrTimeout | AttrRetryCnt | AttrRNRRetry | AttrSQPSN | AttrMaxQPRDAtomic, opt: rtsRC},
 			TypeUC:  {req: AttrSQPSN, opt: rtsUC},
 			TypeUD:  {req: AttrSQPSN, opt: rtsUD},
-			TypeGSI: {req: AttrSQPSN, opt: rtsUD},
+			TypeGSI: {req: AttrSQPSN, opt: rtsGSI},
 		},
-		{StateRTS, StateRTS}: {TypeRC: {opt: rtsRC}, TypeUC: {opt: rtsUC}, TypeUD: {opt: rtsUD}, TypeGSI: {opt: rtsUD}},
+		{StateRTS, StateRTS}: {TypeRC: {opt: rtsRC}, TypeUC: {opt: rtsUC}, TypeUD: {opt: rtsUD}, TypeGSI: {opt: rtsGSI}},
 		{StateRTS, StateSQD}: all(spec{opt: sqdAll}),
-		{StateSQD, StateRTS}: {TypeRC: {opt: rtsRC}, TypeUC: {opt: rtsUC}, TypeUD: {opt: rtsUD}, TypeGSI: {opt: rtsUD}},
+		{StateSQD, StateRTS}: {TypeRC: {opt: rtsRC}, TypeUC: {opt: rtsUC}, TypeUD: {opt: rtsUD}, TypeGSI: {opt: rtsGSI}},
 		{StateSQD, StateSQD}: {
 			TypeRC: {opt: AttrPort | AttrAV | AttrTimeout | AttrRetryCnt | AttrRNRRetry | AttrMaxQPRDAtomic |
 				AttrMaxDestRDAtomic | AttrAltPath | AttrAccessFlags | AttrPKeyIndex | AttrMinRNRTimer | AttrPathMigState},

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/softroce/softroce/internal/cc"
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/event"
 	"github.com/softroce/softroce/internal/mr"
@@ -111,6 +112,12 @@ type Config struct {
 	// own goroutine until it reports no more work (readresp.go). nil: every response is
 	// built at once.
 	Schedule func(q *QP)
+	// CC holds the QP's congestion control parameters (congestion.go, docs/congestion.md; nil:
+	// cc.Defaults(), DCQCN, CNPs and ECT(0) on). The QP keeps a copy.
+	CC *cc.Params
+	// LineRate is the device's line rate in bit/s, DCQCN's maximum rate when rp_max_rate is 0
+	// (0: DefaultLineRate).
+	LineRate float64
 }
 
 // Engine tunables (rxe values: RXE_MAX_UNACKED_PSNS, RXE_MAX_PKT_PER_ACK).
@@ -192,6 +199,7 @@ type QP struct {
 	resp responder
 	comp completer
 	tmr  timers
+	cc   congestion
 
 	// output: the current burst (nil when idle; fastpath.go) and the
 	// Output's GSO run and pair interfaces (nil if it has none)
@@ -258,6 +266,7 @@ func New(c Config) (*QP, error) {
 	if q.runs != nil {
 		q.pairs, _ = c.Out.(link.PairSender)
 	}
+	q.initCC()
 	q.resetLocked()
 	q.tmr.t = c.Clock.AfterFunc(time.Hour, q.onTimerFire)
 	q.tmr.t.Stop()
@@ -426,7 +435,10 @@ func (q *QP) applyAttr(a *Attr, m AttrMask) {
 		}
 	}
 	if m&AttrRateLimit != 0 {
+		// ibv_modify_qp_rate_limit: kbit/s, 0 removes the limit (congestion.go)
 		t.RateLimit = a.RateLimit
+		q.cc.limit = float64(a.RateLimit) * 1000
+		q.ccRate()
 	}
 }
 
@@ -454,6 +466,7 @@ func (q *QP) resetLocked() {
 		q.tmr.t.Stop()
 	}
 	q.tmr = timers{t: q.tmr.t}
+	q.resetCC()
 	q.releaseTx()
 	q.mtu = uint32(q.attr.PathMTU.Bytes())
 	if q.mtu == 0 || q.typ.Datagram() {
@@ -763,6 +776,10 @@ type Counters struct {
 	// (an AF_XDP link on a veth or loopback sees the sender's whole GSO buffer) and
 	// were split back into their packets: softroce's own, "rcvd_gso_split".
 	RcvdGSOSplit atomic.Uint64
+	// Congestion control, under mlx5's names (docs/congestion.md): CE-marked RoCE packets
+	// received (np_ecn_marked_roce_packets), CNPs sent (np_cnp_sent), CNPs DCQCN acted on
+	// (rp_cnp_handled) and CNPs received but not acted on (rp_cnp_ignored).
+	NPECNMarked, NPCNPSent, RPCNPHandled, RPCNPIgnored atomic.Uint64
 }
 
 // Stats is a snapshot of Counters.
@@ -776,6 +793,8 @@ type Stats struct {
 	LinkDowned, RcvdICRCSolved, RcvdDropped uint64
 	RetransPkts                             uint64
 	RcvdGSOSplit                            uint64
+	NPECNMarked, NPCNPSent                  uint64
+	RPCNPHandled, RPCNPIgnored              uint64
 	// Link counters, which the device fills from its UDP link (roce.Device.Stats;
 	// Counters.Snapshot leaves them 0): send-only entropy-port sockets open
 	// (IBTA A17.3.2), entropy ports that fell back to the main socket (port
@@ -796,11 +815,15 @@ func (c *Counters) Snapshot() Stats {
 		SendErr: c.SendErr.Load(), RDMASends: c.RDMASends.Load(), RDMARecvs: c.RDMARecvs.Load(),
 		LinkDowned: c.LinkDowned.Load(), RcvdICRCSolved: c.RcvdICRCSolved.Load(), RcvdDropped: c.RcvdDropped.Load(),
 		RetransPkts: c.RetransPkts.Load(), RcvdGSOSplit: c.RcvdGSOSplit.Load(),
+		NPECNMarked: c.NPECNMarked.Load(), NPCNPSent: c.NPCNPSent.Load(),
+		RPCNPHandled: c.RPCNPHandled.Load(), RPCNPIgnored: c.RPCNPIgnored.Load(),
 	}
 }
 
 // Map returns the snapshot keyed by rxe's counter names (plus
-// softroce's own: rcvd_icrc_solved, rcvd_dropped, retransmitted_pkts, rcvd_gso_split).
+// softroce's own: rcvd_icrc_solved, rcvd_dropped, retransmitted_pkts, rcvd_gso_split; and
+// mlx5's congestion control ones: np_ecn_marked_roce_packets, np_cnp_sent, rp_cnp_handled,
+// rp_cnp_ignored).
 func (s Stats) Map() map[string]uint64 {
 	return map[string]uint64{
 		"sent_pkts": s.SentPkts, "rcvd_pkts": s.RcvdPkts,
@@ -811,6 +834,8 @@ func (s Stats) Map() map[string]uint64 {
 		"send_err": s.SendErr, "rdma_sends": s.RDMASends, "rdma_recvs": s.RDMARecvs,
 		"link_downed": s.LinkDowned, "rcvd_icrc_solved": s.RcvdICRCSolved, "rcvd_dropped": s.RcvdDropped,
 		"retransmitted_pkts": s.RetransPkts, "rcvd_gso_split": s.RcvdGSOSplit,
+		"np_ecn_marked_roce_packets": s.NPECNMarked, "np_cnp_sent": s.NPCNPSent,
+		"rp_cnp_handled": s.RPCNPHandled, "rp_cnp_ignored": s.RPCNPIgnored,
 		"link_entropy_sockets": s.LinkEntropySockets, "link_entropy_fallbacks": s.LinkEntropyFallbacks,
 		"link_offload_fallbacks": s.LinkOffloadFallbacks,
 	}

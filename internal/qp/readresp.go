@@ -116,7 +116,9 @@ func (q *QP) readStep(max int) {
 			copy(buf[h:], b)
 			done()
 		}
-		q.finish(buf, op, false, false, q.attr.DestQPN, g.psn.Add(i), h, int(sz), &q.path)
+		// not ECN-capable: READ responses are not paced (congestion.go), a CE mark would have
+		// nobody to slow down
+		q.finishTC(buf, op, false, false, q.attr.DestQPN, g.psn.Add(i), h, int(sz), &q.path, q.path.TClass)
 		g.i++
 		if g.i == g.n {
 			*g = readGen{}

@@ -108,6 +108,7 @@ func (q *QP) transportBase() bth.Opcode {
 // 10.8.3.3 fence, 9.4.4 initiator depth). The caller flushes and arms the
 // timer.
 func (q *QP) runRequester() {
+	q.cc.run++ // a new run: the pacer reads the clock again (congestion.go)
 	for q.sqReq != q.sqTail {
 		if q.state != StateRTS && q.state != StateSQD {
 			return
@@ -216,6 +217,9 @@ func (q *QP) transmit(w *sendWQE) bool {
 	case kindRead:
 		return q.sendRead(w)
 	case kindCmpSwap, kindFetchAdd:
+		if q.paceHold() {
+			return false
+		}
 		q.sendAtomic(w)
 		return true
 	case kindFlush, kindAtomicWrite:
@@ -238,6 +242,9 @@ func (q *QP) transmit(w *sendWQE) bool {
 // sendSegment builds packet w.nextPkt of a SEND or WRITE (IBTA 9.5:
 // FIRST/MIDDLE/LAST/ONLY; RETH on the first, ImmDt/IETH on the last).
 func (q *QP) sendSegment(w *sendWQE, psn bth.PSN) bool {
+	if q.paceHold() {
+		return false
+	}
 	idx := w.nextPkt
 	first, last := idx == 0, idx == w.npsn-1
 	off := idx * q.mtu
@@ -310,6 +317,10 @@ func (q *QP) sendSegment(w *sendWQE, psn bth.PSN) bool {
 	if q.typ.Datagram() {
 		dqpn, path = w.dqpn, &w.path
 	}
+	if q.paceSent(h+int(n)+(4-int(n)&3)&3+bth.ICRCSize, path) && q.typ == TypeRC { // with pad and ICRC
+		ackReq = true // paused after this packet: its ACK keeps the ACK timer from expiring
+		q.req.noAck = 0
+	}
 	q.finish(buf, opcode, se, ackReq, dqpn, psn, h, int(n), path)
 	q.sent(psn, psn)
 	return true
@@ -357,6 +368,9 @@ func (q *QP) sendRead(w *sendWQE) bool {
 	if skip < w.readReq {
 		return false // the chunk asked for is still arriving
 	}
+	if !w.sentAll && q.paceHold() { // (a READ asked again for a gap, readGap, is not held)
+		return false
+	}
 	end := min((skip/readChunk+1)*readChunk, w.npsn)
 	w.readDone = skip * q.mtu
 	psn := w.firstPSN.Add(skip)
@@ -368,6 +382,7 @@ func (q *QP) sendRead(w *sendWQE) bool {
 	})
 	h += bth.RETHSize
 	q.req.noAck = 0
+	q.paceSent(h+bth.ICRCSize, &q.path)
 	q.finish(buf, bth.OpRCReadRequest, false, true, q.attr.DestQPN, psn, h, 0, &q.path)
 	q.sent(psn, w.firstPSN.Add(end-1))
 	w.readReq = end
@@ -390,6 +405,7 @@ func (q *QP) sendAtomic(w *sendWQE) {
 	bth.AtomicETH(buf[h:]).Encode(&f)
 	h += bth.AtomicETHSize
 	q.req.noAck = 0
+	q.paceSent(h+bth.ICRCSize, &q.path)
 	q.finish(buf, opcode, false, true, q.attr.DestQPN, w.firstPSN, h, 0, &q.path)
 	q.sent(w.firstPSN, w.firstPSN)
 	q.req.psn = w.firstPSN.Add(1)
@@ -471,10 +487,16 @@ func (q *QP) entropy(dqpn uint32) uint16 {
 }
 
 // finish writes the BTH, the pad and the ICRC of the packet in buf whose
-// extension headers end at h and whose payload is n bytes, and queues it.
-// BTH per IBTA 9.2 (P_Key 0xFFFF, TVer 0); ICRC per IBTA A17.3.3 with the
-// IPv4 ID 0 a DF socket puts on the wire.
+// extension headers end at h and whose payload is n bytes, and queues it with
+// the path's traffic class, ECN-capable if the QP is (congestion.go). BTH per
+// IBTA 9.2 (P_Key 0xFFFF, TVer 0); ICRC per IBTA A17.3.3 with the IPv4 ID 0 a
+// DF socket puts on the wire.
 func (q *QP) finish(buf []byte, op bth.Opcode, se, ackReq bool, dqpn uint32, psn bth.PSN, h, n int, path *Path) {
+	q.finishTC(buf, op, se, ackReq, dqpn, psn, h, n, path, q.ecnTClass(path))
+}
+
+// finishTC is finish with the IP header's traffic class byte tclass.
+func (q *QP) finishTC(buf []byte, op bth.Opcode, se, ackReq bool, dqpn uint32, psn bth.PSN, h, n int, path *Path, tclass uint8) {
 	pad := (4 - n&3) & 3
 	end := h + n
 	for i := 0; i < pad; i++ {
@@ -492,12 +514,12 @@ func (q *QP) finish(buf []byte, op bth.Opcode, se, ackReq bool, dqpn uint32, psn
 	t := q.txSetFor()
 	src, dst := netip.AddrPortFrom(path.Src, sport), netip.AddrPortFrom(path.Dst, q.cfg.DstPort)
 	state := ph.state
-	if k := q.runIndex(t, end, src, dst, path.TClass); k > 0 {
+	if k := q.runIndex(t, end, src, dst, tclass); k > 0 {
 		// segment k of a GSO run carries IPv4 ID k (fastpath.go)
 		state = t.runICRCState(&ph.ep, end, k)
 	}
 	bth.SetICRC(pkt, bth.ICRCContinue(state, pkt))
-	t.batch = append(t.batch, link.Datagram{Buf: pkt, Src: src, Dst: dst, TClass: path.TClass})
+	t.batch = append(t.batch, link.Datagram{Buf: pkt, Src: src, Dst: dst, TClass: tclass})
 }
 
 // flush hands the pending batch to the Output.

@@ -83,6 +83,9 @@ func (q *QP) rearm(now time.Time, have bool) {
 		} else {
 			q.tmr.active = false
 		}
+		if q.cc.held && (!on || q.cc.paceAt.Before(dl)) {
+			dl, on = q.cc.paceAt, true // the pacer lets the requester go on (congestion.go)
+		}
 	}
 	// Lazy: a pending timer that fires no later than needed stays (nothing to wait for, or a
 	// later deadline); onTimerFire re-checks the state and re-arms for what is due then. A
@@ -120,6 +123,10 @@ func (q *QP) onTimerFire() {
 func (q *QP) onTimer(now time.Time) {
 	if q.state != StateRTS && q.state != StateSQD {
 		return
+	}
+	if q.cc.held && !now.Before(q.cc.paceAt) {
+		q.cc.held = false
+		q.runRequester()
 	}
 	if q.tmr.rnrWait {
 		if now.Before(q.tmr.rnrDeadline) {

@@ -108,6 +108,13 @@ type Options struct {
 	// makes (ACKs, READ responses, requests) leave at the next post or
 	// Poll on their QP (poll.go). Every link must be a link.PollReceiver.
 	Polled bool
+	// CC is the congestion control of the device's QPs (ECN, CNPs, DCQCN;
+	// docs/congestion.md); nil = DefaultCC(). A QP may have its own
+	// (QPInit.CC).
+	CC *CCParams
+	// LineRate is the device's line rate in bit/s, DCQCN's maximum rate
+	// (0 = 100 Gbit/s; OpenUDP reads an interface's speed).
+	LineRate float64
 }
 
 // Device is an open softroce device. Its methods are safe for concurrent use.
@@ -151,6 +158,9 @@ type Device struct {
 
 	// pl is the polled mode's receive state (Options.Polled; poll.go); nil otherwise.
 	pl *pollState
+	// cc is Options.CC (the QPs' default), line Options.LineRate
+	cc   CCParams
+	line float64
 	// dm is the device memory and the XDP write responder (devmem.go); nil without
 	dm *devMem
 }
@@ -194,6 +204,11 @@ func Open(o Options) (*Device, error) {
 	} else {
 		d.attr = qp.DefaultDeviceAttr()
 	}
+	d.cc = DefaultCC()
+	if o.CC != nil {
+		d.cc = *o.CC
+	}
+	d.line = o.LineRate
 	to := d.attr.TableOptions()
 	to.Rand = o.KeyRand
 	if d.dm = newDevMem(o.Link); d.dm != nil {
@@ -231,6 +246,19 @@ func Open(o Options) (*Device, error) {
 		go d.runSched(d.scheds[i])
 	}
 	return d, nil
+}
+
+// CCParams returns the device's congestion control parameters (Options.CC).
+func (d *Device) CCParams() CCParams { return d.cc }
+
+// ccFor returns the congestion control of a new QP: its own, else the device's.
+func (d *Device) ccFor(own *CCParams) *CCParams {
+	if own != nil {
+		c := *own
+		return &c
+	}
+	c := d.cc
+	return &c
 }
 
 // Name returns the device name.
@@ -413,6 +441,8 @@ type QPInit struct {
 	// QP.Refilled (the daemon's post ring, docs/daemon.md). Must not block.
 	// nil = none.
 	RecvRefill func(q *QP) bool
+	// CC is this QP's congestion control (nil = the device's, Options.CC).
+	CC *CCParams
 }
 
 // CreateQP creates a QP in RESET (ibv_create_qp). QP numbers are
@@ -465,6 +495,7 @@ func (d *Device) CreateQP(in QPInit) (*QP, error) {
 		Resolve: d.resolve, DstPort: d.port, Device: &d.attr, Counters: &d.cnt,
 		AtomicMu: &d.atomicMu, Events: d.sink, MTU: d.mtu, RecvRefill: refill,
 		Writes: d.writesFor(qpn), Schedule: d.scheds[qpn%uint32(len(d.scheds))].add,
+		CC: d.ccFor(in.CC), LineRate: d.line,
 	})
 	if err != nil {
 		return nil, err
@@ -717,6 +748,16 @@ func (d *Device) handleChecked(rx *rxState, dg *link.Datagram, verified bool) {
 		return
 	}
 	d.cnt.RcvdPkts.Add(1)
+	if p.Info.Kind == bth.KindCNP { // the reaction point (IBTA A17.9.3, docs/congestion.md)
+		q.ReceiveCNP(rx.now, src)
+		return
+	}
+	if dg.CE() { // the notification point: a CE-marked packet (A17.9.1)
+		d.cnt.NPECNMarked.Add(1)
+		if q.NoteCE(rx.now, src) {
+			rx.deferFlush(q.QP)
+		}
+	}
 	if qpn == 1 {
 		q.Receive(rx.now, p, src, dst) // QP1: the GSI polls its CQ right after (afterReceive)
 	} else if q.ReceiveDeferred(rx.now, p, src, dst) {

@@ -35,7 +35,7 @@ func (d *Device) handleSegments(rx *rxState, dg *link.Datagram, s int) {
 	id := dg.IPv4ID
 	for off := 0; off < n; off += s {
 		end := min(off+s, n)
-		rx.seg = link.Datagram{Buf: b[off:end:end], Src: dg.Src, Dst: dg.Dst, HasIPv4ID: true, IPv4ID: id}
+		rx.seg = link.Datagram{Buf: b[off:end:end], Src: dg.Src, Dst: dg.Dst, TClass: dg.TClass, HasIPv4ID: true, IPv4ID: id}
 		d.handleChecked(rx, &rx.seg, true)
 		id++
 	}

@@ -48,8 +48,15 @@ func (l *classLink) classes() string {
 // TestTrafficClassFromAH: an RC QP's packets carry its address vector's traffic class
 // (AHAttr.TrafficClass -> qp.Path.TClass -> link.Datagram.TClass, the IP TOS byte; IBTA
 // A17.4.5, rxe: grh.traffic_class), each side its own: requests from one end, ACKs and READ
-// responses from the other.
+// responses from the other. Requests and ACKs are ECN-capable, ECT(0) in the low bits, unless
+// the device's ecn parameter is off (docs/congestion.md); READ responses keep the byte.
 func TestTrafficClassFromAH(t *testing.T) {
+	for _, ecn := range []bool{true, false} {
+		t.Run(map[bool]string{true: "ecn", false: "no-ecn"}[ecn], func(t *testing.T) { trafficClassFromAH(t, ecn) })
+	}
+}
+
+func trafficClassFromAH(t *testing.T, ecn bool) {
 	nw := mem.NewNetwork(mem.Options{QueueDepth: 1024})
 	la, err := nw.Attach(addrA)
 	if err != nil {
@@ -60,12 +67,14 @@ func TestTrafficClassFromAH(t *testing.T) {
 		t.Fatal(err)
 	}
 	ca, cb := &classLink{Link: la, seen: map[string]map[uint8]int{}}, &classLink{Link: lb, seen: map[string]map[uint8]int{}}
-	da, err := Open(Options{Link: ca, Name: "a"})
+	cfg := DefaultCC()
+	cfg.ECN = ecn
+	da, err := Open(Options{Link: ca, Name: "a", CC: &cfg})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer da.Close()
-	db, err := Open(Options{Link: cb, Name: "b"})
+	db, err := Open(Options{Link: cb, Name: "b", CC: &cfg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,11 +108,17 @@ func TestTrafficClassFromAH(t *testing.T) {
 	w := waitWC(t, a.scq, 2)
 	checkWC(t, w[0], cq.WC{WRID: 1, Opcode: cq.OpRDMAWrite, ByteLen: 5000})
 	checkWC(t, w[1], cq.WC{WRID: 2, Opcode: cq.OpRDMARead, ByteLen: 3000})
-	if got, want := ca.classes(), "map[RC RDMA Read Request:map[72:1] RC RDMA Write First:map[72:1] RC RDMA Write Last:map[72:1] RC RDMA Write Middle:map[72:3]]"; got != want {
-		t.Fatalf("a sent (opcode: class: count) %s, want %s", got, want)
+	wantA := "map[RC RDMA Read Request:map[72:1] RC RDMA Write First:map[72:1] RC RDMA Write Last:map[72:1] RC RDMA Write Middle:map[72:3]]"
+	wantB := "map[RC Acknowledge:map[32:1] RC RDMA Read Response First:map[32:1] RC RDMA Read Response Last:map[32:1] RC RDMA Read Response Middle:map[32:1]]"
+	if ecn { // 0x48 | ECT(0) = 74, 0x20 | ECT(0) = 34 (the ACK; READ responses keep 32)
+		wantA = "map[RC RDMA Read Request:map[74:1] RC RDMA Write First:map[74:1] RC RDMA Write Last:map[74:1] RC RDMA Write Middle:map[74:3]]"
+		wantB = "map[RC Acknowledge:map[34:1] RC RDMA Read Response First:map[32:1] RC RDMA Read Response Last:map[32:1] RC RDMA Read Response Middle:map[32:1]]"
 	}
-	if got, want := cb.classes(), "map[RC Acknowledge:map[32:1] RC RDMA Read Response First:map[32:1] RC RDMA Read Response Last:map[32:1] RC RDMA Read Response Middle:map[32:1]]"; got != want {
-		t.Fatalf("b sent (opcode: class: count) %s, want %s", got, want)
+	if got := ca.classes(); got != wantA {
+		t.Fatalf("a sent (opcode: class: count) %s, want %s", got, wantA)
+	}
+	if got := cb.classes(); got != wantB {
+		t.Fatalf("b sent (opcode: class: count) %s, want %s", got, wantB)
 	}
 }
 

@@ -13,6 +13,7 @@ package roce
 import (
 	"time"
 
+	"github.com/softroce/softroce/internal/cc"
 	"github.com/softroce/softroce/internal/clock"
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/event"
@@ -476,3 +477,21 @@ var (
 	ErrCQError  = cq.ErrCQError
 	ErrCapacity = cq.ErrCapacity
 )
+
+// CCParams are the congestion control parameters of a device or a QP, under mlx5's names
+// (Options.CC, QPInit.CC; docs/congestion.md): Set, Get and Parse take the names
+// ("rp_ai_rate=1,np_min_time_between_cnps=50"), String writes them.
+type CCParams = cc.Params
+
+// DefaultCC returns the default congestion control: ECT(0) on requests, CNPs, DCQCN with
+// NVIDIA's defaults.
+func DefaultCC() CCParams { return cc.Defaults() }
+
+// CCNames lists the congestion control parameters' names.
+func CCNames() []string { return cc.Names() }
+
+// CCUnit returns a congestion control parameter's unit ("us", "Mbit/s", ...).
+func CCUnit(name string) string { return cc.Unit(name) }
+
+// CCState is a snapshot of a QP's congestion control (QP.CongestionState).
+type CCState = qp.CCState

@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"strconv"
+	"strings"
 
 	"github.com/softroce/softroce/internal/event"
 	"github.com/softroce/softroce/internal/gid"
@@ -39,12 +42,16 @@ type UDPOptions struct {
 	// Polled opens the device in polled mode (Options.Polled, poll.go):
 	// no receive goroutine; the application calls Device.Poll.
 	Polled bool
-	// Clock, MTU, Attr, Events and Name as in Options.
-	Clock  qp.Clock
-	MTU    qp.MTU
-	Attr   *qp.DeviceAttr
-	Events event.Sink
-	Name   string
+	// Clock, MTU, Attr, Events, Name, CC and LineRate as in Options; a
+	// LineRate of 0 with an Interface is the interface's speed
+	// (/sys/class/net/NAME/speed) when it reports one.
+	Clock    qp.Clock
+	MTU      qp.MTU
+	Attr     *qp.DeviceAttr
+	Events   event.Sink
+	Name     string
+	CC       *CCParams
+	LineRate float64
 }
 
 // OpenUDP opens UDP sockets (udp.Listen, or afxdp.Open) for the given addresses or
@@ -100,8 +107,12 @@ func OpenUDP(o UDPOptions) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
+	line := o.LineRate
+	if line == 0 && o.Interface != "" {
+		line = InterfaceSpeed(o.Interface)
+	}
 	d, err := Open(Options{Link: l, Shards: shards, Pin: o.FastPath.Pin, Clock: o.Clock, Port: o.Port, MTU: o.MTU,
-		Attr: o.Attr, Events: o.Events, Name: o.Name, GIDs: table, Polled: o.Polled})
+		Attr: o.Attr, Events: o.Events, Name: o.Name, GIDs: table, Polled: o.Polled, CC: o.CC, LineRate: line})
 	if err != nil {
 		l.Close()
 		for _, s := range shards {
@@ -110,6 +121,23 @@ func OpenUDP(o UDPOptions) (*Device, error) {
 		return nil, err
 	}
 	return d, nil
+}
+
+// InterfaceSpeed returns an interface's speed in bit/s as the kernel reports it
+// (/sys/class/net/NAME/speed, Mbit/s), 0 when unknown (loopback, a link that is down).
+func InterfaceSpeed(name string) float64 {
+	if name == "" || strings.ContainsAny(name, "/.") {
+		return 0
+	}
+	b, err := os.ReadFile("/sys/class/net/" + name + "/speed")
+	if err != nil {
+		return 0
+	}
+	v, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || v <= 0 {
+		return 0
+	}
+	return float64(v) * 1e6
 }
 
 // InterfaceAddrs lists an interface's IPv4 and non-link-local IPv6

@@ -237,7 +237,7 @@ struct sr_pkey_resp {
 	uint32_t reserved2;
 };
 
-/* The device's counters, rxe's names (rdma statistic show). */
+/* The device's counters, rxe's names (rdma statistic show), and mlx5's congestion control ones. */
 struct sr_stats {
 	uint64_t sent_pkts;
 	uint64_t rcvd_pkts;
@@ -261,6 +261,11 @@ struct sr_stats {
 	uint64_t link_entropy_sockets;
 	uint64_t link_entropy_fallbacks;
 	uint64_t link_offload_fallbacks;
+	/* congestion control, mlx5's names (docs/congestion.md) */
+	uint64_t np_ecn_marked_roce_packets;
+	uint64_t np_cnp_sent;
+	uint64_t rp_cnp_handled;
+	uint64_t rp_cnp_ignored;
 };
 
 /* The daemon's resources (all clients), and this client's own objects. */
@@ -814,7 +819,7 @@ SR_SIZE(sr_gids_resp, 8);
 SR_SIZE(sr_gid_entry, 48);
 SR_SIZE(sr_pkey_req, 8);
 SR_SIZE(sr_pkey_resp, 8);
-SR_SIZE(sr_stats, 176);
+SR_SIZE(sr_stats, 208);
 SR_SIZE(sr_debug, 176);
 SR_SIZE(sr_reg_mr_req, 48);
 SR_SIZE(sr_reg_mr_resp, 16);

@@ -108,6 +108,9 @@ type DevOptions struct {
 	// is accepted and the address's own index is used.
 	GIDIndex   int
 	ByGIDIndex bool
+	// CC is the device's congestion control (--cc; nil: roce.DefaultCC()). Its line rate is
+	// the speed of the address's interface when the kernel reports one.
+	CC *roce.CCParams
 }
 
 // LocalDev is an opened device and the local address it speaks from.
@@ -149,7 +152,7 @@ func OpenLocal(f *DevFlag, o DevOptions) (*LocalDev, error) {
 		xo = &afxdp.Options{NoPairs: o.XDPNoPairs, WriteMemory: o.DM}
 	}
 	d, err := roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{addr}, Port: o.Port, Portable: o.Portable, MTU: mtu, Name: name,
-		Link: udp.Options{BusyPoll: o.BusyPoll}, XDP: xo, Polled: o.Polled})
+		Link: udp.Options{BusyPoll: o.BusyPoll}, XDP: xo, Polled: o.Polled, CC: o.CC, LineRate: InterfaceSpeed(addr)})
 	if err != nil {
 		return nil, fmt.Errorf("%w on %v: %w", ErrDev, addr, err)
 	}

@@ -52,6 +52,9 @@ type fileConfig struct {
 	// Limits are the per-user limits ({"qps": 64, "mapped_bytes": 1073741824, ...}; a key
 	// left out keeps its default, -1 = none; docs/daemon.md).
 	Limits daemonsrv.Limits `json:"limits"`
+	// CC is the device's congestion control, --cc's settings ("rp_ai_rate=1,...";
+	// docs/congestion.md); --cc on the command line is applied after it.
+	CC string `json:"cc"`
 }
 
 // Config is a parsed daemon command line (the --config file merged in).
@@ -84,6 +87,7 @@ type flags struct {
 	limits                                []string
 	port                                  uint
 	mtu                                   int
+	cc                                    []string
 }
 
 func newFlagSet(f *flags) *pflag.FlagSet {
@@ -91,7 +95,7 @@ func newFlagSet(f *flags) *pflag.FlagSet {
 	fs.StringArrayVarP(&f.listen, "listen", "l", nil, "local `address` or interface to bind UDP 4791 on (repeatable; default: every address of every up interface)")
 	fs.StringVarP(&f.socket, "socket", "s", client.DefaultSocket, "unix `socket` path for local clients (mode 0660)")
 	fs.StringVarP(&f.group, "group", "g", "", "`group` owning the socket (name or gid)")
-	fs.StringVarP(&f.cfgPath, "config", "c", "", "JSON config `file` (keys: listen, socket, group, metrics, name, port, mtu, log, limits)")
+	fs.StringVarP(&f.cfgPath, "config", "c", "", "JSON config `file` (keys: listen, socket, group, metrics, name, port, mtu, log, limits, cc)")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus text metrics on this loopback `ADDR:PORT` (opt-in)")
 	fs.StringVar(&f.name, "name", "softroce0", "device `name`")
 	fs.UintVar(&f.port, "port", 4791, "RoCE UDP `port` (tests only; peers must use the same)")
@@ -100,6 +104,7 @@ func newFlagSet(f *flags) *pflag.FlagSet {
 	fs.StringVar(&f.CPUProfile, "cpuprofile", "", "write a CPU profile of the daemon's run to this `file` (diagnostics)")
 	fs.StringArrayVar(&f.limits, "limit", nil, "per-user limit `NAME=VALUE` (repeatable; names: conns, fds, pds, mrs, cqs, srqs, qps, cm_ids, mapped_bytes, mappings, engine_bytes; VALUE a count with an optional K/M/G/T suffix, or none)")
 	fs.DurationVar(&f.PostSpin, "post-spin", 0, "keep polling a client's post ring this long after draining it before sleeping on its doorbell (0 = no spinning; costs CPU)")
+	fs.StringArrayVar(&f.cc, "cc", nil, "congestion control `settings` under mlx5's names (repeatable; off, on, rp_ai_rate=5, np_min_time_between_cnps=50, ...; docs/congestion.md)")
 	return fs
 }
 
@@ -151,6 +156,9 @@ func ParseArgs(args []string) (Config, error) {
 			f.mtu = c.MTU
 		}
 		f.Limits = c.Limits
+		if c.CC != "" {
+			f.cc = append([]string{c.CC}, f.cc...)
+		}
 	}
 	for _, a := range f.limits { // the command line wins over the file, limit by limit
 		k, v, ok := strings.Cut(a, "=")
@@ -162,6 +170,16 @@ func ParseArgs(args []string) (Config, error) {
 		}
 	}
 	c := f.Config
+	var ccp *roce.CCParams
+	if len(f.cc) > 0 {
+		p := roce.DefaultCC()
+		for _, v := range f.cc {
+			if err := p.Parse(v); err != nil {
+				return Config{}, fmt.Errorf("%w: --cc: %w", cli.ErrUsage, err)
+			}
+		}
+		ccp = &p
+	}
 	c.Socket, c.GID, c.JSONLog = f.socket, -1, f.logFmt == "json"
 	if f.logFmt != "text" && f.logFmt != "json" {
 		return c, fmt.Errorf("%w: --log %q: text or json", cli.ErrUsage, f.logFmt)
@@ -170,6 +188,7 @@ func ParseArgs(args []string) (Config, error) {
 	if c.Device, err = cli.ListenOptions(f.listen); err != nil {
 		return c, fmt.Errorf("%w: --listen: %w", cli.ErrUsage, err)
 	}
+	c.Device.CC = ccp
 	if f.port == 0 || f.port > 65535 {
 		return c, fmt.Errorf("%w: --port %d", cli.ErrUsage, f.port)
 	}

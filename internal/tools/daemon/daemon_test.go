@@ -42,6 +42,8 @@ func TestDaemonFlags(t *testing.T) {
 		{[]string{"--listen", "127.0.0.1", "--log", "xml"}, 2},
 		{[]string{"-listen", "127.0.0.1"}, 2},
 		{[]string{"--listen", "127.0.0.1", "extra"}, 2},
+		{[]string{"--listen", "127.0.0.1", "--cc", "rp_ai_rate=0"}, 2},
+		{[]string{"--listen", "127.0.0.1", "--cc", "rp_bogus=1"}, 2},
 	} {
 		var errb bytes.Buffer
 		if rc := Main(context.Background(), tc.args, io.Discard, &errb); rc != tc.status {
@@ -49,8 +51,9 @@ func TestDaemonFlags(t *testing.T) {
 		}
 	}
 	good := filepath.Join(t.TempDir(), "g.json")
-	os.WriteFile(good, []byte(`{"listen": ["127.0.0.2"], "socket": "/tmp/x.sock", "mtu": 2048, "log": "json", "limits": {"qps": 9, "cqs": 7}}`), 0o600)
-	c, err := ParseArgs([]string{"-c", good, "-s/tmp/y.sock", "--port=14791", "--limit", "qps=4", "--limit=mapped_bytes=2G", "--post-spin=2us"})
+	os.WriteFile(good, []byte(`{"listen": ["127.0.0.2"], "socket": "/tmp/x.sock", "mtu": 2048, "log": "json", "limits": {"qps": 9, "cqs": 7}, "cc": "rp_ai_rate=2,rp_hai_rate=20"}`), 0o600)
+	c, err := ParseArgs([]string{"-c", good, "-s/tmp/y.sock", "--port=14791", "--limit", "qps=4", "--limit=mapped_bytes=2G", "--post-spin=2us",
+		"--cc", "rp_ai_rate=1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,8 +61,11 @@ func TestDaemonFlags(t *testing.T) {
 		c.Device.Port != 14791 || c.Device.MTU != qp.MTU2048 || !c.JSONLog || c.Limits.QPs != 4 || c.Limits.MappedBytes != 2<<30 || c.Limits.CQs != 7 || c.PostSpin != 2*time.Microsecond {
 		t.Errorf("config %+v", c)
 	}
+	if p := c.Device.CC; p == nil || p.AIRate != 1 || p.HAIRate != 20 || p.TimeReset != 300 || !p.Enabled {
+		t.Errorf("--cc over the file's cc: %+v", p)
+	}
 	c, err = ParseArgs([]string{"-l", "127.0.0.1", "-l127.0.0.2", "--mtu", "1024"})
-	if err != nil || len(c.Device.Addrs) != 2 || c.Device.MTU != qp.MTU1024 || c.Socket != client.DefaultSocket || c.GID != -1 {
+	if err != nil || len(c.Device.Addrs) != 2 || c.Device.MTU != qp.MTU1024 || c.Socket != client.DefaultSocket || c.GID != -1 || c.Device.CC != nil {
 		t.Errorf("-l twice: %+v %v", c, err)
 	}
 	if _, err := ParseArgs([]string{"--nonsense"}); !errors.Is(err, cli.ErrUsage) {

@@ -176,7 +176,7 @@ func perfRunCM(ctx context.Context, c *perfConfig, out io.Writer) (err error) {
 		server, peer = netip.AddrPortFrom(host.Unmap(), uint16(c.Port)), host
 	}
 	if ld, err = cli.OpenVerbs(c.Daemon, &c.Dev, cli.DevOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer, BusyPoll: c.linkBusyPoll(),
-		GIDIndex: c.GIDIndex, ByGIDIndex: c.GIDIndex >= 0}); err != nil {
+		GIDIndex: c.GIDIndex, ByGIDIndex: c.GIDIndex >= 0, CC: c.CC.Params()}); err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, ld.Close()) }()

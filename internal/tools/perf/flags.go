@@ -108,6 +108,7 @@ func newFlagSet(f *flags) *pflag.FlagSet {
 	fs.IntVar(&f.Procs, "procs", -1, "softroce: `GOMAXPROCS` of the run (default: 1, like perftest's one thread, unless the GOMAXPROCS environment variable is set; 0: Go's default; --loopback keeps Go's default)")
 	fs.BoolVar(&f.Stats, "stats", false, "softroce: print the device's and the link's counters to stderr at the end")
 	fs.StringVar(&f.Daemon, "daemon", "", "softroce: run through the softroce daemon listening on unix `socket` (its device; -d picks one of its addresses)")
+	fs.Var(&f.CC, "cc", cli.CCUsage)
 	// perftest's options softroce refuses by name
 	u := cli.NewUnsupported(fs)
 	for _, o := range []struct{ short, long string }{

@@ -145,6 +145,8 @@ type Config struct {
 	RDMACM bool
 	// Stats prints the device's and its link's counters to stderr at the end (--stats).
 	Stats bool
+	// CC is --cc: the embedded device's congestion control (docs/congestion.md).
+	CC cli.CCFlag
 	// Daemon is --daemon SOCKET: run through the softroce daemon (its device and address)
 	// instead of an embedded device (verbs.go).
 	Daemon string

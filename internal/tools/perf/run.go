@@ -113,7 +113,8 @@ func perfRun(ctx context.Context, c *perfConfig, out io.Writer) (err error) {
 	open := func(peer netip.Addr) error {
 		var e error
 		if ld, e = cli.OpenVerbs(c.Daemon, &c.Dev, cli.DevOptions{Port: c.RocePort, Portable: c.Portable, Peer: peer, GIDIndex: c.GIDIndex, ByGIDIndex: c.GIDIndex >= 0,
-			BusyPoll: c.linkBusyPoll(), Polled: c.polled(), XDP: c.XDP, XDPNoPairs: c.XDPNoPairs, DM: c.dmBytes()}); e != nil {
+			BusyPoll: c.linkBusyPoll(), Polled: c.polled(), XDP: c.XDP, XDPNoPairs: c.XDPNoPairs, DM: c.dmBytes(),
+			CC: c.CC.Params()}); e != nil {
 			return e
 		}
 		if c.MTU != 0 && c.MTU > ld.MTU {

@@ -167,7 +167,8 @@ func Usage(w io.Writer) {
 	fmt.Fprintln(w, "       softroce stats --demo [--rounds N] [--faults SPEC] [--seed N] [--write FILE] [-p] [--json]")
 	fmt.Fprintln(w, "       softroce stats --daemon SOCKET [--interval DUR] [--count N] [-p] [--json]")
 	fmt.Fprintln(w, "\nPrints transport counters with kernel rxe's names (as `rdma statistic show link rxe0/1`),")
-	fmt.Fprintln(w, "plus softroce's own (rcvd_dropped, rcvd_gso_split, rcvd_icrc_solved, retransmitted_pkts).")
+	fmt.Fprintln(w, "plus softroce's own (rcvd_dropped, rcvd_gso_split, rcvd_icrc_solved, retransmitted_pkts)")
+	fmt.Fprintln(w, "and mlx5's congestion control ones (np_ecn_marked_roce_packets, np_cnp_sent, rp_cnp_handled, rp_cnp_ignored).")
 	fmt.Fprintln(w, "\nOptions:")
 	cli.PrintFlags(w, newFlagSet(&flags{}))
 }

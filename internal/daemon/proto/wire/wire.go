@@ -269,6 +269,10 @@ type Stats struct {
 	LinkEntropySockets   uint64 `c:"link_entropy_sockets"`
 	LinkEntropyFallbacks uint64 `c:"link_entropy_fallbacks"`
 	LinkOffloadFallbacks uint64 `c:"link_offload_fallbacks"`
+	NPECNMarked          uint64 `c:"np_ecn_marked_roce_packets"`
+	NPCNPSent            uint64 `c:"np_cnp_sent"`
+	RPCNPHandled         uint64 `c:"rp_cnp_handled"`
+	RPCNPIgnored         uint64 `c:"rp_cnp_ignored"`
 }
 
 // Debug is sr_debug.
