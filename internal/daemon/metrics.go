@@ -83,6 +83,7 @@ func (s *Server) WriteMetrics(w io.Writer) error {
 		qpn, pid int64
 		typ      string
 		state    int
+		rkeyErrs uint64
 	}
 	var rows []qpRow
 	s.mu.Lock()
@@ -94,13 +95,18 @@ func (s *Server) WriteMetrics(w io.Writer) error {
 	for _, x := range ss {
 		qps, _, _, _, _ := x.snapshot()
 		for _, o := range qps {
-			rows = append(rows, qpRow{qpn: int64(o.q.Num()), pid: int64(x.pid), typ: o.q.Type().String(), state: int(o.q.State())})
+			rows = append(rows, qpRow{qpn: int64(o.q.Num()), pid: int64(x.pid), typ: o.q.Type().String(), state: int(o.q.State()),
+				rkeyErrs: o.q.RemoteAccessErrors()})
 		}
 	}
 	sort.Slice(rows, func(i, j int) bool { return rows[i].qpn < rows[j].qpn })
 	fmt.Fprintf(bw, "# HELP softroce_qp_state QP state (ibv_qp_state: 0 RESET, 1 INIT, 2 RTR, 3 RTS, 4 SQD, 5 SQE, 6 ERR)\n# TYPE softroce_qp_state gauge\n")
 	for _, r := range rows {
 		fmt.Fprintf(bw, "softroce_qp_state{device=%q,qpn=\"%d\",type=%q,pid=\"%d\"} %d\n", dev, r.qpn, r.typ, r.pid, r.state)
+	}
+	fmt.Fprintf(bw, "# HELP softroce_qp_remote_access_errors requests the QP's responder refused for their R_Key (a UC QP drops them silently)\n# TYPE softroce_qp_remote_access_errors counter\n")
+	for _, r := range rows {
+		fmt.Fprintf(bw, "softroce_qp_remote_access_errors{device=%q,qpn=\"%d\",type=%q,pid=\"%d\"} %d\n", dev, r.qpn, r.typ, r.pid, r.rkeyErrs)
 	}
 	return bw.Flush()
 }

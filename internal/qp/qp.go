@@ -218,6 +218,9 @@ type QP struct {
 	waitRefill bool
 	asking     bool
 	refillGen  uint64
+
+	// remoteAccessErrs counts this QP's share of Counters.RespRemoteAccessErrors
+	remoteAccessErrs atomic.Uint64
 }
 
 // icrcCache holds the pseudo-header CRC state of one (endpoints, length)
@@ -780,6 +783,12 @@ type Counters struct {
 	// received (np_ecn_marked_roce_packets), CNPs sent (np_cnp_sent), CNPs DCQCN acted on
 	// (rp_cnp_handled) and CNPs received but not acted on (rp_cnp_ignored).
 	NPECNMarked, NPCNPSent, RPCNPHandled, RPCNPIgnored atomic.Uint64
+	// RespRemoteAccessErrors counts requests the responder refused for their R_Key:
+	// unknown or invalidated key, out of bounds, or without the right (NAKed with a
+	// remote access error on RC, dropped on UC; IBTA 9.7.4.1.5, C9-88): each is a
+	// wrong or guessed key. mlx5's name, "resp_remote_access_errors"; per QP:
+	// QP.RemoteAccessErrors.
+	RespRemoteAccessErrors atomic.Uint64
 }
 
 // Stats is a snapshot of Counters.
@@ -795,6 +804,7 @@ type Stats struct {
 	RcvdGSOSplit                            uint64
 	NPECNMarked, NPCNPSent                  uint64
 	RPCNPHandled, RPCNPIgnored              uint64
+	RespRemoteAccessErrors                  uint64
 	// Link counters, which the device fills from its UDP link (roce.Device.Stats;
 	// Counters.Snapshot leaves them 0): send-only entropy-port sockets open
 	// (IBTA A17.3.2), entropy ports that fell back to the main socket (port
@@ -817,13 +827,14 @@ func (c *Counters) Snapshot() Stats {
 		RetransPkts: c.RetransPkts.Load(), RcvdGSOSplit: c.RcvdGSOSplit.Load(),
 		NPECNMarked: c.NPECNMarked.Load(), NPCNPSent: c.NPCNPSent.Load(),
 		RPCNPHandled: c.RPCNPHandled.Load(), RPCNPIgnored: c.RPCNPIgnored.Load(),
+		RespRemoteAccessErrors: c.RespRemoteAccessErrors.Load(),
 	}
 }
 
 // Map returns the snapshot keyed by rxe's counter names (plus
 // softroce's own: rcvd_icrc_solved, rcvd_dropped, retransmitted_pkts, rcvd_gso_split; and
-// mlx5's congestion control ones: np_ecn_marked_roce_packets, np_cnp_sent, rp_cnp_handled,
-// rp_cnp_ignored).
+// mlx5's: np_ecn_marked_roce_packets, np_cnp_sent, rp_cnp_handled, rp_cnp_ignored,
+// resp_remote_access_errors).
 func (s Stats) Map() map[string]uint64 {
 	return map[string]uint64{
 		"sent_pkts": s.SentPkts, "rcvd_pkts": s.RcvdPkts,
@@ -836,7 +847,8 @@ func (s Stats) Map() map[string]uint64 {
 		"retransmitted_pkts": s.RetransPkts, "rcvd_gso_split": s.RcvdGSOSplit,
 		"np_ecn_marked_roce_packets": s.NPECNMarked, "np_cnp_sent": s.NPCNPSent,
 		"rp_cnp_handled": s.RPCNPHandled, "rp_cnp_ignored": s.RPCNPIgnored,
-		"link_entropy_sockets": s.LinkEntropySockets, "link_entropy_fallbacks": s.LinkEntropyFallbacks,
+		"resp_remote_access_errors": s.RespRemoteAccessErrors,
+		"link_entropy_sockets":      s.LinkEntropySockets, "link_entropy_fallbacks": s.LinkEntropyFallbacks,
 		"link_offload_fallbacks": s.LinkOffloadFallbacks,
 	}
 }

@@ -108,6 +108,7 @@ func (q *QP) readStep(max int) {
 				// RESPST_ERR_RKEY_VIOLATION).
 				psn := g.psn.Add(i)
 				*g = readGen{}
+				q.remoteAccessError()
 				q.sendAck(bth.SyndromeNAK(bth.NAKRemoteAccessErr), psn)
 				q.raise(event.QPAccessErr)
 				q.enterError()

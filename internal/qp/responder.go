@@ -241,6 +241,9 @@ func (q *QP) checkLen(info *bth.OpInfo, n int) bool {
 // enters ERR (IBTA 9.9.3.1 responder class B/C/D errors); on UC the message
 // is silently dropped (IBTA 9.8).
 func (q *QP) reqError(p *bth.Packet, code uint8, st cq.Status) {
+	if code == bth.NAKRemoteAccessErr {
+		q.remoteAccessError()
+	}
 	if q.typ == TypeUC {
 		q.resp.inMsg = msgNone
 		q.resp.recvOff = 0
@@ -256,6 +259,18 @@ func (q *QP) reqError(p *bth.Packet, code uint8, st cq.Status) {
 	}
 	q.enterError()
 }
+
+// remoteAccessError counts a request refused for its R_Key (Counters.RespRemoteAccessErrors).
+func (q *QP) remoteAccessError() {
+	q.cnt.RespRemoteAccessErrors.Add(1)
+	q.remoteAccessErrs.Add(1)
+}
+
+// RemoteAccessErrors returns how many requests this QP's responder refused for their R_Key
+// (unknown or invalidated key, out of bounds, no right: NAKed on RC, dropped on UC). A
+// count that grows on a UC QP with no NAK to show for it is the sign of a sender guessing
+// keys (docs/reliability.md, "What RoCEv2 cannot protect").
+func (q *QP) RemoteAccessErrors() uint64 { return q.remoteAccessErrs.Load() }
 
 // rnr answers a SEND (or WRITE with immediate) that finds no receive WQE:
 // RC sends an RNR NAK with the QP's min_rnr_timer and does not advance the

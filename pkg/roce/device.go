@@ -28,6 +28,7 @@
 package roce
 
 import (
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -62,7 +63,7 @@ var (
 	ErrInvalidArg = errors.New("roce: invalid argument")
 )
 
-// FirstQPN is the first QP number handed out (rxe: RXE_MIN_QP_INDEX 16,
+// FirstQPN is the lowest QP number handed out (rxe: RXE_MIN_QP_INDEX 16,
 // numbers start at 0x11); 0 and 1 are the special QPs (IBTA 9.6.1.1).
 const FirstQPN = 0x11
 
@@ -92,6 +93,10 @@ type Options struct {
 	// KeyRand is the source of MR/MW key bytes (nil = crypto/rand); tests
 	// set it to get deterministic keys.
 	KeyRand io.Reader
+	// QPNRand is the source of QP numbers (nil = crypto/rand; CreateQP).
+	// Tests set it for determinism; a reader of zeros hands the numbers out
+	// in order from FirstQPN, as rxe does.
+	QPNRand io.Reader
 	// CM configures QP1 (the GSI QP) and the Communication Manager on it
 	// (gsi.go); the zero value enables both.
 	CM CMOptions
@@ -133,7 +138,8 @@ type Device struct {
 
 	mu      sync.Mutex
 	closed  atomic.Bool
-	nextQPN uint32
+	qpnRand io.Reader
+	qpnBuf  [3]byte
 	nqp     int
 	qps     []atomic.Pointer[QP] // indexed by QPN & qpMask
 	qpMask  uint32
@@ -179,7 +185,7 @@ func Open(o Options) (*Device, error) {
 	}
 	d := &Device{
 		name: o.Name, link: o.Link, clock: o.Clock, port: o.Port, mtu: o.MTU,
-		nextQPN: FirstQPN, userSink: o.Events, pin: o.Pin,
+		qpnRand: o.QPNRand, userSink: o.Events, pin: o.Pin,
 		links: append([]link.Link{o.Link}, o.Shards...),
 		cqs:   map[*cq.CQ]struct{}{}, srqs: map[*qp.SRQ]struct{}{},
 		events: make(chan event.Event, 256),
@@ -189,6 +195,9 @@ func Open(o Options) (*Device, error) {
 	}
 	if d.clock == nil {
 		d.clock = qp.RealClock{}
+	}
+	if d.qpnRand == nil {
+		d.qpnRand = rand.Reader
 	}
 	if d.port == 0 {
 		d.port = bth.UDPPort
@@ -445,9 +454,9 @@ type QPInit struct {
 	CC *CCParams
 }
 
-// CreateQP creates a QP in RESET (ibv_create_qp). QP numbers are
-// allocated from 0x11 upward (24-bit, wrapping, skipping numbers in use),
-// as rxe does; TypeGSI gets QPN 1.
+// CreateQP creates a QP in RESET (ibv_create_qp). QP numbers are drawn at
+// random from the 24-bit space (newQPN; rxe counts up from 0x11); TypeGSI
+// gets QPN 1.
 func (d *Device) CreateQP(in QPInit) (*QP, error) {
 	if in.PD == nil || in.SendCQ == nil || in.RecvCQ == nil || !in.Type.Valid() {
 		return nil, ErrInvalidArg
@@ -473,15 +482,9 @@ func (d *Device) CreateQP(in QPInit) (*QP, error) {
 		}
 		qpn = 1
 	} else {
-		for {
-			qpn = d.nextQPN
-			d.nextQPN = (d.nextQPN + 1) & bth.PSNMask
-			if d.nextQPN < FirstQPN {
-				d.nextQPN = FirstQPN
-			}
-			if d.qps[qpn&d.qpMask].Load() == nil {
-				break
-			}
+		var err error
+		if qpn, err = d.newQPN(); err != nil {
+			return nil, err
 		}
 	}
 	q := &QP{dev: d}
@@ -531,6 +534,31 @@ func (q *QP) Destroy() error {
 	d.nqp--
 	q.QP.Destroy()
 	return nil
+}
+
+// newQPN draws the number of a new QP (d.mu held). A sender that is not on the path can
+// inject packets into a QP only if it guesses its number (and, for a request, a PSN the QP
+// accepts, and an R_Key): the numbers are drawn at random from the 24-bit space instead of
+// counting up, where the next one is the last one seen plus one (docs/reliability.md,
+// "What RoCEv2 cannot protect"). The draw excludes the numbers below FirstQPN (QP0, QP1 and
+// the rest rxe reserves) and the multicast QPN 0xFFFFFF; from the drawn number on (wrapping)
+// the first whose table slot (QPN & mask) is free is taken, so every live QP has its own
+// number and slot. A reader of zeros gives FirstQPN, FirstQPN+1, ... as rxe does.
+func (d *Device) newQPN() (uint32, error) {
+	if _, err := io.ReadFull(d.qpnRand, d.qpnBuf[:]); err != nil {
+		return 0, fmt.Errorf("%w: QP number: %v", ErrLimit, err)
+	}
+	r := uint32(d.qpnBuf[0])<<16 | uint32(d.qpnBuf[1])<<8 | uint32(d.qpnBuf[2])
+	for k := uint32(0); k <= bth.PSNMask; k++ {
+		qpn := (r + k) & bth.PSNMask
+		if qpn < FirstQPN || qpn == bth.PSNMask {
+			continue
+		}
+		if d.qps[qpn&d.qpMask].Load() == nil {
+			return qpn, nil
+		}
+	}
+	return 0, ErrLimit
 }
 
 // lookup returns the QP numbered qpn (O(1)), or nil.

@@ -2,7 +2,10 @@ package roce
 
 import (
 	"errors"
+	"io"
+	mrand "math/rand"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -114,7 +117,12 @@ func TestIPv6(t *testing.T) {
 	}
 }
 
-// TestObjectsAndClose: QPNs from 0x11, errors after Close, limits.
+// zeros is a QPNRand that makes QP numbers count up from FirstQPN (rxe's order).
+type zeros struct{}
+
+func (zeros) Read(b []byte) (int, error) { clear(b); return len(b), nil }
+
+// TestObjectsAndClose: QPNs from 0x11 with a QPNRand of zeros, errors after Close, limits.
 func TestObjectsAndClose(t *testing.T) {
 	nw := mem.NewNetwork(mem.Options{})
 	l, err := nw.Attach(addrA)
@@ -122,7 +130,7 @@ func TestObjectsAndClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk := qp.NewManualClock(time.Unix(0, 0))
-	d, err := Open(Options{Link: l, Clock: clk})
+	d, err := Open(Options{Link: l, Clock: clk, QPNRand: zeros{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,5 +167,105 @@ func TestObjectsAndClose(t *testing.T) {
 	}
 	if clk.Pending() != 0 {
 		t.Fatalf("%d timers armed after Close", clk.Pending())
+	}
+}
+
+// TestQPNRandom: QP numbers are drawn at random from the 24-bit space (a sender off the path
+// must guess one to inject into a QP): unique among live QPs, never below FirstQPN nor the
+// multicast 0xFFFFFF, not one after another, each found by the receive path's table; with a
+// small table (MaxQP 16) slots are shared by QPN & mask, so creating and destroying many QPs
+// still gives every live QP its own number and slot. The same QPNRand gives the same numbers.
+// Before, numbers counted up from 0x11.
+func TestQPNRandom(t *testing.T) {
+	open := func(r io.Reader, maxQP int) *Device {
+		nw := mem.NewNetwork(mem.Options{})
+		l, err := nw.Attach(addrA)
+		if err != nil {
+			t.Fatal(err)
+		}
+		attr := qp.DefaultDeviceAttr()
+		if maxQP > 0 {
+			attr.MaxQP = maxQP
+		}
+		d, err := Open(Options{Link: l, Clock: qp.NewManualClock(time.Unix(0, 0)), QPNRand: r, Attr: &attr})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		return d
+	}
+	d := open(nil, 0)
+	e := newEnd(t, d, qp.TypeRC, 4096)
+	seen := map[uint32]bool{e.qp.Num(): true}
+	consecutive := 0
+	prev := e.qp.Num()
+	for i := 0; i < 200; i++ {
+		q, err := d.CreateQP(QPInit{Type: qp.TypeUC, PD: e.pd, SendCQ: e.scq, RecvCQ: e.rcq, Cap: qp.Cap{MaxSendWR: 1, MaxRecvWR: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := q.Num()
+		if n < FirstQPN || n >= bth.PSNMask || seen[n] || d.lookup(n) != q {
+			t.Fatalf("QPN %#x: below %#x, multicast, repeated or not found (lookup %v)", n, FirstQPN, d.lookup(n) != q)
+		}
+		if n == prev+1 {
+			consecutive++
+		}
+		seen[n], prev = true, n
+	}
+	if consecutive > 2 {
+		t.Fatalf("%d of 200 QP numbers followed the previous one: not random", consecutive)
+	}
+
+	// a small table: 32 slots for MaxQP 16; churn keeps numbers and slots unique
+	small := open(nil, 16)
+	es := newEnd(t, small, qp.TypeRC, 4096)
+	live := map[uint32]*QP{es.qp.Num(): es.qp}
+	for i := 0; i < 300; i++ {
+		if len(live) == 16 {
+			for n, q := range live {
+				if q == es.qp {
+					continue
+				}
+				if err := q.Destroy(); err != nil {
+					t.Fatal(err)
+				}
+				delete(live, n)
+				break
+			}
+		}
+		q, err := small.CreateQP(QPInit{Type: qp.TypeUC, PD: es.pd, SendCQ: es.scq, RecvCQ: es.rcq, Cap: qp.Cap{MaxSendWR: 1, MaxRecvWR: 1}})
+		if err != nil {
+			t.Fatalf("QP %d with %d live: %v", i, len(live), err)
+		}
+		if live[q.Num()] != nil {
+			t.Fatalf("QPN %#x handed out twice", q.Num())
+		}
+		live[q.Num()] = q
+		slots := map[uint32]bool{}
+		for n, q := range live {
+			if slots[n&small.qpMask] || small.lookup(n) != q {
+				t.Fatalf("QPN %#x: slot shared or not found", n)
+			}
+			slots[n&small.qpMask] = true
+		}
+	}
+
+	// deterministic with the same source
+	nums := func() []uint32 {
+		d := open(mrand.New(mrand.NewSource(7)), 0)
+		e := newEnd(t, d, qp.TypeRC, 4096)
+		out := []uint32{e.qp.Num()}
+		for i := 0; i < 5; i++ {
+			q, err := d.CreateQP(QPInit{Type: qp.TypeUC, PD: e.pd, SendCQ: e.scq, RecvCQ: e.rcq, Cap: qp.Cap{MaxSendWR: 1, MaxRecvWR: 1}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, q.Num())
+		}
+		return out
+	}
+	if a, b := nums(), nums(); !slices.Equal(a, b) {
+		t.Fatalf("the same QPNRand gave %x and %x", a, b)
 	}
 }

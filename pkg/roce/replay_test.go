@@ -86,7 +86,7 @@ func replayServer(t *testing.T, path string, typ qp.Type) {
 		t.Fatal(err)
 	}
 	defer raw.Close()
-	d, err := Open(Options{Link: ls})
+	d, err := Open(Options{Link: ls, QPNRand: zeros{}}) // QPNs as rxe numbered them in the capture
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -321,7 +321,7 @@ func replayClient(t *testing.T, path string) {
 		t.Fatal(err)
 	}
 	defer raw.Close()
-	d, err := Open(Options{Link: lc})
+	d, err := Open(Options{Link: lc, QPNRand: zeros{}}) // QPNs as in the capture
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -515,7 +515,7 @@ func replayServerPerf(t *testing.T, path string) {
 		t.Fatal(err)
 	}
 	defer raw.Close()
-	d, err := Open(Options{Link: ls, KeyRand: constReader(rkey)})
+	d, err := Open(Options{Link: ls, KeyRand: constReader(rkey), QPNRand: zeros{}})
 	if err != nil {
 		t.Fatal(err)
 	}
