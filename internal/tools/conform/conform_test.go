@@ -175,3 +175,21 @@ func TestConformRxeRefused(t *testing.T) {
 		t.Fatalf("exit %d: %s", st, errb.String())
 	}
 }
+
+// TestConformArgs: the command line in GNU getopt style.
+func TestConformArgs(t *testing.T) {
+	c, err := ParseArgs([]string{"--dut=softroce", "--run", "^rc-", "-v", "--json", "--reply=1s", "--qui", "100ms"})
+	if err != nil || c.DUT != "softroce" || c.Match == nil || !c.Match.MatchString("rc-send-only-ack") || !c.Verbose || !c.JSON ||
+		c.Reply != time.Second || c.Quiet != 100*time.Millisecond {
+		t.Errorf("%+v %v", c, err)
+	}
+	if c, err = ParseArgs([]string{"--serve", "127.0.0.1:7471", "--daemon", "s"}); err != nil || c.Serve == "" || c.Daemon != "s" {
+		t.Errorf("--serve: %+v %v", c, err)
+	}
+	for _, args := range [][]string{{}, {"-dut", "softroce"}, {"--dut", "softroce", "--serve", "x"}, {"--dut", "x:1", "--daemon", "s"},
+		{"--dut", "softroce", "--run", "("}, {"--dut", "softroce", "extra"}} {
+		if _, err := ParseArgs(args); err == nil {
+			t.Errorf("%q accepted", args)
+		}
+	}
+}

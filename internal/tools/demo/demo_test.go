@@ -27,3 +27,19 @@ func TestDemoBadFlags(t *testing.T) {
 		t.Fatalf("exit %d", rc)
 	}
 }
+
+// TestDemoArgs: the command line in GNU getopt style.
+func TestDemoArgs(t *testing.T) {
+	c, err := ParseArgs([]string{"--mem", "-m1024", "-b", "8388608", "--port=14791"})
+	if err != nil || !c.Mem || c.MTU.Bytes() != 1024 || c.Bytes != 8388608 || c.Port != 14791 {
+		t.Errorf("%+v %v", c, err)
+	}
+	if c, err = ParseArgs([]string{"--portab", "--by", "1024"}); err != nil || !c.Portable || c.Bytes != 1024 {
+		t.Errorf("abbreviations: %+v %v", c, err)
+	}
+	for _, args := range [][]string{{"-mem"}, {"-m", "1000"}, {"--bytes", "0"}, {"-p", "0"}, {"extra"}} {
+		if _, err := ParseArgs(args); err == nil {
+			t.Errorf("%q accepted", args)
+		}
+	}
+}
