@@ -73,7 +73,7 @@ func newFlagSet(f *flags) *pflag.FlagSet {
 	fs.BoolVar(&f.ReportBoth, "report-both", false, "Report RX & TX results separately on Bidirectional BW tests")
 	fs.BoolVarP(&f.Events, "events", "e", false, "Sleep on CQ events (default poll)")
 	fs.BoolVarP(&f.cpuFreq, "CPU-freq", "F", false, "Do not show a warning even if cpufreq_ondemand module is loaded, and cpu-freq is not on max.")
-	fs.IntVarP(&f.ibPort, "ib-port", "i", 1, "Use `port` of IB device (default 1; softroce devices have port 1 only)")
+	fs.IntVarP(&f.ibPort, "ib-port", "i", 1, "Use port `port` of IB device (default 1; softroce devices have port 1 only)")
 	fs.IntVarP(&f.inline, "inline_size", "I", 0, "Max `size` of message to be sent in inline")
 	fs.IntVarP(&f.mtu, "mtu", "m", 0, "MTU size : 256 - 4096 (default port mtu)")
 	fs.IntVarP(&f.iters, "iters", "n", 0, "Number of exchanges (at least 5, default 5000 for BW, 1000 for latency)")
