@@ -1,5 +1,5 @@
 // Command ceiling measures the raw UDP GSO/GRO ceiling of this machine for RoCE-shaped traffic
-// over loopback, as /work/shared/reference/perf-ceilings.md describes: the sender builds 64 KiB
+// over loopback (docs/performance.md, "the ceiling"): the sender builds 64 KiB
 // GSO messages of 4 KiB segments (a 12-byte BTH, the payload copied from a "registered" buffer,
 // the ICRC of IBTA A17.3.3 computed per segment) and hands each to one sendmsg with UDP_SEGMENT;
 // the receiver reads with UDP_GRO (recvmmsg of 8 x 64 KiB), splits by the segment size, checks

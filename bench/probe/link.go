@@ -33,7 +33,7 @@ import (
 //	-gsotx     with -xdp -pair: send the pair as one UDP GSO message through a plain socket
 //	           (the receiver's ring then holds it whole, docs/link.md); the receiver counts
 //	           bytes. An experiment: in the lab guest it cost as much as two ring frames
-//	           (docs/performance.md, 2026-11-30)
+//	           (docs/performance.md, "Tried and not kept")
 //	-conn      with -gsotx: the socket connected to the peer (the kernel keeps the route)
 //	-work N    N rounds of user-space work after each read (a CRC over 64 bytes each): the
 //	           receiver busy while the sender's kernel still delivers the pair's second frame
@@ -45,7 +45,7 @@ import (
 //	-pairsock  with -gsotx: a connected DF socket whose IPv4 IDs (the ICRC covers them) are
 //	           learnt from looped-back transmit timestamps (pairsock.go); the client prints the
 //	           IDs it predicted, the server those it saw. An experiment, not kept in the link
-//	           (docs/performance.md, 2026-12-01: GSO pairs)
+//	           (docs/performance.md, "Tried and not kept")
 //
 // Both sides must be given the same flags. The client prints the round trips like client.
 func linkPingPong(args []string, isClient bool) error {

@@ -119,7 +119,7 @@ func (ss *session) handleCM(op proto.Op, body []byte) (any, error) {
 	case proto.OpCMGetEvents:
 		return ss.cmEvents(), nil
 	}
-	// every other request names an ID of this session
+	// every other request names an ID the session holds
 	var hr proto.HandleReq
 	if err := unmarshal(body, &hr); err != nil {
 		return nil, err

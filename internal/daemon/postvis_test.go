@@ -20,7 +20,7 @@ import (
 // visRounds is the number of post-then-signal rounds per transport.
 const visRounds = 300
 
-// TestPostRecvVisible (issue #9): a receive posted through the post ring is on the queue the
+// TestPostRecvVisible (ibverbs semantics): a receive posted through the post ring is on the queue the
 // moment PostRecv returns. The receiving client posts one receive asynchronously (the ring
 // path, by the daemon's counters), and with no socket request in between tells the sender (a Go
 // channel: the out-of-band exchange of an ibverbs program) to SEND at once. Both daemons are

@@ -391,7 +391,7 @@ func (ss *session) errResp(err error, posted int) {
 	ss.wbuf = append(append(ss.wbuf[:0], proto.StatusErr), j...)
 }
 
-// get looks up a handle of this session with the wanted type.
+// get looks up a handle the session holds, of the wanted type.
 func get[T any](ss *session, h proto.Handle) (T, error) {
 	ss.mu.Lock()
 	o, ok := ss.objs[h].(T)

@@ -196,7 +196,7 @@ func (q *QP) pseudoHeader(ep *bth.Endpoints, n int) *icrcCache {
 // The AF_XDP path sends such a pair as one GSO frame too where it can (link.PairSender, its
 // GSO pairs: a veth, Linux 6.2 and later). Without GSO (the AF_XDP path's frames otherwise)
 // the pair keeps its order, the ACK first. Request first
-// was tried (2026-12-01, docs/performance.md): the peer then reads the WRITE before the ACK it
+// was tried (docs/performance.md, "Tried and not kept"): the peer then reads the WRITE before the ACK it
 // waits for, and flushes its own deferred ACK alone on its next Poll — two sends per half trip
 // instead of one, 12% slower on the host and no better in the lab guest.
 func (q *QP) pairRun(t *txSet) {

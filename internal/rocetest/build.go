@@ -1,5 +1,5 @@
 // Package rocetest crafts and matches RoCEv2 packets for interop and conformance tests
-// (test/interop, and the conformance bench of issue #7). Every header goes through
+// (test/interop, and the conformance bench pkg/conform). Every header goes through
 // pkg/bth; nothing here is on a data path, so clarity wins over allocation counts.
 //
 // Style (gVisor packetimpact): a Spec describes a packet to send, zero fields take

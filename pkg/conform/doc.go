@@ -1,4 +1,4 @@
-// Package conform is softroce's packet-level conformance bench (issue #7), in the style of
+// Package conform is softroce's packet-level conformance bench, in the style of
 // gVisor's packetimpact: a testbench crafts RoCEv2 packets byte by byte with
 // internal/rocetest (every header and field settable, wrong ones included, ICRC computed
 // for what is actually sent) and sends them from its own UDP socket to a device under

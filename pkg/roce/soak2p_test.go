@@ -28,7 +28,7 @@ import (
 	"github.com/softroce/softroce/pkg/link/udp"
 )
 
-// The two-process soak (issue #5, docs/reliability.md): the RC soak between
+// The two-process soak (docs/reliability.md): the RC soak between
 // two softroce PROCESSES over real UDP sockets on loopback. TestSoak2P
 // re-executes its own test binary (-test.run=^TestSoak2PPeer$ and
 // SOFTROCE_SOAK2P_PEER=1) as the peer. The parent's device is 127.0.0.1,

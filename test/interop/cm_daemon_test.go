@@ -4,7 +4,7 @@ package interop
 
 // softroce rping through the softroce daemon (rdma_cm in the daemon, internal/daemon cm.go: the
 // client's CM IDs are daemon handles bound to its QPs) against rdmacm-utils' rping on kernel
-// rxe, both directions (issue #10, "usable ... through the daemon"):
+// rxe, both directions (the tools are usable through the daemon too):
 //
 //   - softroce->rxe: `softroce daemon --listen 198.18.0.1` runs in the lab netns; the guest
 //     serves (`rping -s -a 198.18.0.2 -v -d`); `softroce rping -c --daemon SOCK` connects;

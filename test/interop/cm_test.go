@@ -3,7 +3,7 @@
 package interop
 
 // softroce rping (internal/tools/rping: pkg/rdmacm over the device's QP1 CM) against
-// rdmacm-utils' rping on kernel rxe, both directions (GitHub-style issue #10):
+// rdmacm-utils' rping on kernel rxe, both directions:
 //
 //   - softroce->rxe: the guest serves (`rping -s -a 198.18.0.2 -v -d`), softroce rping -c
 //     connects from 198.18.0.1 in the lab netns;

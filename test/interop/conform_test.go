@@ -2,7 +2,7 @@
 
 package interop
 
-// The conformance bench (issue #7, pkg/conform, docs/conformance.md) against kernel rxe:
+// The conformance bench (pkg/conform, docs/conformance.md) against kernel rxe:
 // the C agent (test/conform/agent) runs in the guest on rxe0, the bench sends its crafted
 // packets from 198.18.0.1:4791 in the lab netns. Every scenario must pass; scenarios
 // where rxe 6.1 deviates from the IBTA spec expect rxe's documented behaviour (their

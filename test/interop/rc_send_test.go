@@ -2,7 +2,7 @@
 
 package interop
 
-// The first interop test (issue #6): a Go port of test/rxelab/tools/host-rc-client.py.
+// The first interop test: a Go port of test/rxelab/tools/host-rc-client.py.
 // A raw RoCEv2 RC peer on a plain UDP socket (every header and the ICRC from pkg/bth,
 // via internal/rocetest) completes real ibv_rc_pingpong exchanges with kernel rxe:
 //

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # rxe-lab common settings and helpers. Sourced by ./setup and ./vm (test/rxelab/ in the
-# softroce repository; originally /work/shared/rxe-lab). See docs/lab.md.
+# softroce repository). See docs/lab.md.
 #
 # Everything here can be overridden from the environment:
 #   RXE_LAB_CACHE   work/cache dir (kernel, initramfs, run state)   [/var/cache/rxe-lab]
