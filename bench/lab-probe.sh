@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # bench/lab-probe.sh [N_LAT]: an ad-hoc evidence run in the rxe lab VM (docs/performance.md,
 # "rxe lab"). Builds the static softroce, bench/probe (Go) and bench/cprobe/pingpong (C,
-# static), takes the machine-wide lab lock ($RXE_LAB_CACHE/interop.lock, as bench/lab.sh and
-# scripts/interop do), boots the VM with --dual, runs bench/lab-probe-guest.sh in the guest
+# static), takes the machine-wide lab lock ($RXE_LAB_LOCK, default
+# /var/cache/rxe-lab/interop.lock, as bench/lab.sh and scripts/interop do), boots the VM with --dual, runs bench/lab-probe-guest.sh in the guest
 # (clocksource, timers, clock/sleep/UDP costs in C and Go, rxe vs softroce 8-byte latency per
 # clocksource), prints its output and always stops the VM. Root only.
 # Environment: RXE_LAB_APPEND (extra guest kernel command line, e.g. "tsc=reliable"),
@@ -30,10 +30,10 @@ CGO_ENABLED=0 go build -trimpath -o "$SHARE/probe" ./bench/probe &&
   gcc -O2 -static -o "$SHARE/pingpong" bench/cprobe/pingpong.c &&
   cp bench/lab-probe-guest.sh "$SHARE/" || { echo "bench/lab-probe.sh: build failed" >&2; exit 1; }
 echo "   waiting for the lab lock" >&2
-LOCKDIR=${RXE_LAB_CACHE:-/var/cache/rxe-lab}
-mkdir -p "$LOCKDIR"
-exec 7>"$LOCKDIR/interop.lock"
-timeout 2400 flock 7 || { echo "bench/lab-probe.sh: $LOCKDIR/interop.lock not acquired" >&2; exit 1; }
+LOCK=${RXE_LAB_LOCK:-/var/cache/rxe-lab/interop.lock}   # machine-wide, whatever the cache (lib.sh)
+mkdir -p "$(dirname "$LOCK")"
+exec 7>"$LOCK"
+timeout 2400 flock 7 || { echo "bench/lab-probe.sh: $LOCK not acquired" >&2; exit 1; }
 for _ in $(seq 1 60); do
   test/rxelab/vm status > /dev/null 2>&1 || break
   echo "   a lab VM is running (someone else's): waiting" >&2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/lab.sh SOFTROCE_BIN OUTDIR [QUICK]: the rxe-lab part of bench/run. Takes the lab lock
-# ($RXE_LAB_CACHE/interop.lock, as scripts/interop does) for the whole session, boots the lab VM with
-# --dual, runs bench/lab-guest.sh in the guest (kernel rxe<->rxe, softroce<->softroce and
+# ($RXE_LAB_LOCK, default /var/cache/rxe-lab/interop.lock, as scripts/interop does) for the
+# whole session, boots the lab VM with --dual, runs bench/lab-guest.sh in the guest (kernel rxe<->rxe, softroce<->softroce and
 # softroce<->rxe on veth pairs inside the guest, ib_write_bw/ib_write_lat and `softroce perf`),
 # always stops the VM, and prints table rows "lab|..." with the softroce/rxe ratio per row.
 # Every server runs on guest CPU 1 and every client on CPU 0 (taskset, rxe and softroce alike;
@@ -28,10 +28,10 @@ LOG=$OUT/lab.log
 # The lab lock: scripts/interop and test/conform/cmd/conform-rxe hold it for their whole run.
 # Long-lived children (the VM and its watchdog) get it closed.
 echo "   waiting for the lab lock" >&2
-LOCKDIR=${RXE_LAB_CACHE:-/var/cache/rxe-lab}
-mkdir -p "$LOCKDIR"
-exec 7>"$LOCKDIR/interop.lock"
-timeout 2400 flock 7 || { echo "bench/lab.sh: $LOCKDIR/interop.lock not acquired" >&2; exit 1; }
+LOCK=${RXE_LAB_LOCK:-/var/cache/rxe-lab/interop.lock}   # machine-wide, whatever the cache (lib.sh)
+mkdir -p "$(dirname "$LOCK")"
+exec 7>"$LOCK"
+timeout 2400 flock 7 || { echo "bench/lab.sh: $LOCK not acquired" >&2; exit 1; }
 # never touch a VM someone else started
 for _ in $(seq 1 120); do
   test/rxelab/vm status > /dev/null 2>&1 || break

@@ -40,17 +40,13 @@ func Dir() string {
 	return filepath.Dir(file)
 }
 
-// ShareDir is the host folder the lab mounts at /mnt/host ($RXE_LAB_SHARE, else
-// $RXE_LAB_CACHE/share, else /var/cache/rxe-lab/share; test/rxelab/lib.sh).
+// ShareDir is the host folder the lab mounts at /mnt/host ($RXE_LAB_SHARE, else the lab
+// cache's share/: rxelab.CacheDir, test/rxelab/lib.sh).
 func ShareDir() string {
 	if s := os.Getenv("RXE_LAB_SHARE"); s != "" {
 		return s
 	}
-	c := os.Getenv("RXE_LAB_CACHE")
-	if c == "" {
-		c = "/var/cache/rxe-lab"
-	}
-	return filepath.Join(c, "share")
+	return filepath.Join(rxelab.CacheDir(), "share")
 }
 
 // BuildAgent compiles the C agent into the lab share (gcc + libibverbs-dev on the host;
@@ -136,19 +132,16 @@ func (r *Rxe) Close() (string, error) {
 	return string(out), errors.Join(err, werr)
 }
 
-// LockLab takes the lab lock scripts/interop takes ($RXE_LAB_CACHE/interop.lock, flock),
-// waiting up to wait, so a run does not kill a VM another user is running (the script
-// starts with `vm stop`). The returned func releases it. The descriptor is close-on-exec,
-// so the VM and its watchdog do not inherit the lock.
+// LockLab takes the lab lock scripts/interop takes (rxelab.LockPath, flock; machine-wide,
+// whatever the cache or target), waiting up to wait, so a run does not kill a VM another
+// user is running (the script starts with `vm stop`). The returned func releases it. The
+// descriptor is close-on-exec, so the VM and its watchdog do not inherit the lock.
 func LockLab(wait time.Duration, waiting func()) (func(), error) {
-	dir := os.Getenv("RXE_LAB_CACHE")
-	if dir == "" {
-		dir = "/var/cache/rxe-lab"
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	lock := rxelab.LockPath()
+	if err := os.MkdirAll(filepath.Dir(lock), 0o755); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(filepath.Join(dir, "interop.lock"), os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := os.OpenFile(lock, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, err
 	}

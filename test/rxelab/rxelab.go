@@ -121,6 +121,31 @@ func DefaultDir() string {
 	return filepath.Dir(file)
 }
 
+// Home is the default lab cache; it holds the machine-wide lock whatever the cache or target.
+const Home = "/var/cache/rxe-lab"
+
+// CacheDir returns the lab cache as test/rxelab/lib.sh computes it: $RXE_LAB_CACHE, else
+// Home, or Home-<series> for a second guest kernel ($RXE_LAB_TARGET, e.g. 6.12).
+func CacheDir() string {
+	if c := os.Getenv("RXE_LAB_CACHE"); c != "" {
+		return c
+	}
+	if t := os.Getenv("RXE_LAB_TARGET"); t != "" {
+		return Home + "-" + t
+	}
+	return Home
+}
+
+// LockPath returns the machine-wide lab lock scripts/interop flocks: $RXE_LAB_LOCK, else
+// Home/interop.lock. One lab VM runs at a time (fixed netns, tap and addresses), whichever
+// cache or target it boots, so the lock does not follow RXE_LAB_CACHE.
+func LockPath() string {
+	if l := os.Getenv("RXE_LAB_LOCK"); l != "" {
+		return l
+	}
+	return filepath.Join(Home, "interop.lock")
+}
+
 // Running reports whether the lab VM is up (vm status).
 func Running(dir string) bool {
 	if dir == "" {

@@ -66,3 +66,36 @@ func TestAddressesMatchLibSh(t *testing.T) {
 		t.Errorf("lib.sh: %q, rxelab.go: %q", got, want)
 	}
 }
+
+// TestCacheAndLockMatchLibSh checks CacheDir and LockPath against what lib.sh computes for
+// the same environment, so the Go harness and the scripts agree on the cache and the lock.
+func TestCacheAndLockMatchLibSh(t *testing.T) {
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("no bash")
+	}
+	cases := []map[string]string{
+		{},
+		{"RXE_LAB_TARGET": "6.12"},
+		{"RXE_LAB_TARGET": "6.12", "RXE_LAB_CACHE": "/tmp/c"},
+		{"RXE_LAB_CACHE": "/tmp/c"},
+		{"RXE_LAB_CACHE": "/tmp/c", "RXE_LAB_LOCK": "/tmp/l"},
+	}
+	for _, env := range cases {
+		for _, k := range []string{"RXE_LAB_TARGET", "RXE_LAB_CACHE", "RXE_LAB_LOCK"} {
+			t.Setenv(k, env[k])
+		}
+		cmd := exec.Command("bash", "-c", `source "$1/lib.sh" && printf '%s\n%s\n' "$CACHE" "$LAB_LOCK"`, "_", DefaultDir())
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("%v: lib.sh: %v", env, err)
+		}
+		want := CacheDir() + "\n" + LockPath() + "\n"
+		if string(out) != want {
+			t.Errorf("%v: lib.sh says %q, Go says %q", env, out, want)
+		}
+	}
+	t.Setenv("RXE_LAB_TARGET", "6.12; rm")
+	if err := exec.Command("bash", "-c", `source "$1/lib.sh"`, "_", DefaultDir()).Run(); err == nil {
+		t.Error("lib.sh took RXE_LAB_TARGET=\"6.12; rm\"")
+	}
+}
