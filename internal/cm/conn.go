@@ -1,3 +1,6 @@
+// Long file: the communication ID's state machine of IBTA 12.9 (REQ/REP/RTU, MRA, REJ,
+// DREQ/DREP, TIMEWAIT, SIDR) with its timers, so the transitions read as one state table.
+
 package cm
 
 import (

@@ -1,3 +1,8 @@
+// Long file: a session's request dispatch and its object handlers (PD, MR, SRQ, QP, posts)
+// share its handle table, its lock and the per-user accounting, and cleanup at the end undoes
+// the creates in the reverse order of the handlers above it. Split the handlers by object
+// kind when it grows further.
+
 package daemon
 
 import (

@@ -1,3 +1,6 @@
+// Long file: keys, the mapping table and the one access validator (Check) every data path
+// uses, kept together so every memory-protection rule of IBTA 10.6 is reviewed in one place.
+
 // Package mr implements protection domains, memory regions, memory windows and their keys,
 // and the one access validator every data path uses (IBTA 10.6 "Memory protection").
 //

@@ -1,3 +1,8 @@
+// Long file: the QP object and everything QP.mu guards outside the three roles
+// (configuration, state, the send and receive queues, posting, flush-on-error, the counters):
+// the subject of the package's concurrency comment, kept together so the locking is reviewed
+// in one place.
+
 package qp
 
 import (

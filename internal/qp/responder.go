@@ -1,3 +1,7 @@
+// Long file: the responder of IBTA 9.7.4-9.7.5 and 9.8 in the order a request is checked and
+// executed (PSN and opcode sequence, length, receive WQE, access, placement, ACK/NAK), the
+// order a review follows; READ response scheduling is in readresp.go.
+
 package qp
 
 import (

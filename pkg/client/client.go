@@ -1,3 +1,7 @@
+// Long file: the client side of every verbs object (Conn, PD, MR, SRQ, QP and their posts),
+// each a thin request over the same connection; read together they show which operations
+// cross the socket and which stay in shared memory.
+
 // Package client connects a program to the softroce daemon (internal/daemon):
 // Dial returns a roce.Verbs, the same device API an embedded device offers
 // through (*roce.Device).Verbs, so a program switches with one line:

@@ -1,3 +1,8 @@
+// Long file: an rdma_cm ID's state machine is driven from two sides, the application's calls
+// (bind, resolve, listen, connect, accept, reject, disconnect, destroy) and the CM events of
+// its device (handle, connectRequest), under one lock and one state table; reading one side
+// without the other hides half of the transitions.
+
 // Package rdmacm is an rdma_cm-shaped connection API over softroce devices
 // (librdmacm's rdma_create_id, rdma_resolve_addr/route, rdma_listen,
 // rdma_connect, rdma_accept, rdma_reject, rdma_disconnect and

@@ -1,3 +1,7 @@
+// Long file: the package's pipeline and concurrency comment and the Device it describes, from
+// Open to Close, with the receive loop and the device-level checks of every datagram, in
+// reading order.
+
 // Package roce is softroce's device API: a RoCEv2 (InfiniBand transport
 // over UDP 4791) software RDMA device in the shape of ibverbs. A Device is
 // opened on a link (UDP sockets or the in-memory network); it owns the

@@ -75,7 +75,7 @@ var treeRules = []struct {
 }
 
 // TestTreeHasNoHistory: no tracked file names an issue, a working session, a date or a path
-// of the build machine (HELPERS.md, "Standards"). CHANGELOG.md may date its versions.
+// of the build machine (DEVELOPERS.md, "Rules"). CHANGELOG.md may date its versions.
 func TestTreeHasNoHistory(t *testing.T) {
 	root, files := trackedFiles(t)
 	for _, f := range files {
@@ -118,4 +118,49 @@ func clip(s string) string {
 		return s[:120] + "..."
 	}
 	return s
+}
+
+// maxLines is the length past which a Go file must say why it is long (DEVELOPERS.md,
+// "Rules").
+const maxLines = 600
+
+// longReason is the comment a long file carries in its first lines: "// Long file: " and a
+// reason of a sentence or more.
+var longReason = regexp.MustCompile(`^// Long file: (.{40,})`)
+
+// TestFileLength: every non-test, non-generated Go file is at most maxLines long, or says in a
+// "// Long file: REASON" comment within its first 30 lines why it is one file.
+func TestFileLength(t *testing.T) {
+	root, files := trackedFiles(t)
+	for _, f := range files {
+		if !strings.HasSuffix(f, ".go") || strings.HasSuffix(f, "_test.go") || recorded(f) {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(root, f))
+		if err != nil {
+			if os.IsNotExist(err) {
+				continue
+			}
+			t.Fatal(err)
+		}
+		lines := strings.Split(string(b), "\n") // a final newline leaves an empty last element
+		generated, reason := false, false
+		for _, l := range lines[:min(30, len(lines))] {
+			if strings.HasPrefix(l, "// Code generated ") && strings.HasSuffix(l, " DO NOT EDIT.") {
+				generated = true // the Go convention (go help generate)
+			}
+			if longReason.MatchString(l) {
+				reason = true
+			}
+		}
+		if reason && len(lines) <= maxLines+1 {
+			t.Errorf("%s: %d lines carries a \"// Long file:\" comment: no longer needed, remove it", f, len(lines)-1)
+		}
+		if len(lines) <= maxLines+1 {
+			continue
+		}
+		if !generated && !reason {
+			t.Errorf("%s: %d lines (over %d): split it, or say why it is one file in a \"// Long file: REASON\" comment in its first 30 lines", f, len(lines)-1, maxLines)
+		}
+	}
 }

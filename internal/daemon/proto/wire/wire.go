@@ -1,3 +1,7 @@
+// Long file: the Go twin of clib/include/softroce/proto.h, struct for struct in the header's
+// order, so the two read side by side; TestWireLayoutMatchesC checks every offset, size and
+// constant.
+
 // Package wire is the Go twin of clib/include/softroce/proto.h: the daemon
 // protocol's messages and shared-memory layouts as fixed-layout structs, field
 // for field and byte for byte (TestWireLayoutMatchesC compiles the header
