@@ -396,14 +396,31 @@ func (m *Manager) qpUp(c *Conn) error {
 	if c.qp == nil {
 		return nil
 	}
-	rtr := RTRParams{DestQPN: c.remoteQPN, RQPSN: c.rqPSN, PathMTU: c.path.MTU, MaxDestRDAtomic: c.respRes, Path: c.path}
+	rtr, rts := c.qpParams()
 	if err := c.qp.ToRTR(&rtr); err != nil {
 		return err
 	}
-	rts := RTSParams{SQPSN: c.sqPSN, Timeout: c.path.LocalACKTimeout, RetryCnt: c.retryCount, RNRRetry: c.rnrOut,
-		MaxRDAtomic: c.initDepth}
 	return c.qp.ToRTS(&rts)
 }
+
+// qpParams are the negotiated attributes of the RTR and RTS transitions (m.mu held).
+func (c *Conn) qpParams() (RTRParams, RTSParams) {
+	return RTRParams{DestQPN: c.remoteQPN, RQPSN: c.rqPSN, PathMTU: c.path.MTU, MaxDestRDAtomic: c.respRes, Path: c.path},
+		RTSParams{SQPSN: c.sqPSN, Timeout: c.path.LocalACKTimeout, RetryCnt: c.retryCount, RNRRetry: c.rnrOut,
+			MaxRDAtomic: c.initDepth}
+}
+
+// QPParams returns the negotiated attributes the RTR and RTS transitions take
+// (ib_cm_init_qp_attr), for a QP its consumer moves itself (rdma_init_qp_attr).
+// They are complete once the peer's REQ (passive side) or REP (active side) arrived.
+func (c *Conn) QPParams() (RTRParams, RTSParams) {
+	c.m.mu.Lock()
+	defer c.m.mu.Unlock()
+	return c.qpParams()
+}
+
+// Transport returns the connection's transport (RC or UC).
+func (c *Conn) Transport() TransportType { return c.typ }
 
 // Reject answers a REQ (or, with ManualRTU, a REP) with a REJ (IBTA 12.6.7).
 func (c *Conn) Reject(reason RejectReason, privateData []byte) error {

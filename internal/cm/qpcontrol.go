@@ -32,26 +32,43 @@ type qpControl struct {
 
 // ToRTR implements QPControl.
 func (c *qpControl) ToRTR(p *RTRParams) error {
-	a := qp.Attr{State: qp.StateRTR, PathMTU: qp.MTU(p.PathMTU), DestQPN: p.DestQPN, RQPSN: p.RQPSN,
-		MaxDestRDAtomic: p.MaxDestRDAtomic, MinRNRTimer: p.MinRNRTimer,
-		AH: qp.AHAttr{DGID: p.Path.DGID, SGIDIndex: c.o.SGIDIndex, HopLimit: p.Path.HopLimit,
-			TrafficClass: p.Path.TrafficClass, FlowLabel: p.Path.FlowLabel, SL: p.Path.SL, Port: c.o.Port}}
-	m := qp.AttrState | qp.AttrAV | qp.AttrPathMTU | qp.AttrDestQPN | qp.AttrRQPSN
-	if c.q.Type() == qp.TypeRC {
-		m |= qp.AttrMaxDestRDAtomic | qp.AttrMinRNRTimer
-	}
+	a, m := RTRAttr(c.q.Type(), p, c.o)
 	return c.q.Modify(&a, m)
 }
 
 // ToRTS implements QPControl.
 func (c *qpControl) ToRTS(p *RTSParams) error {
+	a, m := RTSAttr(c.q.Type(), p)
+	return c.q.Modify(&a, m)
+}
+
+// RTRAttr is the INIT -> RTR modification of a QP of type typ for the
+// connection's parameters (ib_cm_init_qp_attr; UC takes no RDMA-atomic or RNR
+// attributes).
+func RTRAttr(typ qp.Type, p *RTRParams, o QPControlOptions) (qp.Attr, qp.AttrMask) {
+	if o.Port == 0 {
+		o.Port = 1
+	}
+	a := qp.Attr{State: qp.StateRTR, PathMTU: qp.MTU(p.PathMTU), DestQPN: p.DestQPN, RQPSN: p.RQPSN,
+		MaxDestRDAtomic: p.MaxDestRDAtomic, MinRNRTimer: p.MinRNRTimer,
+		AH: qp.AHAttr{DGID: p.Path.DGID, SGIDIndex: o.SGIDIndex, HopLimit: p.Path.HopLimit,
+			TrafficClass: p.Path.TrafficClass, FlowLabel: p.Path.FlowLabel, SL: p.Path.SL, Port: o.Port}}
+	m := qp.AttrState | qp.AttrAV | qp.AttrPathMTU | qp.AttrDestQPN | qp.AttrRQPSN
+	if typ == qp.TypeRC {
+		m |= qp.AttrMaxDestRDAtomic | qp.AttrMinRNRTimer
+	}
+	return a, m
+}
+
+// RTSAttr is the RTR -> RTS modification (UC takes no ACK, retry or RDMA-atomic attributes).
+func RTSAttr(typ qp.Type, p *RTSParams) (qp.Attr, qp.AttrMask) {
 	a := qp.Attr{State: qp.StateRTS, SQPSN: p.SQPSN, Timeout: p.Timeout, RetryCnt: p.RetryCnt,
 		RNRRetry: p.RNRRetry, MaxRDAtomic: p.MaxRDAtomic}
 	m := qp.AttrState | qp.AttrSQPSN
-	if c.q.Type() == qp.TypeRC {
+	if typ == qp.TypeRC {
 		m |= qp.AttrTimeout | qp.AttrRetryCnt | qp.AttrRNRRetry | qp.AttrMaxQPRDAtomic
 	}
-	return c.q.Modify(&a, m)
+	return a, m
 }
 
 // ToErr implements QPControl.

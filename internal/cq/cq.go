@@ -133,7 +133,7 @@ type Flags uint8
 const (
 	FlagGRH     Flags = 1 // IBV_WC_GRH: the first 40 bytes of the receive buffer hold a GRH
 	FlagWithImm Flags = 2 // IBV_WC_WITH_IMM: ImmData is valid
-	FlagWithInv Flags = 4 // IBV_WC_WITH_INV: InvalidatedRKey is valid
+	FlagWithInv Flags = 8 // IBV_WC_WITH_INV: InvalidatedRKey is valid
 )
 
 // WC is a work completion (struct ibv_wc).

@@ -54,7 +54,7 @@ func TestStatusTableComplete(t *testing.T) {
 			t.Errorf("opcode %v = %d, want %d", o, uint8(o), v)
 		}
 	}
-	if FlagGRH != 1 || FlagWithImm != 2 || FlagWithInv != 4 {
-		t.Error("ibv_wc_flags: GRH 1, WITH_IMM 2, WITH_INV 4")
+	if FlagGRH != 1 || FlagWithImm != 2 || FlagWithInv != 8 {
+		t.Error("ibv_wc_flags: GRH 1, WITH_IMM 2, WITH_INV 8 (1 << 3; bit 2 is IP_CSUM_OK)")
 	}
 }

@@ -1,10 +1,15 @@
 package daemon_test
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
+	"runtime"
 	"strconv"
 	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/qp"
@@ -44,8 +49,20 @@ func BenchmarkWrite64B(b *testing.B) { benchWrite(b, 64, 1, 8) }
 // flight (completed slots re-posted in one call), calling start once the
 // connection is up; it returns when all n completed.
 func writeLoop(tb testing.TB, va, vb roce.Verbs, ipA, ipB netip.Addr, size, depth, n int, start func()) {
-	a := newEnd(tb, va, size*depth, uint32(depth), rcAccess)
-	p := newEnd(tb, vb, size*depth, uint32(depth), rcAccess)
+	writeLoopMem(tb, va, vb, ipA, ipB, size, depth, n, start, false)
+}
+
+// writeLoopMem is writeLoop with both programs' memory their own (processMem: a heap slice,
+// registered where it is; the daemon copies through /proc/self/mem) or from AllocBuffer.
+func writeLoopMem(tb testing.TB, va, vb roce.Verbs, ipA, ipB netip.Addr, size, depth, n int, start func(), processMem bool) {
+	var a, p *end
+	if processMem {
+		a = newEndBuf(tb, va, make([]byte, size*depth), uint32(depth), rcAccess)
+		p = newEndBuf(tb, vb, make([]byte, size*depth), uint32(depth), rcAccess)
+	} else {
+		a = newEnd(tb, va, size*depth, uint32(depth), rcAccess)
+		p = newEnd(tb, vb, size*depth, uint32(depth), rcAccess)
+	}
 	a.timeout, p.timeout = 16, 16 // 268 ms: a loaded machine must not fail the run
 	a.connect(tb, ipB, p.q.Num(), uint8(va.GIDIndex(ipA)))
 	p.connect(tb, ipA, a.q.Num(), uint8(vb.GIDIndex(ipB)))
@@ -133,10 +150,10 @@ func writeStream(tb testing.TB, a *end, piova uint64, prkey uint32, size, depth,
 }
 
 func benchWrite(b *testing.B, size, depth, pairBase int) {
-	run := func(b *testing.B, va, vb roce.Verbs, ipA, ipB netip.Addr) {
+	run := func(b *testing.B, va, vb roce.Verbs, ipA, ipB netip.Addr, processMem bool) {
 		b.SetBytes(int64(size))
 		b.ReportAllocs()
-		writeLoop(b, va, vb, ipA, ipB, size, depth, b.N, b.ResetTimer)
+		writeLoopMem(b, va, vb, ipA, ipB, size, depth, b.N, b.ResetTimer, processMem)
 		b.StopTimer()
 	}
 	b.Run("embedded", func(b *testing.B) {
@@ -144,13 +161,60 @@ func benchWrite(b *testing.B, size, depth, pairBase int) {
 		da, db := udpDevice(b, ipA), udpDevice(b, ipB)
 		defer da.Close()
 		defer db.Close()
-		run(b, da.Verbs(), db.Verbs(), ipA, ipB)
+		run(b, da.Verbs(), db.Verbs(), ipA, ipB, false)
 	})
 	b.Run("daemon", func(b *testing.B) {
 		ipA, ipB := loopbackPair(pairBase + 1)
 		// The same devices as embedded (roce.OpenUDP: GSO runs, GRO), as
 		// `softroce daemon` opens them.
 		sa, sb := serveDevice(b, udpDevice(b, ipA), "a"), serveDevice(b, udpDevice(b, ipB), "b")
-		run(b, sa.dial(b), sb.dial(b), ipA, ipB)
+		run(b, sa.dial(b), sb.dial(b), ipA, ipB, false)
 	})
+	// The programs' own memory (as a C program's malloc'd buffers): every packet's payload
+	// is one pread (sender's daemon) and one pwrite (receiver's daemon) on /proc/<pid>/mem.
+	b.Run("daemon-process-memory", func(b *testing.B) {
+		ipA, ipB := loopbackPair(pairBase + 2)
+		sa, sb := serveDevice(b, udpDevice(b, ipA), "a"), serveDevice(b, udpDevice(b, ipB), "b")
+		run(b, sa.dial(b), sb.dial(b), ipA, ipB, true)
+	})
+}
+
+// BenchmarkProcMemCopy: the cost of one copy through /proc/self/mem (what the daemon pays per
+// packet and SGE of an SR_MR_PROCESS region), reading and writing, next to a plain copy of the
+// same bytes: the fixed cost per call and the cost per byte.
+func BenchmarkProcMemCopy(b *testing.B) {
+	f, err := os.OpenFile("/proc/self/mem", os.O_RDWR, 0)
+	if err != nil {
+		b.Skip(err)
+	}
+	defer f.Close()
+	src := make([]byte, 1<<20)
+	pattern(src, 1)
+	addr := int64(uintptr(unsafe.Pointer(&src[0])))
+	for _, size := range []int{64, 1024, 4096, 65536} {
+		dst := make([]byte, size)
+		b.Run(fmt.Sprintf("pread/%d", size), func(b *testing.B) {
+			b.SetBytes(int64(size))
+			for i := 0; i < b.N; i++ {
+				if n, err := unix.Pread(int(f.Fd()), dst, addr); err != nil || n != size {
+					b.Fatal(n, err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("pwrite/%d", size), func(b *testing.B) {
+			b.SetBytes(int64(size))
+			for i := 0; i < b.N; i++ {
+				if n, err := unix.Pwrite(int(f.Fd()), dst, addr); err != nil || n != size {
+					b.Fatal(n, err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("copy/%d", size), func(b *testing.B) {
+			b.SetBytes(int64(size))
+			for i := 0; i < b.N; i++ {
+				copy(dst, src)
+			}
+		})
+	}
+	runtime.KeepAlive(src)
 }

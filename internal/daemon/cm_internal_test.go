@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/softroce/softroce/internal/cm"
 	"github.com/softroce/softroce/internal/daemon/proto"
+	"github.com/softroce/softroce/internal/daemon/proto/wire"
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
@@ -29,20 +29,13 @@ func TestCMSetQPOtherSession(t *testing.T) {
 	}
 	defer dev.Close()
 	srv, _ := New(Options{Device: dev, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	x := &session{s: srv, next: 1, objs: map[proto.Handle]any{}, ten: srv.acct.user(0)}
-	y := &session{s: srv, next: 100, objs: map[proto.Handle]any{}, ten: srv.acct.user(0)}
+	x := testSession(srv, 1)
+	y := testSession(srv, 100)
 	defer x.cleanup()
 	defer y.cleanup()
-	req := func(ss *session, op proto.Op, v any) error {
-		j, _ := json.Marshal(v)
-		var fds []int
-		ss.handle(append([]byte{byte(op)}, j...), &fds)
-		if ss.wbuf[0] != proto.StatusOK {
-			var e proto.ErrorBody
-			json.Unmarshal(ss.wbuf[1:], &e)
-			return proto.FromBody(e)
-		}
-		return nil
+	req := func(ss *session, op wire.Op, body []byte) error {
+		_, err := ss.request(op, body)
+		return err
 	}
 	must := func(err error) {
 		t.Helper()
@@ -51,13 +44,14 @@ func TestCMSetQPOtherSession(t *testing.T) {
 		}
 	}
 	// x: PD 1, CQ 2, QP 3
-	must(req(x, proto.OpAllocPD, nil))
-	must(req(x, proto.OpCreateCQ, proto.CreateCQReq{CQE: 4}))
-	must(req(x, proto.OpCreateQP, proto.CreateQPReq{Type: qp.TypeRC, PD: 1, SendCQ: 2, RecvCQ: 2,
-		Cap: qp.Cap{MaxSendWR: 2, MaxRecvWR: 2, MaxSendSGE: 1, MaxRecvSGE: 1}}))
-	// y: ID 100
-	must(req(y, proto.OpCMCreateID, proto.CMCreateIDReq{PortSpace: cm.PSTCP}))
-	if err := req(y, proto.OpCMSetQP, proto.CMSetQPReq{H: 100, QP: 3}); !errors.Is(err, proto.ErrNoObject) {
+	must(req(x, wire.OpAllocPD, nil))
+	must(req(x, wire.OpCreateCQ, wire.Bytes(&wire.CreateCQReq{CQE: 4})))
+	must(req(x, wire.OpCreateQP, wire.Bytes(&wire.CreateQPReq{QPType: uint8(qp.TypeRC), PD: 1, SendCQ: 2, RecvCQ: 2,
+		Cap: wire.QPCap{MaxSendWR: 2, MaxRecvWR: 2, MaxSendSGE: 1, MaxRecvSGE: 1}})))
+	// y: channel 100, ID 101
+	must(req(y, wire.OpCMCreateChannel, nil))
+	must(req(y, wire.OpCMCreateID, wire.Bytes(&wire.CMCreateIDReq{Channel: 100, PortSpace: uint16(cm.PSTCP)})))
+	if err := req(y, wire.OpCMSetQP, wire.Bytes(&wire.CMSetQPReq{ID: 101, QP: 3})); !errors.Is(err, proto.ErrNoObject) {
 		t.Fatalf("binding another session's QP: %v, want ErrNoObject", err)
 	}
 	o := x.objs[3].(*qpObj)
@@ -65,7 +59,7 @@ func TestCMSetQPOtherSession(t *testing.T) {
 		t.Fatalf("the other session's QP moved to %v", o.q.State())
 	}
 	// x cannot touch y's ID either
-	if err := req(x, proto.OpCMListen, proto.CMListenReq{H: 100}); !errors.Is(err, proto.ErrNoObject) {
+	if err := req(x, wire.OpCMListen, wire.Bytes(&wire.CMListenReq{ID: 101})); !errors.Is(err, proto.ErrNoObject) {
 		t.Fatalf("listening on another session's ID: %v, want ErrNoObject", err)
 	}
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/daemon/proto"
+	"github.com/softroce/softroce/internal/daemon/proto/wire"
+	"github.com/softroce/softroce/internal/mr"
 )
 
 // cqObj is a client CQ: the engine's cq.CQ plus the shared completion ring
@@ -46,15 +48,15 @@ type cqObj struct {
 // createCQ creates the engine CQ, the ring memfd and both eventfds. The
 // returned fds (memfd, notify, space) are sent to the client and then
 // closed here (the daemon keeps its mapping and its own eventfd copies).
-func (ss *session) createCQ(r proto.CreateCQReq) (proto.CreateCQResp, []int, error) {
-	var resp proto.CreateCQResp
-	if r.CQE < 1 || r.CQE > ss.s.dev.Attr().MaxCQE {
-		return resp, nil, fmt.Errorf("%w: cqe %d", cq.ErrCapacity, r.CQE)
+func (ss *session) createCQ(cqe int) (wire.CreateCQResp, []int, error) {
+	var resp wire.CreateCQResp
+	if cqe < 1 || cqe > ss.s.dev.Attr().MaxCQE {
+		return resp, nil, fmt.Errorf("%w: cqe %d", cq.ErrCapacity, cqe)
 	}
-	capacity := proto.RingCapacity(r.CQE)
+	capacity := proto.RingCapacity(cqe)
 	size := proto.RingBytes(capacity)
 	cost := usage{resCQs: 1, resFDs: 2, resMappings: 1, resMappedBytes: int64(size),
-		resEngineBytes: int64(size) + cq.Footprint(r.CQE)}
+		resEngineBytes: int64(size) + cq.Footprint(cqe)}
 	if err := ss.charge(cost); err != nil {
 		return resp, nil, err
 	}
@@ -91,7 +93,7 @@ func (ss *session) createCQ(r proto.CreateCQReq) (proto.CreateCQResp, []int, err
 		proto.Unmap(mem)
 		return resp, nil, err
 	}
-	c, err := ss.s.dev.CreateCQ(r.CQE)
+	c, err := ss.s.dev.CreateCQ(cqe)
 	if err != nil {
 		proto.CloseFDs(fdsOut)
 		proto.CloseFD(notify)
@@ -109,7 +111,7 @@ func (ss *session) createCQ(r proto.CreateCQReq) (proto.CreateCQResp, []int, err
 	ss.s.mapped.Add(int64(len(mem)))
 	h := ss.add(o)
 	ss.s.own(c, owner{ss, h, proto.EventOnCQ})
-	resp = proto.CreateCQResp{H: h, Capacity: capacity, Bytes: size}
+	resp = wire.CreateCQResp{Handle: uint32(h), CQE: uint32(cqe), Entries: uint32(capacity), Bytes: uint32(size)}
 	return resp, fdsOut, nil
 }
 
@@ -132,7 +134,7 @@ func (ss *session) destroyCQ(h proto.Handle) error {
 		return err
 	}
 	if o.refs > 0 {
-		return fmt.Errorf("%w: CQ still used by %d QPs", cq.ErrCQError, o.refs)
+		return fmt.Errorf("%w: CQ still used by %d QPs", mr.ErrBusy, o.refs)
 	}
 	ss.releaseCQ(o)
 	ss.del(h)

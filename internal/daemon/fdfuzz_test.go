@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"encoding/binary"
-	"encoding/json"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -14,8 +13,8 @@ import (
 
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/daemon/proto"
+	"github.com/softroce/softroce/internal/daemon/proto/wire"
 	"github.com/softroce/softroce/internal/mr"
-	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
 )
@@ -97,16 +96,13 @@ func FuzzSessionFDs(f *testing.F) {
 		Limits: Limits{MappedBytes: 64 << 20, Mappings: 64, EngineBytes: 64 << 20, CQs: 8, MRs: 16, QPs: 8}})
 	srv.drainPaused.Store(true) // drains happen when the program says
 	baseFDs := countFDs()
-	msg := func(op proto.Op, v any) []byte {
-		j, _ := json.Marshal(v)
-		return append([]byte{byte(op)}, j...)
-	}
+	msg := func(op wire.Op, body []byte) []byte { return proto.AppendRequest(nil, op, body) }
 	// A program is a list of steps: step kind, then its bytes (see the switch below).
 	f.Add([]byte{0, 0, 0, 1, 0, 0, 0, 16, 0, 0, 2, 1, 0, 0, 0, 0, 4, 3, 4, 0, 5, 2, 0, 0, 6, 1, 0})
 	f.Add([]byte{0, 0, 0, 1, 2, 0, 0, 16, 0, 0, 7, 0, 1, 3, 0, 0, 0, 1, 0, 1, 4, 9, 9, 9, 9, 9})
 	f.Add([]byte{0, 2, 0, 0, 0, 1, 6, 0, 8, 0, 0, 3, 1, 0, 0, 0, 4, 0xff, 0xff, 0, 5})
 	f.Fuzz(func(t *testing.T, prog []byte) {
-		ss := &session{s: srv, next: 1, objs: map[proto.Handle]any{}, ten: srv.acct.user(0)}
+		ss := testSession(srv, 1)
 		next := func() byte {
 			if len(prog) == 0 {
 				return 0
@@ -117,10 +113,12 @@ func FuzzSessionFDs(f *testing.F) {
 		}
 		u16 := func() int { return int(next())<<8 | int(next()) }
 		request := func(m []byte, fds []int) {
+			ss.wbuf = ss.wbuf[:0]
 			rights := ss.handle(m, &fds)
 			for _, fd := range fds {
 				if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
-					t.Fatalf("op %d: fd %d left to the request loop is already closed", m[0], fd)
+					h, _, _ := proto.ParseHdr(m)
+					t.Fatalf("op %d: fd %d left to the request loop is already closed", h.Op, fd)
 				}
 			}
 			proto.CloseFDs(fds)
@@ -135,23 +133,23 @@ func FuzzSessionFDs(f *testing.F) {
 			case 0: // objects: a PD, a CQ, a QP, the post ring
 				switch next() % 4 {
 				case 0:
-					request(msg(proto.OpAllocPD, nil), nil)
+					request(msg(wire.OpAllocPD, nil), nil)
 				case 1:
-					request(msg(proto.OpCreateCQ, proto.CreateCQReq{CQE: int(next()%64) + 1}), nil)
+					request(msg(wire.OpCreateCQ, wire.Bytes(&wire.CreateCQReq{CQE: uint32(next()%64) + 1})), nil)
 				case 2:
-					request(msg(proto.OpCreateQP, proto.CreateQPReq{Type: qp.Type(next() % 4), PD: proto.Handle(next() % 4), SendCQ: proto.Handle(next() % 4),
-						RecvCQ: proto.Handle(next() % 4), Cap: qp.Cap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}}), nil)
+					request(msg(wire.OpCreateQP, wire.Bytes(&wire.CreateQPReq{QPType: next() % 4, PD: uint32(next() % 4), SendCQ: uint32(next() % 4),
+						RecvCQ: uint32(next() % 4), Cap: wire.QPCap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})), nil)
 				case 3:
-					request([]byte{byte(proto.OpOpenPostRing)}, nil)
+					request(msg(wire.OpOpenRings, nil), nil)
 				}
 			case 1: // RegMR with descriptors of a kind
 				kind, size := next(), u16()*16+1
 				off, n := uint64(u16()), u16()
-				request(msg(proto.OpRegMR, proto.RegMRReq{PD: proto.Handle(next() % 4), Off: off, Len: n, IOVA: 0x1000,
-					Access: uint32(mr.AccessLocalWrite | mr.AccessRemoteWrite)}), fuzzFD(t, kind, size))
+				request(msg(wire.OpRegMR, wire.Bytes(&wire.RegMRReq{PD: uint32(next() % 4), Offset: off, Length: uint64(n), IOVA: 0x1000,
+					Access: uint32(mr.AccessLocalWrite | mr.AccessRemoteWrite), Source: wire.MRMemfd})), fuzzFD(t, kind, size))
 			case 2: // any message, with descriptors of a kind
 				k, n := next(), int(next())
-				m := append([]byte{next() % 30}, prog[:min(n, len(prog))]...)
+				m := msg(wire.Op(next()), prog[:min(n, len(prog))])
 				prog = prog[min(n, len(prog)):]
 				request(m, fuzzFD(t, k, 4096))
 			case 3: // bytes into the post ring, and a tail

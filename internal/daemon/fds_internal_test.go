@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"encoding/json"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -10,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softroce/softroce/internal/daemon/proto"
+	"github.com/softroce/softroce/internal/daemon/proto/wire"
 	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
 )
@@ -30,14 +30,10 @@ func TestRequestFDsClosedOnce(t *testing.T) {
 	}
 	defer dev.Close()
 	srv, _ := New(Options{Device: dev, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	ss := &session{s: srv, next: 1, objs: map[proto.Handle]any{}, ten: srv.acct.user(0)}
+	ss := testSession(srv, 1)
 	defer ss.cleanup()
-	msg := func(op proto.Op, v any) []byte {
-		j, _ := json.Marshal(v)
-		return append([]byte{byte(op)}, j...)
-	}
 	var none []int
-	ss.handle(msg(proto.OpAllocPD, nil), &none)
+	ss.handle(reqMsg[wire.Handle](wire.OpAllocPD, nil), &none)
 	memfd, mem, err := proto.NewMemfd("fds", 8192)
 	if err != nil {
 		t.Fatal(err)
@@ -49,22 +45,23 @@ func TestRequestFDsClosedOnce(t *testing.T) {
 	defer proto.CloseFD(memfd)
 	for _, tc := range []struct {
 		name string
-		req  proto.RegMRReq
+		req  wire.RegMRReq
 		ok   bool
 	}{
-		{"a registration", proto.RegMRReq{PD: 1, Len: 4096, Access: 1}, true},
-		{"no such PD", proto.RegMRReq{PD: 9, Len: 4096, Access: 1}, false},
-		{"past the memfd", proto.RegMRReq{PD: 1, Off: 8192, Len: 4096, Access: 1}, false},
-		{"a bad access", proto.RegMRReq{PD: 1, Len: 4096, Access: 1 << 30}, false},
+		{"a registration", wire.RegMRReq{PD: 1, Length: 4096, Access: 1, Source: wire.MRMemfd}, true},
+		{"no such PD", wire.RegMRReq{PD: 9, Length: 4096, Access: 1, Source: wire.MRMemfd}, false},
+		{"past the memfd", wire.RegMRReq{PD: 1, Offset: 8192, Length: 4096, Access: 1, Source: wire.MRMemfd}, false},
+		{"a bad access", wire.RegMRReq{PD: 1, Length: 4096, Access: 1 << 30, Source: wire.MRMemfd}, false},
 	} {
 		dup, err := unix.FcntlInt(uintptr(memfd), unix.F_DUPFD_CLOEXEC, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
 		fds := []int{dup}
-		ss.handle(msg(proto.OpRegMR, tc.req), &fds)
-		if ok := ss.wbuf[0] == proto.StatusOK; ok != tc.ok {
-			t.Fatalf("%s: status %d: %s", tc.name, ss.wbuf[0], ss.wbuf[1:])
+		ss.wbuf = ss.wbuf[:0]
+		ss.handle(reqMsg(wire.OpRegMR, &tc.req), &fds)
+		if st, err := ss.lastStatus(); (st == 0) != tc.ok {
+			t.Fatalf("%s: status %d: %v", tc.name, st, err)
 		}
 		for _, fd := range fds {
 			if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {

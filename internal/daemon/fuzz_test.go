@@ -1,13 +1,13 @@
 package daemon
 
 import (
-	"encoding/json"
 	"io"
 	"log/slog"
 	"net/netip"
 	"testing"
 
 	"github.com/softroce/softroce/internal/daemon/proto"
+	"github.com/softroce/softroce/internal/daemon/proto/wire"
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
@@ -27,10 +27,7 @@ func FuzzHandle(f *testing.F) {
 	}
 	defer dev.Close()
 	srv, _ := New(Options{Device: dev, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	msg := func(op proto.Op, v any) []byte {
-		j, _ := json.Marshal(v)
-		return append([]byte{byte(op)}, j...)
-	}
+	msg := func(op wire.Op, body []byte) []byte { return proto.AppendRequest(nil, op, body) }
 	// A message stream: messages separated by a 0xFF 0xFE marker.
 	join := func(ms ...[]byte) []byte {
 		var out []byte
@@ -39,35 +36,54 @@ func FuzzHandle(f *testing.F) {
 		}
 		return out
 	}
-	post, _ := proto.AppendPostSend(nil, proto.OpPostSendAsync, 3, []qp.SendWR{{WRID: 1, Opcode: qp.WRSend, SGL: []qp.SGE{{Length: 8, LKey: 1}}}})
-	recv, _ := proto.AppendPostRecv(nil, proto.OpPostRecv, 3, []qp.RecvWR{{WRID: 1, SGL: []qp.SGE{{Length: 8}}}})
-	f.Add(join(msg(proto.OpAllocPD, nil), msg(proto.OpCreateCQ, proto.CreateCQReq{CQE: 4}),
-		msg(proto.OpCreateQP, proto.CreateQPReq{Type: qp.TypeRC, PD: 1, SendCQ: 2, RecvCQ: 2, Cap: qp.Cap{MaxSendWR: 2, MaxRecvWR: 2, MaxSendSGE: 1, MaxRecvSGE: 1}}),
-		msg(proto.OpModifyQP, proto.ModifyQPReq{H: 3, Attr: qp.Attr{State: qp.StateInit, Port: 1}, Mask: qp.AttrState | qp.AttrPort | qp.AttrPKeyIndex | qp.AttrAccessFlags}),
-		post, recv, msg(proto.OpQueryQP, proto.HandleReq{H: 3}), msg(proto.OpDestroyCQ, proto.HandleReq{H: 2})))
-	f.Add(join(msg(proto.OpCreateSRQ, proto.CreateSRQReq{MaxWR: 4, MaxSGE: 1}), msg(proto.OpModifySRQ, proto.ModifySRQReq{H: 1, Mask: qp.SRQLimit, Attr: qp.SRQAttr{SRQLimit: 2}})))
-	f.Add(join(msg(proto.OpAllocPD, nil), msg(proto.OpCreateAH, proto.CreateAHReq{PD: 1, Attr: qp.AHAttr{SGIDIndex: 9}})))
-	f.Add([]byte{byte(proto.OpDebug)})
+	h := func(v uint32) []byte { return wire.Bytes(&wire.Handle{Handle: v}) }
+	post, _ := proto.AppendPostSend(nil, wire.OpPostSendAsync, 3, []qp.SendWR{{WRID: 1, Opcode: qp.WRSend, SGL: []qp.SGE{{Length: 8, LKey: 1}}}})
+	inl, _ := proto.AppendPostSend(nil, wire.OpPostSend, 3, []qp.SendWR{{WRID: 2, Opcode: qp.WRSend, Flags: qp.SendInline | qp.SendSignaled, Inline: []byte("inline!")}})
+	recv, _ := proto.AppendPostRecv(nil, wire.OpPostRecv, 3, []qp.RecvWR{{WRID: 1, SGL: []qp.SGE{{Length: 8}}}})
+	qpReq := wire.Bytes(&wire.CreateQPReq{QPType: uint8(qp.TypeRC), PD: 1, SendCQ: 2, RecvCQ: 2,
+		Cap: wire.QPCap{MaxSendWR: 2, MaxRecvWR: 2, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: 64}})
+	toInit := wire.Bytes(&wire.ModifyQPReq{Handle: 3, AttrMask: uint32(qp.AttrState | qp.AttrPort | qp.AttrPKeyIndex | qp.AttrAccessFlags),
+		Attr: wire.QPAttr{QPState: uint8(qp.StateInit), PortNum: 1}})
+	hello := msg(wire.OpHello, wire.Bytes(&wire.HelloReq{Magic: wire.Magic, Version: wire.Version}))
+	f.Add(join(hello, msg(wire.OpAllocPD, nil), msg(wire.OpCreateCQ, wire.Bytes(&wire.CreateCQReq{CQE: 4})),
+		msg(wire.OpCreateQP, qpReq), msg(wire.OpModifyQP, toInit), post, inl, recv,
+		msg(wire.OpQueryQP, wire.Bytes(&wire.QueryQPReq{Handle: 3})), msg(wire.OpDestroyCQ, h(2))))
+	f.Add(join(hello, msg(wire.OpCreateSRQ, wire.Bytes(&wire.CreateSRQReq{MaxWR: 4, MaxSGE: 1})),
+		msg(wire.OpModifySRQ, wire.Bytes(&wire.ModifySRQReq{Handle: 1, AttrMask: uint32(qp.SRQLimit), SRQLimit: 2}))))
+	f.Add(join(hello, msg(wire.OpAllocPD, nil), msg(wire.OpCreateAH, wire.Bytes(&wire.CreateAHReq{PD: 1, Attr: wire.AHAttr{SGIDIndex: 9}}))))
+	f.Add(join(hello, msg(wire.OpDebug, nil), msg(wire.OpQueryDevice, nil), msg(wire.OpQueryGIDs, wire.Bytes(&wire.PortReq{Port: 1})),
+		msg(wire.OpQueryPKey, wire.Bytes(&wire.PKeyReq{Port: 1})), msg(wire.OpStats, nil)))
+	f.Add(join(msg(wire.OpAllocPD, nil), hello)) // before HELLO: refused
 	// rdma_cm: an ID listening, a second connecting to it through the device's own CM
 	// (loopback), a QP bound, events fetched, a reject, a destroy
-	f.Add(join(msg(proto.OpCMCreateID, proto.CMCreateIDReq{PortSpace: 0x0106}),
-		msg(proto.OpCMBindAddr, proto.CMAddrReq{H: 1, Addr: netip.MustParseAddrPort("10.6.0.1:7000")}),
-		msg(proto.OpCMListen, proto.CMListenReq{H: 1, Backlog: 2}),
-		msg(proto.OpAllocPD, nil), msg(proto.OpCreateCQ, proto.CreateCQReq{CQE: 4}),
-		msg(proto.OpCreateQP, proto.CreateQPReq{Type: qp.TypeRC, PD: 2, SendCQ: 3, RecvCQ: 3, Cap: qp.Cap{MaxSendWR: 2, MaxRecvWR: 2, MaxSendSGE: 1, MaxRecvSGE: 1}}),
-		msg(proto.OpCMCreateID, proto.CMCreateIDReq{PortSpace: 0x0106}),
-		msg(proto.OpCMResolveAddr, proto.CMAddrReq{H: 5, Addr: netip.MustParseAddrPort("10.6.0.1:7000")}),
-		msg(proto.OpCMResolveRoute, proto.HandleReq{H: 5}),
-		msg(proto.OpCMSetQP, proto.CMSetQPReq{H: 5, QP: 4}),
-		msg(proto.OpCMConnect, proto.CMConnParamReq{H: 5}),
-		msg(proto.OpCMGetEvents, nil),
-		msg(proto.OpCMReject, proto.CMRejectReq{H: 6, PrivateData: []byte("no")}),
-		msg(proto.OpCMDisconnect, proto.HandleReq{H: 5}),
-		msg(proto.OpCMDestroyID, proto.HandleReq{H: 1})))
-	f.Add(join(msg(proto.OpCMCreateID, proto.CMCreateIDReq{PortSpace: 0x0111}), msg(proto.OpCMAccept, proto.CMConnParamReq{H: 1}),
-		msg(proto.OpCMListen, proto.CMListenReq{H: 1})))
+	addr := func(ap string) wire.SockAddr { return proto.AddrPortToWire(netip.MustParseAddrPort(ap)) }
+	f.Add(join(hello, msg(wire.OpCMCreateChannel, nil),
+		msg(wire.OpCMCreateID, wire.Bytes(&wire.CMCreateIDReq{Channel: 1, PortSpace: 0x0106})),
+		msg(wire.OpCMBindAddr, wire.Bytes(&wire.CMBindReq{ID: 2, Addr: addr("10.6.0.1:7000")})),
+		msg(wire.OpCMListen, wire.Bytes(&wire.CMListenReq{ID: 2, Backlog: 2})),
+		msg(wire.OpAllocPD, nil), msg(wire.OpCreateCQ, wire.Bytes(&wire.CreateCQReq{CQE: 4})),
+		msg(wire.OpCreateQP, wire.Bytes(&wire.CreateQPReq{QPType: uint8(qp.TypeRC), PD: 3, SendCQ: 4, RecvCQ: 4,
+			Cap: wire.QPCap{MaxSendWR: 2, MaxRecvWR: 2, MaxSendSGE: 1, MaxRecvSGE: 1}})),
+		msg(wire.OpCMCreateID, wire.Bytes(&wire.CMCreateIDReq{Channel: 1, PortSpace: 0x0106})),
+		msg(wire.OpCMResolveAddr, wire.Bytes(&wire.CMResolveAddrReq{ID: 6, Dst: addr("10.6.0.1:7000")})),
+		msg(wire.OpCMResolveRoute, wire.Bytes(&wire.CMResolveRouteReq{ID: 6})),
+		msg(wire.OpCMSetQP, wire.Bytes(&wire.CMSetQPReq{ID: 6, QP: 5})),
+		msg(wire.OpCMConnect, wire.Bytes(&wire.CMConnReq{ID: 6})),
+		msg(wire.OpCMGetEvents, wire.Bytes(&wire.CMGetEventsReq{Channel: 1})),
+		msg(wire.OpCMQueryID, h(6)),
+		msg(wire.OpCMInitQPAttr, wire.Bytes(&wire.CMInitQPAttrReq{ID: 6, QPState: uint32(qp.StateRTR)})),
+		msg(wire.OpCMReject, wire.Bytes(&wire.CMRejectReq{ID: 7, PrivateDataLen: 2})),
+		msg(wire.OpCMDisconnect, h(6)),
+		msg(wire.OpCMDestroyID, h(2)), msg(wire.OpCMDestroyChannel, h(1))))
+	f.Add(join(hello, msg(wire.OpCMCreateChannel, nil), msg(wire.OpCMCreateChannel, nil),
+		msg(wire.OpCMCreateID, wire.Bytes(&wire.CMCreateIDReq{Channel: 1, PortSpace: 0x0111})),
+		msg(wire.OpCMMigrateID, wire.Bytes(&wire.CMMigrateReq{ID: 3, Channel: 2})),
+		msg(wire.OpCMAccept, wire.Bytes(&wire.CMConnReq{ID: 3})),
+		msg(wire.OpCMListen, wire.Bytes(&wire.CMListenReq{ID: 3}))))
 	f.Fuzz(func(t *testing.T, stream []byte) {
-		ss := &session{s: srv, next: 1, objs: map[proto.Handle]any{}, ten: srv.acct.user(0)}
+		ss := &session{s: srv, next: 1, objs: map[proto.Handle]any{}, ten: srv.acct.user(0), memFD: -1} // before HELLO
+		srv.nextID++
+		ss.id = srv.nextID
 		for len(stream) > 0 {
 			m := stream
 			for i := 0; i+1 < len(stream); i++ {
@@ -82,15 +98,20 @@ func FuzzHandle(f *testing.F) {
 			if len(m) == 0 {
 				continue
 			}
+			if len(m) < proto.HdrSize {
+				continue // the run loop answers a short message itself
+			}
 			var fds []int
+			ss.wbuf = ss.wbuf[:0]
 			rights := ss.handle(m, &fds)
 			proto.CloseFDs(proto.ParseRights(rights)) // the run loop closes what it sent
-			if len(ss.wbuf) == 0 && proto.Op(m[0]) != proto.OpPostSendAsync && proto.Op(m[0]) != proto.OpPostRecvAsync {
-				t.Fatalf("no response to op %d", m[0])
+			hd, _, _ := proto.ParseHdr(m)
+			if len(ss.wbuf) == 0 && hd.Op != wire.OpPostSendAsync && hd.Op != wire.OpPostRecvAsync {
+				t.Fatalf("no response to op %d", hd.Op)
 			}
 		}
 		ss.cleanup()
-		if d := srv.Debug(); d.PDs != 0 || d.MRs != 0 || d.CQs != 0 || d.SRQs != 0 || d.QPs != 0 || d.CMIDs != 0 || d.MappedBytes != 0 {
+		if d := srv.Debug(); d.PDs != 0 || d.MRs != 0 || d.CQs != 0 || d.SRQs != 0 || d.QPs != 0 || d.CMIDs != 0 || d.CMChannels != 0 || d.MappedBytes != 0 {
 			t.Fatalf("objects left after cleanup: %+v", d)
 		}
 		if u := srv.acct.usedBy(ss.ten); u != (usage{}) {

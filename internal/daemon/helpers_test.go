@@ -42,16 +42,24 @@ const rcAccess = mr.AccessLocalWrite | mr.AccessRemoteWrite | mr.AccessRemoteRea
 
 func newEnd(t testing.TB, v roce.Verbs, size int, depth uint32, acc mr.Access) *end {
 	t.Helper()
-	e := &end{v: v, iova: 0x10000, wc: make([]cq.WC, 64), timeout: 12}
+	buf, err := v.AllocBuffer(size)
+	if err != nil {
+		t.Fatal("AllocBuffer:", err)
+	}
+	return newEndBuf(t, v, buf, depth, acc)
+}
+
+// newEndBuf is newEnd over buf: memory from AllocBuffer (shared with the daemon) or any other
+// memory of the program (registered where it is, reached by the daemon through copies).
+func newEndBuf(t testing.TB, v roce.Verbs, buf []byte, depth uint32, acc mr.Access) *end {
+	t.Helper()
+	e := &end{v: v, iova: 0x10000, wc: make([]cq.WC, 64), timeout: 12, buf: buf}
 	var err error
 	if e.pd, err = v.AllocPD(); err != nil {
 		t.Fatal("AllocPD:", err)
 	}
 	if e.cq, err = v.CreateCQ(int(4 * depth)); err != nil {
 		t.Fatal("CreateCQ:", err)
-	}
-	if e.buf, err = v.AllocBuffer(size); err != nil {
-		t.Fatal("AllocBuffer:", err)
 	}
 	if e.m, err = v.RegMR(e.pd, e.buf, e.iova, acc); err != nil {
 		t.Fatal("RegMR:", err)

@@ -2,16 +2,17 @@ package daemon_test
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"net"
 	"os"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/daemon/proto"
+	"github.com/softroce/softroce/internal/daemon/proto/wire"
 	"github.com/softroce/softroce/internal/mr"
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/roce"
@@ -29,19 +30,36 @@ func dialRaw(t *testing.T, sock string) *raw {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	return &raw{t: t, c: c}
+	r := &raw{t: t, c: c}
+	if err := r.call(wire.OpHello, wire.Bytes(&wire.HelloReq{Magic: wire.Magic, Version: wire.Version}), nil); err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
-// call sends op+JSON(req) (or op+bin when req is []byte) with fds and returns the error response, if any.
-func (r *raw) call(op proto.Op, req any, out any, fds ...int) error {
+// call sends op with body (a wire struct's bytes) and fds, copies the response
+// body into out and returns the error response, if any.
+func (r *raw) call(op wire.Op, body, out []byte, fds ...int) error {
 	r.t.Helper()
-	msg := []byte{byte(op)}
-	if b, ok := req.([]byte); ok {
-		msg = b
-	} else if req != nil {
-		j, _ := json.Marshal(req)
-		msg = append(msg, j...)
-	}
+	return r.send(proto.AppendRequest(nil, op, body), out, fds...)
+}
+
+// send sends a whole message (e.g. a post) and reads the response as call does.
+func (r *raw) send(msg, out []byte, fds ...int) error {
+	r.t.Helper()
+	got, err := r.sendFDs(msg, out, fds...)
+	proto.CloseFDs(got)
+	return err
+}
+
+// callFDs is call returning the fds that came with the response.
+func (r *raw) callFDs(op wire.Op, body, out []byte) ([]int, error) {
+	r.t.Helper()
+	return r.sendFDs(proto.AppendRequest(nil, op, body), out)
+}
+
+func (r *raw) sendFDs(msg, out []byte, fds ...int) ([]int, error) {
+	r.t.Helper()
 	var oob []byte
 	if len(fds) > 0 {
 		oob = unix.UnixRights(fds...)
@@ -55,20 +73,17 @@ func (r *raw) call(op proto.Op, req any, out any, fds ...int) error {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	proto.CloseFDs(proto.ParseRights(oobBuf[:oobn]))
-	if buf[0] != proto.StatusOK {
-		var e proto.ErrorBody
-		if err := json.Unmarshal(buf[1:n], &e); err != nil {
-			r.t.Fatal(err)
-		}
-		return proto.FromBody(e)
+	got := proto.ParseRights(oobBuf[:oobn])
+	h, b, ok := proto.ParseHdr(buf[:n])
+	if !ok {
+		r.t.Fatalf("%d-byte response", n)
 	}
-	if out != nil {
-		if err := json.Unmarshal(buf[1:n], out); err != nil {
-			r.t.Fatal(err)
-		}
+	if h.Status != 0 {
+		_, err := proto.ResponseError(h, b)
+		return got, err
 	}
-	return nil
+	copy(out, b)
+	return got, nil
 }
 
 // TestIsolation: a client cannot name another client's objects through the
@@ -91,41 +106,48 @@ func TestIsolation(t *testing.T) {
 	// 1. Handles: the attacker's session has no objects; every handle the
 	// victim could have (1..64) names nothing, for every operation.
 	atk := dialRaw(t, da.sock)
-	for h := proto.Handle(0); h <= 64; h++ {
-		hr := proto.HandleReq{H: h}
+	for h := uint32(0); h <= 64; h++ {
+		hr := wire.Bytes(&wire.Handle{Handle: h})
 		checks := []struct {
 			name string
 			err  error
 		}{
-			{"DeallocPD", atk.call(proto.OpDeallocPD, hr, nil)},
-			{"DeregMR", atk.call(proto.OpDeregMR, hr, nil)},
-			{"DestroyCQ", atk.call(proto.OpDestroyCQ, hr, nil)},
-			{"DestroySRQ", atk.call(proto.OpDestroySRQ, hr, nil)},
-			{"QuerySRQ", atk.call(proto.OpQuerySRQ, hr, nil)},
-			{"ModifySRQ", atk.call(proto.OpModifySRQ, proto.ModifySRQReq{H: h, Mask: qp.SRQLimit, Attr: qp.SRQAttr{SRQLimit: 1}}, nil)},
-			{"DestroyQP", atk.call(proto.OpDestroyQP, hr, nil)},
-			{"QueryQP", atk.call(proto.OpQueryQP, hr, nil)},
-			{"ModifyQP", atk.call(proto.OpModifyQP, proto.ModifyQPReq{H: h, Attr: qp.Attr{State: qp.StateErr}, Mask: qp.AttrState}, nil)},
-			{"CreateQP", atk.call(proto.OpCreateQP, proto.CreateQPReq{Type: qp.TypeRC, PD: h, SendCQ: h, RecvCQ: h}, nil)},
-			{"CreateAH", atk.call(proto.OpCreateAH, proto.CreateAHReq{PD: h, Attr: qp.AHAttr{DGID: ipB, SGIDIndex: 1}}, nil)},
+			{"DeallocPD", atk.call(wire.OpDeallocPD, hr, nil)},
+			{"DeregMR", atk.call(wire.OpDeregMR, hr, nil)},
+			{"DestroyCQ", atk.call(wire.OpDestroyCQ, hr, nil)},
+			{"ModifyCQ", atk.call(wire.OpModifyCQ, wire.Bytes(&wire.ModifyCQReq{Handle: h, CQCount: 4}), nil)},
+			{"DestroySRQ", atk.call(wire.OpDestroySRQ, hr, nil)},
+			{"QuerySRQ", atk.call(wire.OpQuerySRQ, hr, nil)},
+			{"ModifySRQ", atk.call(wire.OpModifySRQ, wire.Bytes(&wire.ModifySRQReq{Handle: h, AttrMask: uint32(qp.SRQLimit), SRQLimit: 1}), nil)},
+			{"DestroyQP", atk.call(wire.OpDestroyQP, hr, nil)},
+			{"QueryQP", atk.call(wire.OpQueryQP, wire.Bytes(&wire.QueryQPReq{Handle: h}), nil)},
+			{"ModifyQP", atk.call(wire.OpModifyQP, wire.Bytes(&wire.ModifyQPReq{Handle: h, AttrMask: uint32(qp.AttrState),
+				Attr: wire.QPAttr{QPState: uint8(qp.StateErr)}}), nil)},
+			{"CreateQP", atk.call(wire.OpCreateQP, wire.Bytes(&wire.CreateQPReq{QPType: uint8(qp.TypeRC), PD: h, SendCQ: h, RecvCQ: h}), nil)},
+			{"CreateAH", atk.call(wire.OpCreateAH, wire.Bytes(&wire.CreateAHReq{PD: h, Attr: wire.AHAttr{DGID: ipB.As16(), SGIDIndex: 1}}), nil)},
+			{"CMDestroyChannel", atk.call(wire.OpCMDestroyChannel, hr, nil)},
+			{"CMCreateID", atk.call(wire.OpCMCreateID, wire.Bytes(&wire.CMCreateIDReq{Channel: h, PortSpace: 0x0106}), nil)},
+			{"CMGetEvents", atk.call(wire.OpCMGetEvents, wire.Bytes(&wire.CMGetEventsReq{Channel: h}), nil)},
+			{"CMDestroyID", atk.call(wire.OpCMDestroyID, hr, nil)},
+			{"CMQueryID", atk.call(wire.OpCMQueryID, hr, nil)},
 		}
-		post, _ := proto.AppendPostSend(nil, proto.OpPostSend, h, []qp.SendWR{{Opcode: qp.WRSend}})
+		post, _ := proto.AppendPostSend(nil, wire.OpPostSend, proto.Handle(h), []qp.SendWR{{Opcode: qp.WRSend}})
 		checks = append(checks, struct {
 			name string
 			err  error
-		}{"PostSend", atk.call(0, post, nil)})
-		recv, _ := proto.AppendPostRecv(nil, proto.OpPostRecv, h, []qp.RecvWR{{WRID: 1}})
+		}{"PostSend", atk.send(post, nil)})
+		recv, _ := proto.AppendPostRecv(nil, wire.OpPostRecv, proto.Handle(h), []qp.RecvWR{{WRID: 1}})
 		checks = append(checks, struct {
 			name string
 			err  error
-		}{"PostRecv", atk.call(0, recv, nil)})
-		srecv, _ := proto.AppendPostRecv(nil, proto.OpPostSRQRecv, h, []qp.RecvWR{{WRID: 1}})
+		}{"PostRecv", atk.send(recv, nil)})
+		srecv, _ := proto.AppendPostRecv(nil, wire.OpPostSRQRecv, proto.Handle(h), []qp.RecvWR{{WRID: 1}})
 		checks = append(checks, struct {
 			name string
 			err  error
-		}{"PostSRQRecv", atk.call(0, srecv, nil)})
+		}{"PostSRQRecv", atk.send(srecv, nil)})
 		for _, c := range checks {
-			if !errors.Is(c.err, proto.ErrNoObject) {
+			if !errors.Is(c.err, proto.ErrNoObject) || !errors.Is(c.err, syscall.EINVAL) {
 				t.Fatalf("%s(handle %d) by another client: %v, want ErrNoObject", c.name, h, c.err)
 			}
 		}
@@ -134,15 +156,18 @@ func TestIsolation(t *testing.T) {
 	if st := victim.q.State(); st != qp.StateReset {
 		t.Fatalf("victim QP state %v", st)
 	}
-	var dbg proto.Debug
-	if err := atk.call(proto.OpDebug, nil, &dbg); err != nil || dbg.Mine.QPs != 0 || dbg.QPs != 1 || dbg.SRQs != 1 {
+	var dbg wire.Debug
+	if err := atk.call(wire.OpDebug, nil, wire.Bytes(&dbg)); err != nil || dbg.MineQPs != 0 || dbg.QPs != 1 || dbg.SRQs != 1 {
 		t.Fatalf("debug %+v %v", dbg, err)
 	}
 
 	// 2. Memory that is not a sealed memfd is refused (a plain file, an unsealed memfd).
-	var pd proto.HandleResp
-	if err := atk.call(proto.OpAllocPD, nil, &pd); err != nil {
+	var pd wire.Handle
+	if err := atk.call(wire.OpAllocPD, nil, wire.Bytes(&pd)); err != nil {
 		t.Fatal(err)
+	}
+	memfdMR := func(off uint64) []byte {
+		return wire.Bytes(&wire.RegMRReq{PD: pd.Handle, Length: 4096, Offset: off, Access: 1, Source: wire.MRMemfd})
 	}
 	f, err := os.CreateTemp(t.TempDir(), "plain")
 	if err != nil {
@@ -150,7 +175,7 @@ func TestIsolation(t *testing.T) {
 	}
 	defer f.Close()
 	f.Truncate(1 << 16)
-	if err := atk.call(proto.OpRegMR, proto.RegMRReq{PD: pd.H, Len: 4096, Access: 1}, nil, int(f.Fd())); !errors.Is(err, proto.ErrNotShareable) {
+	if err := atk.call(wire.OpRegMR, memfdMR(0), nil, int(f.Fd())); !errors.Is(err, proto.ErrNotShareable) || !errors.Is(err, syscall.EFAULT) {
 		t.Fatalf("RegMR of a plain file: %v", err)
 	}
 	ufd, err := unix.MemfdCreate("unsealed", unix.MFD_CLOEXEC)
@@ -158,7 +183,7 @@ func TestIsolation(t *testing.T) {
 		t.Fatal(err)
 	}
 	unix.Ftruncate(ufd, 1<<16)
-	if err := atk.call(proto.OpRegMR, proto.RegMRReq{PD: pd.H, Len: 4096, Access: 1}, nil, ufd); !errors.Is(err, proto.ErrNotShareable) {
+	if err := atk.call(wire.OpRegMR, memfdMR(0), nil, ufd); !errors.Is(err, proto.ErrNotShareable) {
 		t.Fatalf("RegMR of an unsealed memfd: %v", err)
 	}
 	unix.Close(ufd)
@@ -166,7 +191,7 @@ func TestIsolation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := atk.call(proto.OpRegMR, proto.RegMRReq{PD: pd.H, Off: 1 << 16, Len: 4096, Access: 1}, nil, sfd); !errors.Is(err, proto.ErrNotShareable) {
+	if err := atk.call(wire.OpRegMR, memfdMR(1<<16), nil, sfd); !errors.Is(err, proto.ErrNotShareable) {
 		t.Fatalf("RegMR beyond the memfd: %v", err)
 	}
 	proto.CloseFD(sfd)
@@ -228,7 +253,11 @@ func TestIsolation(t *testing.T) {
 	if _, err := other.v.RegMR(victim.pd, other.buf, 0, mr.AccessLocalWrite); !errors.Is(err, roce.ErrInvalidArg) {
 		t.Fatalf("RegMR with another connection's PD: %v", err)
 	}
-	if _, err := other.v.RegMR(other.pd, victim.buf, 0, mr.AccessLocalWrite); !errors.Is(err, proto.ErrNotShareable) {
-		t.Fatalf("RegMR of another connection's buffer: %v", err)
+	// Another connection's buffer in the same process is this program's memory too: it is
+	// registered where it is (process memory), not shared through the other connection's memfd.
+	if m, err := other.v.RegMR(other.pd, victim.buf, 0, mr.AccessLocalWrite); err != nil {
+		t.Fatalf("RegMR of the program's own memory from another connection: %v", err)
+	} else if err := m.Dereg(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/softroce/softroce/internal/daemon"
 	"github.com/softroce/softroce/internal/daemon/proto"
+	"github.com/softroce/softroce/internal/daemon/proto/wire"
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/client"
 	"github.com/softroce/softroce/pkg/roce"
@@ -178,18 +179,18 @@ func TestRegMRHuge(t *testing.T) {
 	withLimits(t, daemon.Limits{Mappings: 3}, daemon.Limits{})
 	da, _ := memPair(t)
 	atk := dialRaw(t, da.sock)
-	var pd proto.HandleResp
-	if err := atk.call(proto.OpAllocPD, nil, &pd); err != nil {
+	var pd wire.Handle
+	if err := atk.call(wire.OpAllocPD, nil, wire.Bytes(&pd)); err != nil {
 		t.Fatal(err)
 	}
 	fd := sparseMemfd(t, 1<<40)
-	err := atk.call(proto.OpRegMR, proto.RegMRReq{PD: pd.H, Len: 1 << 40, Access: 1}, nil, fd)
+	err := atk.call(wire.OpRegMR, wire.Bytes(&wire.RegMRReq{PD: pd.Handle, Length: 1 << 40, Access: 1, Source: wire.MRMemfd}), nil, fd)
 	wantLimit(t, "RegMR of 1 TiB", err, "mapped_bytes")
 	t.Logf("1 TiB: %v", err)
 	if d := da.srv.Debug(); d.MappedBytes != 0 || d.MRs != 0 {
 		t.Fatalf("after the refusal: %+v", d)
 	}
-	err = atk.call(proto.OpRegMR, proto.RegMRReq{PD: pd.H, Len: 1 << 20, Access: 1}, nil, fd)
+	err = atk.call(wire.OpRegMR, wire.Bytes(&wire.RegMRReq{PD: pd.Handle, Length: 1 << 20, Access: 1, Source: wire.MRMemfd}), nil, fd)
 	if !errors.Is(err, proto.ErrNotShareable) || !strings.Contains(err.Error(), "not populated") {
 		t.Fatalf("RegMR of an unpopulated range: %v, want ErrNotShareable (not populated)", err)
 	}
@@ -202,11 +203,11 @@ func TestRegMRHuge(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 0; i < 3; i++ {
-		if err := atk.call(proto.OpRegMR, proto.RegMRReq{PD: pd.H, Off: uint64(i) << 12, Len: 4096, Access: 1}, nil, fd); err != nil {
+		if err := atk.call(wire.OpRegMR, wire.Bytes(&wire.RegMRReq{PD: pd.Handle, Offset: uint64(i) << 12, Length: 4096, Access: 1, Source: wire.MRMemfd}), nil, fd); err != nil {
 			t.Fatalf("MR %d: %v", i, err)
 		}
 	}
-	err = atk.call(proto.OpRegMR, proto.RegMRReq{PD: pd.H, Len: 4096, Access: 1}, nil, fd)
+	err = atk.call(wire.OpRegMR, wire.Bytes(&wire.RegMRReq{PD: pd.Handle, Length: 4096, Access: 1, Source: wire.MRMemfd}), nil, fd)
 	wantLimit(t, "a fourth mapping under a 3-mapping limit", err, "mappings")
 }
 
@@ -243,11 +244,11 @@ func TestRegMRHugetlb(t *testing.T) {
 		t.Skip("hugetlbfs memfd: seals:", err)
 	}
 	atk := dialRaw(t, da.sock)
-	var pd proto.HandleResp
-	if err := atk.call(proto.OpAllocPD, nil, &pd); err != nil {
+	var pd wire.Handle
+	if err := atk.call(wire.OpAllocPD, nil, wire.Bytes(&pd)); err != nil {
 		t.Fatal(err)
 	}
-	err = atk.call(proto.OpRegMR, proto.RegMRReq{PD: pd.H, Len: 2 << 20, Access: 1}, nil, fd)
+	err = atk.call(wire.OpRegMR, wire.Bytes(&wire.RegMRReq{PD: pd.Handle, Length: 2 << 20, Access: 1, Source: wire.MRMemfd}), nil, fd)
 	if !errors.Is(err, proto.ErrNotShareable) || !strings.Contains(err.Error(), "hugetlbfs") {
 		t.Fatalf("RegMR of a hugetlbfs memfd: %v, want ErrNotShareable", err)
 	}

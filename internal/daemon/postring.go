@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/softroce/softroce/internal/daemon/proto"
+	"github.com/softroce/softroce/internal/daemon/proto/wire"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -38,14 +39,15 @@ type evRing struct {
 // openPostRing creates the ring memfd and the doorbell (OpOpenPostRing);
 // the returned fds (memfd, doorbell) go to the client and are closed after
 // sending. Called with postMu held.
-func (ss *session) openPostRing() (proto.PostRingResp, []int, error) {
+func (ss *session) openPostRing() (wire.OpenRingsResp, []int, error) {
+	var resp wire.OpenRingsResp
 	if ss.ring != nil {
-		return proto.PostRingResp{}, nil, fmt.Errorf("%w: post ring already open", proto.ErrProtocol)
+		return resp, nil, fmt.Errorf("%w: post ring already open", proto.ErrProtocol)
 	}
 	size := int64(proto.RoundPage(proto.EventRingOff + proto.EventRingBytes))
 	cost := usage{resFDs: 2, resMappings: 1, resMappedBytes: size, resEngineBytes: size}
 	if err := ss.charge(cost); err != nil {
-		return proto.PostRingResp{}, nil, err
+		return resp, nil, err
 	}
 	ok := false
 	defer func() {
@@ -55,21 +57,21 @@ func (ss *session) openPostRing() (proto.PostRingResp, []int, error) {
 	}()
 	memfd, mem, err := proto.NewMemfd("softroce-post", proto.EventRingOff+proto.EventRingBytes)
 	if err != nil {
-		return proto.PostRingResp{}, nil, err
+		return resp, nil, err
 	}
 	r, _ := proto.NewPostRing(mem, false)
 	bell, err := proto.NewEventFD()
 	if err != nil {
 		proto.CloseFD(memfd)
 		proto.Unmap(mem)
-		return proto.PostRingResp{}, nil, err
+		return resp, nil, err
 	}
 	evfd, err := proto.NewEventFD()
 	if err != nil {
 		proto.CloseFD(memfd)
 		proto.CloseFD(bell)
 		proto.Unmap(mem)
-		return proto.PostRingResp{}, nil, err
+		return resp, nil, err
 	}
 	fdsOut, err := dupAll(memfd, bell, evfd)
 	proto.CloseFD(memfd)
@@ -77,7 +79,7 @@ func (ss *session) openPostRing() (proto.PostRingResp, []int, error) {
 		proto.CloseFD(bell)
 		proto.CloseFD(evfd)
 		proto.Unmap(mem)
-		return proto.PostRingResp{}, nil, err
+		return resp, nil, err
 	}
 	er, _ := proto.NewEventRing(mem[proto.EventRingOff:], true)
 	ss.evMu.Lock()
@@ -91,7 +93,8 @@ func (ss *session) openPostRing() (proto.PostRingResp, []int, error) {
 	ss.parkMu.Unlock()
 	ss.s.mapped.Add(int64(len(mem)))
 	go ss.drainLoop(pr)
-	return proto.PostRingResp{Bytes: len(mem)}, fdsOut, nil
+	return wire.OpenRingsResp{Bytes: uint32(len(mem)), PostData: proto.PostRingData, EventOff: proto.EventRingOff,
+		EventCap: proto.EventRingCap, MaxRecord: proto.MaxPostRecord}, fdsOut, nil
 }
 
 // Fair service between clients (docs/daemon.md "Fair service"). A client's drainer works in
@@ -209,15 +212,16 @@ func (ss *session) drain(maxRecords int, maxBytes int64) (more bool, err error) 
 		}
 		if err == nil {
 			ss.s.ringPosts.Add(1)
-			switch proto.Op(msg[0]) {
-			case proto.OpPostSendAsync:
+			h, _, _ := proto.ParseHdr(msg)
+			switch h.Op {
+			case wire.OpPostSendAsync:
 				bytes += ss.postSendAsync(msg)
 				continue
-			case proto.OpPostRecvAsync:
+			case wire.OpPostRecvAsync:
 				ss.postRecvAsync(msg)
 				continue
 			}
-			err = fmt.Errorf("%w: op %d in the post ring", proto.ErrRingCorrupt, msg[0])
+			err = fmt.Errorf("%w: op %d in the post ring", proto.ErrRingCorrupt, h.Op)
 		}
 		pr.broken = true
 		ss.s.badPosts.Add(1)

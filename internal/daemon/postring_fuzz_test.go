@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"encoding/binary"
-	"encoding/json"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -11,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/softroce/softroce/internal/daemon/proto"
+	"github.com/softroce/softroce/internal/daemon/proto/wire"
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
@@ -31,21 +31,17 @@ func FuzzPostRingDrain(f *testing.F) {
 	}
 	defer dev.Close()
 	srv, _ := New(Options{Device: dev, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	msg := func(op proto.Op, v any) []byte {
-		j, _ := json.Marshal(v)
-		return append([]byte{byte(op)}, j...)
-	}
 	record := func(m []byte) []byte {
-		b := binary.LittleEndian.AppendUint32(nil, uint32(len(m)))
-		b = binary.LittleEndian.AppendUint32(b, proto.RecordPost)
+		b := binary.NativeEndian.AppendUint32(nil, uint32(len(m)))
+		b = binary.NativeEndian.AppendUint32(b, proto.RecordPost)
 		b = append(b, m...)
 		for len(b)%8 != 0 {
 			b = append(b, 0)
 		}
 		return b
 	}
-	post, _ := proto.AppendPostSend(nil, proto.OpPostSendAsync, 3, []qp.SendWR{{WRID: 1, Opcode: qp.WRSend, Flags: qp.SendSignaled, SGL: []qp.SGE{{Length: 8, LKey: 1}}}})
-	recv, _ := proto.AppendPostRecv(nil, proto.OpPostRecvAsync, 3, []qp.RecvWR{{WRID: 1, SGL: []qp.SGE{{Length: 8}}}})
+	post, _ := proto.AppendPostSend(nil, wire.OpPostSendAsync, 3, []qp.SendWR{{WRID: 1, Opcode: qp.WRSend, Flags: qp.SendSignaled, SGL: []qp.SGE{{Length: 8, LKey: 1}}}})
+	recv, _ := proto.AppendPostRecv(nil, wire.OpPostRecvAsync, 3, []qp.RecvWR{{WRID: 1, SGL: []qp.SGE{{Length: 8}}}})
 	f.Add(append(record(post), record(recv)...), uint64(0))
 	f.Add(record(recv), uint64(8))
 	f.Add([]byte{16, 0, 0, 0, 2, 0, 0, 0}, uint64(3))
@@ -53,16 +49,21 @@ func FuzzPostRingDrain(f *testing.F) {
 		if len(data) > proto.PostRingData {
 			return
 		}
-		ss := &session{s: srv, next: 1, objs: map[proto.Handle]any{}, ten: srv.acct.user(0)}
-		var fds []int
-		for _, m := range [][]byte{msg(proto.OpAllocPD, nil), msg(proto.OpCreateCQ, proto.CreateCQReq{CQE: 4}),
-			msg(proto.OpCreateQP, proto.CreateQPReq{Type: qp.TypeRC, PD: 1, SendCQ: 2, RecvCQ: 2, Cap: qp.Cap{MaxSendWR: 2, MaxRecvWR: 2, MaxSendSGE: 1, MaxRecvSGE: 1}}),
-			msg(proto.OpModifyQP, proto.ModifyQPReq{H: 3, Attr: qp.Attr{State: qp.StateInit, Port: 1}, Mask: qp.AttrState | qp.AttrPort | qp.AttrPKeyIndex | qp.AttrAccessFlags}),
-			{byte(proto.OpOpenPostRing)}} {
-			rights := ss.handle(m, &fds)
+		ss := testSession(srv, 1)
+		for _, m := range []struct {
+			op   wire.Op
+			body []byte
+		}{{wire.OpAllocPD, nil}, {wire.OpCreateCQ, wire.Bytes(&wire.CreateCQReq{CQE: 4})},
+			{wire.OpCreateQP, wire.Bytes(&wire.CreateQPReq{QPType: uint8(qp.TypeRC), PD: 1, SendCQ: 2, RecvCQ: 2,
+				Cap: wire.QPCap{MaxSendWR: 2, MaxRecvWR: 2, MaxSendSGE: 1, MaxRecvSGE: 1}})},
+			{wire.OpModifyQP, wire.Bytes(&wire.ModifyQPReq{Handle: 3, AttrMask: uint32(qp.AttrState | qp.AttrPort | qp.AttrPKeyIndex | qp.AttrAccessFlags),
+				Attr: wire.QPAttr{QPState: uint8(qp.StateInit), PortNum: 1}})},
+			{wire.OpOpenRings, nil}} {
+			var fds []int
+			rights := ss.handle(proto.AppendRequest(nil, m.op, m.body), &fds)
 			proto.CloseFDs(proto.ParseRights(rights))
-			if ss.wbuf[0] != proto.StatusOK {
-				t.Fatalf("setup op %d failed: %s", m[0], ss.wbuf[1:])
+			if h, b, _ := proto.ParseHdr(ss.wbuf); h.Status != 0 {
+				t.Fatalf("setup op %d failed: %s", m.op, b)
 			}
 		}
 		mem := ss.ring.mem

@@ -2,7 +2,6 @@ package daemon_test
 
 import (
 	"bytes"
-	"encoding/json"
 	"testing"
 	"time"
 
@@ -10,6 +9,7 @@ import (
 
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/daemon/proto"
+	"github.com/softroce/softroce/internal/daemon/proto/wire"
 	"github.com/softroce/softroce/internal/qp"
 )
 
@@ -64,24 +64,25 @@ func testPostRingCarriesPosts(t *testing.T) {
 // rawRing is an attacker's view of its own connection's post ring.
 func openRawRing(t *testing.T, r *raw) (*proto.PostRing, int) {
 	t.Helper()
-	if _, _, err := r.c.WriteMsgUnix([]byte{byte(proto.OpOpenPostRing)}, nil, nil); err != nil {
+	if _, _, err := r.c.WriteMsgUnix(proto.AppendRequest(nil, wire.OpOpenRings, nil), nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	buf, oob := make([]byte, 4096), make([]byte, 256)
 	n, oobn, _, _, err := r.c.ReadMsgUnix(buf, oob)
-	if err != nil || n == 0 || buf[0] != proto.StatusOK {
-		t.Fatalf("OpOpenPostRing: %v %q", err, buf[:n])
+	h, body, _ := proto.ParseHdr(buf[:n])
+	if err != nil || h.Status != 0 {
+		t.Fatalf("OpOpenRings: %v %q", err, buf[:n])
 	}
-	var resp proto.PostRingResp
-	if err := json.Unmarshal(buf[1:n], &resp); err != nil {
-		t.Fatal(err)
+	var resp wire.OpenRingsResp
+	if _, ok := wire.Read(body, &resp); !ok {
+		t.Fatalf("%d-byte response", len(body))
 	}
 	fds := proto.ParseRights(oob[:oobn])
 	if len(fds) != 3 { // ring memfd, doorbell, event eventfd
 		t.Fatalf("%d fds", len(fds))
 	}
 	proto.CloseFD(fds[2])
-	mem, err := unix.Mmap(fds[0], 0, resp.Bytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := unix.Mmap(fds[0], 0, int(resp.Bytes), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	proto.CloseFD(fds[0])
 	if err != nil {
 		t.Fatal(err)
@@ -92,7 +93,7 @@ func openRawRing(t *testing.T, r *raw) (*proto.PostRing, int) {
 		t.Fatal("ring view")
 	}
 	// A second ring for the same connection is refused.
-	if err := r.call(proto.OpOpenPostRing, nil, nil); err == nil {
+	if err := r.call(wire.OpOpenRings, nil, nil); err == nil {
 		t.Fatal("second post ring accepted")
 	}
 	return ring, fds[1]
@@ -120,20 +121,20 @@ func TestPostRingAttack(t *testing.T) {
 		proto.Signal(bell)
 	}
 	for h := proto.Handle(0); h <= 64; h++ {
-		s, _ := proto.AppendPostSend(nil, proto.OpPostSendAsync, h, []qp.SendWR{{WRID: 1, Opcode: qp.WRRDMAWrite, Flags: qp.SendSignaled,
+		s, _ := proto.AppendPostSend(nil, wire.OpPostSendAsync, h, []qp.SendWR{{WRID: 1, Opcode: qp.WRRDMAWrite, Flags: qp.SendSignaled,
 			SGL: []qp.SGE{{Addr: v.iova, Length: 4096, LKey: v.m.LKey()}}, RemoteAddr: p.iova, RKey: p.m.RKey()}})
 		put(s)
-		r, _ := proto.AppendPostRecv(nil, proto.OpPostRecvAsync, h, []qp.RecvWR{{WRID: 2, SGL: []qp.SGE{{Addr: v.iova, Length: 4096, LKey: v.m.LKey()}}}})
+		r, _ := proto.AppendPostRecv(nil, wire.OpPostRecvAsync, h, []qp.RecvWR{{WRID: 2, SGL: []qp.SGE{{Addr: v.iova, Length: 4096, LKey: v.m.LKey()}}}})
 		put(r)
-		put([]byte{byte(proto.OpPostSendAsync), 1, 2}) // truncated post: refused, no effect
+		put(proto.AppendRequest(nil, wire.OpPostSendAsync, []byte{1, 2})) // truncated post: refused, no effect
 	}
 	// The attacker's own connection still works: the daemon drained the
 	// ring before answering this request.
-	if err := atk.call(proto.OpDebug, nil, nil); err != nil {
+	if err := atk.call(wire.OpDebug, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	// A record that is not a post: the daemon disconnects the attacker.
-	put([]byte{byte(proto.OpAllocPD)})
+	put(proto.AppendRequest(nil, wire.OpAllocPD, nil))
 	atk.c.SetReadDeadline(time.Now().Add(waitLimit))
 	if n, err := atk.c.Read(make([]byte, 64)); err == nil && n > 0 {
 		t.Fatalf("attacker still connected (read %d bytes)", n)

@@ -1,7 +1,6 @@
 package daemon_test
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
@@ -19,6 +18,7 @@ import (
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/daemon"
 	"github.com/softroce/softroce/internal/daemon/proto"
+	"github.com/softroce/softroce/internal/daemon/proto/wire"
 	"github.com/softroce/softroce/internal/event"
 	"github.com/softroce/softroce/internal/mr"
 	"github.com/softroce/softroce/internal/qp"
@@ -84,32 +84,7 @@ func testRefillStall(t *testing.T, connected bool) {
 
 	// The attacker: a raw connection with a PD, a CQ and an RC QP (no SRQ: the hook is set).
 	atk := dialRaw(t, da.sock)
-	var pd proto.HandleResp
-	if err := atk.call(proto.OpAllocPD, nil, &pd); err != nil {
-		t.Fatal(err)
-	}
-	var c proto.CreateCQResp
-	if err := atk.call(proto.OpCreateCQ, proto.CreateCQReq{CQE: 16}, &c); err != nil {
-		t.Fatal(err)
-	}
-	var aq proto.CreateQPResp
-	if err := atk.call(proto.OpCreateQP, proto.CreateQPReq{Type: qp.TypeRC, PD: pd.H, SendCQ: c.H, RecvCQ: c.H,
-		Cap: qp.Cap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}}, &aq); err != nil {
-		t.Fatal(err)
-	}
-	if connected {
-		for _, m := range []proto.ModifyQPReq{
-			{H: aq.H, Attr: qp.Attr{State: qp.StateInit, Port: 1, AccessFlags: mr.AccessRemoteWrite},
-				Mask: qp.AttrState | qp.AttrPKeyIndex | qp.AttrPort | qp.AttrAccessFlags},
-			{H: aq.H, Attr: qp.Attr{State: qp.StateRTR, AH: qp.AHAttr{DGID: ipC, SGIDIndex: 1}, PathMTU: qp.MTU1024,
-				DestQPN: 0x77, MaxDestRDAtomic: 1, MinRNRTimer: 1},
-				Mask: qp.AttrState | qp.AttrAV | qp.AttrPathMTU | qp.AttrDestQPN | qp.AttrRQPSN | qp.AttrMaxDestRDAtomic | qp.AttrMinRNRTimer},
-		} {
-			if err := atk.call(proto.OpModifyQP, m, nil); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	aq := rawRCQP(t, atk, connected, mr.AccessRemoteWrite)
 	// The flood: another process (the attacker's program) writes truncated send posts into
 	// the attacker's post ring as fast as the ring takes them; the daemon refuses and logs
 	// each. It runs until the bystander is done or 20 s passed.
@@ -207,29 +182,7 @@ func TestRefillNeverWaitsForPostLock(t *testing.T) {
 	p.connect(t, ipA, v.q.Num(), 1)
 
 	atk := dialRaw(t, da.sock)
-	var pd proto.HandleResp
-	if err := atk.call(proto.OpAllocPD, nil, &pd); err != nil {
-		t.Fatal(err)
-	}
-	var c proto.CreateCQResp
-	if err := atk.call(proto.OpCreateCQ, proto.CreateCQReq{CQE: 16}, &c); err != nil {
-		t.Fatal(err)
-	}
-	var aq proto.CreateQPResp
-	if err := atk.call(proto.OpCreateQP, proto.CreateQPReq{Type: qp.TypeRC, PD: pd.H, SendCQ: c.H, RecvCQ: c.H,
-		Cap: qp.Cap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}}, &aq); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range []proto.ModifyQPReq{
-		{H: aq.H, Attr: qp.Attr{State: qp.StateInit, Port: 1}, Mask: qp.AttrState | qp.AttrPKeyIndex | qp.AttrPort | qp.AttrAccessFlags},
-		{H: aq.H, Attr: qp.Attr{State: qp.StateRTR, AH: qp.AHAttr{DGID: ipC, SGIDIndex: 1}, PathMTU: qp.MTU1024,
-			DestQPN: 0x77, MaxDestRDAtomic: 1, MinRNRTimer: 1},
-			Mask: qp.AttrState | qp.AttrAV | qp.AttrPathMTU | qp.AttrDestQPN | qp.AttrRQPSN | qp.AttrMaxDestRDAtomic | qp.AttrMinRNRTimer},
-	} {
-		if err := atk.call(proto.OpModifyQP, m, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
+	aq := rawRCQP(t, atk, true, 0)
 	ring, bell := openRawRing(t, atk)
 
 	unlock := da.srv.LockPosts(aq.QPN)
@@ -239,7 +192,7 @@ func TestRefillNeverWaitsForPostLock(t *testing.T) {
 			unlock()
 		}
 	}()
-	recv, _ := proto.AppendPostRecv(nil, proto.OpPostRecvAsync, aq.H, []qp.RecvWR{{WRID: 5}})
+	recv, _ := proto.AppendPostRecv(nil, wire.OpPostRecvAsync, proto.Handle(aq.Handle), []qp.RecvWR{{WRID: 5}})
 	if ok, _ := ring.Write(recv); !ok {
 		t.Fatal("ring full")
 	}
@@ -297,24 +250,66 @@ func waitOne(e *end, limit time.Duration) (cq.WC, bool) {
 // size (the caller owns both descriptors).
 func openRingFDs(t *testing.T, r *raw) (memfd, bell, size int) {
 	t.Helper()
-	if _, _, err := r.c.WriteMsgUnix([]byte{byte(proto.OpOpenPostRing)}, nil, nil); err != nil {
+	if _, _, err := r.c.WriteMsgUnix(proto.AppendRequest(nil, wire.OpOpenRings, nil), nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	buf, oob := make([]byte, 4096), make([]byte, 256)
 	n, oobn, _, _, err := r.c.ReadMsgUnix(buf, oob)
-	if err != nil || n == 0 || buf[0] != proto.StatusOK {
-		t.Fatalf("OpOpenPostRing: %v %q", err, buf[:n])
+	h, body, _ := proto.ParseHdr(buf[:n])
+	if err != nil || h.Status != 0 {
+		t.Fatalf("OpOpenRings: %v %q", err, buf[:n])
 	}
-	var resp proto.PostRingResp
-	if err := json.Unmarshal(buf[1:n], &resp); err != nil {
-		t.Fatal(err)
+	var resp wire.OpenRingsResp
+	if _, ok := wire.Read(body, &resp); !ok {
+		t.Fatalf("%d-byte response", len(body))
 	}
 	fds := proto.ParseRights(oob[:oobn])
 	if len(fds) != 3 { // ring memfd, doorbell, event eventfd
 		t.Fatalf("%d fds", len(fds))
 	}
 	proto.CloseFD(fds[2])
-	return fds[0], fds[1], resp.Bytes
+	return fds[0], fds[1], int(resp.Bytes)
+}
+
+// rawRCQP creates a PD, a CQ and an RC QP (no SRQ: the refill hook is set) on r's
+// connection; connected moves the QP to RTR with the injector (ipC) as its path, access its
+// remote access flags.
+func rawRCQP(t *testing.T, r *raw, connected bool, access mr.Access) wire.CreateQPResp {
+	t.Helper()
+	var pd wire.Handle
+	if err := r.call(wire.OpAllocPD, nil, wire.Bytes(&pd)); err != nil {
+		t.Fatal(err)
+	}
+	var c wire.CreateCQResp
+	if err := r.call(wire.OpCreateCQ, wire.Bytes(&wire.CreateCQReq{CQE: 16}), wire.Bytes(&c)); err != nil {
+		t.Fatal(err)
+	}
+	var aq wire.CreateQPResp
+	if err := r.call(wire.OpCreateQP, wire.Bytes(&wire.CreateQPReq{QPType: uint8(qp.TypeRC), PD: pd.Handle, SendCQ: c.Handle,
+		RecvCQ: c.Handle, Cap: wire.QPCap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}}), wire.Bytes(&aq)); err != nil {
+		t.Fatal(err)
+	}
+	if !connected {
+		return aq
+	}
+	ipC := netip.MustParseAddr("10.9.0.3")
+	for _, m := range [][]byte{
+		modifyMsg(aq.Handle, qp.Attr{State: qp.StateInit, Port: 1, AccessFlags: access},
+			qp.AttrState|qp.AttrPKeyIndex|qp.AttrPort|qp.AttrAccessFlags),
+		modifyMsg(aq.Handle, qp.Attr{State: qp.StateRTR, AH: qp.AHAttr{DGID: ipC, SGIDIndex: 1}, PathMTU: qp.MTU1024,
+			DestQPN: 0x77, MaxDestRDAtomic: 1, MinRNRTimer: 1},
+			qp.AttrState|qp.AttrAV|qp.AttrPathMTU|qp.AttrDestQPN|qp.AttrRQPSN|qp.AttrMaxDestRDAtomic|qp.AttrMinRNRTimer),
+	} {
+		if err := r.send(m, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return aq
+}
+
+// modifyMsg is ibv_modify_qp's request on QP h.
+func modifyMsg(h uint32, a qp.Attr, mask qp.AttrMask) []byte {
+	return proto.AppendRequest(nil, wire.OpModifyQP, wire.Bytes(&wire.ModifyQPReq{Handle: h, AttrMask: uint32(mask), Attr: proto.QPAttrToWire(&a)}))
 }
 
 // floodChild is the attacker's flooding program (SOFTROCE_DAEMON_CHILD=flood): the post ring's
@@ -331,7 +326,7 @@ func floodChild() int {
 		fmt.Fprintln(os.Stderr, "flood: ring view")
 		return 1
 	}
-	junk := []byte{byte(proto.OpPostSendAsync), 1, 2}
+	junk := proto.AppendRequest(nil, wire.OpPostSendAsync, []byte{1, 2})
 	for {
 		if ok, ringIt := ring.Write(junk); ok && ringIt {
 			proto.Signal(4)

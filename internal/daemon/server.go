@@ -77,6 +77,8 @@ type Server struct {
 	// live object counts over all sessions (Debug, metrics)
 	nPD, nMR, nCQ, nSRQ, nQP atomic.Int64
 	nCMID                    atomic.Int64 // rdma_cm IDs (cm.go)
+	nCMChan                  atomic.Int64 // rdma_cm event channels (cm.go)
+	nCMListen                atomic.Int64 // rdma_cm IDs listening (cm.go)
 	mapped                   atomic.Int64
 	ringPosts, socketPosts   atomic.Uint64
 	refills                  atomic.Uint64 // packets held for a session.refill (postring.go)
@@ -348,6 +350,8 @@ func (s *Server) Debug() proto.Debug {
 	d.PDs, d.MRs, d.CQs = int(s.nPD.Load()), int(s.nMR.Load()), int(s.nCQ.Load())
 	d.SRQs, d.QPs = int(s.nSRQ.Load()), int(s.nQP.Load())
 	d.CMIDs = int(s.nCMID.Load())
+	d.CMChannels = int(s.nCMChan.Load())
+	d.CMListens = int(s.nCMListen.Load())
 	d.MappedBytes = s.mapped.Load()
 	d.RingPosts, d.SocketPosts = s.ringPosts.Load(), s.socketPosts.Load()
 	d.Refills = s.refills.Load()

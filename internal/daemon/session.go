@@ -6,7 +6,6 @@
 package daemon
 
 import (
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
@@ -17,7 +16,7 @@ import (
 
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/daemon/proto"
-	"github.com/softroce/softroce/internal/mr"
+	"github.com/softroce/softroce/internal/daemon/proto/wire"
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/roce"
 )
@@ -37,6 +36,12 @@ type session struct {
 	ten    *tenant
 	base   usage
 	refuse error
+
+	hello bool // HELLO answered: other requests are served
+
+	// The client's /proc/self/mem (SR_OP_ATTACH_MEM, mem.go), for SR_MR_PROCESS MRs.
+	memFD  int
+	hasMem bool
 
 	mu   sync.Mutex
 	next proto.Handle
@@ -62,41 +67,15 @@ type session struct {
 	unparkMu  sync.Mutex
 	unparking []*roce.QP
 
-	cm *sessionCM // rdma_cm IDs' event channel (cm.go); guarded by mu
+	cm *sessionCM // rdma_cm event channels and queues (cm.go); guarded by mu
 
 	rbuf, wbuf, oob []byte
 	sdec            proto.SendDecoder
 	rdec            proto.RecvDecoder
 }
 
-type pdObj struct {
-	pd   *mr.PD
-	refs int // MRs, QPs, AHs using it
-}
-
-type mrObj struct {
-	m       *mr.MR
-	pd      *pdObj
-	mapping []byte
-	cost    usage
-}
-
-type srqObj struct {
-	s    *qp.SRQ
-	refs int
-	cost usage
-}
-
-type qpObj struct {
-	q        *roce.QP
-	pd       *pdObj
-	scq, rcq *cqObj
-	srq      *srqObj
-	cost     usage
-}
-
 func newSession(s *Server, c *net.UnixConn, id uint64) *session {
-	ss := &session{s: s, conn: c, id: id, next: 1, objs: map[proto.Handle]any{},
+	ss := &session{s: s, conn: c, id: id, next: 1, objs: map[proto.Handle]any{}, memFD: -1,
 		rbuf: make([]byte, proto.MaxMsg+1), oob: make([]byte, unix.CmsgSpace(4*8))}
 	ss.uid = nobody // no credentials: the unprivileged account of its own
 	if rc, err := c.SyscallConn(); err == nil {
@@ -137,7 +116,8 @@ func (ss *session) refused() {
 	if err != nil || n == 0 {
 		return
 	}
-	ss.errResp(ss.refuse, 0)
+	h, _, _ := proto.ParseHdr(ss.rbuf[:n])
+	ss.wbuf = proto.AppendError(ss.wbuf, h.Op, ss.refuse, 0)
 	ss.conn.WriteMsgUnix(ss.wbuf, nil, nil)
 }
 
@@ -175,10 +155,15 @@ func (ss *session) run() {
 			fds = proto.ParseRights(ss.oob[:oobn])
 		}
 		var rights []byte
-		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || n == 0 || n > proto.MaxMsg {
-			ss.errResp(fmt.Errorf("%w: truncated message", proto.ErrProtocol), 0)
+		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || n < proto.HdrSize || n > proto.MaxMsg {
+			var op wire.Op
+			if n >= 2 {
+				op = wire.Op(ss.rbuf[0]) | wire.Op(ss.rbuf[1])<<8
+			}
+			ss.wbuf = proto.AppendError(ss.wbuf, op, fmt.Errorf("%w: truncated message", proto.ErrProtocol), 0)
 		} else {
-			if op := proto.Op(ss.rbuf[0]); op == proto.OpPostSendAsync || op == proto.OpPostRecvAsync {
+			h, _, _ := proto.ParseHdr(ss.rbuf[:n])
+			if h.Op == wire.OpPostSendAsync || h.Op == wire.OpPostRecvAsync {
 				proto.CloseFDs(fds)
 				fds = nil
 				ss.handle(ss.rbuf[:n], &fds)
@@ -197,203 +182,301 @@ func (ss *session) run() {
 	}
 }
 
-// handle serves one request, leaving the response in wbuf; it takes the
-// fds it keeps out of *fds and returns the fds to send (SCM_RIGHTS).
+// req decodes a request body into a T (ErrProtocol if it is shorter).
+func req[T wire.Struct](body []byte) (T, error) {
+	var v T
+	if _, ok := wire.Read(body, &v); !ok {
+		return v, fmt.Errorf("%w: %d-byte body, want %d", proto.ErrProtocol, len(body), wire.Size[T]())
+	}
+	return v, nil
+}
+
+// reply appends a response body to the session's response.
+func reply[T wire.Struct](ss *session, v *T) { ss.wbuf = wire.Append(ss.wbuf, v) }
+
+// handle serves one request (b starts with its header), leaving the response
+// in wbuf; it takes the fds it keeps out of *fds and returns the fds to send
+// (SCM_RIGHTS).
 func (ss *session) handle(b []byte, fds *[]int) (rights []byte) {
 	defer ss.unparkDue() // after postMu is released: the drain below may satisfy a refill
 	ss.postMu.Lock()
 	defer ss.postMu.Unlock()
 	ss.drainLocked()
-	op := proto.Op(b[0])
-	body := b[1:]
-	var out any
-	var err error
+	h, body, _ := proto.ParseHdr(b)
+	op := h.Op
 	switch op {
-	case proto.OpPostSend, proto.OpPostRecv, proto.OpPostSRQRecv, proto.OpPostSendAsync, proto.OpPostRecvAsync:
+	case wire.OpPostSend, wire.OpPostRecv, wire.OpPostSRQRecv, wire.OpPostSendAsync, wire.OpPostRecvAsync:
 		ss.s.socketPosts.Add(1)
 	}
+	if !ss.hello && op != wire.OpHello {
+		if op != wire.OpPostSendAsync && op != wire.OpPostRecvAsync {
+			ss.wbuf = proto.AppendError(ss.wbuf, op, fmt.Errorf("%w: HELLO first", proto.ErrProtocol), 0)
+		}
+		return nil
+	}
 	switch op {
-	case proto.OpPostSend:
+	case wire.OpPostSend:
 		ss.postSend(b)
 		return nil
-	case proto.OpPostRecv, proto.OpPostSRQRecv:
+	case wire.OpPostRecv, wire.OpPostSRQRecv:
 		ss.postRecv(op, b)
 		return nil
-	case proto.OpPostSendAsync:
+	case wire.OpPostSendAsync:
 		ss.postSendAsync(b)
 		return nil
-	case proto.OpPostRecvAsync:
+	case wire.OpPostRecvAsync:
 		ss.postRecvAsync(b)
 		return nil
-	case proto.OpHello:
-		v := ss.s.verb
-		out = proto.Hello{Version: proto.Version, Name: v.Name(), Attr: v.Attr(), PortAttr: v.PortAttr(), GIDs: v.GIDs(),
-			Limit: ss.s.acct.limit.proto()}
-	case proto.OpStats:
-		out = ss.s.dev.Stats()
-	case proto.OpDebug:
-		d := ss.s.Debug()
-		ss.mu.Lock()
-		for _, o := range ss.objs {
-			switch o.(type) {
-			case *pdObj:
-				d.Mine.PDs++
-			case *mrObj:
-				d.Mine.MRs++
-			case *cqObj:
-				d.Mine.CQs++
-			case *srqObj:
-				d.Mine.SRQs++
-			case *qpObj:
-				d.Mine.QPs++
-			case *cmIDObj:
-				d.Mine.CMIDs++
-			}
-		}
-		ss.mu.Unlock()
-		d.UID = ss.uid
-		if ss.ten != nil {
-			d.User = ss.s.acct.usedBy(ss.ten).proto()
-		}
-		d.UserLimit = ss.s.acct.limit.proto()
-		out = d
-	case proto.OpAllocPD:
-		out, err = ss.allocPD()
-	case proto.OpDeallocPD:
-		err = withReq(body, func(r proto.HandleReq) error { return ss.deallocPD(r.H) })
-	case proto.OpRegMR:
-		var r proto.RegMRReq
-		if err = unmarshal(body, &r); err == nil {
-			if len(*fds) != 1 {
-				err = fmt.Errorf("%w: RegMR needs exactly one memfd", proto.ErrProtocol)
-			} else {
-				out, err = ss.regMR(r, (*fds)[0])
-			}
-		}
-	case proto.OpDeregMR:
-		err = withReq(body, func(r proto.HandleReq) error { return ss.deregMR(r.H) })
-	case proto.OpCreateCQ:
-		var r proto.CreateCQReq
-		if err = unmarshal(body, &r); err == nil {
-			var fdsOut []int
-			out, fdsOut, err = ss.createCQ(r)
-			if err == nil {
-				rights = proto.Rights(fdsOut...)
-			}
-		}
-	case proto.OpOpenPostRing:
+	}
+	ss.wbuf = proto.AppendOK(ss.wbuf, op)
+	var err error
+	switch op {
+	case wire.OpHello:
+		err = ss.helloOp(body)
+	case wire.OpOpenRings:
+		var r wire.OpenRingsResp
 		var fdsOut []int
-		out, fdsOut, err = ss.openPostRing()
-		if err == nil {
+		if r, fdsOut, err = ss.openPostRing(); err == nil {
+			reply(ss, &r)
 			rights = proto.Rights(fdsOut...)
 		}
-	case proto.OpDestroyCQ:
-		err = withReq(body, func(r proto.HandleReq) error { return ss.destroyCQ(r.H) })
-	case proto.OpModifyCQ:
-		var r proto.ModifyCQReq
-		if err = unmarshal(body, &r); err == nil {
-			var o *cqObj
-			if o, err = get[*cqObj](ss, r.H); err == nil {
-				err = o.setModeration(r.Mod)
+	case wire.OpAttachMem:
+		err = ss.attachMem(fds)
+	case wire.OpQueryDevice:
+		a := ss.s.dev.Attr()
+		r := proto.DeviceAttrToWire(&a)
+		reply(ss, &r)
+	case wire.OpQueryPort:
+		var r wire.PortReq
+		if r, err = req[wire.PortReq](body); err == nil {
+			if err = checkPort(r.Port); err == nil {
+				a := ss.s.verb.PortAttr()
+				w := proto.PortAttrToWire(&a)
+				reply(ss, &w)
 			}
 		}
-	case proto.OpCreateSRQ:
-		var r proto.CreateSRQReq
-		if err = unmarshal(body, &r); err == nil {
-			out, err = ss.createSRQ(r)
-		}
-	case proto.OpModifySRQ:
-		var r proto.ModifySRQReq
-		if err = unmarshal(body, &r); err == nil {
-			var o *srqObj
-			if o, err = get[*srqObj](ss, r.H); err == nil {
-				err = o.s.Modify(r.Attr, r.Mask)
-			}
-		}
-	case proto.OpQuerySRQ:
-		var r proto.HandleReq
-		if err = unmarshal(body, &r); err == nil {
-			var o *srqObj
-			if o, err = get[*srqObj](ss, r.H); err == nil {
-				out = o.s.Query()
-			}
-		}
-	case proto.OpDestroySRQ:
-		err = withReq(body, func(r proto.HandleReq) error { return ss.destroySRQ(r.H) })
-	case proto.OpCreateQP:
-		var r proto.CreateQPReq
-		if err = unmarshal(body, &r); err == nil {
-			out, err = ss.createQP(r)
-		}
-	case proto.OpModifyQP:
-		var r proto.ModifyQPReq
-		if err = unmarshal(body, &r); err == nil {
-			var o *qpObj
-			if o, err = get[*qpObj](ss, r.H); err == nil {
-				if err = ss.checkQKey(r.Mask&qp.AttrQKey != 0, r.Attr.QKey); err == nil {
-					err = o.q.Modify(&r.Attr, r.Mask)
+	case wire.OpQueryGIDs:
+		var r wire.PortReq
+		if r, err = req[wire.PortReq](body); err == nil {
+			if err = checkPort(r.Port); err == nil {
+				ents := ss.s.gidEntries()
+				n := wire.GIDsResp{Count: uint32(len(ents))}
+				reply(ss, &n)
+				for i := range ents {
+					reply(ss, &ents[i])
 				}
 			}
 		}
-	case proto.OpQueryQP:
-		var r proto.HandleReq
-		if err = unmarshal(body, &r); err == nil {
-			var o *qpObj
-			if o, err = get[*qpObj](ss, r.H); err == nil {
-				out = proto.QueryQPResp{Attr: o.q.Query(), State: o.q.State()}
+	case wire.OpQueryPKey:
+		var r wire.PKeyReq
+		if r, err = req[wire.PKeyReq](body); err == nil {
+			if err = checkPort(r.Port); err == nil && r.Index != 0 {
+				err = fmt.Errorf("%w: P_Key index %d (the table has one entry)", proto.ErrNoObject, r.Index)
+			}
+			if err == nil {
+				reply(ss, &wire.PKeyResp{PKey: 0xFFFF})
 			}
 		}
-	case proto.OpDestroyQP:
-		err = withReq(body, func(r proto.HandleReq) error { return ss.destroyQP(r.H) })
-	case proto.OpCreateAH:
-		var r proto.CreateAHReq
-		if err = unmarshal(body, &r); err == nil {
+	case wire.OpStats:
+		s := ss.s.dev.Stats()
+		w := proto.StatsToWire(&s)
+		reply(ss, &w)
+	case wire.OpDebug:
+		d := ss.debug()
+		w := proto.DebugToWire(&d)
+		reply(ss, &w)
+	case wire.OpAllocPD:
+		var h proto.Handle
+		if h, err = ss.allocPD(); err == nil {
+			reply(ss, &wire.Handle{Handle: uint32(h)})
+		}
+	case wire.OpDeallocPD:
+		var r wire.Handle
+		if r, err = req[wire.Handle](body); err == nil {
+			err = ss.deallocPD(proto.Handle(r.Handle))
+		}
+	case wire.OpRegMR:
+		var r wire.RegMRReq
+		if r, err = req[wire.RegMRReq](body); err == nil {
+			var resp wire.RegMRResp
+			if resp, err = ss.regMR(r, fds); err == nil {
+				reply(ss, &resp)
+			}
+		}
+	case wire.OpDeregMR:
+		var r wire.Handle
+		if r, err = req[wire.Handle](body); err == nil {
+			err = ss.deregMR(proto.Handle(r.Handle))
+		}
+	case wire.OpCreateCQ:
+		var r wire.CreateCQReq
+		if r, err = req[wire.CreateCQReq](body); err == nil {
+			var resp wire.CreateCQResp
+			var fdsOut []int
+			if resp, fdsOut, err = ss.createCQ(int(min(r.CQE, 1<<30))); err == nil {
+				reply(ss, &resp)
+				rights = proto.Rights(fdsOut...)
+			}
+		}
+	case wire.OpModifyCQ:
+		var r wire.ModifyCQReq
+		if r, err = req[wire.ModifyCQReq](body); err == nil {
+			var o *cqObj
+			if o, err = get[*cqObj](ss, proto.Handle(r.Handle)); err == nil {
+				err = o.setModeration(cq.Moderation{Count: r.CQCount, PeriodUS: r.CQPeriod})
+			}
+		}
+	case wire.OpDestroyCQ:
+		var r wire.Handle
+		if r, err = req[wire.Handle](body); err == nil {
+			err = ss.destroyCQ(proto.Handle(r.Handle))
+		}
+	case wire.OpCreateSRQ:
+		var r wire.CreateSRQReq
+		if r, err = req[wire.CreateSRQReq](body); err == nil {
+			var resp wire.CreateSRQResp
+			if resp, err = ss.createSRQ(r); err == nil {
+				reply(ss, &resp)
+			}
+		}
+	case wire.OpModifySRQ:
+		var r wire.ModifySRQReq
+		if r, err = req[wire.ModifySRQReq](body); err == nil {
+			var o *srqObj
+			if o, err = get[*srqObj](ss, proto.Handle(r.Handle)); err == nil {
+				err = o.s.Modify(qp.SRQAttr{MaxWR: int(min(r.MaxWR, 1<<30)), SRQLimit: int(min(r.SRQLimit, 1<<30))},
+					qp.SRQAttrMask(r.AttrMask))
+			}
+		}
+	case wire.OpQuerySRQ:
+		var r wire.Handle
+		if r, err = req[wire.Handle](body); err == nil {
+			var o *srqObj
+			if o, err = get[*srqObj](ss, proto.Handle(r.Handle)); err == nil {
+				a := o.s.Query()
+				reply(ss, &wire.SRQAttr{MaxWR: uint32(a.MaxWR), MaxSGE: uint32(a.MaxSGE), SRQLimit: uint32(a.SRQLimit)})
+			}
+		}
+	case wire.OpDestroySRQ:
+		var r wire.Handle
+		if r, err = req[wire.Handle](body); err == nil {
+			err = ss.destroySRQ(proto.Handle(r.Handle))
+		}
+	case wire.OpCreateQP:
+		var r wire.CreateQPReq
+		if r, err = req[wire.CreateQPReq](body); err == nil {
+			var resp wire.CreateQPResp
+			if resp, err = ss.createQP(r); err == nil {
+				reply(ss, &resp)
+			}
+		}
+	case wire.OpModifyQP:
+		var r wire.ModifyQPReq
+		if r, err = req[wire.ModifyQPReq](body); err == nil {
+			var o *qpObj
+			if o, err = get[*qpObj](ss, proto.Handle(r.Handle)); err == nil {
+				a := proto.QPAttrFromWire(&r.Attr)
+				if err = ss.checkQKey(qp.AttrMask(r.AttrMask)&qp.AttrQKey != 0, a.QKey); err == nil {
+					err = o.q.Modify(&a, qp.AttrMask(r.AttrMask))
+				}
+			}
+		}
+	case wire.OpQueryQP:
+		var r wire.QueryQPReq
+		if r, err = req[wire.QueryQPReq](body); err == nil {
+			var o *qpObj
+			if o, err = get[*qpObj](ss, proto.Handle(r.Handle)); err == nil {
+				a := o.q.Query()
+				a.State = o.q.State()
+				w := proto.QPAttrToWire(&a)
+				reply(ss, &w)
+			}
+		}
+	case wire.OpDestroyQP:
+		var r wire.Handle
+		if r, err = req[wire.Handle](body); err == nil {
+			err = ss.destroyQP(proto.Handle(r.Handle))
+		}
+	case wire.OpCreateAH:
+		var r wire.CreateAHReq
+		if r, err = req[wire.CreateAHReq](body); err == nil {
 			var pd *pdObj
-			if pd, err = get[*pdObj](ss, r.PD); err == nil {
-				out, err = ss.s.dev.CreateAH(pd.pd, r.Attr)
+			if pd, err = get[*pdObj](ss, proto.Handle(r.PD)); err == nil {
+				var ah *qp.AH
+				if ah, err = ss.s.dev.CreateAH(pd.pd, proto.AHAttrFromWire(&r.Attr)); err == nil {
+					reply(ss, &wire.CreateAHResp{Attr: proto.AHAttrToWire(&ah.AHAttr), SGID: proto.AddrToGID(ah.SGID)})
+				}
 			}
 		}
 	default:
-		if op.IsCM() {
-			out, err = ss.handleCM(op, body)
+		if op >= wire.OpCMCreateChannel && op <= wire.OpCMQueryID {
+			rights, err = ss.handleCM(op, body)
 			break
 		}
-		err = fmt.Errorf("%w: unknown op %d", proto.ErrProtocol, op)
+		err = fmt.Errorf("%w: op %d", proto.ErrUnsupported, op)
 	}
 	if err != nil {
-		ss.errResp(err, 0)
+		ss.wbuf = proto.AppendError(ss.wbuf, op, err, 0)
 		return nil
-	}
-	ss.wbuf = append(ss.wbuf[:0], proto.StatusOK)
-	if out != nil {
-		j, err := json.Marshal(out)
-		if err != nil {
-			ss.errResp(err, 0)
-			return nil
-		}
-		ss.wbuf = append(ss.wbuf, j...)
 	}
 	return rights
 }
 
-func unmarshal(b []byte, v any) error {
-	if err := json.Unmarshal(b, v); err != nil {
-		return fmt.Errorf("%w: %v", proto.ErrProtocol, err)
+// helloOp is HELLO: the version check, then the device's identity.
+func (ss *session) helloOp(body []byte) error {
+	r, err := req[wire.HelloReq](body)
+	if err != nil {
+		return err
+	}
+	if r.Magic != wire.Magic || r.Version != wire.Version {
+		return fmt.Errorf("%w: client magic %#x version %d, daemon %#x version %d", proto.ErrVersion,
+			r.Magic, r.Version, uint32(wire.Magic), wire.Version)
+	}
+	ss.hello = true
+	a := ss.s.dev.Attr()
+	resp := wire.HelloResp{Magic: wire.Magic, Version: wire.Version, MaxMsg: wire.MaxMsg, PhysPortCnt: 1,
+		NodeGUID: a.NodeGUID, SysImageGUID: a.SysImageGUID}
+	wire.CString(resp.DevName[:], ss.s.verb.Name())
+	reply(ss, &resp)
+	return nil
+}
+
+func checkPort(p uint32) error {
+	if p != 1 {
+		return fmt.Errorf("%w: port %d (the device has port 1)", proto.ErrNoObject, p)
 	}
 	return nil
 }
 
-func withReq(body []byte, f func(proto.HandleReq) error) error {
-	var r proto.HandleReq
-	if err := unmarshal(body, &r); err != nil {
-		return err
+// debug is the server's counts plus the client's own objects.
+func (ss *session) debug() proto.Debug {
+	d := ss.s.Debug()
+	ss.mu.Lock()
+	for _, o := range ss.objs {
+		switch o.(type) {
+		case *pdObj:
+			d.Mine.PDs++
+		case *mrObj:
+			d.Mine.MRs++
+		case *cqObj:
+			d.Mine.CQs++
+		case *srqObj:
+			d.Mine.SRQs++
+		case *qpObj:
+			d.Mine.QPs++
+		case *cmIDObj:
+			d.Mine.CMIDs++
+		case *cmChanObj:
+			d.Mine.CMChannels++
+		}
 	}
-	return f(r)
-}
-
-func (ss *session) errResp(err error, posted int) {
-	j, _ := json.Marshal(proto.ErrorBody{Code: proto.CodeOf(err), Msg: err.Error(), Posted: posted})
-	ss.wbuf = append(append(ss.wbuf[:0], proto.StatusErr), j...)
+	ss.mu.Unlock()
+	d.UID = ss.uid
+	if ss.ten != nil {
+		d.User = ss.s.acct.usedBy(ss.ten).proto()
+	}
+	d.UserLimit = ss.s.acct.limit.proto()
+	return d
 }
 
 // get looks up a handle the session holds, of the wanted type.
@@ -411,6 +494,10 @@ func get[T any](ss *session, h proto.Handle) (T, error) {
 func (ss *session) add(o any) proto.Handle {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
+	return ss.addLocked(o)
+}
+
+func (ss *session) addLocked(o any) proto.Handle {
 	for {
 		h := ss.next
 		ss.next++
@@ -428,366 +515,6 @@ func (ss *session) del(h proto.Handle) {
 	ss.mu.Lock()
 	delete(ss.objs, h)
 	ss.mu.Unlock()
-}
-
-func (ss *session) allocPD() (proto.HandleResp, error) {
-	if err := ss.charge(one(resPDs)); err != nil {
-		return proto.HandleResp{}, err
-	}
-	pd, err := ss.s.dev.AllocPD()
-	if err != nil {
-		ss.release(one(resPDs))
-		return proto.HandleResp{}, err
-	}
-	ss.s.nPD.Add(1)
-	return proto.HandleResp{H: ss.add(&pdObj{pd: pd})}, nil
-}
-
-func (ss *session) deallocPD(h proto.Handle) error {
-	o, err := get[*pdObj](ss, h)
-	if err != nil {
-		return err
-	}
-	if o.refs > 0 {
-		return fmt.Errorf("%w: PD still has %d objects", mr.ErrBusy, o.refs)
-	}
-	if err := o.pd.Dealloc(); err != nil {
-		return err
-	}
-	ss.del(h)
-	ss.s.nPD.Add(-1)
-	ss.release(one(resPDs))
-	return nil
-}
-
-// regMR maps the client's memfd and registers the view. The memfd stays the caller's (the
-// request loop closes every descriptor a request came with; the mapping keeps the memory).
-func (ss *session) regMR(r proto.RegMRReq, fd int) (proto.RegMRResp, error) {
-	pd, err := get[*pdObj](ss, r.PD)
-	if err != nil {
-		return proto.RegMRResp{}, err
-	}
-	span, err := proto.MapSpan(r.Off, r.Len)
-	if err != nil {
-		return proto.RegMRResp{}, err
-	}
-	cost := usage{resMRs: 1, resMappings: 1, resMappedBytes: span}
-	if err := ss.charge(cost); err != nil {
-		return proto.RegMRResp{}, err
-	}
-	mapping, view, err := proto.MapShared(fd, r.Off, r.Len)
-	if err != nil {
-		ss.release(cost)
-		return proto.RegMRResp{}, err
-	}
-	m, err := ss.s.dev.RegMR(pd.pd, view, r.IOVA, mr.Access(r.Access))
-	if err != nil {
-		proto.Unmap(mapping)
-		ss.release(cost)
-		return proto.RegMRResp{}, err
-	}
-	pd.refs++
-	ss.s.nMR.Add(1)
-	ss.s.mapped.Add(int64(len(mapping)))
-	h := ss.add(&mrObj{m: m, pd: pd, mapping: mapping, cost: cost})
-	return proto.RegMRResp{H: h, LKey: m.LKey(), RKey: m.RKey()}, nil
-}
-
-func (ss *session) deregMR(h proto.Handle) error {
-	o, err := get[*mrObj](ss, h)
-	if err != nil {
-		return err
-	}
-	if err := ss.releaseMR(o); err != nil {
-		return err
-	}
-	ss.del(h)
-	return nil
-}
-
-// releaseMR deregisters (waiting for in-flight users) and only then unmaps:
-// after a successful Dereg no data path touches the memory.
-func (ss *session) releaseMR(o *mrObj) error {
-	if err := o.m.Dereg(); err != nil {
-		return err
-	}
-	proto.Unmap(o.mapping)
-	ss.s.mapped.Add(-int64(len(o.mapping)))
-	o.pd.refs--
-	ss.s.nMR.Add(-1)
-	ss.release(o.cost)
-	return nil
-}
-
-func (ss *session) createSRQ(r proto.CreateSRQReq) (proto.HandleResp, error) {
-	a := ss.s.dev.Attr()
-	if r.MaxWR < 1 || r.MaxWR > a.MaxSRQWR || r.MaxSGE < 1 || r.MaxSGE > a.MaxSRQSGE {
-		return proto.HandleResp{}, qp.ErrSRQArg // (before sizing the charge from them)
-	}
-	cost := usage{resSRQs: 1, resEngineBytes: qp.SRQFootprint(r.MaxWR, r.MaxSGE)}
-	if err := ss.charge(cost); err != nil {
-		return proto.HandleResp{}, err
-	}
-	s, err := ss.s.dev.CreateSRQ(qp.SRQOptions{MaxWR: r.MaxWR, MaxSGE: r.MaxSGE, Limit: r.Limit})
-	if err != nil {
-		ss.release(cost)
-		return proto.HandleResp{}, err
-	}
-	ss.s.nSRQ.Add(1)
-	h := ss.add(&srqObj{s: s, cost: cost})
-	ss.s.own(s, owner{ss, h, proto.EventOnSRQ})
-	return proto.HandleResp{H: h}, nil
-}
-
-func (ss *session) destroySRQ(h proto.Handle) error {
-	o, err := get[*srqObj](ss, h)
-	if err != nil {
-		return err
-	}
-	if o.refs > 0 {
-		return fmt.Errorf("%w: SRQ still used by %d QPs", mr.ErrBusy, o.refs)
-	}
-	ss.s.verb.DestroySRQ(o.s)
-	ss.s.disown(o.s)
-	ss.del(h)
-	ss.s.nSRQ.Add(-1)
-	ss.release(o.cost)
-	return nil
-}
-
-func (ss *session) createQP(r proto.CreateQPReq) (proto.CreateQPResp, error) {
-	pd, err := get[*pdObj](ss, r.PD)
-	if err != nil {
-		return proto.CreateQPResp{}, err
-	}
-	scq, err := get[*cqObj](ss, r.SendCQ)
-	if err != nil {
-		return proto.CreateQPResp{}, err
-	}
-	rcq, err := get[*cqObj](ss, r.RecvCQ)
-	if err != nil {
-		return proto.CreateQPResp{}, err
-	}
-	var srq *srqObj
-	in := roce.QPInit{Type: r.Type, PD: pd.pd, SendCQ: scq.c, RecvCQ: rcq.c, Cap: r.Cap, SigAll: r.SigAll}
-	if r.SRQ == 0 {
-		in.RecvRefill = ss.refill // receives posted through the ring are visible at once (postring.go)
-	} else {
-		if srq, err = get[*srqObj](ss, r.SRQ); err != nil {
-			return proto.CreateQPResp{}, err
-		}
-		in.SRQ = srq.s
-	}
-	if r.Type == qp.TypeGSI {
-		// The GSI QP (QPN 1) is the device's, not a client's.
-		return proto.CreateQPResp{}, fmt.Errorf("%w: GSI QP", proto.ErrUnsupported)
-	}
-	a, c := ss.s.dev.Attr(), r.Cap
-	if c.MaxSendWR > uint32(a.MaxQPWR) || c.MaxRecvWR > uint32(a.MaxQPWR) || c.MaxSendSGE > uint32(a.MaxSGE) ||
-		c.MaxRecvSGE > uint32(a.MaxSGE) || c.MaxInlineData > uint32(a.MaxInlineData) {
-		return proto.CreateQPResp{}, roce.ErrLimit // (before sizing the charge from them)
-	}
-	cost := usage{resQPs: 1, resEngineBytes: qp.Footprint(c, srq != nil)}
-	if err := ss.charge(cost); err != nil {
-		return proto.CreateQPResp{}, err
-	}
-	q, err := ss.s.dev.CreateQP(in)
-	if err != nil {
-		ss.release(cost)
-		return proto.CreateQPResp{}, err
-	}
-	pd.refs++
-	scq.refs++
-	rcq.refs++
-	if srq != nil {
-		srq.refs++
-	}
-	ss.s.nQP.Add(1)
-	h := ss.add(&qpObj{q: q, pd: pd, scq: scq, rcq: rcq, srq: srq, cost: cost})
-	ss.s.own(q.Num(), owner{ss, h, proto.EventOnQP})
-	return proto.CreateQPResp{H: h, QPN: q.Num()}, nil
-}
-
-func (ss *session) destroyQP(h proto.Handle) error {
-	o, err := get[*qpObj](ss, h)
-	if err != nil {
-		return err
-	}
-	ss.cmDetachQP(o)
-	ss.releaseQP(o)
-	ss.del(h)
-	return nil
-}
-
-func (ss *session) releaseQP(o *qpObj) {
-	ss.s.disown(o.q.Num())
-	o.q.Destroy()
-	o.pd.refs--
-	o.scq.refs--
-	o.rcq.refs--
-	if o.srq != nil {
-		o.srq.refs--
-	}
-	ss.s.nQP.Add(-1)
-	ss.release(o.cost)
-}
-
-func (ss *session) postSend(b []byte) {
-	h, n, rest, err := proto.PostHeader(b)
-	if err != nil {
-		ss.errResp(err, 0)
-		return
-	}
-	o, err := get[*qpObj](ss, h)
-	if err != nil {
-		ss.errResp(err, 0)
-		return
-	}
-	wrs, err := ss.sdec.Decode(rest, n)
-	if err != nil {
-		ss.errResp(err, 0)
-		return
-	}
-	posted, err := o.q.PostSend(wrs)
-	if err != nil {
-		ss.errResp(err, posted)
-		return
-	}
-	ss.wbuf = proto.AppendPosted(ss.wbuf, posted)
-}
-
-// postSendAsync posts without a response. A WR the engine refuses (the
-// client's checks should have prevented it) completes with LOC_QP_OP_ERR,
-// as does every later WR of the request, so the client still gets exactly
-// one completion per WR.
-// It returns the bytes the posted WRs send (a drain turn's budget counts them).
-func (ss *session) postSendAsync(b []byte) (bytes int64) {
-	h, n, rest, err := proto.PostHeader(b)
-	if err != nil {
-		ss.badPost("async post: bad message", "err", err)
-		return 0
-	}
-	o, err := get[*qpObj](ss, h)
-	if err != nil {
-		ss.badPost("async post: no QP", "handle", h)
-		return 0
-	}
-	wrs, err := ss.sdec.Decode(rest, n)
-	if err != nil {
-		ss.badPost("async post: bad WRs", "err", err)
-		return 0
-	}
-	posted, err := o.q.PostSend(wrs)
-	for i := posted; err != nil && i < len(wrs); i++ {
-		wc := cq.WC{WRID: wrs[i].WRID, Status: cq.StatusLocQPOpErr, Opcode: sendWCOpcode(wrs[i].Opcode),
-			QPNum: o.q.Num(), VendorErr: uint32(proto.CodeOf(err))}
-		o.scq.c.Push(&wc, false)
-	}
-	for i := range wrs[:posted] {
-		for _, s := range wrs[i].SGL {
-			bytes += int64(s.Length)
-		}
-	}
-	return bytes
-}
-
-// postRecvAsync is postSendAsync for receive WRs.
-func (ss *session) postRecvAsync(b []byte) {
-	h, n, rest, err := proto.PostHeader(b)
-	if err != nil {
-		ss.badPost("async post: bad message", "err", err)
-		return
-	}
-	o, err := get[*qpObj](ss, h)
-	if err != nil {
-		ss.badPost("async post: no QP", "handle", h)
-		return
-	}
-	wrs, err := ss.rdec.Decode(rest, n)
-	if err != nil {
-		ss.badPost("async post: bad WRs", "err", err)
-		return
-	}
-	posted, err := o.q.PostRecv(wrs)
-	for i := posted; err != nil && i < len(wrs); i++ {
-		wc := cq.WC{WRID: wrs[i].WRID, Status: cq.StatusLocQPOpErr, Opcode: cq.OpRecv,
-			QPNum: o.q.Num(), VendorErr: uint32(proto.CodeOf(err))}
-		o.rcq.c.Push(&wc, false)
-	}
-}
-
-// controlledQKey is the Q_Key bit that makes a Q_Key a controlled one (IBTA 10.2.4).
-const controlledQKey = 0x80000000
-
-// checkQKey refuses a controlled Q_Key (the high-order bit set) to an unprivileged user
-// (proto.ErrPermission; Options.Privileged): IBTA 10.2.4 reserves them to privileged
-// consumers, since the host's own CM (QP1, Q_Key 0x80010000) is reached with one, and the
-// kernel refuses them in ibv_modify_qp without CAP_NET_RAW. A QP that cannot hold one cannot
-// send one either: a send WR's controlled Q_Key means the QP's own (IBTA 10.2.5, in the
-// engine). set is whether the request sets a Q_Key at all.
-func (ss *session) checkQKey(set bool, qkey uint32) error {
-	if !set || qkey&controlledQKey == 0 || ss.s.priv(ss.uid) {
-		return nil
-	}
-	ss.s.refusedPriv.Add(1)
-	return fmt.Errorf("%w: controlled Q_Key 0x%08x (high-order bit set, IBTA 10.2.4) for user %d: reserved to privileged users",
-		proto.ErrPermission, qkey, ss.uid)
-}
-
-// badPost counts an asynchronous post the daemon could not take and logs it (rate-limited:
-// a client can send such records at will).
-func (ss *session) badPost(msg string, args ...any) {
-	ss.s.badPosts.Add(1)
-	ss.s.limitedLog("badpost", msg, append([]any{"client", ss.id}, args...)...)
-}
-
-// sendWCOpcode is the completion opcode of a send WR opcode (ibv_wc_opcode).
-func sendWCOpcode(op qp.WROpcode) cq.Opcode {
-	switch op {
-	case qp.WRRDMAWrite, qp.WRRDMAWriteWithImm:
-		return cq.OpRDMAWrite
-	case qp.WRRDMARead:
-		return cq.OpRDMARead
-	case qp.WRAtomicCmpAndSwp:
-		return cq.OpCompSwap
-	case qp.WRAtomicFetchAndAdd:
-		return cq.OpFetchAdd
-	case qp.WRLocalInv:
-		return cq.OpLocalInv
-	case qp.WRBindMW:
-		return cq.OpBindMW
-	}
-	return cq.OpSend
-}
-
-func (ss *session) postRecv(op proto.Op, b []byte) {
-	h, n, rest, err := proto.PostHeader(b)
-	if err != nil {
-		ss.errResp(err, 0)
-		return
-	}
-	wrs, err := ss.rdec.Decode(rest, n)
-	if err != nil {
-		ss.errResp(err, 0)
-		return
-	}
-	var posted int
-	if op == proto.OpPostRecv {
-		var o *qpObj
-		if o, err = get[*qpObj](ss, h); err == nil {
-			posted, err = o.q.PostRecv(wrs)
-		}
-	} else {
-		var o *srqObj
-		if o, err = get[*srqObj](ss, h); err == nil {
-			posted, err = o.s.Post(wrs)
-		}
-	}
-	if err != nil {
-		ss.errResp(err, posted)
-		return
-	}
-	ss.wbuf = proto.AppendPosted(ss.wbuf, posted)
 }
 
 // snapshot returns the session's objects by kind (for flush, cleanup, metrics).
@@ -872,6 +599,7 @@ func (ss *session) cleanup() {
 		ss.s.nPD.Add(-1)
 		ss.release(one(resPDs))
 	}
+	ss.releaseMem()
 	ss.mu.Lock()
 	ss.objs = map[proto.Handle]any{}
 	ss.mu.Unlock()

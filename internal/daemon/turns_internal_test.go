@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"encoding/binary"
-	"encoding/json"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -11,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/softroce/softroce/internal/daemon/proto"
+	"github.com/softroce/softroce/internal/daemon/proto/wire"
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/link/mem"
 	"github.com/softroce/softroce/pkg/roce"
@@ -30,24 +30,22 @@ func turnSession(t *testing.T) (*session, func(records ...[]byte)) {
 	t.Cleanup(func() { dev.Close() })
 	srv, _ := New(Options{Device: dev, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	srv.drainPaused.Store(true)
-	ss := &session{s: srv, next: 1, objs: map[proto.Handle]any{}, ten: srv.acct.user(0)}
-	msg := func(op proto.Op, v any) []byte {
-		j, _ := json.Marshal(v)
-		return append([]byte{byte(op)}, j...)
-	}
+	ss := testSession(srv, 1)
 	var fds []int
-	for _, m := range [][]byte{msg(proto.OpAllocPD, nil), msg(proto.OpCreateCQ, proto.CreateCQReq{CQE: 4096}),
-		msg(proto.OpCreateQP, proto.CreateQPReq{Type: qp.TypeRC, PD: 1, SendCQ: 2, RecvCQ: 2, Cap: qp.Cap{MaxSendWR: 16, MaxRecvWR: 4096, MaxSendSGE: 1, MaxRecvSGE: 1}}),
-		msg(proto.OpModifyQP, proto.ModifyQPReq{H: 3, Attr: qp.Attr{State: qp.StateInit, Port: 1}, Mask: qp.AttrState | qp.AttrPort | qp.AttrPKeyIndex | qp.AttrAccessFlags}),
-		msg(proto.OpModifyQP, proto.ModifyQPReq{H: 3, Attr: qp.Attr{State: qp.StateRTR, AH: qp.AHAttr{DGID: netip.MustParseAddr("10.6.0.4"), SGIDIndex: 1},
+	for i, m := range [][]byte{reqMsg[wire.Handle](wire.OpAllocPD, nil), reqMsg(wire.OpCreateCQ, &wire.CreateCQReq{CQE: 4096}),
+		reqMsg(wire.OpCreateQP, &wire.CreateQPReq{QPType: uint8(qp.TypeRC), PD: 1, SendCQ: 2, RecvCQ: 2,
+			Cap: wire.QPCap{MaxSendWR: 16, MaxRecvWR: 4096, MaxSendSGE: 1, MaxRecvSGE: 1}}),
+		modifyQPMsg(3, qp.Attr{State: qp.StateInit, Port: 1}, qp.AttrState|qp.AttrPort|qp.AttrPKeyIndex|qp.AttrAccessFlags),
+		modifyQPMsg(3, qp.Attr{State: qp.StateRTR, AH: qp.AHAttr{DGID: netip.MustParseAddr("10.6.0.4"), SGIDIndex: 1},
 			PathMTU: qp.MTU1024, DestQPN: 0x99, MaxDestRDAtomic: 1, MinRNRTimer: 1},
-			Mask: qp.AttrState | qp.AttrAV | qp.AttrPathMTU | qp.AttrDestQPN | qp.AttrRQPSN | qp.AttrMaxDestRDAtomic | qp.AttrMinRNRTimer}),
-		msg(proto.OpModifyQP, proto.ModifyQPReq{H: 3, Attr: qp.Attr{State: qp.StateRTS, Timeout: 0, RetryCnt: 1, RNRRetry: 1, MaxRDAtomic: 1},
-			Mask: qp.AttrState | qp.AttrSQPSN | qp.AttrTimeout | qp.AttrRetryCnt | qp.AttrRNRRetry | qp.AttrMaxQPRDAtomic}),
-		{byte(proto.OpOpenPostRing)}} {
+			qp.AttrState|qp.AttrAV|qp.AttrPathMTU|qp.AttrDestQPN|qp.AttrRQPSN|qp.AttrMaxDestRDAtomic|qp.AttrMinRNRTimer),
+		modifyQPMsg(3, qp.Attr{State: qp.StateRTS, Timeout: 0, RetryCnt: 1, RNRRetry: 1, MaxRDAtomic: 1},
+			qp.AttrState|qp.AttrSQPSN|qp.AttrTimeout|qp.AttrRetryCnt|qp.AttrRNRRetry|qp.AttrMaxQPRDAtomic),
+		reqMsg[wire.Handle](wire.OpOpenRings, nil)} {
+		ss.wbuf = ss.wbuf[:0]
 		proto.CloseFDs(proto.ParseRights(ss.handle(m, &fds)))
-		if ss.wbuf[0] != proto.StatusOK {
-			t.Fatalf("setup op %d failed: %s", m[0], ss.wbuf[1:])
+		if st, err := ss.lastStatus(); st != 0 {
+			t.Fatalf("setup step %d failed: %v", i, err)
 		}
 	}
 	t.Cleanup(ss.cleanup)
@@ -74,7 +72,7 @@ func turnSession(t *testing.T) (*session, func(records ...[]byte)) {
 // drain takes everything published before it.
 func TestDrainTurns(t *testing.T) {
 	ss, publish := turnSession(t)
-	recv, _ := proto.AppendPostRecv(nil, proto.OpPostRecvAsync, 3, []qp.RecvWR{{WRID: 1, SGL: []qp.SGE{{Length: 8}}}})
+	recv, _ := proto.AppendPostRecv(nil, wire.OpPostRecvAsync, 3, []qp.RecvWR{{WRID: 1, SGL: []qp.SGE{{Length: 8}}}})
 	var recs [][]byte
 	for i := 0; i < 100; i++ {
 		recs = append(recs, recv)
@@ -100,7 +98,7 @@ func TestDrainTurns(t *testing.T) {
 		t.Fatalf("socket drain took %d of 100: %v", ss.s.ringPosts.Load()-before, err)
 	}
 	// 100 KiB WRITEs: three make a turn (300 KiB >= 256 KiB).
-	write, _ := proto.AppendPostSend(nil, proto.OpPostSendAsync, 3, []qp.SendWR{{WRID: 2, Opcode: qp.WRRDMAWrite,
+	write, _ := proto.AppendPostSend(nil, wire.OpPostSendAsync, 3, []qp.SendWR{{WRID: 2, Opcode: qp.WRRDMAWrite,
 		Flags: qp.SendSignaled, SGL: []qp.SGE{{Length: 100 << 10, LKey: 1}}, RemoteAddr: 0x1000, RKey: 1}})
 	publish(write, write, write, write, write)
 	before = ss.s.ringPosts.Load()

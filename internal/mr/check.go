@@ -1,5 +1,10 @@
 package mr
 
+import (
+	"encoding/binary"
+	"sync"
+)
+
 // NoQPN is passed as qpn to CheckQP by callers that have no QP context; type 2 windows are
 // then refused (fail closed).
 const NoQPN = ^uint32(0)
@@ -7,7 +12,8 @@ const NoQPN = ^uint32(0)
 // Check is the one access validator (IBTA 10.6.3, 10.6.7, 9.7.4.1.5 for remote accesses). It
 // returns exactly the bytes [va, va+length) of the object key names, with cap == len, or a
 // typed error, plus a done func the caller must call when it has finished touching b (Dereg
-// waits for it). It never allocates.
+// waits for it). It never allocates. For an MR over copied memory (RegMemory) b is nil: a
+// caller that moves data uses CopyOut, CopyIn or Atomic, which work for both kinds.
 //
 // Order of checks: key lookup (ErrBadKey), key state (ErrInvalidKey), window type 2 QP
 // (ErrWrongQP; Check has no QP, so type 2 windows are refused — responders use CheckQP), PD
@@ -43,47 +49,58 @@ func (t *Table) CheckAtomicQP(pd *PD, qpn uint32, rkey uint32, va uint64) (b []b
 }
 
 func (t *Table) check(pd *PD, qpn uint32, key uint32, va uint64, length uint32, op Op) ([]byte, func(), error) {
+	m, off, done, err := t.resolve(pd, qpn, key, va, length, op)
+	if err != nil || m == nil || m.mem != nil {
+		return nil, done, err // copied memory: CopyOut, CopyIn and Atomic reach it
+	}
+	e := off + uint64(length)
+	return m.buf[off:e:e], done, nil
+}
+
+// resolve is Check returning the mapping and the offset of va in it (m nil for a zero-length
+// access that touches nothing).
+func (t *Table) resolve(pd *PD, qpn uint32, key uint32, va uint64, length uint32, op Op) (*mapping, uint64, func(), error) {
 	if op == OpRemoteAtomic {
 		if length != 8 || va&7 != 0 {
-			return nil, noDone, ErrAlign
+			return nil, 0, noDone, ErrAlign
 		}
 	} else if length == 0 {
-		return nil, noDone, nil
+		return nil, 0, noDone, nil
 	}
 	if op > OpRemoteAtomic {
-		return nil, noDone, ErrAccess
+		return nil, 0, noDone, ErrAccess
 	}
 	m := t.lookup(key)
 	if m == nil || m.key != key {
-		return nil, noDone, ErrBadKey
+		return nil, 0, noDone, ErrBadKey
 	}
 	if m.state != KeyValid {
-		return nil, noDone, ErrInvalidKey
+		return nil, 0, noDone, ErrInvalidKey
 	}
 	if m.kind == kindMW {
 		if !op.remote() {
-			return nil, noDone, ErrBadKey // a window has no L_Key (IBTA 10.6.7.2)
+			return nil, 0, noDone, ErrBadKey // a window has no L_Key (IBTA 10.6.7.2)
 		}
 		if m.mwType == MWType2 && (qpn == NoQPN || qpn != m.qpn) {
-			return nil, noDone, ErrWrongQP
+			return nil, 0, noDone, ErrWrongQP
 		}
 	}
 	if m.pd != pd {
-		return nil, noDone, ErrWrongPD
+		return nil, 0, noDone, ErrWrongPD
 	}
 	if need := op.need(); need != 0 && m.acc&need == 0 {
-		return nil, noDone, ErrAccess
+		return nil, 0, noDone, ErrAccess
 	}
 	// length > 0 here. The last byte va+length-1 must not wrap past 2^64-1.
 	if uint64(length)-1 > ^uint64(0)-va {
-		return nil, noDone, ErrOverflow
+		return nil, 0, noDone, ErrOverflow
 	}
 	if va < m.iova {
-		return nil, noDone, ErrBounds
+		return nil, 0, noDone, ErrBounds
 	}
 	off := va - m.iova
-	if off > uint64(len(m.buf)) || uint64(length) > uint64(len(m.buf))-off {
-		return nil, noDone, ErrBounds
+	if off > m.size || uint64(length) > m.size-off {
+		return nil, 0, noDone, ErrBounds
 	}
 	owner := m.owner
 	owner.users.Add(1)
@@ -91,10 +108,9 @@ func (t *Table) check(pd *PD, qpn uint32, key uint32, va uint64, length uint32, 
 	// a new mapping first, then waits for users; either it sees our reference or we see it.
 	if t.lookup(key) != m || (m.ownerM != nil && owner.cur.Load() != m.ownerM) {
 		owner.release()
-		return nil, noDone, ErrInvalidKey
+		return nil, 0, noDone, ErrInvalidKey
 	}
-	e := off + uint64(length)
-	return m.buf[off:e:e], owner.doneFn, nil
+	return m, off, owner.doneFn, nil
 }
 
 // Lookup reports the state of key without taking a reference (diagnostics, query verbs).
@@ -104,4 +120,88 @@ func (t *Table) Lookup(key uint32) KeyState {
 		return KeyInvalid
 	}
 	return m.state
+}
+
+// CopyOut checks an access to [va, va+len(dst)) of key (OpLocalRead or OpRemoteRead, with the
+// responder's qpn or NoQPN) and copies those bytes into dst, from mapped or copied memory. A
+// copy that fails (copied memory gone) is ErrFault. It never allocates.
+func (t *Table) CopyOut(pd *PD, qpn uint32, key uint32, va uint64, dst []byte, op Op) error {
+	return t.copy(pd, qpn, key, va, dst, op, false)
+}
+
+// CopyIn checks an access to [va, va+len(src)) of key (OpLocalWrite or OpRemoteWrite) and
+// copies src there.
+func (t *Table) CopyIn(pd *PD, qpn uint32, key uint32, va uint64, src []byte, op Op) error {
+	return t.copy(pd, qpn, key, va, src, op, true)
+}
+
+func (t *Table) copy(pd *PD, qpn uint32, key uint32, va uint64, p []byte, op Op, in bool) error {
+	if len(p) == 0 {
+		return nil
+	}
+	if uint64(len(p)) > 0xFFFFFFFF {
+		return ErrBounds
+	}
+	m, off, done, err := t.resolve(pd, qpn, key, va, uint32(len(p)), op)
+	if err != nil {
+		return err
+	}
+	defer done()
+	switch {
+	case m.mem == nil && in:
+		copy(m.buf[off:], p)
+	case m.mem == nil:
+		copy(p, m.buf[off:])
+	case in:
+		err = m.mem.WriteAt(p, m.memOff+off)
+	default:
+		err = m.mem.ReadAt(p, m.memOff+off)
+	}
+	if err != nil {
+		return ErrFault
+	}
+	return nil
+}
+
+// Atomic checks an atomic target (CheckAtomicQP's rules) and executes CMP_SWAP (cmpSwap: the
+// 8 bytes, read little-endian, become swap if they equal compare) or FETCH_ADD (they become
+// their sum with add), with mu held across the read and the write (the device's atomic lock,
+// IBTA 9.4.5). It returns the original value. scratch is the caller's buffer for copied memory. On copied memory the read and the write are two copies: atomic with respect to the
+// device's other atomics, not to the owning process's CPU accesses (rxe's atomics are a locked
+// read and write too).
+func (t *Table) Atomic(pd *PD, qpn uint32, rkey uint32, va uint64, mu *sync.Mutex, scratch *[8]byte, cmpSwap bool, compare, swapAdd uint64) (uint64, error) {
+	fn := func(orig uint64) uint64 {
+		switch {
+		case !cmpSwap:
+			return orig + swapAdd
+		case orig == compare:
+			return swapAdd
+		}
+		return orig
+	}
+	if va&7 != 0 {
+		return 0, ErrAlign
+	}
+	m, off, done, err := t.resolve(pd, qpn, rkey, va, 8, OpRemoteAtomic)
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	mu.Lock()
+	defer mu.Unlock()
+	if m.mem == nil {
+		b := m.buf[off : off+8]
+		orig := binary.LittleEndian.Uint64(b)
+		binary.LittleEndian.PutUint64(b, fn(orig))
+		return orig, nil
+	}
+	if m.mem.ReadAt(scratch[:], m.memOff+off) != nil {
+		return 0, ErrFault
+	}
+	orig := binary.LittleEndian.Uint64(scratch[:])
+	binary.LittleEndian.PutUint64(scratch[:], fn(orig))
+	if m.mem.WriteAt(scratch[:], m.memOff+off) != nil {
+		return 0, ErrFault
+	}
+	return orig, nil
 }

@@ -48,4 +48,7 @@ var (
 	ErrState error = &Error{msg: "mr: operation not allowed in this state"}
 	// ErrRand: the key random source failed.
 	ErrRand error = &Error{msg: "mr: random source failed"}
+	// ErrFault: the region's memory could not be read or written (a Memory the device copies
+	// through, whose owner unmapped it or exited).
+	ErrFault error = &Error{msg: "mr: registered memory not accessible"}
 )

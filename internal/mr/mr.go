@@ -160,7 +160,10 @@ type mapping struct {
 	state  KeyState
 	kind   kind
 	pd     *PD
-	buf    []byte // exactly the addressable bytes; cap == len
+	buf    []byte // mapped memory: exactly the addressable bytes; cap == len
+	mem    Memory // copied memory (buf nil): the region is mem's [memOff, memOff+size)
+	memOff uint64
+	size   uint64 // the addressable length (len(buf) for mapped memory)
 	iova   uint64
 	acc    Access
 	owner  *MR      // MR providing the memory (the MR itself, or the MR a window is bound to)
@@ -387,7 +390,8 @@ func (t *Table) publish(s *slot, cur *atomic.Pointer[mapping], mp *mapping) {
 	if t.o.OnKey != nil {
 		e := KeyEvent{Key: mp.key}
 		if mp.kind == kindMR && mp.state == KeyValid {
-			e.MR, e.Buf, e.IOVA, e.PD, e.Access = true, mp.buf, mp.iova, mp.pd.handle, mp.acc
+			// Copied memory (mp.buf nil) is an MR no one outside the engine can address.
+			e.MR, e.Buf, e.IOVA, e.PD, e.Access = mp.mem == nil, mp.buf, mp.iova, mp.pd.handle, mp.acc
 		}
 		t.o.OnKey(e)
 	}
@@ -452,7 +456,54 @@ func (t *Table) RegMRWith(pd *PD, buf []byte, iova uint64, acc Access, o RegMROp
 	m := newMR(t, pd, idx)
 	t.publish(t.slotOf(idx), &m.cur, &mapping{
 		key: key, state: KeyValid, kind: kindMR, pd: pd,
-		buf: buf[:len(buf):len(buf)], iova: iova, acc: acc, owner: m, persist: o.Persist,
+		buf: buf[:len(buf):len(buf)], size: uint64(len(buf)), iova: iova, acc: acc, owner: m, persist: o.Persist,
+	})
+	t.nMR++
+	pd.objs++
+	return m, nil
+}
+
+// Memory is registered memory the device reaches by copying, not by addressing it: the softroce
+// daemon's view of a client process's memory, read and written through that process's
+// /proc/self/mem. An MR over it (RegMemory) works for every access Table.CopyOut, CopyIn and
+// Atomic make; Check validates it but returns no bytes. Implementations copy without allocating
+// and report ErrFault (or any error, which the table turns into ErrFault) when the memory is
+// gone: its owner unmapped it or exited.
+type Memory interface {
+	// ReadAt copies len(p) bytes at offset off of the memory into p.
+	ReadAt(p []byte, off uint64) error
+	// WriteAt copies p to offset off of the memory.
+	WriteAt(p []byte, off uint64) error
+}
+
+// RegMemory registers length bytes of mem at iova with access acc, as RegMR registers a buffer
+// (same checks and errors).
+func (t *Table) RegMemory(pd *PD, mem Memory, length, iova uint64, acc Access) (*MR, error) {
+	if mem == nil || !acc.Valid() {
+		return nil, ErrInvalidArg
+	}
+	if acc&AccessZeroBased != 0 {
+		iova = 0
+	}
+	if length > 0 && length-1 > ^uint64(0)-iova {
+		return nil, ErrInvalidArg
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if pd == nil || pd.t != t || pd.dead {
+		return nil, ErrInvalidArg
+	}
+	if t.nMR >= t.o.MaxMR {
+		return nil, ErrLimit
+	}
+	idx, key, err := t.allocIndex()
+	if err != nil {
+		return nil, err
+	}
+	m := newMR(t, pd, idx)
+	t.publish(t.slotOf(idx), &m.cur, &mapping{
+		key: key, state: KeyValid, kind: kindMR, pd: pd,
+		mem: mem, size: length, iova: iova, acc: acc, owner: m,
 	})
 	t.nMR++
 	pd.objs++
@@ -541,7 +592,7 @@ func (m *MR) FastReg(o FastRegOptions) error {
 	n := int(o.Length)
 	t.publish(s, &m.cur, &mapping{
 		key: MakeKey(m.idx, o.Key), state: KeyValid, kind: kindMR, pd: m.pd,
-		buf: buf[:n:n], iova: iova, acc: o.Access, owner: m,
+		buf: buf[:n:n], size: uint64(n), iova: iova, acc: o.Access, owner: m,
 	})
 	return nil
 }
@@ -556,7 +607,7 @@ func (m *MR) RKey() uint32 { return m.cur.Load().key }
 func (m *MR) IOVA() uint64 { return m.cur.Load().iova }
 
 // Len returns the length in bytes.
-func (m *MR) Len() int { return len(m.cur.Load().buf) }
+func (m *MR) Len() int { return int(m.cur.Load().size) }
 
 // Access returns the access flags.
 func (m *MR) Access() Access { return m.cur.Load().acc }

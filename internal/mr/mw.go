@@ -134,7 +134,7 @@ func (w *MW) Bind(o BindOptions) (uint32, error) {
 	if acc&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && mm.acc&AccessLocalWrite == 0 {
 		return 0, ErrAccess
 	}
-	if o.Addr < mm.iova || o.Length > uint64(len(mm.buf)) || o.Addr-mm.iova > uint64(len(mm.buf))-o.Length {
+	if o.Addr < mm.iova || o.Length > mm.size || o.Addr-mm.iova > mm.size-o.Length {
 		return 0, ErrBounds
 	}
 	var b uint8
@@ -156,11 +156,17 @@ func (w *MW) Bind(o BindOptions) (uint32, error) {
 	w.unbindLocked()
 	w.mr = m
 	m.nmw++
-	t.publish(s, &w.cur, &mapping{
+	mp := &mapping{
 		key: MakeKey(w.idx, b), state: KeyValid, kind: kindMW, pd: w.pd,
-		buf: mm.buf[off:e:e], iova: iova, acc: acc, owner: m, ownerM: mm,
+		size: o.Length, iova: iova, acc: acc, owner: m, ownerM: mm,
 		mwType: w.typ, qpn: o.QPN, mw: w,
-	})
+	}
+	if mm.mem != nil {
+		mp.mem, mp.memOff = mm.mem, mm.memOff+off
+	} else {
+		mp.buf = mm.buf[off:e:e]
+	}
+	t.publish(s, &w.cur, mp)
 	return w.cur.Load().key, nil
 }
 

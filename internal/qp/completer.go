@@ -21,6 +21,8 @@ type completer struct {
 	// responses of the same burst must not cause another (they are the
 	// rest of the burst, not new losses).
 	gapRetried bool
+	// atomicBuf holds an atomic response's original value on its way into the SGE.
+	atomicBuf [8]byte
 }
 
 // complete handles one response packet (the caller holds q.mu).
@@ -349,11 +351,12 @@ func (q *QP) onAtomicAck(now time.Time, p *bth.Packet, psn bth.PSN) {
 		}
 		return
 	}
-	var v [8]byte
 	// Memory holds host-order (little-endian) 64-bit words; the wire is
-	// big-endian (IBTA 9.3.6).
-	binary.LittleEndian.PutUint64(v[:], p.AtomicAck.Fields().OrigData)
-	if ok, err := q.scatter(w.sge, 0, v[:]); err != nil || !ok {
+	// big-endian (IBTA 9.3.6). The QP's own buffer: a stack array would escape to the heap
+	// through a copied MR's Memory.
+	v := q.comp.atomicBuf[:]
+	binary.LittleEndian.PutUint64(v, p.AtomicAck.Fields().OrigData)
+	if ok, err := q.scatter(w.sge, 0, v); err != nil || !ok {
 		q.failWQE(w, cq.StatusLocProtErr)
 		return
 	}
@@ -455,12 +458,9 @@ func (q *QP) scatter(sgl []SGE, off uint32, src []byte) (ok bool, err error) {
 		if int(n) > len(src) {
 			n = uint32(len(src))
 		}
-		b, done, err := q.cfg.MRs.Check(q.cfg.PD, s.LKey, s.Addr+uint64(start), n, mr.OpLocalWrite)
-		if err != nil {
+		if err := q.cfg.MRs.CopyIn(q.cfg.PD, mr.NoQPN, s.LKey, s.Addr+uint64(start), src[:n], mr.OpLocalWrite); err != nil {
 			return false, err
 		}
-		copy(b, src[:n])
-		done()
 		src = src[n:]
 		off += n
 		pos += s.Length

@@ -180,6 +180,17 @@ func TestUnsignaledAndInline(t *testing.T) {
 	if _, err := a.qp.PostSend([]SendWR{{Opcode: WRSend, SGL: []SGE{a.sge(0, 257)}, Flags: SendInline}}); err == nil {
 		t.Fatal("oversized inline accepted")
 	}
+	// Inline data by value (SendWR.Inline, as the daemon receives a client's): copied at post
+	// time, no lkey involved, the caller's buffer free to change once PostSend returned.
+	data := []byte("inline data given by value, no SGE")
+	b.postRecv(t, RecvWR{WRID: 3, SGL: []SGE{b.sge(dstOff, 200)}})
+	a.postSend(t, SendWR{WRID: 12, Opcode: WRSend, Flags: SendInline | SendSignaled, Inline: data})
+	sent := append([]byte(nil), data...)
+	copy(data, "XXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXX")
+	n.pump()
+	expectWC(t, pollAll(a.scq), cq.WC{WRID: 12, Opcode: cq.OpSend, ByteLen: uint32(len(sent))})
+	expectWC(t, pollAll(b.rcq), cq.WC{WRID: 3, Opcode: cq.OpRecv, ByteLen: uint32(len(sent))})
+	eq(t, "inline by value", b.buf[dstOff:dstOff+len(sent)], sent)
 }
 
 // TestPostErrors: verbs refused in the wrong state or beyond the caps.

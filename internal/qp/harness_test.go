@@ -3,6 +3,7 @@ package qp
 import (
 	"bytes"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -41,6 +42,7 @@ type side struct {
 	out      *chanOut
 	buf      []byte
 	mr       *mr.MR
+	mem      *copiedMem // sideOpts.copied: the MR's memory, reached by copies
 	cnt      Counters
 	sched    bool // the QP asked to be scheduled (bench_test.go's writeStream runs it)
 }
@@ -101,6 +103,9 @@ type sideOpts struct {
 	events event.Sink
 	// cc is the QP's congestion control (nil: the defaults).
 	cc *cc.Params
+	// copied registers the buffer as copied memory (mr.Memory, RegMemory: every access a copy,
+	// as the daemon reaches a client process's memory) instead of mapped memory.
+	copied bool
 }
 
 func (n *net) newSide(addr string, o sideOpts) *side {
@@ -132,7 +137,13 @@ func (n *net) newSide(addr string, o sideOpts) *side {
 	if o.access == 0 {
 		o.access = mr.AccessLocalWrite | mr.AccessRemoteWrite | mr.AccessRemoteRead | mr.AccessRemoteAtomic
 	}
-	if s.mr, err = s.tbl.RegMR(s.pd, s.buf, 0x10000, o.access); err != nil {
+	if o.copied {
+		s.mem = &copiedMem{b: s.buf}
+		s.mr, err = s.tbl.RegMemory(s.pd, s.mem, uint64(len(s.buf)), 0x10000, o.access)
+	} else {
+		s.mr, err = s.tbl.RegMR(s.pd, s.buf, 0x10000, o.access)
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	if o.cap.MaxSendWR == 0 {
@@ -360,4 +371,30 @@ func eq(t testing.TB, what string, a, b []byte) {
 		}
 		t.Fatalf("%s: data differs at byte %d of %d/%d", what, i, len(a), len(b))
 	}
+}
+
+// copiedMem is an mr.Memory over a buffer: every access is a copy, as the daemon's view of a
+// client process's memory; fail makes every access fail (the memory gone).
+type copiedMem struct {
+	b      []byte
+	fail   atomic.Bool
+	copies atomic.Int64
+}
+
+func (m *copiedMem) ReadAt(p []byte, off uint64) error {
+	if m.fail.Load() || off > uint64(len(m.b)) || uint64(len(p)) > uint64(len(m.b))-off {
+		return mr.ErrFault
+	}
+	m.copies.Add(1)
+	copy(p, m.b[off:])
+	return nil
+}
+
+func (m *copiedMem) WriteAt(p []byte, off uint64) error {
+	if m.fail.Load() || off > uint64(len(m.b)) || uint64(len(p)) > uint64(len(m.b))-off {
+		return mr.ErrFault
+	}
+	m.copies.Add(1)
+	copy(m.b[off:], p)
+	return nil
 }

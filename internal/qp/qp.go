@@ -664,20 +664,20 @@ func (q *QP) enqueueSend(wr *SendWR) error {
 	w.wr = *wr
 	w.wr.AH = nil
 	w.wr.Bind = nil
+	w.wr.Inline = nil // the caller's buffer: copied below
 	if inline {
 		// IBTA 11.4.1.1 (inline data): the data is copied at post time
-		// from the addresses in the SGL; their lkeys are not used.
-		buf := w.inline[:0]
+		// from the addresses in the SGL (or given by value: SendWR.Inline).
+		buf := append(w.inline[:0], wr.Inline...)
 		for _, s := range wr.SGL {
 			if s.Length == 0 {
 				continue
 			}
-			b, done, err := q.cfg.MRs.Check(q.cfg.PD, s.LKey, s.Addr, s.Length, mr.OpLocalRead)
-			if err != nil {
+			n := len(buf)
+			buf = append(buf, make([]byte, s.Length)...) // within cap: total <= MaxInlineData
+			if err := q.cfg.MRs.CopyOut(q.cfg.PD, mr.NoQPN, s.LKey, s.Addr, buf[n:], mr.OpLocalRead); err != nil {
 				return err
 			}
-			buf = append(buf, b...)
-			done()
 		}
 		w.inline = buf
 		w.wr.SGL = nil

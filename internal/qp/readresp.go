@@ -99,8 +99,7 @@ func (q *QP) readStep(max int) {
 			h += bth.AETHSize
 		}
 		if sz > 0 {
-			b, done, err := q.cfg.MRs.CheckQP(q.cfg.PD, q.num, g.rkey, g.va+uint64(off), sz, mr.OpRemoteRead)
-			if err != nil {
+			if err := q.cfg.MRs.CopyOut(q.cfg.PD, q.num, g.rkey, g.va+uint64(off), buf[h:h+int(sz)], mr.OpRemoteRead); err != nil {
 				// The key no longer allows the READ (the MR was deregistered or
 				// invalidated, e.g. before a duplicate READ is replayed): remote access NAK
 				// at the first response not sent, and the QP enters ERR as for any
@@ -114,8 +113,6 @@ func (q *QP) readStep(max int) {
 				q.enterError()
 				return
 			}
-			copy(buf[h:], b)
-			done()
 		}
 		// not ECN-capable: READ responses are not paced (congestion.go), a CE mark would have
 		// nobody to slow down

@@ -435,13 +435,10 @@ func (q *QP) gather(w *sendWQE, off uint32, dst []byte) bool {
 		if int(n) > len(dst) {
 			n = uint32(len(dst))
 		}
-		b, done, err := q.cfg.MRs.Check(q.cfg.PD, s.LKey, s.Addr+uint64(start), n, mr.OpLocalRead)
-		if err != nil {
+		if err := q.cfg.MRs.CopyOut(q.cfg.PD, mr.NoQPN, s.LKey, s.Addr+uint64(start), dst[:n], mr.OpLocalRead); err != nil {
 			q.failWQE(w, cq.StatusLocProtErr)
 			return false
 		}
-		copy(dst, b)
-		done()
 		dst = dst[n:]
 		off += n
 		pos += s.Length

@@ -44,6 +44,8 @@ type responder struct {
 	wqe     recvWQE
 	recvOff uint32
 
+	atomicBuf [8]byte // the atomic's target bytes, for an MR over copied memory (mr.Memory)
+
 	wva   uint64
 	wrkey uint32
 	wlen  uint32
@@ -411,13 +413,10 @@ func (q *QP) recvWrite(p *bth.Packet, psn bth.PSN) {
 		r.haveWQE = true
 	}
 	if n > 0 {
-		b, done, err := q.cfg.MRs.CheckQP(q.cfg.PD, q.num, r.wrkey, r.wva+uint64(r.woff), n, mr.OpRemoteWrite)
-		if err != nil {
+		if err := q.cfg.MRs.CopyIn(q.cfg.PD, q.num, r.wrkey, r.wva+uint64(r.woff), p.Payload, mr.OpRemoteWrite); err != nil {
 			q.reqError(p, bth.NAKRemoteAccessErr, cq.StatusRemAccessErr)
 			return
 		}
-		copy(b, p.Payload)
-		done()
 	}
 	r.woff += n
 	if !info.Last {
@@ -491,7 +490,8 @@ func (q *QP) recvAtomic(p *bth.Packet, psn bth.PSN) {
 		q.reqError(p, bth.NAKInvalidRequest, cq.StatusRemInvReqErr)
 		return
 	}
-	b, done, err := q.cfg.MRs.CheckAtomicQP(q.cfg.PD, q.num, f.RKey, f.VA)
+	orig, err := q.cfg.MRs.Atomic(q.cfg.PD, q.num, f.RKey, f.VA, q.atomicMu, &q.resp.atomicBuf,
+		p.Info.Kind == bth.KindCmpSwap, f.Compare, f.SwapAdd)
 	if err != nil {
 		if errors.Is(err, mr.ErrAlign) {
 			q.reqError(p, bth.NAKInvalidRequest, cq.StatusRemInvReqErr)
@@ -500,17 +500,6 @@ func (q *QP) recvAtomic(p *bth.Packet, psn bth.PSN) {
 		}
 		return
 	}
-	q.atomicMu.Lock()
-	orig := binary.LittleEndian.Uint64(b)
-	if p.Info.Kind == bth.KindCmpSwap {
-		if orig == f.Compare {
-			binary.LittleEndian.PutUint64(b, f.SwapAdd)
-		}
-	} else {
-		binary.LittleEndian.PutUint64(b, orig+f.SwapAdd)
-	}
-	q.atomicMu.Unlock()
-	done()
 	res := q.newResource()
 	*res = resource{valid: true, atomic: true, first: psn, last: psn, rkey: f.RKey, orig: orig}
 	q.resp.epsn = psn.Add(1)

@@ -82,6 +82,15 @@ const (
 	FlushMR FlushLevel = 1
 )
 
+// carriesData reports whether the opcode sends the SGL's data (SEND and RDMA WRITE kinds).
+func (o WROpcode) carriesData() bool {
+	switch o {
+	case WRSend, WRSendWithImm, WRSendWithInv, WRRDMAWrite, WRRDMAWriteWithImm:
+		return true
+	}
+	return false
+}
+
 // Local reports whether the opcode is a local memory operation with no wire traffic.
 func (o WROpcode) Local() bool { return o == WRLocalInv || o == WRBindMW }
 
@@ -144,6 +153,10 @@ type SendWR struct {
 	FlushLength uint32
 	FlushType   FlushType
 	FlushLevel  FlushLevel
+	// Inline, if not nil, is the payload of an IBV_SEND_INLINE send or write, given by value
+	// instead of by SGL (SGL must then be empty): the daemon receives a client's inline data
+	// in the post message. It is copied at post time, as inline data from an SGL is.
+	Inline []byte
 }
 
 // RecvWR is a receive work request (ibv_recv_wr).
@@ -223,7 +236,13 @@ func ValidateSend(t Type, wr *SendWR, lim WRLimits) (uint32, error) {
 	if err := CheckSGL(wr.SGL, lim.MaxSGE); err != nil {
 		return 0, err
 	}
+	if wr.Inline != nil && (len(wr.SGL) > 0 || wr.Flags&SendInline == 0 || !wr.Opcode.carriesData()) {
+		return 0, ErrBadWR
+	}
 	n, ok := TotalLength(wr.SGL)
+	if wr.Inline != nil {
+		n, ok = uint32(len(wr.Inline)), uint64(len(wr.Inline)) <= 0xFFFFFFFF
+	}
 	if !ok || (lim.MaxMsgSize != 0 && n > lim.MaxMsgSize) {
 		return 0, ErrWRLength
 	}

@@ -22,7 +22,6 @@
 package client
 
 import (
-	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
@@ -35,6 +34,7 @@ import (
 
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/daemon/proto"
+	"github.com/softroce/softroce/internal/daemon/proto/wire"
 	"github.com/softroce/softroce/internal/event"
 	"github.com/softroce/softroce/internal/mr"
 	"github.com/softroce/softroce/internal/qp"
@@ -42,7 +42,7 @@ import (
 )
 
 // DefaultSocket is the daemon's default socket path.
-const DefaultSocket = "/run/softroce/softroce.sock"
+const DefaultSocket = wire.DefaultSocket
 
 // Conn is a connection to the daemon; it implements roce.Verbs. Its methods
 // are safe for concurrent use (requests are serialized on the socket).
@@ -54,7 +54,11 @@ type Conn struct {
 	oob    []byte
 	closed bool
 
-	hello proto.Hello
+	// The device, as of Dial (fixed while the daemon runs).
+	name     string
+	attr     qp.DeviceAttr
+	portAttr qp.PortAttr
+	gids     []netip.Addr
 
 	// The post ring (nil if the daemon offered none): asynchronous posts
 	// are written here under mu, the doorbell rung only when the drainer sleeps.
@@ -76,6 +80,11 @@ type Conn struct {
 	srqs map[proto.Handle]*srq
 
 	cm clientCM // rdma_cm (cm.go)
+
+	memMu       sync.Mutex
+	memAttached bool // SR_OP_ATTACH_MEM done: memory not from AllocBuffer can be registered
+
+	limit proto.Usage // this user's limits (Debug.UserLimit at Dial; 0: none)
 
 	// The daemon's hang-up watcher (watch.go): lost is set, and lostCh closed, once the
 	// daemon died or dropped the connection.
@@ -103,13 +112,9 @@ func Dial(path string) (*Conn, error) {
 	cn := &Conn{sock: c, rbuf: make([]byte, proto.MaxMsg), oob: make([]byte, unix.CmsgSpace(4*8)),
 		bufs: map[uintptr]*buffer{}, cqs: map[*cqc]struct{}{}, qps: map[uint32]*qpc{},
 		srqs: map[proto.Handle]*srq{}, events: make(chan event.Event, proto.EventRingCap), lostCh: make(chan struct{})}
-	if _, err := cn.call(proto.OpHello, nil, &cn.hello); err != nil {
+	if err := cn.hello(); err != nil {
 		c.Close()
 		return nil, err
-	}
-	if cn.hello.Version != proto.Version {
-		c.Close()
-		return nil, fmt.Errorf("%w: daemon protocol %d, client %d", proto.ErrProtocol, cn.hello.Version, proto.Version)
 	}
 	if err := cn.startWatch(); err != nil {
 		c.Close()
@@ -122,10 +127,54 @@ func Dial(path string) (*Conn, error) {
 	return cn, nil
 }
 
+// hello opens the session (HELLO) and reads the device's attributes, port and GIDs, and the
+// user's limits.
+func (c *Conn) hello() error {
+	var h wire.HelloResp
+	if _, err := c.call(wire.OpHello, wire.Bytes(&wire.HelloReq{Magic: wire.Magic, Version: wire.Version}), wire.Bytes(&h)); err != nil {
+		return err
+	}
+	if h.Magic != wire.Magic || h.Version != wire.Version {
+		return fmt.Errorf("%w: daemon protocol %d, client %d", proto.ErrVersion, h.Version, wire.Version)
+	}
+	c.name = wire.GoString(h.DevName[:])
+	var da wire.DeviceAttr
+	if _, err := c.call(wire.OpQueryDevice, nil, wire.Bytes(&da)); err != nil {
+		return err
+	}
+	c.attr = proto.DeviceAttrFromWire(&da)
+	var pa wire.PortAttr
+	port := wire.PortReq{Port: 1}
+	if _, err := c.call(wire.OpQueryPort, wire.Bytes(&port), wire.Bytes(&pa)); err != nil {
+		return err
+	}
+	c.portAttr = proto.PortAttrFromWire(&pa)
+	_, err := c.callFunc(wire.OpQueryGIDs, wire.Bytes(&port), func(b []byte) error {
+		var r wire.GIDsResp
+		b, ok := wire.Read(b, &r)
+		if !ok || uint64(r.Count) > uint64(len(b)/wire.Size[wire.GIDEntry]()) {
+			return proto.ErrProtocol
+		}
+		c.gids = make([]netip.Addr, r.Count)
+		var e wire.GIDEntry
+		for i := range c.gids {
+			b, _ = wire.Read(b, &e)
+			c.gids[i] = proto.GIDToAddr(e.GID)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	d, err := c.Debug()
+	c.limit = d.UserLimit
+	return err
+}
+
 // openPostRing maps the connection's post ring (proto.PostRing).
 func (c *Conn) openPostRing() error {
-	var r proto.PostRingResp
-	fds, err := c.call(proto.OpOpenPostRing, nil, &r)
+	var r wire.OpenRingsResp
+	fds, err := c.call(wire.OpOpenRings, nil, wire.Bytes(&r))
 	if err != nil {
 		return err
 	}
@@ -133,7 +182,7 @@ func (c *Conn) openPostRing() error {
 		proto.CloseFDs(fds)
 		return fmt.Errorf("%w: post ring: %d fds, %d bytes", proto.ErrProtocol, len(fds), r.Bytes)
 	}
-	mem, err := unix.Mmap(fds[0], 0, r.Bytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := unix.Mmap(fds[0], 0, int(r.Bytes), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	proto.CloseFD(fds[0])
 	if err != nil {
 		proto.CloseFDs(fds[1:])
@@ -190,7 +239,6 @@ func (c *Conn) readEvents() {
 			default:
 			}
 		}
-		c.cmWake()
 	}
 }
 
@@ -220,22 +268,28 @@ func (c *Conn) sendAsync() error {
 	return c.send()
 }
 
-// call sends a JSON request (with fds) and decodes the response into out;
+// call sends a request (body: the op's struct, nil for none; fds) and
+// copies the response body into out (a struct's wire.Bytes, nil for none);
 // it returns the fds that came with the response (the caller owns them).
-func (c *Conn) call(op proto.Op, req any, out any, fds ...int) ([]int, error) {
+func (c *Conn) call(op wire.Op, body, out []byte, fds ...int) ([]int, error) {
+	return c.callFunc(op, body, func(b []byte) error {
+		if len(b) < len(out) {
+			return fmt.Errorf("%w: %d-byte response to op %d, want %d", proto.ErrProtocol, len(b), op, len(out))
+		}
+		copy(out, b)
+		return nil
+	}, fds...)
+}
+
+// callFunc is call with the response body handed to fn (under the
+// connection's lock; b is valid only during the call).
+func (c *Conn) callFunc(op wire.Op, body []byte, fn func(b []byte) error, fds ...int) ([]int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return nil, roce.ErrClosed
 	}
-	c.wbuf = append(c.wbuf[:0], byte(op))
-	if req != nil {
-		j, err := json.Marshal(req)
-		if err != nil {
-			return nil, err
-		}
-		c.wbuf = append(c.wbuf, j...)
-	}
+	c.wbuf = proto.AppendRequest(c.wbuf, op, body)
 	if _, _, err := c.sock.WriteMsgUnix(c.wbuf, proto.Rights(fds...), nil); err != nil {
 		return nil, fmt.Errorf("%w: %v", proto.ErrDisconnected, err)
 	}
@@ -247,27 +301,20 @@ func (c *Conn) call(op proto.Op, req any, out any, fds ...int) ([]int, error) {
 	if oobn > 0 {
 		got = proto.ParseRights(c.oob[:oobn])
 	}
-	if err := decodeResp(c.rbuf[:n], out); err != nil {
+	h, b, ok := proto.ParseHdr(c.rbuf[:n])
+	switch {
+	case !ok || h.Op != op:
+		err = fmt.Errorf("%w: response to op %d for op %d", proto.ErrProtocol, h.Op, op)
+	case h.Status != 0:
+		_, err = proto.ResponseError(h, b)
+	default:
+		err = fn(b)
+	}
+	if err != nil {
 		proto.CloseFDs(got)
 		return nil, err
 	}
 	return got, nil
-}
-
-func decodeResp(b []byte, out any) error {
-	if b[0] != proto.StatusOK {
-		var e proto.ErrorBody
-		if err := json.Unmarshal(b[1:], &e); err != nil {
-			return fmt.Errorf("%w: bad error response", proto.ErrProtocol)
-		}
-		return proto.FromBody(e)
-	}
-	if out != nil && len(b) > 1 {
-		if err := json.Unmarshal(b[1:], out); err != nil {
-			return fmt.Errorf("%w: %v", proto.ErrProtocol, err)
-		}
-	}
-	return nil
 }
 
 // send sends the request in c.wbuf without waiting for a response (c.mu held).
@@ -287,33 +334,33 @@ func (c *Conn) post() (int, error) {
 	if err != nil || n == 0 {
 		return 0, fmt.Errorf("%w: %v", proto.ErrDisconnected, err)
 	}
-	b := c.rbuf[:n]
-	if b[0] != proto.StatusOK {
-		var e proto.ErrorBody
-		if err := json.Unmarshal(b[1:], &e); err != nil {
-			return 0, fmt.Errorf("%w: bad error response", proto.ErrProtocol)
-		}
-		return e.Posted, proto.FromBody(e)
+	h, b, ok := proto.ParseHdr(c.rbuf[:n])
+	if !ok {
+		return 0, proto.ErrProtocol
 	}
-	return proto.Posted(b[1:])
+	if h.Status != 0 {
+		bad, err := proto.ResponseError(h, b)
+		return bad, err
+	}
+	return proto.Posted(b)
 }
 
 // Name is the daemon device's name.
-func (c *Conn) Name() string { return c.hello.Name }
+func (c *Conn) Name() string { return c.name }
 
 // Attr is the daemon device's attributes (as of Dial).
-func (c *Conn) Attr() qp.DeviceAttr { return c.hello.Attr }
+func (c *Conn) Attr() qp.DeviceAttr { return c.attr }
 
 // PortAttr is the daemon device's port 1 attributes (as of Dial).
-func (c *Conn) PortAttr() qp.PortAttr { return c.hello.PortAttr }
+func (c *Conn) PortAttr() qp.PortAttr { return c.portAttr }
 
 // GIDs is the daemon device's GID table (as of Dial).
-func (c *Conn) GIDs() []netip.Addr { return append([]netip.Addr(nil), c.hello.GIDs...) }
+func (c *Conn) GIDs() []netip.Addr { return append([]netip.Addr(nil), c.gids...) }
 
 // GIDIndex returns the GID index of addr, or -1.
 func (c *Conn) GIDIndex(addr netip.Addr) int {
 	addr = addr.Unmap()
-	for i, g := range c.hello.GIDs {
+	for i, g := range c.gids {
 		if g.Unmap() == addr {
 			return i
 		}
@@ -323,17 +370,17 @@ func (c *Conn) GIDIndex(addr netip.Addr) int {
 
 // Stats fetches the device counters (zero on error).
 func (c *Conn) Stats() qp.Stats {
-	var s qp.Stats
-	c.call(proto.OpStats, nil, &s)
-	return s
+	var s wire.Stats
+	c.call(wire.OpStats, nil, wire.Bytes(&s))
+	return proto.StatsFromWire(&s)
 }
 
 // Debug fetches the daemon's resource counts (introspection for tests and
 // operators).
 func (c *Conn) Debug() (proto.Debug, error) {
-	var d proto.Debug
-	_, err := c.call(proto.OpDebug, nil, &d)
-	return d, err
+	var d wire.Debug
+	_, err := c.call(wire.OpDebug, nil, wire.Bytes(&d))
+	return proto.DebugFromWire(&d), err
 }
 
 // Close disconnects; the daemon destroys every object of this client.
@@ -355,6 +402,7 @@ func (c *Conn) Close() error {
 		c.pring, c.pringMem = nil, nil
 	}
 	c.mu.Unlock()
+	c.cmClose()
 	c.bmu.Lock()
 	cqs := c.cqs
 	c.cqs = map[*cqc]struct{}{}
@@ -428,16 +476,19 @@ type pd struct {
 
 // AllocPD is ibv_alloc_pd.
 func (c *Conn) AllocPD() (roce.ProtectionDomain, error) {
-	var r proto.HandleResp
-	if _, err := c.call(proto.OpAllocPD, nil, &r); err != nil {
+	var r wire.Handle
+	if _, err := c.call(wire.OpAllocPD, nil, wire.Bytes(&r)); err != nil {
 		return nil, err
 	}
-	return &pd{c: c, h: r.H}, nil
+	return &pd{c: c, h: proto.Handle(r.Handle)}, nil
 }
 
 // Dealloc is ibv_dealloc_pd.
-func (p *pd) Dealloc() error {
-	_, err := p.c.call(proto.OpDeallocPD, proto.HandleReq{H: p.h}, nil)
+func (p *pd) Dealloc() error { return p.c.handleOp(wire.OpDeallocPD, p.h) }
+
+// handleOp sends a request whose body names one object and whose response is empty.
+func (c *Conn) handleOp(op wire.Op, h proto.Handle) error {
+	_, err := c.call(op, wire.Bytes(&wire.Handle{Handle: uint32(h)}), nil)
 	return err
 }
 
@@ -474,39 +525,72 @@ func (m *mrc) IOVA() uint64 { return m.iova }
 func (m *mrc) Len() int     { return m.n }
 
 // Dereg is ibv_dereg_mr.
-func (m *mrc) Dereg() error {
-	_, err := m.c.call(proto.OpDeregMR, proto.HandleReq{H: m.h}, nil)
-	return err
-}
+func (m *mrc) Dereg() error { return m.c.handleOp(wire.OpDeregMR, m.h) }
 
-// RegMR is ibv_reg_mr. buf must lie inside a buffer from AllocBuffer
-// (proto.ErrNotShareable otherwise).
+// RegMR is ibv_reg_mr. Memory from AllocBuffer (or a sub-slice of it) is
+// shared with the daemon, which maps it: RDMA lands in it with no copy.
+// Any other memory of the program (a slice from make, memory from a C
+// allocator) is registered where it is: the daemon reaches it by copying
+// through this process's /proc/self/mem (docs/daemon-protocol.md, "Registered
+// memory"), one copy per packet. The program keeps such memory alive (and
+// referenced, for Go memory) until the MR is deregistered.
 func (c *Conn) RegMR(p roce.ProtectionDomain, buf []byte, iova uint64, acc mr.Access) (roce.MemoryRegion, error) {
 	h, err := c.handleOf(p)
 	if err != nil {
 		return nil, err
 	}
-	bf, off, ok := c.find(buf)
-	if !ok {
-		return nil, fmt.Errorf("%w: RegMR needs memory from AllocBuffer", proto.ErrNotShareable)
+	var addr uint64
+	if len(buf) > 0 {
+		addr = uint64(uintptr(unsafe.Pointer(&buf[0])))
 	}
-	if l := c.hello.Limit.MappedBytes; l > 0 && int64(len(buf)) > l {
-		return nil, fmt.Errorf("%w: mapped_bytes: %d bytes asked, limit %d per user", proto.ErrQuota, len(buf), l)
+	req := wire.RegMRReq{PD: uint32(h), Access: uint32(acc), Addr: addr, Length: uint64(len(buf)), IOVA: iova}
+	var fds []int
+	if bf, off, ok := c.find(buf); ok {
+		if l := c.limit.MappedBytes; l > 0 && int64(len(buf)) > l {
+			return nil, fmt.Errorf("%w: mapped_bytes: %d bytes asked, limit %d per user", proto.ErrQuota, len(buf), l)
+		}
+		// The daemon maps only populated memory (the pages are this process's, as ibv_reg_mr
+		// pins them in the registering process): fault the range's pages in first.
+		first := off &^ uint64(proto.PageSize-1)
+		last := min(uint64(proto.RoundPage(int(off)+len(buf))), uint64(len(bf.mem)))
+		if err := proto.Populate(bf.mem[first:last]); err != nil {
+			return nil, err
+		}
+		req.Source, req.Offset = wire.MRMemfd, off
+		fds = []int{bf.fd}
+	} else {
+		if err := c.attachMem(); err != nil {
+			return nil, err
+		}
+		req.Source = wire.MRProcess
 	}
-	// The daemon maps only populated memory (the pages are this process's, as ibv_reg_mr
-	// pins them in the registering process): fault the range's pages in first.
-	first := off &^ uint64(proto.PageSize-1)
-	last := min(uint64(proto.RoundPage(int(off)+len(buf))), uint64(len(bf.mem)))
-	if err := proto.Populate(bf.mem[first:last]); err != nil {
-		return nil, err
-	}
-	var r proto.RegMRResp
-	fds, err := c.call(proto.OpRegMR, proto.RegMRReq{PD: h, Off: off, Len: len(buf), IOVA: iova, Access: uint32(acc)}, &r, bf.fd)
-	proto.CloseFDs(fds)
+	var r wire.RegMRResp
+	got, err := c.call(wire.OpRegMR, wire.Bytes(&req), wire.Bytes(&r), fds...)
+	proto.CloseFDs(got)
 	if err != nil {
 		return nil, err
 	}
-	return &mrc{c: c, h: r.H, lkey: r.LKey, rkey: r.RKey, iova: iova, n: len(buf)}, nil
+	return &mrc{c: c, h: proto.Handle(r.Handle), lkey: r.LKey, rkey: r.RKey, iova: iova, n: len(buf)}, nil
+}
+
+// attachMem passes the daemon this process's /proc/self/mem once (SR_OP_ATTACH_MEM).
+func (c *Conn) attachMem() error {
+	c.memMu.Lock()
+	defer c.memMu.Unlock()
+	if c.memAttached {
+		return nil
+	}
+	fd, err := unix.Open("/proc/self/mem", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("%w: /proc/self/mem: %v", proto.ErrNotShareable, err)
+	}
+	_, err = c.call(wire.OpAttachMem, nil, nil, fd)
+	unix.Close(fd)
+	if err != nil {
+		return err
+	}
+	c.memAttached = true
+	return nil
 }
 
 // CreateAH is ibv_create_ah (resolved by the daemon against its GID table).
@@ -515,11 +599,12 @@ func (c *Conn) CreateAH(p roce.ProtectionDomain, a qp.AHAttr) (*qp.AH, error) {
 	if err != nil {
 		return nil, err
 	}
-	var ah qp.AH
-	if _, err := c.call(proto.OpCreateAH, proto.CreateAHReq{PD: h, Attr: a}, &ah); err != nil {
+	var r wire.CreateAHResp
+	req := wire.CreateAHReq{PD: uint32(h), Attr: proto.AHAttrToWire(&a)}
+	if _, err := c.call(wire.OpCreateAH, wire.Bytes(&req), wire.Bytes(&r)); err != nil {
 		return nil, err
 	}
-	return &ah, nil
+	return &qp.AH{AHAttr: proto.AHAttrFromWire(&r.Attr), SGID: proto.GIDToAddr(r.SGID)}, nil
 }
 
 // srq is a client SRQ.
@@ -530,11 +615,15 @@ type srq struct {
 
 // CreateSRQ is ibv_create_srq (o.Events and o.Device are not used).
 func (c *Conn) CreateSRQ(o qp.SRQOptions) (roce.SharedReceiveQueue, error) {
-	var r proto.HandleResp
-	if _, err := c.call(proto.OpCreateSRQ, proto.CreateSRQReq{MaxWR: o.MaxWR, MaxSGE: o.MaxSGE, Limit: o.Limit}, &r); err != nil {
+	if o.MaxWR < 0 || o.MaxSGE < 0 || o.Limit < 0 {
+		return nil, fmt.Errorf("%w: SRQ options %+v", qp.ErrSRQArg, o)
+	}
+	var r wire.CreateSRQResp
+	req := wire.CreateSRQReq{MaxWR: uint32(o.MaxWR), MaxSGE: uint32(o.MaxSGE), SRQLimit: uint32(o.Limit)}
+	if _, err := c.call(wire.OpCreateSRQ, wire.Bytes(&req), wire.Bytes(&r)); err != nil {
 		return nil, err
 	}
-	s := &srq{c: c, h: r.H}
+	s := &srq{c: c, h: proto.Handle(r.Handle)}
 	c.bmu.Lock()
 	c.srqs[s.h] = s
 	c.bmu.Unlock()
@@ -547,7 +636,7 @@ func (c *Conn) DestroySRQ(s roce.SharedReceiveQueue) error {
 	if err != nil {
 		return err
 	}
-	if _, err = c.call(proto.OpDestroySRQ, proto.HandleReq{H: h}, nil); err == nil {
+	if err = c.handleOp(wire.OpDestroySRQ, h); err == nil {
 		c.bmu.Lock()
 		delete(c.srqs, h)
 		c.bmu.Unlock()
@@ -557,23 +646,27 @@ func (c *Conn) DestroySRQ(s roce.SharedReceiveQueue) error {
 
 // Post is ibv_post_srq_recv.
 func (s *srq) Post(wrs []qp.RecvWR) (int, error) {
-	return s.c.postRecv(proto.OpPostSRQRecv, s.h, wrs)
+	return s.c.postRecv(wire.OpPostSRQRecv, s.h, wrs)
 }
 
 // Modify is ibv_modify_srq.
 func (s *srq) Modify(a qp.SRQAttr, mask qp.SRQAttrMask) error {
-	_, err := s.c.call(proto.OpModifySRQ, proto.ModifySRQReq{H: s.h, Attr: a, Mask: mask}, nil)
+	if a.MaxWR < 0 || a.SRQLimit < 0 {
+		return fmt.Errorf("%w: SRQ attributes %+v", qp.ErrSRQArg, a)
+	}
+	req := wire.ModifySRQReq{Handle: uint32(s.h), AttrMask: uint32(mask), MaxWR: uint32(a.MaxWR), SRQLimit: uint32(a.SRQLimit)}
+	_, err := s.c.call(wire.OpModifySRQ, wire.Bytes(&req), nil)
 	return err
 }
 
 // Query is ibv_query_srq (zero on error).
 func (s *srq) Query() qp.SRQAttr {
-	var a qp.SRQAttr
-	s.c.call(proto.OpQuerySRQ, proto.HandleReq{H: s.h}, &a)
-	return a
+	var a wire.SRQAttr
+	s.c.call(wire.OpQuerySRQ, wire.Bytes(&wire.Handle{Handle: uint32(s.h)}), wire.Bytes(&a))
+	return qp.SRQAttr{MaxWR: int(a.MaxWR), MaxSGE: int(a.MaxSGE), SRQLimit: int(a.SRQLimit)}
 }
 
-func (c *Conn) postRecv(op proto.Op, h proto.Handle, wrs []qp.RecvWR) (int, error) {
+func (c *Conn) postRecv(op wire.Op, h proto.Handle, wrs []qp.RecvWR) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -613,29 +706,33 @@ type qpc struct {
 
 // CreateQP is ibv_create_qp.
 func (c *Conn) CreateQP(in roce.VerbsQPInit) (roce.QueuePair, error) {
-	var req proto.CreateQPReq
+	var h [4]proto.Handle
 	var err error
-	if req.PD, err = c.handleOf(in.PD); err != nil {
+	if h[0], err = c.handleOf(in.PD); err != nil {
 		return nil, err
 	}
-	if req.SendCQ, err = c.handleOf(in.SendCQ); err != nil {
+	if h[1], err = c.handleOf(in.SendCQ); err != nil {
 		return nil, err
 	}
-	if req.RecvCQ, err = c.handleOf(in.RecvCQ); err != nil {
+	if h[2], err = c.handleOf(in.RecvCQ); err != nil {
 		return nil, err
 	}
 	if in.SRQ != nil {
-		if req.SRQ, err = c.handleOf(in.SRQ); err != nil {
+		if h[3], err = c.handleOf(in.SRQ); err != nil {
 			return nil, err
 		}
 	}
-	req.Type, req.Cap, req.SigAll = in.Type, in.Cap, in.SigAll
-	var r proto.CreateQPResp
-	if _, err := c.call(proto.OpCreateQP, req, &r); err != nil {
+	req := wire.CreateQPReq{PD: uint32(h[0]), SendCQ: uint32(h[1]), RecvCQ: uint32(h[2]), SRQ: uint32(h[3]),
+		QPType: uint8(in.Type), Cap: proto.CapToWire(&in.Cap)}
+	if in.SigAll {
+		req.SQSigAll = 1
+	}
+	var r wire.CreateQPResp
+	if _, err := c.call(wire.OpCreateQP, wire.Bytes(&req), wire.Bytes(&r)); err != nil {
 		return nil, err
 	}
-	q := &qpc{c: c, h: r.H, num: r.QPN, typ: in.Type, caps: in.Cap, sigAll: in.SigAll, srq: in.SRQ != nil,
-		lim: qp.WRLimits{MaxSGE: int(in.Cap.MaxSendSGE), MaxInlineData: int(in.Cap.MaxInlineData), MaxMsgSize: c.hello.Attr.MaxMsgSize}}
+	q := &qpc{c: c, h: proto.Handle(r.Handle), num: r.QPN, typ: in.Type, caps: in.Cap, sigAll: in.SigAll, srq: in.SRQ != nil,
+		lim: qp.WRLimits{MaxSGE: int(in.Cap.MaxSendSGE), MaxInlineData: int(in.Cap.MaxInlineData), MaxMsgSize: c.attr.MaxMsgSize}}
 	c.bmu.Lock()
 	c.qps[q.num] = q
 	c.bmu.Unlock()
@@ -656,18 +753,23 @@ func (q *qpc) Type() qp.Type { return q.typ }
 
 // State is the QP state (one request; ErrState reads as StateErr).
 func (q *qpc) State() qp.State {
-	var r proto.QueryQPResp
-	if _, err := q.c.call(proto.OpQueryQP, proto.HandleReq{H: q.h}, &r); err != nil {
+	a, err := q.query()
+	if err != nil {
 		return qp.StateErr
 	}
-	return r.State
+	return qp.State(a.QPState)
 }
 
-// Query is ibv_query_qp.
+// Query is ibv_query_qp (its State field is the current state).
 func (q *qpc) Query() qp.Attr {
-	var r proto.QueryQPResp
-	q.c.call(proto.OpQueryQP, proto.HandleReq{H: q.h}, &r)
-	return r.Attr
+	a, _ := q.query()
+	return proto.QPAttrFromWire(&a)
+}
+
+func (q *qpc) query() (wire.QPAttr, error) {
+	var a wire.QPAttr
+	_, err := q.c.call(wire.OpQueryQP, wire.Bytes(&wire.QueryQPReq{Handle: uint32(q.h), AttrMask: ^uint32(0)}), wire.Bytes(&a))
+	return a, err
 }
 
 // Modify is ibv_modify_qp.
@@ -677,7 +779,8 @@ func (q *qpc) Modify(a *qp.Attr, mask qp.AttrMask) error {
 	}
 	q.sendOK.Store(false) // while the state is in flux, posts are synchronous
 	q.recvOK.Store(false)
-	_, err := q.c.call(proto.OpModifyQP, proto.ModifyQPReq{H: q.h, Attr: *a, Mask: mask}, nil)
+	req := wire.ModifyQPReq{Handle: uint32(q.h), AttrMask: uint32(mask), Attr: proto.QPAttrToWire(a)}
+	_, err := q.c.call(wire.OpModifyQP, wire.Bytes(&req), nil)
 	if err == nil && mask&qp.AttrState != 0 && !q.typ.Datagram() {
 		q.sendOK.Store(a.State == qp.StateRTS)
 		q.recvOK.Store(a.State == qp.StateInit || a.State == qp.StateRTR || a.State == qp.StateRTS)
@@ -689,7 +792,7 @@ func (q *qpc) Modify(a *qp.Attr, mask qp.AttrMask) error {
 func (q *qpc) Destroy() error {
 	q.sendOK.Store(false)
 	q.recvOK.Store(false)
-	_, err := q.c.call(proto.OpDestroyQP, proto.HandleReq{H: q.h}, nil)
+	err := q.c.handleOp(wire.OpDestroyQP, q.h)
 	if err == nil {
 		q.c.bmu.Lock()
 		delete(q.c.qps, q.num)
@@ -728,9 +831,9 @@ func (q *qpc) PostSend(wrs []qp.SendWR) (int, error) {
 	}
 	// The room check is under c.mu: posts of concurrent goroutines count in turn.
 	async = async && q.sqOut.Load()+int64(len(wrs)) <= int64(q.caps.MaxSendWR)
-	op := proto.OpPostSend
+	op := wire.OpPostSend
 	if async {
-		op = proto.OpPostSendAsync
+		op = wire.OpPostSendAsync
 	}
 	var err error
 	if c.wbuf, err = proto.AppendPostSend(c.wbuf, op, q.h, wrs); err != nil {
@@ -764,9 +867,9 @@ func (q *qpc) PostRecv(wrs []qp.RecvWR) (int, error) {
 		return 0, roce.ErrClosed
 	}
 	async = async && q.rqOut.Load()+int64(len(wrs)) <= int64(q.caps.MaxRecvWR)
-	op := proto.OpPostRecv
+	op := wire.OpPostRecv
 	if async {
-		op = proto.OpPostRecvAsync
+		op = wire.OpPostRecvAsync
 	}
 	var err error
 	if c.wbuf, err = proto.AppendPostRecv(c.wbuf, op, q.h, wrs); err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/daemon/proto"
+	"github.com/softroce/softroce/internal/daemon/proto/wire"
 	"github.com/softroce/softroce/internal/daemontest"
 	"github.com/softroce/softroce/internal/mr"
 	"github.com/softroce/softroce/internal/qp"
@@ -120,7 +121,7 @@ func TestAsyncPostRefused(t *testing.T) {
 	}{{1, cq.OpRDMAWrite}, {2, cq.OpSend}} {
 		wc := s.waitWC(t)
 		if wc.WRID != want.id || wc.Opcode != want.op || wc.Status != cq.StatusLocQPOpErr ||
-			!errors.Is(proto.FromBody(proto.ErrorBody{Code: int(wc.VendorErr)}), qp.ErrInvalidState) {
+			!errors.Is(proto.ErrorFrom(0, wire.Code(wc.VendorErr), ""), qp.ErrInvalidState) {
 			t.Fatalf("completion %d: %+v", i, wc)
 		}
 	}

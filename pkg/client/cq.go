@@ -11,6 +11,7 @@ import (
 
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/daemon/proto"
+	"github.com/softroce/softroce/internal/daemon/proto/wire"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -56,8 +57,11 @@ type cqc struct {
 // CreateCQ is ibv_create_cq: the daemon creates the CQ and its ring and
 // passes the ring memfd and both eventfds.
 func (c *Conn) CreateCQ(cqe int) (roce.CompletionQueue, error) {
-	var r proto.CreateCQResp
-	fds, err := c.call(proto.OpCreateCQ, proto.CreateCQReq{CQE: cqe}, &r)
+	if cqe < 1 {
+		return nil, fmt.Errorf("%w: cqe %d", cq.ErrCapacity, cqe)
+	}
+	var r wire.CreateCQResp
+	fds, err := c.call(wire.OpCreateCQ, wire.Bytes(&wire.CreateCQReq{CQE: uint32(min(cqe, 1<<30))}), wire.Bytes(&r))
 	if err != nil {
 		return nil, err
 	}
@@ -65,19 +69,19 @@ func (c *Conn) CreateCQ(cqe int) (roce.CompletionQueue, error) {
 		proto.CloseFDs(fds)
 		return nil, fmt.Errorf("%w: CreateCQ: %d fds", proto.ErrProtocol, len(fds))
 	}
-	mem, err := unix.Mmap(fds[0], 0, r.Bytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := unix.Mmap(fds[0], 0, int(r.Bytes), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	proto.CloseFD(fds[0])
 	if err != nil {
 		proto.CloseFDs(fds[1:])
 		return nil, fmt.Errorf("mmap completion ring: %w", err)
 	}
-	ring, ok := proto.NewRing(mem, r.Capacity)
+	ring, ok := proto.NewRing(mem, int(r.Entries))
 	if !ok {
 		proto.Unmap(mem)
 		proto.CloseFDs(fds[1:])
-		return nil, fmt.Errorf("%w: ring of %d entries in %d bytes", proto.ErrProtocol, r.Capacity, r.Bytes)
+		return nil, fmt.Errorf("%w: ring of %d entries in %d bytes", proto.ErrProtocol, r.Entries, r.Bytes)
 	}
-	q := &cqc{c: c, h: r.H, ring: ring, mem: mem, spaceFD: fds[2],
+	q := &cqc{c: c, h: proto.Handle(r.Handle), ring: ring, mem: mem, spaceFD: fds[2],
 		notifyFile: proto.EventFile(fds[1], "softroce-cq-notify"),
 		ch:         make(chan struct{}, 1), done: make(chan struct{})}
 	q.head = ring.Head()
@@ -292,7 +296,7 @@ func (c *Conn) ModifyCQ(x roce.CompletionQueue, m cq.Moderation) error {
 	if !ok || q == nil || q.c != c {
 		return roce.ErrInvalidArg
 	}
-	_, err := c.call(proto.OpModifyCQ, proto.ModifyCQReq{H: q.h, Mod: m}, nil)
+	_, err := c.call(wire.OpModifyCQ, wire.Bytes(&wire.ModifyCQReq{Handle: uint32(q.h), CQCount: m.Count, CQPeriod: m.PeriodUS}), nil)
 	return err
 }
 
@@ -302,7 +306,7 @@ func (c *Conn) DestroyCQ(x roce.CompletionQueue) error {
 	if !ok || q == nil || q.c != c {
 		return roce.ErrInvalidArg
 	}
-	if _, err := c.call(proto.OpDestroyCQ, proto.HandleReq{H: q.h}, nil); err != nil {
+	if err := c.handleOp(wire.OpDestroyCQ, q.h); err != nil {
 		return err
 	}
 	c.bmu.Lock()

@@ -571,43 +571,88 @@ func (id *ID) DetachQP() {
 	id.mu.Unlock()
 }
 
-// initQP makes the modifications rdma_create_qp makes (cma_init_ib_qp /
-// cma_init_ud_qp).
-func initQP(q *roce.QP, typ qp.Type) error {
-	var steps []struct {
-		a qp.Attr
-		m qp.AttrMask
-	}
+// qpStep is one modification of a QP.
+type qpStep struct {
+	a qp.Attr
+	m qp.AttrMask
+}
+
+// initSteps are the modifications rdma_create_qp makes (cma_init_ib_qp /
+// cma_init_ud_qp): RC/UC to INIT, UD through RTS.
+func initSteps(typ qp.Type) []qpStep {
 	if typ == qp.TypeUD {
-		steps = append(steps,
-			struct {
-				a qp.Attr
-				m qp.AttrMask
-			}{qp.Attr{State: qp.StateInit, Port: 1, QKey: cm.RDMAUDPQKey}, qp.AttrState | qp.AttrPKeyIndex | qp.AttrPort | qp.AttrQKey},
-			struct {
-				a qp.Attr
-				m qp.AttrMask
-			}{qp.Attr{State: qp.StateRTR}, qp.AttrState},
-			struct {
-				a qp.Attr
-				m qp.AttrMask
-			}{qp.Attr{State: qp.StateRTS, SQPSN: rand.Uint32() & bth.PSNMask}, qp.AttrState | qp.AttrSQPSN})
-	} else {
-		acc := mr.AccessLocalWrite | mr.AccessRemoteWrite
-		if typ == qp.TypeRC {
-			acc |= mr.AccessRemoteRead | mr.AccessRemoteAtomic
+		return []qpStep{
+			{qp.Attr{State: qp.StateInit, Port: 1, QKey: cm.RDMAUDPQKey}, qp.AttrState | qp.AttrPKeyIndex | qp.AttrPort | qp.AttrQKey},
+			{qp.Attr{State: qp.StateRTR}, qp.AttrState},
+			{qp.Attr{State: qp.StateRTS, SQPSN: rand.Uint32() & bth.PSNMask}, qp.AttrState | qp.AttrSQPSN},
 		}
-		steps = append(steps, struct {
-			a qp.Attr
-			m qp.AttrMask
-		}{qp.Attr{State: qp.StateInit, Port: 1, AccessFlags: acc}, qp.AttrState | qp.AttrPKeyIndex | qp.AttrPort | qp.AttrAccessFlags})
 	}
+	acc := mr.AccessLocalWrite | mr.AccessRemoteWrite
+	if typ == qp.TypeRC {
+		acc |= mr.AccessRemoteRead | mr.AccessRemoteAtomic
+	}
+	return []qpStep{{qp.Attr{State: qp.StateInit, Port: 1, AccessFlags: acc}, qp.AttrState | qp.AttrPKeyIndex | qp.AttrPort | qp.AttrAccessFlags}}
+}
+
+// initQP makes the modifications rdma_create_qp makes.
+func initQP(q *roce.QP, typ qp.Type) error {
+	steps := initSteps(typ)
 	for i := range steps {
 		if err := q.Modify(&steps[i].a, steps[i].m); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// InitQPAttr returns the attributes and mask that move a QP the program made
+// itself, and connects through this ID with ConnParam.QPNum, to state
+// (rdma_init_qp_attr): INIT as CreateQP moves it (UD: INIT, RTR and RTS with the
+// rdma_cm Q_Key), RTR and RTS from the connection's negotiated parameters once
+// the peer's REQ (passive side) or REP (active side) arrived (ErrState before).
+// Embedded and daemon-side IDs only.
+func (id *ID) InitQPAttr(state qp.State) (qp.Attr, qp.AttrMask, error) {
+	if id.rem != nil {
+		return qp.Attr{}, 0, fmt.Errorf("%w: InitQPAttr of a client ID", ErrInvalidArg)
+	}
+	id.mu.Lock()
+	typ := qp.TypeRC
+	if id.ps == cm.PSUDP {
+		typ = qp.TypeUD
+	} else if id.qp != nil {
+		typ = id.qp.Type()
+	}
+	c, sgid := id.conn, uint8(id.route.SGIDIndex)
+	id.mu.Unlock()
+	steps := initSteps(typ)
+	if typ == qp.TypeUD {
+		for _, s := range steps {
+			if s.a.State == state {
+				return s.a, s.m, nil
+			}
+		}
+		return qp.Attr{}, 0, fmt.Errorf("%w: QP state %v", ErrInvalidArg, state)
+	}
+	switch state {
+	case qp.StateInit:
+		return steps[0].a, steps[0].m, nil
+	case qp.StateRTR, qp.StateRTS:
+	default:
+		return qp.Attr{}, 0, fmt.Errorf("%w: QP state %v", ErrInvalidArg, state)
+	}
+	if c == nil {
+		return qp.Attr{}, 0, fmt.Errorf("%w: no connection yet", ErrState)
+	}
+	if c.Transport() == cm.TransportUC {
+		typ = qp.TypeUC
+	}
+	rtr, rts := c.QPParams()
+	if state == qp.StateRTR {
+		a, m := cm.RTRAttr(typ, &rtr, cm.QPControlOptions{SGIDIndex: sgid})
+		return a, m, nil
+	}
+	a, m := cm.RTSAttr(typ, &rts)
+	return a, m, nil
 }
 
 // DestroyQP destroys the ID's QP (rdma_destroy_qp).

@@ -383,6 +383,15 @@ func (d *Device) RegMRWith(pd *mr.PD, buf []byte, iova uint64, acc mr.Access, o 
 	return d.tbl.RegMRWith(pd, buf, iova, acc, o)
 }
 
+// RegMemory registers length bytes of memory the device reaches by copying (mr.Memory: the
+// softroce daemon's view of a client process's memory) at iova.
+func (d *Device) RegMemory(pd *mr.PD, mem mr.Memory, length, iova uint64, acc mr.Access) (*mr.MR, error) {
+	if d.closed.Load() {
+		return nil, ErrClosed
+	}
+	return d.tbl.RegMemory(pd, mem, length, iova, acc)
+}
+
 // MRTable returns the device's memory-region table (memory windows,
 // fast registration and invalidation live there; see internal/mr).
 func (d *Device) MRTable() *mr.Table { return d.tbl }

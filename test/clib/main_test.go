@@ -209,14 +209,14 @@ func pair(t *testing.T, server, client tool, port int, timeout time.Duration) (s
 }
 
 // pairCM is pair for programs whose exchange is rdma_cm: the client starts once the server's
-// daemon holds a new rdma_cm ID. That ID may not listen yet (create, bind, listen are three
-// requests); a client whose connect the peer's CM rejected for want of a listener (REJ reason
-// 8, invalid service ID) started too early and is run again, up to 20 times.
+// daemon holds a listening rdma_cm ID (Debug.CMListens: an ID that exists but does not listen
+// yet would have the client's REQ rejected, invalid service ID). A client whose connect the
+// peer's CM still rejected for want of a listener (REJ reason 8) is run again, up to 20 times.
 func pairCM(t *testing.T, server, client tool, timeout time.Duration) (sout, cout string) {
 	t.Helper()
-	base := server.d.srv.Debug().CMIDs
+	base := server.d.srv.Debug().CMListens
 	return pairReady(t, server, client, func(ctx context.Context, exited <-chan error) error {
-		for server.d.srv.Debug().CMIDs <= base {
+		for server.d.srv.Debug().CMListens <= base {
 			select {
 			case err := <-exited:
 				return fmt.Errorf("exited: %v", err)

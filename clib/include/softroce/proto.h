@@ -268,6 +268,22 @@ struct sr_stats {
 	uint64_t rp_cnp_ignored;
 };
 
+/* The resources the daemon limits per user, in the order of sr_debug's arrays. */
+enum sr_usage {
+	SR_USAGE_CONNS = 0,
+	SR_USAGE_FDS = 1,
+	SR_USAGE_PDS = 2,
+	SR_USAGE_MRS = 3,
+	SR_USAGE_CQS = 4,
+	SR_USAGE_SRQS = 5,
+	SR_USAGE_QPS = 6,
+	SR_USAGE_CM_IDS = 7,
+	SR_USAGE_MAPPED_BYTES = 8,
+	SR_USAGE_MAPPINGS = 9,
+	SR_USAGE_ENGINE_BYTES = 10,
+	SR_USAGE_COUNT = 11,
+};
+
 /* The daemon's resources (all clients), and this client's own objects. */
 struct sr_debug {
 	int64_t clients;
@@ -292,6 +308,20 @@ struct sr_debug {
 	int64_t mine_cm_ids;
 	int64_t mine_cm_channels;
 	int64_t cm_channels;
+	uint64_t accept_backoffs; /* accept errors (out of fds or memory) backed off and retried */
+	uint64_t bad_posts;       /* asynchronous posts refused (malformed, no QP of the client) */
+	uint64_t dropped_events;  /* asynchronous events dropped: a client's event ring was full */
+	int64_t cm_listens;       /* rdma_cm IDs listening (all clients) */
+	uint64_t drain_yields;    /* post-ring drain turns that ended with records left (fair service) */
+	uint32_t uid;             /* the user the daemon counts this client under (SO_PEERCRED) */
+	uint32_t reserved;
+	/* per-user accounting, SR_USAGE_* order: what this client's user holds over all its
+	 * connections, the per-user limits (-1: none), and the requests refused over each limit
+	 * (per-user or daemon-wide) since the daemon started */
+	int64_t user[SR_USAGE_COUNT];
+	int64_t user_limit[SR_USAGE_COUNT];
+	int64_t refused[SR_USAGE_COUNT];
+	uint64_t refused_privileged; /* requests refused as reserved to privileged users */
 };
 
 /* ---------------------------------------------------------------- verbs */
@@ -820,7 +850,7 @@ SR_SIZE(sr_gid_entry, 48);
 SR_SIZE(sr_pkey_req, 8);
 SR_SIZE(sr_pkey_resp, 8);
 SR_SIZE(sr_stats, 208);
-SR_SIZE(sr_debug, 176);
+SR_SIZE(sr_debug, 496);
 SR_SIZE(sr_reg_mr_req, 48);
 SR_SIZE(sr_reg_mr_resp, 16);
 SR_SIZE(sr_create_cq_req, 8);

@@ -4,12 +4,14 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/softroce/softroce/internal/daemon/proto/wire"
 	"github.com/softroce/softroce/internal/event"
 )
 
 // Event ring: asynchronous events (ibv_get_async_event) the daemon forwards
 // to a client, in the page after the post ring in the same memfd
-// (EventRingOff), with its own eventfd (daemon -> client). Layout:
+// (EventRingOff), with its own eventfd (daemon -> client); docs/daemon-protocol.md,
+// "Event ring"; wire.AsyncEvent. Layout:
 //
 //	0    tail  uint64  entries produced (daemon)
 //	64   head  uint64  entries consumed (client)
@@ -20,21 +22,21 @@ import (
 // client's handle. A full ring drops the event (counted in the daemon's
 // log), as the embedded device's event queue does.
 const (
-	EventRingOff   = PostRingBytes
-	EventRingBytes = 4096
+	EventRingOff   = wire.EventRingOff
+	EventRingBytes = wire.EventRingBytes
 	EventEntrySize = 16
-	EventRingCap   = 64
-	evTail         = 0
-	evHead         = 64
-	evEntries      = 128
+	EventRingCap   = wire.EventRingCap
+	evTail         = wire.EventTail
+	evHead         = wire.EventHead
+	evEntries      = wire.EventEntries
 )
 
 // Event object kinds.
 const (
-	EventOnDevice = 0 // port and device events: no object
-	EventOnQP     = 1
-	EventOnCQ     = 2
-	EventOnSRQ    = 3
+	EventOnDevice = wire.EventOnDevice // port and device events: no object
+	EventOnQP     = wire.EventOnQP
+	EventOnCQ     = wire.EventOnCQ
+	EventOnSRQ    = wire.EventOnSRQ
 )
 
 // Event is one forwarded asynchronous event.
@@ -75,8 +77,8 @@ func (r *EventRing) Put(e Event) bool {
 	}
 	b := r.mem[evEntries+int(r.pos%EventRingCap)*EventEntrySize:]
 	b[0], b[1], b[2], b[3] = byte(e.Type), e.Kind, e.Port, 0
-	le.PutUint32(b[4:], uint32(e.Handle))
-	le.PutUint32(b[8:], e.QPN)
+	ne.PutUint32(b[4:], uint32(e.Handle))
+	ne.PutUint32(b[8:], e.QPN)
 	r.pos++
 	atomic.StoreUint64(r.u64(evTail), r.pos)
 	return true
@@ -88,7 +90,7 @@ func (r *EventRing) Get(e *Event) bool {
 		return false
 	}
 	b := r.mem[evEntries+int(r.pos%EventRingCap)*EventEntrySize:]
-	*e = Event{Type: event.Type(b[0]), Kind: b[1], Port: b[2], Handle: Handle(le.Uint32(b[4:])), QPN: le.Uint32(b[8:])}
+	*e = Event{Type: event.Type(b[0]), Kind: b[1], Port: b[2], Handle: Handle(ne.Uint32(b[4:])), QPN: ne.Uint32(b[8:])}
 	r.pos++
 	atomic.StoreUint64(r.u64(evHead), r.pos)
 	return true

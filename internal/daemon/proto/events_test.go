@@ -31,7 +31,7 @@ func TestEventRing(t *testing.T) {
 			t.Fatal("empty ring returned an event")
 		}
 	}
-	le.PutUint64(mem[evHead:], 1<<40)
+	ne.PutUint64(mem[evHead:], 1<<40)
 	if p.Put(Event{}) {
 		t.Fatal("corrupt head: put accepted")
 	}

@@ -3,6 +3,8 @@ package proto
 import (
 	"sync/atomic"
 	"testing"
+
+	"github.com/softroce/softroce/internal/daemon/proto/wire"
 )
 
 // TestDoorbellTwoMappings: the doorbell rule (a Write that asks for no doorbell and a Sleep
@@ -33,7 +35,7 @@ func TestDoorbellTwoMappings(t *testing.T) {
 		t.Fatal("NewPostRing")
 	}
 	rounds := uint32(wakeRounds() * 10)
-	msg := []byte{byte(OpPostSendAsync), 1, 2, 3}
+	msg := []byte{byte(wire.OpPostSendAsync), 1, 2, 3}
 	var start, done atomic.Uint32
 	var asked atomic.Bool
 	go func() { // the producer: one Write per round

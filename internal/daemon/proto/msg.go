@@ -1,318 +1,100 @@
-// Package proto is the wire protocol between the softroce daemon
-// (internal/daemon) and its clients (pkg/client): control messages on a
-// unix SOCK_SEQPACKET socket (one request, one response, file descriptors
-// passed with SCM_RIGHTS), completion rings in shared memfds (ring.go) and
-// the memfd helpers (shm_linux.go). It is not a stable API: the client and
-// the daemon of one build speak it. See docs/daemon.md.
+// Package proto is the softroce daemon protocol (docs/daemon-protocol.md) as the
+// daemon (internal/daemon) and the Go client (pkg/client) use it: message framing,
+// errors as errno values and detail codes, the binary encoding of work requests,
+// conversions between the wire structs (internal/daemon/proto/wire, the twin of
+// clib/include/softroce/proto.h) and the engine's types, the shared-memory rings
+// (completion ring.go, post ring postring.go, event ring events.go) and the memfd,
+// eventfd and SCM_RIGHTS helpers (shm_linux.go).
 //
-// Framing: a request is [op u8][body]; a response is [status u8][body]
-// where status 0 = ok and 1 = error with an ErrorBody (JSON). Control
-// bodies are JSON; the data-path requests (post send/recv/srq recv) are
-// binary (EncodeSendWRs / EncodeRecvWRs) and their response body is
-// [posted u32].
+// Framing: a unix SOCK_SEQPACKET socket, one message per sendmsg, file descriptors
+// as SCM_RIGHTS. A message is a wire.Hdr then the op's body; a response with a
+// non-zero status (an errno) carries wire.Err and a message text.
 package proto
 
 import (
-	"encoding/binary"
-	"errors"
 	"net/netip"
+	"syscall"
 
-	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/daemon/proto/wire"
 	"github.com/softroce/softroce/internal/qp"
 )
 
-// Version is the protocol version exchanged in Hello.
-const Version = 2
+// Version is the protocol version exchanged in HELLO.
+const Version = wire.Version
 
 // MaxMsg is the largest message either side sends or accepts.
-const MaxMsg = 256 << 10
+const MaxMsg = wire.MaxMsg
 
-// Op is a request opcode.
-type Op uint8
-
-// Requests.
-const (
-	OpHello Op = iota + 1
-	OpAllocPD
-	OpDeallocPD
-	OpRegMR // + 1 fd (the memfd)
-	OpDeregMR
-	OpCreateCQ // response + 3 fds: ring memfd, notify eventfd, space eventfd
-	OpDestroyCQ
-	OpCreateSRQ
-	OpModifySRQ
-	OpQuerySRQ
-	OpDestroySRQ
-	OpCreateQP
-	OpModifyQP
-	OpQueryQP
-	OpDestroyQP
-	OpCreateAH
-	OpStats
-	OpDebug
-	OpPostSend    // binary
-	OpPostRecv    // binary
-	OpPostSRQRecv // binary
-	// OpPostSendAsync and OpPostRecvAsync are posts with no response: the
-	// client validated them and knows the queue has room (see
-	// pkg/client); should the engine still refuse one, the daemon
-	// completes it and every later WR of the request with LOC_QP_OP_ERR.
-	OpPostSendAsync
-	OpPostRecvAsync
-	// OpOpenPostRing creates the connection's post ring (postring.go);
-	// response PostRingResp + 2 fds: the ring memfd and the doorbell eventfd.
-	OpOpenPostRing
-	// OpModifyCQ is ibv_modify_cq (event moderation): ModifyCQReq, no body back.
-	OpModifyCQ
-	opMax
-)
-
-// Valid reports whether op is a known request.
-func (op Op) Valid() bool { return (op >= OpHello && op < opMax) || op.IsCM() }
-
-// Response status bytes.
-const (
-	StatusOK  = 0
-	StatusErr = 1
-)
+// HdrSize is the size of the header every message starts with.
+const HdrSize = 8
 
 // Handle names an object of one client; handles are per client (another
 // client's handle numbers name nothing, or that client's own objects).
 type Handle uint32
 
-// Hello is the response to OpHello.
-type Hello struct {
-	Version  int
-	Name     string
-	Attr     qp.DeviceAttr
-	PortAttr qp.PortAttr
-	GIDs     []netip.Addr
-	// Limit is the per-user limits the client's user is held to (-1 = none).
-	Limit Usage
+// AppendRequest starts dst over with a request for op, followed by body.
+func AppendRequest(dst []byte, op wire.Op, body []byte) []byte {
+	h := wire.Hdr{Op: op}
+	return append(wire.Append(dst[:0], &h), body...)
 }
 
-// HandleReq names one object.
-type HandleReq struct{ H Handle }
-
-// HandleResp returns a new object's handle.
-type HandleResp struct{ H Handle }
-
-// RegMRReq registers [Off, Off+Len) of the memfd passed with the request at IOVA.
-type RegMRReq struct {
-	PD     Handle
-	Off    uint64
-	Len    int
-	IOVA   uint64
-	Access uint32
+// AppendOK starts dst over with a successful response to op; the body follows.
+func AppendOK(dst []byte, op wire.Op) []byte {
+	h := wire.Hdr{Op: op}
+	return wire.Append(dst[:0], &h)
 }
 
-// RegMRResp is the new MR.
-type RegMRResp struct {
-	H          Handle
-	LKey, RKey uint32
-}
-
-// CreateCQReq is ibv_create_cq.
-type CreateCQReq struct{ CQE int }
-
-// CreateCQResp describes the completion ring passed with the response.
-type CreateCQResp struct {
-	H        Handle
-	Capacity int // ring entries (power of two)
-	Bytes    int // memfd size
-}
-
-// ModifyCQReq is ibv_modify_cq with IBV_CQ_ATTR_MODERATE: the completion event of CQ H
-// waits for Mod.Count completions in the ring or Mod.PeriodUS microseconds.
-type ModifyCQReq struct {
-	H   Handle
-	Mod cq.Moderation
-}
-
-// PostRingResp describes the post ring passed with the OpOpenPostRing response.
-type PostRingResp struct {
-	Bytes int // memfd size (PostRingBytes)
-}
-
-// CreateSRQReq is ibv_create_srq.
-type CreateSRQReq struct{ MaxWR, MaxSGE, Limit int }
-
-// ModifySRQReq is ibv_modify_srq.
-type ModifySRQReq struct {
-	H    Handle
-	Attr qp.SRQAttr
-	Mask qp.SRQAttrMask
-}
-
-// CreateQPReq is ibv_create_qp (objects by handle; SRQ 0 = none).
-type CreateQPReq struct {
-	Type               qp.Type
-	PD, SendCQ, RecvCQ Handle
-	SRQ                Handle
-	Cap                qp.Cap
-	SigAll             bool
-}
-
-// CreateQPResp is the new QP.
-type CreateQPResp struct {
-	H   Handle
-	QPN uint32
-}
-
-// ModifyQPReq is ibv_modify_qp.
-type ModifyQPReq struct {
-	H    Handle
-	Attr qp.Attr
-	Mask qp.AttrMask
-}
-
-// QueryQPResp is ibv_query_qp.
-type QueryQPResp struct {
-	Attr  qp.Attr
-	State qp.State
-}
-
-// CreateAHReq is ibv_create_ah.
-type CreateAHReq struct {
-	PD   Handle
-	Attr qp.AHAttr
-}
-
-// Debug is the daemon's resource introspection (OpDebug): live object
-// counts over all clients, and the process's open fds and goroutines.
-type Debug struct {
-	Clients, PDs, MRs, CQs, SRQs, QPs int
-	CMIDs                             int   // rdma_cm IDs (listening, connecting, connected, pending requests)
-	MappedBytes                       int64 // client memory mapped for MRs, completion rings and post rings
-	// FDs counts the daemon process's open file descriptors other than the
-	// device link's entropy-port sockets (EntropySockets: the link opens one
-	// per source port in use and keeps it, like its main socket; they are the
-	// device's, not a client's).
-	FDs            int
-	EntropySockets int
-	Goroutines     int
-	// RingPosts counts post messages drained from post rings, SocketPosts
-	// post messages read from sockets (both since the daemon started).
-	RingPosts, SocketPosts uint64
-	// Refills counts the packets the engine held for a client's post ring
-	// to be drained: a packet needing a receive WQE found a client QP's
-	// receive queue empty while that client's ring had posts not yet
-	// handed over (the RecvRefill hook, docs/daemon.md).
-	Refills uint64
-	// AcceptBackoffs counts the accept errors (out of descriptors or memory) the daemon backed
-	// off on and retried instead of stopping.
-	AcceptBackoffs uint64
-	// DrainYields counts the post-ring drain turns that ended with records left: a busy
-	// client's drainer gave the others their turn (docs/daemon.md "Fair service").
-	DrainYields uint64
-	// BadPosts counts asynchronous post messages and post-ring records the daemon refused
-	// (malformed, naming no QP of the client); DroppedEvents the asynchronous events dropped
-	// because a client's event ring was full.
-	BadPosts, DroppedEvents uint64
-	// Mine counts this client's own objects.
-	Mine struct{ PDs, MRs, CQs, SRQs, QPs, CMIDs int }
-	// UID is the user the daemon counts this client under (SO_PEERCRED); User is what all of
-	// that user's connections hold together, UserLimit the per-user limits (-1 = none).
-	UID             uint32
-	User, UserLimit Usage
-	// Refused counts the requests refused over a limit (per-user or daemon-wide), per
-	// resource, since the daemon started; RefusedPrivileged those refused as reserved to
-	// privileged users (controlled Q_Keys).
-	Refused           Usage
-	RefusedPrivileged uint64
-}
-
-// Usage is an amount of each resource the daemon limits per user (docs/daemon.md "Limits"):
-// a holding, a limit (-1 = none) or a count of refusals.
-type Usage struct {
-	Conns, FDs, PDs, MRs, CQs, SRQs, QPs, CMIDs int64
-	MappedBytes, Mappings, EngineBytes          int64
-}
-
-// ErrorBody is the body of an error response.
-type ErrorBody struct {
-	Code   int // index into Sentinels (0 = none)
-	Msg    string
-	Posted int // post requests: WRs posted before the failing one (ibverbs bad_wr)
-}
-
-// Protocol errors.
-var (
-	// ErrNoObject: a handle names no object of this client (or one of another type).
-	ErrNoObject = errors.New("softroce daemon: no such object")
-	// ErrProtocol: a malformed message.
-	ErrProtocol = errors.New("softroce daemon: protocol error")
-	// ErrUnsupported: an operation the daemon does not offer (e.g. BIND_MW work requests).
-	ErrUnsupported = errors.New("softroce daemon: operation not supported through the daemon")
-	// ErrDisconnected: the daemon closed the connection (shutdown or protocol error).
-	ErrDisconnected = errors.New("softroce daemon: disconnected")
-	// ErrQuota: the request would take the client's user (uid) over one of the daemon's
-	// per-user limits, or the daemon over its daemon-wide ceiling; the message names which.
-	ErrQuota = errors.New("softroce daemon: limit reached")
-	// ErrPermission: the operation is reserved to privileged users (a controlled Q_Key).
-	ErrPermission = errors.New("softroce daemon: operation not permitted")
-)
-
-// Sentinels are the errors that keep their identity across the socket:
-// the daemon sends the index of the first one errors.Is matches and the
-// client wraps it back (RemoteError.Unwrap). Append only.
-var Sentinels []error
-
-// CodeOf returns the sentinel code of err (0 = none).
-func CodeOf(err error) int {
-	for i, s := range Sentinels {
-		if errors.Is(err, s) {
-			return i + 1
-		}
+// AppendError starts dst over with a failed response to op: err's errno and code,
+// badWR (posts: WRs posted before the failing one), and err's text.
+func AppendError(dst []byte, op wire.Op, err error, badWR int) []byte {
+	code := CodeOf(err)
+	h := wire.Hdr{Op: op, Status: int32(ErrnoOf(err))}
+	e := wire.Err{Code: uint32(code), BadWR: uint32(badWR)}
+	dst = wire.Append(wire.Append(dst[:0], &h), &e)
+	msg := err.Error()
+	if room := MaxMsg - len(dst); len(msg) > room {
+		msg = msg[:room]
 	}
-	return 0
+	return append(dst, msg...)
 }
 
-// RemoteError is an error returned by the daemon.
-type RemoteError struct {
-	Sentinel error // nil if the daemon's error has no shared sentinel
-	Msg      string
+// ParseHdr splits a message into its header and body.
+func ParseHdr(b []byte) (wire.Hdr, []byte, bool) {
+	var h wire.Hdr
+	rest, ok := wire.Read(b, &h)
+	return h, rest, ok
 }
 
-func (e *RemoteError) Error() string { return e.Msg }
-
-// Unwrap returns the sentinel, so errors.Is(err, qp.ErrInvalidState) works across the socket.
-func (e *RemoteError) Unwrap() error { return e.Sentinel }
-
-// FromBody rebuilds an error from an ErrorBody.
-func FromBody(b ErrorBody) error {
-	e := &RemoteError{Msg: b.Msg}
-	if b.Code > 0 && b.Code <= len(Sentinels) {
-		e.Sentinel = Sentinels[b.Code-1]
+// ResponseError is the bad_wr and the error of a failed response (h.Status != 0).
+func ResponseError(h wire.Hdr, body []byte) (badWR int, err error) {
+	var e wire.Err
+	rest, ok := wire.Read(body, &e)
+	if !ok {
+		return 0, &RemoteError{Errno: syscall.Errno(h.Status), Msg: "softroce daemon: " + syscall.Errno(h.Status).Error()}
 	}
-	return e
+	return int(e.BadWR), newRemoteError(syscall.Errno(h.Status), wire.Code(e.Code), string(rest))
 }
 
-// Binary data-path encoding (little endian).
+// Binary encoding of work requests (docs/daemon-protocol.md, "Work requests"):
 //
-//	post send:     [op][h u32][n u32] then n x SendWR
-//	SendWR:        wrid u64, opcode u8, nsge u8, sgidx u8, hop u8, flags u32, imm u32, invrkey u32,
-//	               raddr u64, rkey u32, rqpn u32, rqkey u32, tc u8, sl u8, hasAH u8, _ u8,
-//	               compareadd u64, swap u64, flowlabel u32, dgid [16]byte  = 84 bytes, then nsge x SGE
-//	               (IBV_WR_FLUSH: compareadd = the range length, swap = placement type | level << 8)
-//	SGE:           addr u64, length u32, lkey u32 = 16 bytes
-//	post recv:     [op][h u32][n u32] then n x (wrid u64, nsge u32) + nsge x SGE
+//	[wire.Hdr][wire.Post{handle, num_wr}] then num_wr x
+//	send:    wire.SendWR (96 bytes), then num_sge x wire.SGE, or inline_len bytes padded to 8
+//	receive: wire.RecvWR (16 bytes), then num_sge x wire.SGE
 const (
-	sendWRSize = 84
-	recvWRSize = 12
+	postHdr    = HdrSize + 8
+	sendWRSize = 96
+	recvWRSize = 16
 	sgeSize    = 16
-	postHdr    = 9
 )
 
-var le = binary.LittleEndian
-
-// AppendPostSend encodes a post-send request (op OpPostSend or
-// OpPostSendAsync) into dst (reused; no allocation once grown). AH
-// addresses are sent by value (the daemon resolves them again).
-func AppendPostSend(dst []byte, op Op, h Handle, wrs []qp.SendWR) ([]byte, error) {
-	dst = append(dst[:0], byte(op))
-	dst = le.AppendUint32(dst, uint32(h))
-	dst = le.AppendUint32(dst, uint32(len(wrs)))
+// AppendPostSend encodes a post-send message (op OpPostSend or
+// OpPostSendAsync) into dst (reused; no allocation once grown). An inline
+// WR's data (SendWR.Inline) travels in the message; AH addresses are sent by
+// value (the daemon resolves them again).
+func AppendPostSend(dst []byte, op wire.Op, h Handle, wrs []qp.SendWR) ([]byte, error) {
+	hd := wire.Hdr{Op: op}
+	p := wire.Post{Handle: uint32(h), NumWR: uint32(len(wrs))}
+	dst = wire.Append(wire.Append(dst[:0], &hd), &p)
 	for i := range wrs {
 		w := &wrs[i]
 		if len(w.SGL) > 255 {
@@ -321,32 +103,27 @@ func AppendPostSend(dst []byte, op Op, h Handle, wrs []qp.SendWR) ([]byte, error
 		if w.Bind != nil || w.Opcode == qp.WRBindMW {
 			return dst, ErrUnsupported
 		}
-		dst = le.AppendUint64(dst, w.WRID)
-		var sgidx, hop, tc, sl, hasAH byte
-		var fl uint32
-		var dgid [16]byte
+		if len(w.Inline) > 0xFFFF || (w.Inline != nil && len(w.SGL) > 0) {
+			return dst, qp.ErrWRInlineSize
+		}
+		sw := wire.SendWR{WRID: w.WRID, Opcode: uint8(w.Opcode), NumSGE: uint8(len(w.SGL)),
+			InlineLen: uint16(len(w.Inline)), SendFlags: uint32(w.Flags), ImmData: w.Imm,
+			InvalidateRKey: w.InvRKey, RemoteAddr: w.RemoteAddr, RKey: w.RKey, RemoteQPN: w.RemoteQPN,
+			RemoteQKey: w.RemoteQKey, CompareAdd: w.CompareAdd, Swap: w.Swap}
+		if w.Opcode == qp.WRFlush { // compare_add: the range length; swap: type | level << SR_FLUSH_LEVEL_SHIFT
+			sw.CompareAdd, sw.Swap = uint64(w.FlushLength), uint64(w.FlushType)|uint64(w.FlushLevel)<<wire.FlushLevelShift
+		}
 		if w.AH != nil {
-			hasAH = 1
-			sgidx, hop, tc, sl, fl = w.AH.SGIDIndex, w.AH.HopLimit, w.AH.TrafficClass, w.AH.SL, w.AH.FlowLabel
-			dgid = w.AH.DGID.As16()
+			sw.HasAH = 1
+			sw.AH = AHAttrToWire(&w.AH.AHAttr)
 		}
-		dst = append(dst, byte(w.Opcode), byte(len(w.SGL)), sgidx, hop)
-		dst = le.AppendUint32(dst, uint32(w.Flags))
-		dst = le.AppendUint32(dst, w.Imm)
-		dst = le.AppendUint32(dst, w.InvRKey)
-		dst = le.AppendUint64(dst, w.RemoteAddr)
-		dst = le.AppendUint32(dst, w.RKey)
-		dst = le.AppendUint32(dst, w.RemoteQPN)
-		dst = le.AppendUint32(dst, w.RemoteQKey)
-		dst = append(dst, tc, sl, hasAH, 0)
-		ca, sw := w.CompareAdd, w.Swap
-		if w.Opcode == qp.WRFlush {
-			ca, sw = uint64(w.FlushLength), uint64(w.FlushType)|uint64(w.FlushLevel)<<8
+		dst = wire.Append(dst, &sw)
+		if len(w.Inline) > 0 {
+			dst = append(dst, w.Inline...)
+			for len(dst)%8 != 0 {
+				dst = append(dst, 0)
+			}
 		}
-		dst = le.AppendUint64(dst, ca)
-		dst = le.AppendUint64(dst, sw)
-		dst = le.AppendUint32(dst, fl)
-		dst = append(dst, dgid[:]...)
 		dst = appendSGL(dst, w.SGL)
 	}
 	if len(dst) > MaxMsg {
@@ -356,22 +133,21 @@ func AppendPostSend(dst []byte, op Op, h Handle, wrs []qp.SendWR) ([]byte, error
 }
 
 func appendSGL(dst []byte, sgl []qp.SGE) []byte {
-	for _, s := range sgl {
-		dst = le.AppendUint64(dst, s.Addr)
-		dst = le.AppendUint32(dst, s.Length)
-		dst = le.AppendUint32(dst, s.LKey)
+	for i := range sgl {
+		s := wire.SGE{Addr: sgl[i].Addr, Length: sgl[i].Length, LKey: sgl[i].LKey}
+		dst = wire.Append(dst, &s)
 	}
 	return dst
 }
 
-// AppendPostRecv encodes a post-recv (op OpPostRecv or OpPostSRQRecv).
-func AppendPostRecv(dst []byte, op Op, h Handle, wrs []qp.RecvWR) ([]byte, error) {
-	dst = append(dst[:0], byte(op))
-	dst = le.AppendUint32(dst, uint32(h))
-	dst = le.AppendUint32(dst, uint32(len(wrs)))
+// AppendPostRecv encodes a post-recv message (op OpPostRecv, OpPostRecvAsync or OpPostSRQRecv).
+func AppendPostRecv(dst []byte, op wire.Op, h Handle, wrs []qp.RecvWR) ([]byte, error) {
+	hd := wire.Hdr{Op: op}
+	p := wire.Post{Handle: uint32(h), NumWR: uint32(len(wrs))}
+	dst = wire.Append(wire.Append(dst[:0], &hd), &p)
 	for i := range wrs {
-		dst = le.AppendUint64(dst, wrs[i].WRID)
-		dst = le.AppendUint32(dst, uint32(len(wrs[i].SGL)))
+		rw := wire.RecvWR{WRID: wrs[i].WRID, NumSGE: uint32(len(wrs[i].SGL))}
+		dst = wire.Append(dst, &rw)
 		dst = appendSGL(dst, wrs[i].SGL)
 	}
 	if len(dst) > MaxMsg {
@@ -380,16 +156,24 @@ func AppendPostRecv(dst []byte, op Op, h Handle, wrs []qp.RecvWR) ([]byte, error
 	return dst, nil
 }
 
-// PostHeader reads the handle and count of a post request.
-func PostHeader(b []byte) (h Handle, n int, rest []byte, err error) {
-	if len(b) < postHdr {
-		return 0, 0, nil, ErrProtocol
+// PostHeader reads a post message (b starts with its wire.Hdr): the op, the
+// handle, the WR count and the WRs' bytes.
+func PostHeader(b []byte) (op wire.Op, h Handle, n int, rest []byte, err error) {
+	var hd wire.Hdr
+	var p wire.Post
+	rest, ok := wire.Read(b, &hd)
+	if ok {
+		rest, ok = wire.Read(rest, &p)
 	}
-	return Handle(le.Uint32(b[1:])), int(le.Uint32(b[5:])), b[postHdr:], nil
+	if !ok {
+		return 0, 0, 0, nil, ErrProtocol
+	}
+	return hd.Op, Handle(p.Handle), int(p.NumWR), rest, nil
 }
 
-// SendDecoder decodes post-send requests into reused storage (no
-// allocation once its buffers have grown to the batch and SGE counts).
+// SendDecoder decodes post-send messages into reused storage (no allocation
+// once its buffers have grown to the batch and SGE counts). Inline data is
+// not copied: the WRs alias the message.
 type SendDecoder struct {
 	WRs []qp.SendWR
 	AHs []qp.AH
@@ -406,19 +190,28 @@ func (d *SendDecoder) Decode(b []byte, n int) ([]qp.SendWR, error) {
 		d.WRs = make([]qp.SendWR, n)
 		d.AHs = make([]qp.AH, n)
 	}
-	wrs, ahs := d.WRs[:n], d.AHs[:n]
-	// First pass: count SGEs to size the shared SGE buffer.
+	// First pass: check the sizes and count SGEs to size the shared SGE buffer.
+	var sw wire.SendWR
 	total, p := 0, b
 	for i := 0; i < n; i++ {
-		if len(p) < sendWRSize {
+		rest, ok := wire.Read(p, &sw)
+		if !ok {
 			return nil, ErrProtocol
 		}
-		ns := int(p[9])
-		if len(p) < sendWRSize+ns*sgeSize {
+		var need int
+		if sw.InlineLen > 0 {
+			if sw.NumSGE != 0 || qp.SendFlags(sw.SendFlags)&qp.SendInline == 0 {
+				return nil, ErrProtocol
+			}
+			need = align8(int(sw.InlineLen))
+		} else {
+			need = int(sw.NumSGE) * sgeSize
+			total += int(sw.NumSGE)
+		}
+		if len(rest) < need {
 			return nil, ErrProtocol
 		}
-		total += ns
-		p = p[sendWRSize+ns*sgeSize:]
+		p = rest[need:]
 	}
 	if len(p) != 0 {
 		return nil, ErrProtocol
@@ -427,41 +220,31 @@ func (d *SendDecoder) Decode(b []byte, n int) ([]qp.SendWR, error) {
 		d.sge = make([]qp.SGE, total)
 	}
 	sges := d.sge[:total]
+	wrs, ahs := d.WRs[:n], d.AHs[:n]
 	p = b
 	for i := 0; i < n; i++ {
+		p, _ = wire.Read(p, &sw)
 		w := &wrs[i]
-		ns := int(p[9])
-		*w = qp.SendWR{
-			WRID:       le.Uint64(p[0:]),
-			Opcode:     qp.WROpcode(p[8]),
-			Flags:      qp.SendFlags(le.Uint32(p[12:])),
-			Imm:        le.Uint32(p[16:]),
-			InvRKey:    le.Uint32(p[20:]),
-			RemoteAddr: le.Uint64(p[24:]),
-			RKey:       le.Uint32(p[32:]),
-			RemoteQPN:  le.Uint32(p[36:]),
-			RemoteQKey: le.Uint32(p[40:]),
-			CompareAdd: le.Uint64(p[48:]),
-			Swap:       le.Uint64(p[56:]),
-		}
+		*w = qp.SendWR{WRID: sw.WRID, Opcode: qp.WROpcode(sw.Opcode), Flags: qp.SendFlags(sw.SendFlags),
+			Imm: sw.ImmData, InvRKey: sw.InvalidateRKey, RemoteAddr: sw.RemoteAddr, RKey: sw.RKey,
+			RemoteQPN: sw.RemoteQPN, RemoteQKey: sw.RemoteQKey, CompareAdd: sw.CompareAdd, Swap: sw.Swap}
 		if w.Opcode == qp.WRBindMW {
 			return nil, ErrUnsupported
 		}
 		if w.Opcode == qp.WRFlush {
-			w.FlushLength, w.FlushType, w.FlushLevel = uint32(w.CompareAdd), qp.FlushType(w.Swap), qp.FlushLevel(w.Swap>>8)
+			w.FlushLength, w.FlushType, w.FlushLevel = uint32(sw.CompareAdd), qp.FlushType(sw.Swap), qp.FlushLevel(sw.Swap>>wire.FlushLevelShift)
 			w.CompareAdd, w.Swap = 0, 0
 		}
-		if p[46] != 0 {
-			ah := &ahs[i]
-			var g [16]byte
-			copy(g[:], p[68:84])
-			*ah = qp.AH{AHAttr: qp.AHAttr{
-				DGID: netip.AddrFrom16(g).Unmap(), SGIDIndex: p[10], HopLimit: p[11],
-				TrafficClass: p[44], SL: p[45], FlowLabel: le.Uint32(p[64:]), Port: 1,
-			}}
-			w.AH = ah
+		if sw.HasAH != 0 {
+			ahs[i] = qp.AH{AHAttr: AHAttrFromWire(&sw.AH)}
+			w.AH = &ahs[i]
 		}
-		p = p[sendWRSize:]
+		if sw.InlineLen > 0 {
+			w.Inline = p[:sw.InlineLen:sw.InlineLen]
+			p = p[align8(int(sw.InlineLen)):]
+			continue
+		}
+		ns := int(sw.NumSGE)
 		w.SGL = decodeSGL(sges[:ns:ns], p)
 		sges = sges[ns:]
 		p = p[ns*sgeSize:]
@@ -470,13 +253,15 @@ func (d *SendDecoder) Decode(b []byte, n int) ([]qp.SendWR, error) {
 }
 
 func decodeSGL(dst []qp.SGE, p []byte) []qp.SGE {
+	var s wire.SGE
 	for j := range dst {
-		dst[j] = qp.SGE{Addr: le.Uint64(p[j*sgeSize:]), Length: le.Uint32(p[j*sgeSize+8:]), LKey: le.Uint32(p[j*sgeSize+12:])}
+		p, _ = wire.Read(p, &s)
+		dst[j] = qp.SGE{Addr: s.Addr, Length: s.Length, LKey: s.LKey}
 	}
 	return dst
 }
 
-// RecvDecoder decodes post-recv requests into reused storage.
+// RecvDecoder decodes post-recv messages into reused storage.
 type RecvDecoder struct {
 	WRs []qp.RecvWR
 	sge []qp.SGE
@@ -490,17 +275,18 @@ func (d *RecvDecoder) Decode(b []byte, n int) ([]qp.RecvWR, error) {
 	if cap(d.WRs) < n {
 		d.WRs = make([]qp.RecvWR, n)
 	}
+	var rw wire.RecvWR
 	total, p := 0, b
 	for i := 0; i < n; i++ {
-		if len(p) < recvWRSize {
+		rest, ok := wire.Read(p, &rw)
+		if !ok {
 			return nil, ErrProtocol
 		}
-		ns := int(le.Uint32(p[8:]))
-		if ns < 0 || ns > len(p)/sgeSize || len(p) < recvWRSize+ns*sgeSize {
+		if uint64(rw.NumSGE) > uint64(len(rest)/sgeSize) {
 			return nil, ErrProtocol
 		}
-		total += ns
-		p = p[recvWRSize+ns*sgeSize:]
+		total += int(rw.NumSGE)
+		p = rest[int(rw.NumSGE)*sgeSize:]
 	}
 	if len(p) != 0 {
 		return nil, ErrProtocol
@@ -512,48 +298,66 @@ func (d *RecvDecoder) Decode(b []byte, n int) ([]qp.RecvWR, error) {
 	wrs := d.WRs[:n]
 	p = b
 	for i := 0; i < n; i++ {
-		ns := int(le.Uint32(p[8:]))
-		wrs[i] = qp.RecvWR{WRID: le.Uint64(p[0:]), SGL: decodeSGL(sges[:ns:ns], p[recvWRSize:])}
+		p, _ = wire.Read(p, &rw)
+		ns := int(rw.NumSGE)
+		wrs[i] = qp.RecvWR{WRID: rw.WRID, SGL: decodeSGL(sges[:ns:ns], p)}
 		sges = sges[ns:]
-		p = p[recvWRSize+ns*sgeSize:]
+		p = p[ns*sgeSize:]
 	}
 	return wrs, nil
 }
 
 // AppendPosted encodes a successful post response.
-func AppendPosted(dst []byte, n int) []byte {
-	dst = append(dst[:0], StatusOK)
-	return le.AppendUint32(dst, uint32(n))
+func AppendPosted(dst []byte, op wire.Op, n int) []byte {
+	r := wire.PostResp{Posted: uint32(n)}
+	return wire.Append(AppendOK(dst, op), &r)
 }
 
 // Posted decodes the count of a post response body.
 func Posted(body []byte) (int, error) {
-	if len(body) < 4 {
+	var r wire.PostResp
+	if _, ok := wire.Read(body, &r); !ok {
 		return 0, ErrProtocol
 	}
-	return int(le.Uint32(body)), nil
+	return int(r.Posted), nil
 }
 
-// Names are the resources' names in Usage order (conns, fds, ...): the names of the
-// daemon's limits (docs/daemon.md).
-var usageNames = [...]string{"conns", "fds", "pds", "mrs", "cqs", "srqs", "qps", "cm_ids", "mapped_bytes", "mappings", "engine_bytes"}
-
-// Values returns u's fields in usageNames order.
-func (u Usage) Values() [11]int64 {
-	return [11]int64{u.Conns, u.FDs, u.PDs, u.MRs, u.CQs, u.SRQs, u.QPs, u.CMIDs, u.MappedBytes, u.Mappings, u.EngineBytes}
-}
-
-// UsageNames returns the resource names, in Values order.
-func UsageNames() []string { return usageNames[:] }
-
-// Counters returns the daemon's own event counters by name, as `softroce stats --daemon`
-// prints them next to the device's: daemon_refused_<limit> (requests refused over each
-// limit), daemon_refused_privileged, daemon_bad_posts, daemon_dropped_events, daemon_accept_backoffs.
-func (d Debug) Counters() map[string]uint64 {
-	m := map[string]uint64{"daemon_bad_posts": d.BadPosts, "daemon_dropped_events": d.DroppedEvents,
-		"daemon_accept_backoffs": d.AcceptBackoffs, "daemon_refused_privileged": d.RefusedPrivileged}
-	for i, v := range d.Refused.Values() {
-		m["daemon_refused_"+usageNames[i]] = uint64(v)
+// AHAttrToWire converts an address vector.
+func AHAttrToWire(a *qp.AHAttr) wire.AHAttr {
+	w := wire.AHAttr{FlowLabel: a.FlowLabel, SGIDIndex: a.SGIDIndex, HopLimit: a.HopLimit,
+		TrafficClass: a.TrafficClass, SL: a.SL, PortNum: a.Port}
+	if a.DGID.IsValid() {
+		w.DGID = a.DGID.As16()
 	}
-	return m
+	return w
+}
+
+// AHAttrFromWire converts an address vector (port 0 reads as 1; the zero
+// GID as no address).
+func AHAttrFromWire(w *wire.AHAttr) qp.AHAttr {
+	a := qp.AHAttr{FlowLabel: w.FlowLabel, SGIDIndex: w.SGIDIndex, HopLimit: w.HopLimit,
+		TrafficClass: w.TrafficClass, SL: w.SL, Port: w.PortNum}
+	if a.Port == 0 {
+		a.Port = 1
+	}
+	if w.DGID != ([16]byte{}) {
+		a.DGID = netip.AddrFrom16(w.DGID).Unmap()
+	}
+	return a
+}
+
+// AddrToGID is an address as a GID (IPv4 as IPv4-mapped IPv6; the zero GID for none).
+func AddrToGID(a netip.Addr) [16]byte {
+	if !a.IsValid() {
+		return [16]byte{}
+	}
+	return a.As16()
+}
+
+// GIDToAddr is the address of a GID (IPv4-mapped ones as IPv4; the zero GID as none).
+func GIDToAddr(g [16]byte) netip.Addr {
+	if g == ([16]byte{}) {
+		return netip.Addr{}
+	}
+	return netip.AddrFrom16(g).Unmap()
 }

@@ -4,11 +4,14 @@ import (
 	"errors"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/softroce/softroce/internal/daemon/proto/wire"
 )
 
 // Post ring: the client's send and receive work requests travel to the
 // daemon through a byte ring in a memfd the daemon creates (sealed) and both
-// map, one per connection, with an eventfd doorbell. Layout (little endian):
+// map, one per connection, with an eventfd doorbell (docs/daemon-protocol.md,
+// "Post ring"; wire.Post*). Layout (host byte order):
 //
 //	0    tail   uint64  bytes produced (client writes)
 //	64   head   uint64  bytes consumed (daemon writes)
@@ -17,7 +20,7 @@ import (
 //
 // A record is [len u32][kind u32] then len bytes, padded to 8: kind
 // RecordPost carries one asynchronous post message exactly as on the socket
-// ([OpPostSendAsync|OpPostRecvAsync][h u32][n u32][WRs], msg.go); kind
+// (wire.Hdr with OpPostSendAsync or OpPostRecvAsync, wire.Post, the WRs; msg.go); kind
 // RecordPad fills the rest of the ring before a wrap (a record never wraps).
 //
 // Doorbell: the client publishes the tail, then reads awake and writes the
@@ -34,23 +37,23 @@ import (
 // checked. The client never trusts the head beyond its own ring (a head
 // ahead of the tail reads as a full ring).
 const (
-	postTail       = 0
-	postHead       = 64
-	postAwake      = 128
-	PostRingHeader = 256
+	postTail       = wire.PostTail
+	postHead       = wire.PostHead
+	postAwake      = wire.PostAwake
+	PostRingHeader = wire.PostData
 	// PostRingData is the data capacity of a connection's post ring.
-	PostRingData = 256 << 10
+	PostRingData = wire.PostRingData
 	// PostRingBytes is the memfd size of a post ring.
 	PostRingBytes = PostRingHeader + PostRingData
 	// MaxPostRecord is the largest post message the ring carries; larger
 	// posts go over the socket.
-	MaxPostRecord = PostRingData / 4
+	MaxPostRecord = wire.MaxPostRecord
 
 	recHdr = 8
 	// RecordPost is a record holding one post message.
-	RecordPost = 1
+	RecordPost = wire.RecordPost
 	// RecordPad is a record filling the ring up to its end.
-	RecordPad = 2
+	RecordPad = wire.RecordPad
 )
 
 // ErrRingCorrupt: the client-written part of a post ring is inconsistent.
@@ -116,13 +119,13 @@ func (r *PostRing) Write(msg []byte) (ok, ring bool) {
 		return false, false
 	}
 	if pad > 0 {
-		le.PutUint32(r.data[off:], uint32(pad-recHdr))
-		le.PutUint32(r.data[off+4:], RecordPad)
+		ne.PutUint32(r.data[off:], uint32(pad-recHdr))
+		ne.PutUint32(r.data[off+4:], RecordPad)
 		r.pos += pad
 		off = 0
 	}
-	le.PutUint32(r.data[off:], uint32(len(msg)))
-	le.PutUint32(r.data[off+4:], RecordPost)
+	ne.PutUint32(r.data[off:], uint32(len(msg)))
+	ne.PutUint32(r.data[off+4:], RecordPost)
 	copy(r.data[off+recHdr:], msg)
 	r.pos += need
 	atomic.SwapUint64(r.u64(postTail), r.pos) // a full barrier in every build (fenceStore)
@@ -159,7 +162,7 @@ func (r *PostRing) Closed() bool { return atomic.LoadUint32(r.u32(postAwake)) ==
 func (r *PostRing) Close() { atomic.SwapUint32(r.u32(postAwake), postClosed) } // fenceStore
 
 // postClosed is the awake value of a stopped ring.
-const postClosed = 2
+const postClosed = wire.AwakeStopped
 
 // SetAwake publishes whether the consumer is draining (1) or about to sleep (0).
 func (r *PostRing) SetAwake(v uint32) { atomic.SwapUint32(r.u32(postAwake), v) } // fenceStore
@@ -196,8 +199,8 @@ func (r *PostRing) Next(buf *[]byte) ([]byte, error) {
 			return nil, ErrRingCorrupt
 		}
 		off := r.pos & r.mask
-		n := uint64(le.Uint32(r.data[off:]))
-		kind := le.Uint32(r.data[off+4:])
+		n := uint64(ne.Uint32(r.data[off:]))
+		kind := ne.Uint32(r.data[off+4:])
 		need := recHdr + uint64(align8(int(n)))
 		switch {
 		case kind == RecordPad && off+need == PostRingData && need <= avail:

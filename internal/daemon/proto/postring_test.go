@@ -2,10 +2,10 @@ package proto
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"testing"
 
+	"github.com/softroce/softroce/internal/daemon/proto/wire"
 	"github.com/softroce/softroce/internal/qp"
 )
 
@@ -28,7 +28,7 @@ func TestPostRingOrderWrapFull(t *testing.T) {
 	next := 0
 	mk := func(i int) []byte {
 		m := make([]byte, 1+(i*37)%3000)
-		m[0] = byte(OpPostSendAsync)
+		m[0] = byte(wire.OpPostSendAsync)
 		for j := 1; j < len(m); j++ {
 			m[j] = byte(i + j)
 		}
@@ -86,15 +86,15 @@ func TestPostRingOrderWrapFull(t *testing.T) {
 // TestPostRingCorrupt: each way a client can corrupt its ring is reported,
 // never followed.
 func TestPostRingCorrupt(t *testing.T) {
-	le := binary.LittleEndian
+
 	cases := map[string]func(mem []byte){
-		"tail beyond capacity": func(mem []byte) { le.PutUint64(mem[postTail:], PostRingData+8) },
-		"unaligned tail":       func(mem []byte) { le.PutUint64(mem[postTail:], 12) },
-		"zero length":          func(mem []byte) { le.PutUint32(mem[PostRingHeader:], 0) },
-		"length beyond tail":   func(mem []byte) { le.PutUint32(mem[PostRingHeader:], 4096) },
-		"length beyond max":    func(mem []byte) { le.PutUint32(mem[PostRingHeader:], MaxPostRecord+1) },
-		"unknown kind":         func(mem []byte) { le.PutUint32(mem[PostRingHeader+4:], 7) },
-		"pad not to the end":   func(mem []byte) { le.PutUint32(mem[PostRingHeader+4:], RecordPad) },
+		"tail beyond capacity": func(mem []byte) { ne.PutUint64(mem[postTail:], PostRingData+8) },
+		"unaligned tail":       func(mem []byte) { ne.PutUint64(mem[postTail:], 12) },
+		"zero length":          func(mem []byte) { ne.PutUint32(mem[PostRingHeader:], 0) },
+		"length beyond tail":   func(mem []byte) { ne.PutUint32(mem[PostRingHeader:], 4096) },
+		"length beyond max":    func(mem []byte) { ne.PutUint32(mem[PostRingHeader:], MaxPostRecord+1) },
+		"unknown kind":         func(mem []byte) { ne.PutUint32(mem[PostRingHeader+4:], 7) },
+		"pad not to the end":   func(mem []byte) { ne.PutUint32(mem[PostRingHeader+4:], RecordPad) },
 	}
 	for name, corrupt := range cases {
 		p, c, mem := newPostPair(t)
@@ -114,26 +114,26 @@ func TestPostRingCorrupt(t *testing.T) {
 // panics, and terminates; each record decodes (or is refused) without a
 // panic, as the daemon's drainer would do.
 func FuzzPostRing(f *testing.F) {
-	post, _ := AppendPostSend(nil, OpPostSendAsync, 1, []qp.SendWR{{WRID: 1, Opcode: qp.WRRDMAWrite, SGL: []qp.SGE{{Length: 8, LKey: 1}}}})
-	recv, _ := AppendPostRecv(nil, OpPostRecvAsync, 1, []qp.RecvWR{{WRID: 1, SGL: []qp.SGE{{Length: 8}}}})
+	post, _ := AppendPostSend(nil, wire.OpPostSendAsync, 1, []qp.SendWR{{WRID: 1, Opcode: qp.WRRDMAWrite, SGL: []qp.SGE{{Length: 8, LKey: 1}}}})
+	recv, _ := AppendPostRecv(nil, wire.OpPostRecvAsync, 1, []qp.RecvWR{{WRID: 1, SGL: []qp.SGE{{Length: 8}}}})
 	f.Add(uint64(0), uint64(0), post, recv, uint32(0))
 	f.Add(uint64(PostRingData-16), uint64(PostRingData-16), post, recv, uint32(0))
 	f.Add(uint64(0), uint64(24), []byte{9, 0, 0, 0, 1, 0, 0, 0}, []byte{}, uint32(5))
 	f.Fuzz(func(t *testing.T, start, extra uint64, a, b []byte, flip uint32) {
 		mem := make([]byte, PostRingBytes)
 		start &^= 7 // counters start aligned (0 in a new ring)
-		le.PutUint64(mem[postTail:], start)
-		le.PutUint64(mem[postHead:], start)
+		ne.PutUint64(mem[postTail:], start)
+		ne.PutUint64(mem[postHead:], start)
 		p, _ := NewPostRing(mem, true)
 		c, _ := NewPostRing(mem, false)
 		p.Write(a)
 		p.Write(b)
 		// Arbitrary client scribbling: a word of the data and the tail.
 		if len(a) > 0 {
-			le.PutUint32(mem[PostRingHeader+int(flip)%(PostRingData-4):], flip)
+			ne.PutUint32(mem[PostRingHeader+int(flip)%(PostRingData-4):], flip)
 		}
 		if extra%3 == 0 {
-			le.PutUint64(mem[postTail:], start+extra)
+			ne.PutUint64(mem[postTail:], start+extra)
 		}
 		var buf []byte
 		var sd SendDecoder
@@ -146,11 +146,11 @@ func FuzzPostRing(f *testing.F) {
 			if len(m) == 0 || len(m) > MaxPostRecord {
 				t.Fatalf("record of %d bytes", len(m))
 			}
-			if _, n, rest, err := PostHeader(m); err == nil {
-				switch Op(m[0]) {
-				case OpPostSendAsync:
+			if op, _, n, rest, err := PostHeader(m); err == nil {
+				switch op {
+				case wire.OpPostSendAsync:
 					sd.Decode(rest, n)
-				case OpPostRecvAsync:
+				case wire.OpPostRecvAsync:
 					rd.Decode(rest, n)
 				}
 			}

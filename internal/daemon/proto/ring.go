@@ -6,10 +6,12 @@ import (
 	"unsafe"
 
 	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/daemon/proto/wire"
 )
 
 // Completion ring: a single-producer (daemon) single-consumer (client)
-// ring of work completions in a shared memfd. Layout (little endian):
+// ring of work completions in a shared memfd (docs/daemon-protocol.md,
+// "Completion ring"; wire.CQ*). Layout (host byte order):
 //
 //	0    tail   uint64  entries produced (daemon writes)
 //	64   head   uint64  entries consumed (client writes)
@@ -36,24 +38,24 @@ import (
 // daemon side: publish the tail, then read the arm — all sequentially
 // consistent, so a completion racing ReqNotify is polled or signalled.
 const (
-	ringTail      = 0
-	ringHead      = 64
-	ringArmed     = 128
-	ringWait      = 132
-	RingHeader    = 256
-	RingEntrySize = 64
+	ringTail      = wire.CQTail
+	ringHead      = wire.CQHead
+	ringArmed     = wire.CQArmed
+	ringWait      = wire.CQWait
+	RingHeader    = wire.CQEntries
+	RingEntrySize = wire.CQEntrySize
 )
 
 // Armed values: the arm kind (bits 0-1) and the ArmSleeping flag.
 const (
-	ArmNone      = 0
-	ArmNext      = 1
-	ArmSolicited = 2
+	ArmNone      = wire.ArmNone
+	ArmNext      = wire.ArmNext
+	ArmSolicited = wire.ArmSolicited
 	// ArmSleeping: the client's waiter is blocked on the notify eventfd; a
 	// matching completion must write it.
-	ArmSleeping = 4
+	ArmSleeping = wire.ArmSleeping
 
-	armKind = 3
+	armKind = wire.ArmKind
 )
 
 // RingBytes is the memfd size of a ring of capacity entries.
@@ -201,42 +203,74 @@ func (r *Ring) SetWaiting(v uint32) { atomic.SwapUint32(r.u32(ringWait), v) }
 // TakeWaiting clears the producer-waiting flag and reports whether it was set.
 func (r *Ring) TakeWaiting() bool { return atomic.SwapUint32(r.u32(ringWait), 0) != 0 }
 
-// EncodeWC writes wc into b (RingEntrySize bytes).
+// ne is the host byte order every shared layout uses (docs/daemon-protocol.md).
+var ne = binary.NativeEndian
+
+// Offsets of the completion entry's fields (wire.WC: struct ibv_wc's first 46 bytes).
+var (
+	wcStatus    = unsafe.Offsetof(wire.WC{}.Status)
+	wcOpcode    = unsafe.Offsetof(wire.WC{}.Opcode)
+	wcVendorErr = unsafe.Offsetof(wire.WC{}.VendorErr)
+	wcByteLen   = unsafe.Offsetof(wire.WC{}.ByteLen)
+	wcImm       = unsafe.Offsetof(wire.WC{}.ImmData)
+	wcQPNum     = unsafe.Offsetof(wire.WC{}.QPNum)
+	wcSrcQP     = unsafe.Offsetof(wire.WC{}.SrcQP)
+	wcFlags     = unsafe.Offsetof(wire.WC{}.WCFlags)
+	wcPKeyIndex = unsafe.Offsetof(wire.WC{}.PKeyIndex)
+	wcSLID      = unsafe.Offsetof(wire.WC{}.SLID)
+	wcSL        = unsafe.Offsetof(wire.WC{}.SL)
+	wcDLIDBits  = unsafe.Offsetof(wire.WC{}.DLIDPathBits)
+)
+
+// EncodeWC writes wc into b (RingEntrySize bytes) as a wire.WC: ibv_wc's
+// layout and values, the immediate in network byte order (IBV_WC_WITH_IMM),
+// the invalidated rkey in the same word (IBV_WC_WITH_INV).
 func EncodeWC(b []byte, wc *cq.WC) {
-	_ = b[47]
-	le := binary.LittleEndian
-	le.PutUint64(b[0:], wc.WRID)
-	le.PutUint32(b[8:], wc.VendorErr)
-	le.PutUint32(b[12:], wc.ByteLen)
-	le.PutUint32(b[16:], wc.ImmData)
-	le.PutUint32(b[20:], wc.InvalidatedRKey)
-	le.PutUint32(b[24:], wc.QPNum)
-	le.PutUint32(b[28:], wc.SrcQP)
-	le.PutUint16(b[32:], wc.PKeyIndex)
-	le.PutUint16(b[34:], wc.SLID)
-	b[36] = byte(wc.Status)
-	b[37] = byte(wc.Opcode)
-	b[38] = byte(wc.Flags)
-	b[39] = wc.SL
-	b[40] = wc.DLIDPathBits
+	_ = b[RingEntrySize-1]
+	ne.PutUint64(b[0:], wc.WRID)
+	ne.PutUint32(b[wcStatus:], uint32(wc.Status))
+	ne.PutUint32(b[wcOpcode:], uint32(wc.Opcode))
+	ne.PutUint32(b[wcVendorErr:], wc.VendorErr)
+	ne.PutUint32(b[wcByteLen:], wc.ByteLen)
+	switch {
+	case wc.Flags&cq.FlagWithImm != 0:
+		binary.BigEndian.PutUint32(b[wcImm:], wc.ImmData)
+	case wc.Flags&cq.FlagWithInv != 0:
+		ne.PutUint32(b[wcImm:], wc.InvalidatedRKey)
+	default:
+		ne.PutUint32(b[wcImm:], 0)
+	}
+	ne.PutUint32(b[wcQPNum:], wc.QPNum)
+	ne.PutUint32(b[wcSrcQP:], wc.SrcQP)
+	ne.PutUint32(b[wcFlags:], uint32(wc.Flags))
+	ne.PutUint16(b[wcPKeyIndex:], wc.PKeyIndex)
+	ne.PutUint16(b[wcSLID:], wc.SLID)
+	b[wcSL] = wc.SL
+	b[wcDLIDBits] = wc.DLIDPathBits
 }
 
-// DecodeWC reads a completion written by EncodeWC.
+// DecodeWC reads a completion written by EncodeWC (values out of the engine's
+// ranges are kept as they are: the ring is the client's own).
 func DecodeWC(b []byte, wc *cq.WC) {
-	_ = b[47]
-	le := binary.LittleEndian
-	wc.WRID = le.Uint64(b[0:])
-	wc.VendorErr = le.Uint32(b[8:])
-	wc.ByteLen = le.Uint32(b[12:])
-	wc.ImmData = le.Uint32(b[16:])
-	wc.InvalidatedRKey = le.Uint32(b[20:])
-	wc.QPNum = le.Uint32(b[24:])
-	wc.SrcQP = le.Uint32(b[28:])
-	wc.PKeyIndex = le.Uint16(b[32:])
-	wc.SLID = le.Uint16(b[34:])
-	wc.Status = cq.Status(b[36])
-	wc.Opcode = cq.Opcode(b[37])
-	wc.Flags = cq.Flags(b[38])
-	wc.SL = b[39]
-	wc.DLIDPathBits = b[40]
+	_ = b[RingEntrySize-1]
+	*wc = cq.WC{
+		WRID:         ne.Uint64(b[0:]),
+		Status:       cq.Status(ne.Uint32(b[wcStatus:])),
+		Opcode:       cq.Opcode(ne.Uint32(b[wcOpcode:])),
+		VendorErr:    ne.Uint32(b[wcVendorErr:]),
+		ByteLen:      ne.Uint32(b[wcByteLen:]),
+		QPNum:        ne.Uint32(b[wcQPNum:]),
+		SrcQP:        ne.Uint32(b[wcSrcQP:]),
+		Flags:        cq.Flags(ne.Uint32(b[wcFlags:])),
+		PKeyIndex:    ne.Uint16(b[wcPKeyIndex:]),
+		SLID:         ne.Uint16(b[wcSLID:]),
+		SL:           b[wcSL],
+		DLIDPathBits: b[wcDLIDBits],
+	}
+	switch {
+	case wc.Flags&cq.FlagWithImm != 0:
+		wc.ImmData = binary.BigEndian.Uint32(b[wcImm:])
+	case wc.Flags&cq.FlagWithInv != 0:
+		wc.InvalidatedRKey = ne.Uint32(b[wcImm:])
+	}
 }

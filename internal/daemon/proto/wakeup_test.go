@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/daemon/proto/wire"
 )
 
 // wakeTimeout bounds every wait of the lost-wakeup tests: a lost wakeup is
@@ -220,7 +221,7 @@ func TestWakeupInterleavings(t *testing.T) {
 	if m, err := c.Next(&buf); m != nil || err != nil {
 		t.Fatal("fresh post ring not empty")
 	}
-	if ok, ring := p.Write([]byte{byte(OpPostSendAsync)}); !ok || ring {
+	if ok, ring := p.Write([]byte{byte(wire.OpPostSendAsync)}); !ok || ring {
 		t.Fatalf("write to an awake drainer: ok %v ring %v", ok, ring)
 	}
 	if c.Sleep() {
@@ -232,7 +233,7 @@ func TestWakeupInterleavings(t *testing.T) {
 	if !c.Sleep() {
 		t.Fatal("Sleep refused on an empty ring")
 	}
-	if ok, ring := p.Write([]byte{byte(OpPostSendAsync)}); !ok || !ring {
+	if ok, ring := p.Write([]byte{byte(wire.OpPostSendAsync)}); !ok || !ring {
 		t.Fatalf("write to a sleeping drainer: ok %v ring %v", ok, ring)
 	}
 }
@@ -291,7 +292,7 @@ func TestDoorbellNoLostWakeup(t *testing.T) {
 	defer timer.Stop()
 	rounds := wakeRounds()
 	var bells int
-	msg := []byte{byte(OpPostSendAsync), 1, 2, 3}
+	msg := []byte{byte(wire.OpPostSendAsync), 1, 2, 3}
 	rng := rand.New(rand.NewPCG(3, 4))
 	for r := 0; r < rounds; {
 		// a burst of 1..3 records with random gaps, so a write lands
@@ -366,7 +367,7 @@ func TestArmRules(t *testing.T) {
 		t.Fatal("Sleep after the arm was taken must refuse")
 	}
 	// A client writing garbage (kind 3) into the word: no fire, no panic.
-	le.PutUint32(mem[ringArmed:], 0xFFFFFFFF)
+	ne.PutUint32(mem[ringArmed:], 0xFFFFFFFF)
 	if r.Fire(true) {
 		t.Fatal("kind 3 fired")
 	}

@@ -281,29 +281,56 @@ type Stats struct {
 
 // Debug is sr_debug.
 type Debug struct {
-	Clients        int64  `c:"clients"`
-	PDs            int64  `c:"pds"`
-	MRs            int64  `c:"mrs"`
-	CQs            int64  `c:"cqs"`
-	SRQs           int64  `c:"srqs"`
-	QPs            int64  `c:"qps"`
-	CMIDs          int64  `c:"cm_ids"`
-	MappedBytes    int64  `c:"mapped_bytes"`
-	FDs            int64  `c:"fds"`
-	EntropySockets int64  `c:"entropy_sockets"`
-	Goroutines     int64  `c:"goroutines"`
-	RingPosts      uint64 `c:"ring_posts"`
-	SocketPosts    uint64 `c:"socket_posts"`
-	Refills        uint64 `c:"refills"`
-	MinePDs        int64  `c:"mine_pds"`
-	MineMRs        int64  `c:"mine_mrs"`
-	MineCQs        int64  `c:"mine_cqs"`
-	MineSRQs       int64  `c:"mine_srqs"`
-	MineQPs        int64  `c:"mine_qps"`
-	MineCMIDs      int64  `c:"mine_cm_ids"`
-	MineCMChannels int64  `c:"mine_cm_channels"`
-	CMChannels     int64  `c:"cm_channels"`
+	Clients        int64             `c:"clients"`
+	PDs            int64             `c:"pds"`
+	MRs            int64             `c:"mrs"`
+	CQs            int64             `c:"cqs"`
+	SRQs           int64             `c:"srqs"`
+	QPs            int64             `c:"qps"`
+	CMIDs          int64             `c:"cm_ids"`
+	MappedBytes    int64             `c:"mapped_bytes"`
+	FDs            int64             `c:"fds"`
+	EntropySockets int64             `c:"entropy_sockets"`
+	Goroutines     int64             `c:"goroutines"`
+	RingPosts      uint64            `c:"ring_posts"`
+	SocketPosts    uint64            `c:"socket_posts"`
+	Refills        uint64            `c:"refills"`
+	MinePDs        int64             `c:"mine_pds"`
+	MineMRs        int64             `c:"mine_mrs"`
+	MineCQs        int64             `c:"mine_cqs"`
+	MineSRQs       int64             `c:"mine_srqs"`
+	MineQPs        int64             `c:"mine_qps"`
+	MineCMIDs      int64             `c:"mine_cm_ids"`
+	MineCMChannels int64             `c:"mine_cm_channels"`
+	CMChannels     int64             `c:"cm_channels"`
+	AcceptBackoffs uint64            `c:"accept_backoffs"`
+	BadPosts       uint64            `c:"bad_posts"`
+	DroppedEvents  uint64            `c:"dropped_events"`
+	CMListens      int64             `c:"cm_listens"`
+	DrainYields    uint64            `c:"drain_yields"`
+	UID            uint32            `c:"uid"`
+	_              uint32            `c:"reserved"`
+	User           [UsageCount]int64 `c:"user"`
+	UserLimit      [UsageCount]int64 `c:"user_limit"`
+	Refused        [UsageCount]int64 `c:"refused"`
+	RefusedPriv    uint64            `c:"refused_privileged"`
 }
+
+// The resources the daemon limits per user, in the order of Debug's arrays (sr_usage).
+const (
+	UsageConns       = 0
+	UsageFDs         = 1
+	UsagePDs         = 2
+	UsageMRs         = 3
+	UsageCQs         = 4
+	UsageSRQs        = 5
+	UsageQPs         = 6
+	UsageCMIDs       = 7
+	UsageMappedBytes = 8
+	UsageMappings    = 9
+	UsageEngineBytes = 10
+	UsageCount       = 11
+)
 
 // Memory sources of RegMRReq (sr_mr_source).
 const (

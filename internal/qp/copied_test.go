@@ -1,0 +1,145 @@
+package qp
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/internal/mr"
+)
+
+// copiedPair is rcPair with both sides' buffers registered as copied memory (mr.Memory).
+func copiedPair(t testing.TB, o connOpts) (*net, *side, *side) {
+	n := newNet(t)
+	a := n.newSide("10.0.0.1", sideOpts{qpn: 0x11, copied: true})
+	b := n.newSide("10.0.0.2", sideOpts{qpn: 0x12, copied: true})
+	n.connect(a, b, o)
+	return n, a, b
+}
+
+// TestRCOperationsCopiedMemory: every RC operation (SEND, SEND_WITH_IMM, WRITE, WRITE_WITH_IMM
+// into several SGEs, READ into five, FETCH_ADD, CMP_SWP) with both ends' memory reached only by
+// copies, as the daemon reaches a C program's malloc'd memory: the same bytes and completions as
+// over mapped memory, across MTU boundaries.
+func TestRCOperationsCopiedMemory(t *testing.T) {
+	for _, mtu := range []MTU{MTU1024, MTU4096} {
+		m := mtu.Bytes()
+		for _, size := range []int{0, 1, m + 1, 3*m + 7, 1 << 18} {
+			t.Run(fmt.Sprintf("mtu%d/size%d", m, size), func(t *testing.T) {
+				n, a, b := copiedPair(t, connOpts{mtu: mtu, psnA: 100, psnB: 7})
+				runOps(t, n, a, b, size, uint32(m))
+				if size > 0 && (a.mem.copies.Load() == 0 || b.mem.copies.Load() == 0) {
+					t.Fatal("the copied memory was not reached through its copies")
+				}
+			})
+		}
+	}
+}
+
+// TestCopiedMemoryInline: inline data gathered from copied memory at post time.
+func TestCopiedMemoryInline(t *testing.T) {
+	n, a, b := copiedPair(t, connOpts{})
+	a.fill(0, 100, 5)
+	want := append([]byte(nil), a.buf[:100]...)
+	b.postRecv(t, RecvWR{WRID: 1, SGL: []SGE{b.sge(dstOff, 200)}})
+	a.postSend(t, SendWR{WRID: 2, Opcode: WRSend, SGL: []SGE{a.sge(0, 60), a.sge(60, 40)}, Flags: SendInline | SendSignaled})
+	a.fill(0, 100, 9) // after the post: the inline copy must not see this
+	n.pump()
+	expectWC(t, pollAll(a.scq), cq.WC{WRID: 2, Opcode: cq.OpSend, ByteLen: 100})
+	expectWC(t, pollAll(b.rcq), cq.WC{WRID: 1, Opcode: cq.OpRecv, ByteLen: 100})
+	eq(t, "inline", b.buf[dstOff:dstOff+100], want)
+}
+
+// TestCopiedMemoryFault: memory that can no longer be copied (its process unmapped it or
+// exited) fails the accesses that touch it with the error the IBTA gives a protection failure,
+// never a fault of the device: a send whose SGE cannot be read completes with LOC_PROT_ERR; a
+// WRITE into a peer whose memory is gone is NAKed (REM_ACCESS_ERR at the requester); a READ
+// response that cannot be read is a remote access NAK; an atomic too; a receive that cannot be
+// written completes in error.
+func TestCopiedMemoryFault(t *testing.T) {
+	t.Run("send gather", func(t *testing.T) {
+		n, a, b := copiedPair(t, connOpts{})
+		b.postRecv(t, RecvWR{WRID: 1, SGL: []SGE{b.sge(dstOff, 4096)}})
+		a.mem.fail.Store(true)
+		a.postSend(t, SendWR{WRID: 2, Opcode: WRSend, SGL: []SGE{a.sge(0, 4096)}, Flags: SendSignaled})
+		n.pump()
+		expectWC(t, pollAll(a.scq), cq.WC{WRID: 2, Opcode: cq.OpSend, Status: cq.StatusLocProtErr})
+	})
+	for _, op := range []WROpcode{WRRDMAWrite, WRRDMARead, WRAtomicFetchAndAdd} {
+		t.Run("responder "+op.String(), func(t *testing.T) {
+			n, a, b := copiedPair(t, connOpts{})
+			b.mem.fail.Store(true)
+			size := 8192
+			if op == WRAtomicFetchAndAdd {
+				size = 8
+			}
+			a.postSend(t, SendWR{WRID: 3, Opcode: op, SGL: []SGE{a.sge(0, size)}, Flags: SendSignaled,
+				RemoteAddr: b.va(dstOff), RKey: b.mr.RKey(), CompareAdd: 1})
+			n.pump()
+			wcs := pollAll(a.scq)
+			if len(wcs) != 1 || wcs[0].WRID != 3 || wcs[0].Status != cq.StatusRemAccessErr {
+				t.Fatalf("%v into memory that is gone: %+v, want REM_ACCESS_ERR", op, wcs)
+			}
+		})
+	}
+	t.Run("receive scatter", func(t *testing.T) {
+		n, a, b := copiedPair(t, connOpts{})
+		b.postRecv(t, RecvWR{WRID: 1, SGL: []SGE{b.sge(dstOff, 4096)}})
+		b.mem.fail.Store(true)
+		a.postSend(t, SendWR{WRID: 2, Opcode: WRSend, SGL: []SGE{a.sge(0, 100)}, Flags: SendSignaled})
+		n.pump()
+		wcs := pollAll(b.rcq)
+		if len(wcs) != 1 || wcs[0].Status == cq.StatusSuccess {
+			t.Fatalf("receive into memory that is gone: %+v", wcs)
+		}
+	})
+	t.Run("READ response scatter", func(t *testing.T) {
+		n, a, b := copiedPair(t, connOpts{})
+		a.mem.fail.Store(true)
+		a.postSend(t, SendWR{WRID: 4, Opcode: WRRDMARead, SGL: []SGE{a.sge(0, 100)}, Flags: SendSignaled,
+			RemoteAddr: b.va(dstOff), RKey: b.mr.RKey()})
+		n.pump()
+		expectWC(t, pollAll(a.scq), cq.WC{WRID: 4, Opcode: cq.OpRDMARead, Status: cq.StatusLocProtErr})
+	})
+}
+
+// TestCopiedMemoryZeroAlloc: the per-packet path over copied memory (WRITE, READ, SEND, an
+// atomic) allocates nothing: the copies go through the engine's own packet buffers.
+func TestCopiedMemoryZeroAlloc(t *testing.T) {
+	for _, mtu := range []MTU{MTU1024, MTU4096} {
+		n := newNet(t)
+		a := n.newSide("10.0.0.1", sideOpts{qpn: 0x11, copied: true})
+		b := n.newSide("10.0.0.2", sideOpts{qpn: 0x12, copied: true})
+		ra, rb := newRingOut(512), newRingOut(512)
+		a.qp.cfg.Out, b.qp.cfg.Out = ra, rb
+		n.connect(a, b, connOpts{mtu: mtu})
+		sa, sb := newRingOut(512), newRingOut(512)
+		wcs := make([]cq.WC, 4)
+		for _, wr := range [][]SendWR{
+			{{WRID: 1, Opcode: WRRDMAWrite, SGL: []SGE{a.sge(0, 64<<10)}, Flags: SendSignaled, RemoteAddr: b.va(dstOff), RKey: b.mr.RKey()}},
+			{{WRID: 2, Opcode: WRRDMARead, SGL: []SGE{a.sge(0, 64<<10)}, Flags: SendSignaled, RemoteAddr: b.va(dstOff), RKey: b.mr.RKey()}},
+			{{WRID: 3, Opcode: WRAtomicFetchAndAdd, SGL: []SGE{a.sge(64, 8)}, Flags: SendSignaled, RemoteAddr: b.va(dstOff), RKey: b.mr.RKey(), CompareAdd: 1}},
+		} {
+			writeStream(t, a, b, ra, rb, sa, sb, wr, wcs)
+			if allocs := testing.AllocsPerRun(20, func() { writeStream(t, a, b, ra, rb, sa, sb, wr, wcs) }); allocs != 0 {
+				t.Fatalf("MTU %v, %v: %.1f allocations over copied memory", mtu, wr[0].Opcode, allocs)
+			}
+		}
+		rwr := []RecvWR{{WRID: 3, SGL: []SGE{b.sge(dstOff, 64<<10)}}}
+		sd := []SendWR{{WRID: 4, Opcode: WRSend, SGL: []SGE{a.sge(0, 64<<10)}, Flags: SendSignaled}}
+		rwcs := make([]cq.WC, 4)
+		if allocs := testing.AllocsPerRun(20, func() {
+			if _, err := b.qp.PostRecv(rwr); err != nil {
+				t.Fatal(err)
+			}
+			writeStream(t, a, b, ra, rb, sa, sb, sd, wcs)
+			b.rcq.Poll(rwcs)
+		}); allocs != 0 {
+			t.Fatalf("MTU %v: %.1f allocations per SEND over copied memory", mtu, allocs)
+		}
+		if a.mem.copies.Load() == 0 || b.mem.copies.Load() == 0 {
+			t.Fatal("no copies")
+		}
+	}
+	var _ mr.Memory = (*copiedMem)(nil)
+}
