@@ -23,6 +23,7 @@ var engineHooks = map[string]string{
 	"roce.Device.CM":                "the device's IB CM on QP1; programs connect with pkg/rdmacm",
 	"roce.Device.SetCMEventHandler": "the CM's events, for pkg/rdmacm",
 	"roce.Device.MRTable":           "the engine's MR table (memory windows, fast registration), for the daemon",
+	"roce.Device.RegMemory":         "memory the engine reaches by copying (a client process's, through its mem file), for the daemon",
 	"roce.QP.QP":                    "the engine QP a roce.QP embeds; its verbs are the QueuePair methods",
 	"cq.CQ.SetOnPush":               "the daemon's hook into completion delivery",
 	"cq.CQ.SetPushHooks":            "the daemon's hook into completion delivery",
