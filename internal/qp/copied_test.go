@@ -112,6 +112,8 @@ func TestCopiedMemoryZeroAlloc(t *testing.T) {
 		b := n.newSide("10.0.0.2", sideOpts{qpn: 0x12, copied: true})
 		ra, rb := newRingOut(512), newRingOut(512)
 		a.qp.cfg.Out, b.qp.cfg.Out = ra, rb
+		// READ responses past the first few are built by RunResponder (writeStream calls it)
+		a.qp.cfg.Schedule, b.qp.cfg.Schedule = func(*QP) { a.sched = true }, func(*QP) { b.sched = true }
 		n.connect(a, b, connOpts{mtu: mtu})
 		sa, sb := newRingOut(512), newRingOut(512)
 		wcs := make([]cq.WC, 4)
