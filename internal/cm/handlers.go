@@ -87,6 +87,7 @@ func (m *Manager) onREQ(src Addr, tid uint64, r REQ) {
 	}
 	l := m.listen[r.ServiceID()]
 	if l == nil {
+		m.stats.NoListener++
 		m.issueREJ(src, tid, r.LocalCommID(), MsgREQ, RejInvalidServiceID)
 		return
 	}

@@ -47,10 +47,11 @@ type Options struct {
 }
 
 // Stats counts the Manager's traffic. Expired counts received requests given up
-// unanswered (pending.go).
+// unanswered (pending.go); NoListener the REQs rejected because nothing listened on
+// their service ID (REJ reason 8).
 type Stats struct {
 	Sent, Retries, Received, Duplicates, Dropped, Malformed, SendErrors uint64
-	Expired                                                             uint64
+	Expired, NoListener                                                 uint64
 }
 
 // Manager is the CM of one port: it owns the communication IDs, listeners

@@ -300,6 +300,9 @@ func TestRejectNoListener(t *testing.T) {
 	if ev.Reason != RejInvalidServiceID || ev.Reason.String() != "invalid service ID" {
 		t.Fatalf("reason %v", ev.Reason)
 	}
+	if n := p.b.m.Stats().NoListener; n != 1 {
+		t.Fatalf("NoListener %d, want 1", n)
+	}
 	wantState(t, ca, StateIdle)
 	if !eqIDs(p.a.qp.calls, []string{"ERR"}) {
 		t.Fatalf("QP calls %v", p.a.qp.calls)

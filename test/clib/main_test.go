@@ -143,6 +143,7 @@ type daemon struct {
 	sock string
 	addr netip.Addr
 	srv  *daemonpkg.Server
+	dev  *roce.Device
 }
 
 // nextAddr numbers the loopback addresses this process's daemons listen on.
@@ -160,8 +161,12 @@ func loopbackAddr() netip.Addr {
 func startDaemon(t *testing.T) daemon {
 	t.Helper()
 	a := loopbackAddr()
-	sock, srv := daemontest.ServeUDP(t, roce.UDPOptions{Addrs: []netip.Addr{a}})
-	return daemon{sock: sock, addr: a, srv: srv}
+	dev, err := roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{a}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock, srv := daemontest.Serve(t, dev)
+	return daemon{sock: sock, addr: a, srv: srv, dev: dev}
 }
 
 // tool is an rdma-core program to run through the libraries.
@@ -214,19 +219,36 @@ func pair(t *testing.T, server, client tool, port int, timeout time.Duration) (s
 // peer's CM still rejected for want of a listener (REJ reason 8) is run again, up to 20 times.
 func pairCM(t *testing.T, server, client tool, timeout time.Duration) (sout, cout string) {
 	t.Helper()
-	base := server.d.srv.Debug().CMListens
-	return pairReady(t, server, client, func(ctx context.Context, exited <-chan error) error {
-		for server.d.srv.Debug().CMListens <= base {
-			select {
-			case err := <-exited:
-				return fmt.Errorf("exited: %v", err)
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(20 * time.Millisecond):
+	for try := 0; ; try++ {
+		base := server.d.srv.Debug().CMListens
+		rejected := server.d.dev.CM().Stats().NoListener
+		sout, cout, err := pairReadyErr(t, server, client, func(ctx context.Context, exited <-chan error) error {
+			for server.d.srv.Debug().CMListens <= base {
+				select {
+				case err := <-exited:
+					return fmt.Errorf("exited: %v", err)
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(20 * time.Millisecond):
+				}
 			}
+			return nil
+		}, noListener, timeout)
+		if err == nil {
+			return sout, cout
 		}
-		return nil
-	}, noListener, timeout)
+		// A program that opens a second connection after an exchange on the first (perftest
+		// -R: its test QPs after the rdma_cm exchange channel) may send its REQ before the
+		// server listens again; the REQ is rejected (reason 8), as on any CM. perftest 4.5's
+		// retry after such a reject reuses the IDs and event channel it has just destroyed
+		// (later perftest releases allocate them again), so that attempt proves nothing about
+		// softroce: run the pair again, a few times at most.
+		if n := server.d.dev.CM().Stats().NoListener; n != rejected && try < 3 {
+			t.Logf("a connect beat the server's listen (%d REQs rejected for no listener); running the pair again", n-rejected)
+			continue
+		}
+		t.Fatal(err)
+	}
 }
 
 // noListener matches what librdmacm's programs print when their connect was rejected with
@@ -234,6 +256,16 @@ func pairCM(t *testing.T, server, client tool, timeout time.Duration) (sout, cou
 var noListener = regexp.MustCompile(`REJECTED[^\n]*(error|status)[:=]? ?8\b`)
 
 func pairReady(t *testing.T, server, client tool, ready func(context.Context, <-chan error) error, retry *regexp.Regexp, timeout time.Duration) (sout, cout string) {
+	t.Helper()
+	sout, cout, err := pairReadyErr(t, server, client, ready, retry, timeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sout, cout
+}
+
+// pairReadyErr is pairReady returning the pair's failure instead of failing the test.
+func pairReadyErr(t *testing.T, server, client tool, ready func(context.Context, <-chan error) error, retry *regexp.Regexp, timeout time.Duration) (sout, cout string, err error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -246,7 +278,12 @@ func pairReady(t *testing.T, server, client tool, ready func(context.Context, <-
 	sdone := make(chan error, 1)
 	go func() { sdone <- s.Wait() }()
 	if err := ready(ctx, sdone); err != nil {
-		t.Fatalf("%s did not get ready: %v\n%s", server.name, err, sb.String())
+		_ = s.Process.Kill()
+		select { // unless ready saw it exit
+		case <-sdone:
+		case <-time.After(2 * time.Second):
+		}
+		return "", "", fmt.Errorf("%s did not get ready: %v\n%s", server.name, err, sb.String())
 	}
 	var cb bytes.Buffer
 	var cerr error
@@ -276,9 +313,9 @@ func pairReady(t *testing.T, server, client tool, ready func(context.Context, <-
 		serr = <-sdone
 	}
 	if cerr != nil || serr != nil {
-		t.Fatalf("%s %v: %v\n--- server:\n%s--- client:\n%s", client.name, client.args, firstErr(serr, cerr), sb.String(), cb.String())
+		return sb.String(), cb.String(), fmt.Errorf("%s %v: %v\n--- server:\n%s--- client:\n%s", client.name, client.args, firstErr(serr, cerr), sb.String(), cb.String())
 	}
-	return sb.String(), cb.String()
+	return sb.String(), cb.String(), nil
 }
 
 func firstErr(a, b error) error {
