@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/clib.sh: rdma-core's perftest through the drop-in libraries (clib/) against the Go
 # tools (`softroce perf`) on the same two softroce daemons, in one run, as ratios
-# (docs/performance.md, "Drop-in libraries"):
+# (docs/performance.md, "What bounds the figures"; docs/clib.md, "Speed"):
 #   - ib_write_bw -s 65536   vs  softroce perf write -s 65536 --daemon    (bandwidth)
 #   - ib_send_lat -s 8       vs  softroce perf send --lat -s 8 --daemon   (typical latency)
 # Each pair alternates C and Go RUNS times (default 3) and compares the best of each.

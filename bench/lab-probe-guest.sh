@@ -1,7 +1,7 @@
 #!/bin/bash
 # bench/lab-probe-guest.sh: runs INSIDE the rxe lab guest (bench/lab-probe.sh copies it, the
 # static softroce binary, bench/probe (Go) and bench/cprobe (C, static) into the share).
-# Evidence for docs/performance.md "rxe lab": the guest's timekeeping, what a clock read, a
+# Evidence for docs/lab.md "What the guest costs": the guest's timekeeping, what a clock read, a
 # short sleep and an 8-byte UDP round trip cost in C and in Go, and softroce's 8-byte WRITE
 # latency next to kernel rxe's, for every clocksource the guest offers (CLOCKSOURCES, or all);
 # PROBE_TRACE=0 skips the strace/schedtrace runs, PROBE_MICRO=0 the C/Go micro-benchmarks,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# bench/lab-probe.sh [N_LAT]: an ad-hoc evidence run in the rxe lab VM (docs/performance.md,
-# "rxe lab"). Builds the static softroce, bench/probe (Go) and bench/cprobe/pingpong (C,
+# bench/lab-probe.sh [N_LAT]: an ad-hoc evidence run in the rxe lab VM (docs/lab.md,
+# "What the guest costs"). Builds the static softroce, bench/probe (Go) and bench/cprobe/pingpong (C,
 # static), takes the machine-wide lab lock ($RXE_LAB_LOCK, default
 # /var/cache/rxe-lab/interop.lock, as bench/lab.sh and scripts/interop do), boots the VM with --dual, runs bench/lab-probe-guest.sh in the guest
 # (clocksource, timers, clock/sleep/UDP costs in C and Go, rxe vs softroce 8-byte latency per

@@ -6,7 +6,7 @@
 # always stops the VM, and prints table rows "lab|..." with the softroce/rxe ratio per row.
 # Every server runs on guest CPU 1 and every client on CPU 0 (taskset, rxe and softroce alike;
 # LAB_PIN=0 lets the guest scheduler place them): unpinned, softroce's 64 KiB rounds were
-# bimodal (docs/performance.md "rxe lab").
+# bimodal (docs/performance.md, "Targets").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SR=$1 OUT=$2 QUICK=${3:-0}

@@ -1,7 +1,7 @@
 // Command probe measures what the bare Go runtime costs where softroce runs: clock reads,
 // timer sleeps and 8-byte UDP round trips through the netpoller, next to the C baseline in
 // pingpong.c. bench/lab-probe.sh runs both in the rxe lab guest (TCG) to find where
-// softroce's milliseconds of latency come from (docs/performance.md, "rxe lab").
+// softroce's milliseconds of latency come from (docs/lab.md, "What the guest costs").
 //
 //	probe clock N                       ns per time.Now (the runtime's nanotime path)
 //	probe sleep N US                    actual duration of time.Sleep(US): median, p99

@@ -40,7 +40,7 @@ var realBase = time.Now()
 // Now returns the current time with one clock read: the monotonic clock's time since realBase
 // added to realBase (time.Since reads only the monotonic clock; time.Now reads the wall clock
 // too, which costs a second vDSO call per read — two per message on the polled path, ~150 ns
-// each in the lab's emulated guest, docs/performance.md). Its monotonic reading is exactly
+// each in the lab's emulated guest, docs/lab.md). Its monotonic reading is exactly
 // time.Now's, so Sub, Before, After and Equal with any time.Now value or deadline are as
 // precise as with time.Now (they use the monotonic readings); its wall reading is the wall
 // clock of the process's start plus the time elapsed, so it does not follow later steps of

@@ -10,7 +10,7 @@ import (
 	"github.com/softroce/softroce/pkg/link"
 )
 
-// The fast path of the requester and responder output (docs/performance.md, "fast path"):
+// The fast path of the requester and responder output (docs/engine.md, "Pipeline"):
 //
 //   - Send buffers are not owned by the QP: a txSet (64 packet buffers, the batch and its GSO
 //     runs, ~270 KiB) is taken from a process-wide free list when the first packet of a burst is built and

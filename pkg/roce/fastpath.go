@@ -12,8 +12,8 @@ import (
 	"github.com/softroce/softroce/pkg/link/udp"
 )
 
-// FastPathOptions select the data-path accelerations of a UDP device (docs/performance.md,
-// "fast path"). The zero value enables them all.
+// FastPathOptions select the data-path accelerations of a UDP device (docs/engine.md,
+// "Pipeline"; docs/link.md, "GSO and GRO"). The zero value enables them all.
 //
 //   - GSO: the engine groups each burst into link.RunRule runs and computes the ICRC of the k-th
 //     packet of a run with IPv4 ID k (IBTA A17.3.3; the kernel numbers the segments of one GSO

@@ -176,7 +176,7 @@ func perfTest(verb string, lat bool) perftest.Test {
 // unless the environment sets GOMAXPROCS. One P, like perftest's single thread: the receive
 // goroutine and the posting loop take turns on one OS thread instead of handing work between
 // two Ps, whose spinning and stealing (futex wakes, usleeps, context switches) cost more CPU
-// than they save when two perf processes share two cores (docs/performance.md, fast path: 64 KiB
+// than they save when two perf processes share two cores (docs/performance.md, "Tried and not kept": 64 KiB
 // WRITE +20-30%, 64 B +10-150% in interleaved runs).
 func perfProcs(flag int, env string) int {
 	switch {

@@ -15,7 +15,7 @@ import (
 // BusyPoll the receiving goroutine retries the non-blocking recvmmsg (yielding its processor to
 // the other goroutines between attempts, so GOMAXPROCS=1 works) for up to BusyPoll and parks
 // only then; the next Recv polls again. It burns a CPU while idle for at most BusyPoll.
-// docs/performance.md "rxe lab" measures why: in a TCG guest one wakeup costs ~100 us.
+// docs/lab.md "What the guest costs" measures why: in a TCG guest one wakeup costs ~100 us.
 
 // busyCheckEvery is how many empty attempts pass between two clock reads of the budget.
 const busyCheckEvery = 64
