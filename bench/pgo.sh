@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # bench/pgo.sh: regenerates cmd/softroce/default.pgo, the CPU profile `go build` uses for
-# profile-guided optimization of the softroce binary (docs/performance.md "PGO"). Root: two
-# network namespaces on a veth pair (198.18.61.0/24), created and removed here. It profiles,
+# profile-guided optimization of the softroce binary (docs/performance.md, "How it is
+# measured"). Root: two network namespaces on a veth pair (198.18.61.0/24), created and
+# removed here. Rerun it when hot code moves between packages: a profile names functions by
+# package path, and one that names packages no longer there guides nothing. It profiles,
 # with a build made WITHOUT the current profile, both sides of the polled AF_XDP 8-byte WRITE
 # latency ping-pong (`perf --lat --busy-poll --xdp`) and of a 64 KiB WRITE bandwidth run over
 # the UDP link, and merges the four profiles.
