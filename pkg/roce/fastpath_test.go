@@ -258,7 +258,8 @@ func TestFastPathWorkers(t *testing.T) {
 		for _, l := range ls[1:] {
 			shards = append(shards, hbRunLink{l})
 		}
-		d, err := Open(Options{Link: hbRunLink{ls[0]}, Shards: shards, Pin: true, Port: port, Name: name})
+		// QPNs counting up (zeros), so the four QPs split over the two workers by QPN mod 2.
+		d, err := Open(Options{Link: hbRunLink{ls[0]}, Shards: shards, Pin: true, Port: port, Name: name, QPNRand: zeros{}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -173,14 +173,17 @@ func perfXDPRun(t *testing.T, dm bool) {
 			t.Errorf("%s: AF_XDP sent %d, received %d, socket sends %d; want the %d WRITEs and their ACKs in the rings", side, sent, recv, fb, iters)
 		}
 		// each WRITE after the first leaves with the ACK of the peer's last one: one GSO frame
-		// where the kernel takes them (link.PairSender), else two ring frames
+		// where the kernel takes them (link.PairSender), else two ring frames. A WRITE posted
+		// after the pending ACK went out alone (a side descheduled on a busy machine for
+		// longer than the ACK's coalescing wait) leaves unpaired: 90% of them paired is the bar.
+		minPairs := (iters - 1) * 9 / 10
 		var pairs int
 		if _, err := fmt.Sscanf(e[i:], "stats: link AF_XDP path sent %d, received %d, sends through the UDP socket %d, pairs as one GSO frame %d", &sent, &recv, &fb, &pairs); err != nil {
 			t.Fatalf("%s: %v in %q", side, err, e[i:])
 		}
 		refused := strings.Contains(strings.SplitN(e[i:], "\n", 2)[0], "refused by the kernel")
-		if on := netnstest.KernelAtLeast(t, 6, 2); !refused && pairs < iters-1 || refused && (on || pairs != 0) {
-			t.Errorf("%s: %d pairs as one frame, refused %v (kernel 6.2 or later: %v); want >= %d, or none and refused before 6.2", side, pairs, refused, on, iters-1)
+		if on := netnstest.KernelAtLeast(t, 6, 2); !refused && pairs < minPairs || refused && (on || pairs != 0) {
+			t.Errorf("%s: %d pairs as one frame, refused %v (kernel 6.2 or later: %v); want >= %d, or none and refused before 6.2", side, pairs, refused, on, minPairs)
 		}
 	}
 }
