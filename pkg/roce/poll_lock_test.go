@@ -20,10 +20,11 @@ import (
 // link) serialises its Polls with the link's receive lock (one lock per Poll, not two); a
 // link that is not (here a wrapped one) gets the device's own lock.
 func TestPollUsesLinkRecvLock(t *testing.T) {
-	l, err := udp.Listen(udp.Options{Addrs: []netip.Addr{addrA}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	var l *udp.Link
+	freePortPair(t, false, func(port uint16) (err error) { // not 4791: other tests' devices use it
+		l, err = udp.Listen(udp.Options{Addrs: []netip.Addr{addrA}, Port: port})
+		return err
+	})
 	d, err := Open(Options{Link: l, Polled: true})
 	if err != nil {
 		l.Close()
