@@ -6,7 +6,7 @@ package afxdp
 // (the softirq of the sending CPU); a user-space responder can only do it once its process
 // has read the packet, and then its ACK is one more frame through its kernel. On the AF_XDP
 // path the link's XDP program can do what rxe does: for an RC RDMA WRITE Only (opcode 0x0A,
-// 1..xdpWriteMax bytes, no immediate) to a QP and R_Key the device registered here, it checks
+// 1..64 bytes (xdp.c WRITE_MAX), no immediate) to a QP and R_Key the device registered here, it checks
 // the request (BTH, source address, P_Key, PSN, R_Key, protection domain, bounds, ICRC),
 // copies the payload into *device memory* (a BPF array map mapped into the process: the only
 // memory an XDP program can write, so the MR must lie in it, as with ibv_alloc_dm), advances
@@ -34,33 +34,20 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/cilium/ebpf"
 	"github.com/softroce/softroce/pkg/link"
 	"golang.org/x/sys/unix"
 )
 
 const (
-	// xdpWriteMax is the largest WRITE payload the program executes (the latency path's
-	// small messages; larger ones go to user space).
-	xdpWriteMax = 64
 	// xdpWriteSlots is how many QPs the program serves (16-byte slots in the state page).
 	xdpWriteSlots = xdpChunk / 16
 	xdpPage       = 4096
 
+	// a QP's word, shared with the program (xdp.c): the expected PSN, the MSN, two flags
 	wordPSN    = 0xFFFFFF
 	wordPaused = uint64(1) << 48
 	wordBusy   = uint64(1) << 49
-
-	// the program's stack slots (offsets from r10)
-	wsKey      = -8
-	wsN        = -16 // payload + pad bytes
-	wsDst      = -24 // where the payload goes (map value pointer)
-	wsLen      = -32 // the DMA length
-	wsPSN      = -40
-	wsWord     = -48 // the QP's state word (map value pointer)
-	wsOld      = -56 // the word as claimed
-	wsMSN      = -64 // the MSN after this WRITE
-	wsFrameLen = -72 // bpf_xdp_get_buff_len
-	wsTable    = -80 // the CRC table (map value pointer)
 
 	// offsets in a frame: Ethernet 14, IPv4 20, UDP 8, BTH 12, RETH 16, payload
 	fBTH     = ethIPv4UDP
@@ -68,35 +55,11 @@ const (
 	fPayload = fRETH + 16
 	ackFrame = fBTH + 12 + 4 + 4 // BTH, AETH, ICRC
 
-	// the QP table's value (xdpQPEntry)
-	qeSlot, qePD, qePeer, qeACKCRC, qeTemplate, qeMAC, qeSize = 0, 4, 8, 12, 16, 64, 72
-	// the MR table's value (xdpMREntry)
-	meSize = 32
 )
-
-// xdpQPEntry is the QP table's value, as the program reads it (host byte order but where the
-// wire's is said).
-type xdpQPEntry struct {
-	Slot   uint32
-	PD     uint32
-	Peer   [4]byte  // the requester's IPv4 address (wire order)
-	ACKCRC uint32   // CRC state (not inverted) over the ACK's bytes before its PSN
-	Tmpl   [48]byte // the ACK's IPv4, UDP, BTH and AETH (44 bytes) as sent, PSN and MSN 0
-	MAC    [8]byte  // the link's MAC address: the ACK's source
-}
-
-// xdpMREntry is the MR table's value.
-type xdpMREntry struct {
-	PD     uint32
-	_      uint32
-	VA     uint64 // the MR's first virtual address
-	Length uint64
-	Off    uint64 // where the MR starts in the device memory
-}
 
 // xdpWrite is the link's write responder: the program's tables and the device memory.
 type xdpWrite struct {
-	qps, mrs, crc, mem int // BPF map descriptors
+	qps, mrs, crc, mem *ebpf.Map // the program's tables and the device memory (xdp.c)
 	region             []byte
 	state              []byte     // the first page of region: the QP slots
 	memory             []byte     // the rest: device memory
@@ -133,64 +96,45 @@ func rcuGrace() {
 	}
 }
 
-func bpfMapCreate(typ, key, val, max, flags uint32) (int, error) {
-	attr := struct{ typ, key, val, max, flags uint32 }{typ, key, val, max, flags}
-	return bpfCall(unix.BPF_MAP_CREATE, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
-}
-
-func bpfMapUpdate(m int, key, val unsafe.Pointer) error {
-	attr := struct {
-		fd, _           uint32
-		key, val, flags uint64
-	}{fd: uint32(m), key: uint64(uintptr(key)), val: uint64(uintptr(val))}
-	_, err := bpfCall(unix.BPF_MAP_UPDATE_ELEM, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
-	return err
-}
-
-func bpfMapDelete(m int, key unsafe.Pointer) error {
-	attr := struct {
-		fd, _ uint32
-		key   uint64
-	}{fd: uint32(m), key: uint64(uintptr(key))}
-	_, err := bpfCall(unix.BPF_MAP_DELETE_ELEM, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
-	return err
-}
-
 // newXDPWrite creates the tables and size bytes of device memory (rounded up to pages).
 func newXDPWrite(size int) (_ *xdpWrite, err error) {
 	if size <= 0 || size > 1<<30 {
 		return nil, fmt.Errorf("XDP write responder: device memory of %d bytes: want 1 B to 1 GiB", size)
 	}
 	pages := (size + xdpPage - 1) / xdpPage
-	w := &xdpWrite{qps: -1, mrs: -1, crc: -1, mem: -1}
+	spec, err := loadXdp()
+	if err != nil {
+		return nil, err
+	}
+	w := &xdpWrite{}
 	defer func() {
 		if err != nil {
 			w.close()
 		}
 	}()
-	// the hash tables without preallocation: a replaced or deleted element is freed after an
-	// RCU grace period, so a program that looked it up reads it whole (a preallocated table
-	// reuses elements at once: a program could read one entry's fields and another's)
-	const hash, array, mmapable, noPrealloc = unix.BPF_MAP_TYPE_HASH, unix.BPF_MAP_TYPE_ARRAY, unix.BPF_F_MMAPABLE, unix.BPF_F_NO_PREALLOC
-	if w.qps, err = bpfMapCreate(hash, 4, qeSize, xdpWriteSlots, noPrealloc); err != nil {
+	// the hash tables without preallocation (xdp.c): a replaced or deleted element is freed
+	// after an RCU grace period, so a program that looked it up reads it whole (a preallocated
+	// table reuses elements at once: a program could read one entry's fields and another's)
+	if w.qps, err = ebpf.NewMap(spec.Maps[xdpMapQps]); err != nil {
 		return nil, fmt.Errorf("XDP write responder: QP table: %w", err)
 	}
-	if w.mrs, err = bpfMapCreate(hash, 4, meSize, 4096, noPrealloc); err != nil {
+	if w.mrs, err = ebpf.NewMap(spec.Maps[xdpMapMrs]); err != nil {
 		return nil, fmt.Errorf("XDP write responder: MR table: %w", err)
 	}
-	if w.crc, err = bpfMapCreate(array, 4, 1024, 1, 0); err != nil {
+	if w.crc, err = ebpf.NewMap(spec.Maps[xdpMapCrc]); err != nil {
 		return nil, fmt.Errorf("XDP write responder: CRC table: %w", err)
 	}
-	if w.mem, err = bpfMapCreate(array, 4, xdpPage, uint32(1+pages), mmapable); err != nil {
+	ms := spec.Maps[xdpMapMem]
+	ms.MaxEntries = uint32(1 + pages)
+	if w.mem, err = ebpf.NewMap(ms); err != nil {
 		return nil, fmt.Errorf("XDP write responder: device memory: %w", err)
 	}
-	var tab [256]uint32
-	copy(tab[:], crc32.IEEETable[:])
-	zero := uint32(0)
-	if err := bpfMapUpdate(w.crc, unsafe.Pointer(&zero), unsafe.Pointer(&tab)); err != nil {
+	var tab xdpCrcTable
+	copy(tab.T[:], crc32.IEEETable[:])
+	if err := w.crc.Update(uint32(0), &tab, ebpf.UpdateAny); err != nil {
 		return nil, fmt.Errorf("XDP write responder: CRC table: %w", err)
 	}
-	if w.region, err = unix.Mmap(w.mem, 0, (1+pages)*xdpPage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
+	if w.region, err = unix.Mmap(w.mem.FD(), 0, (1+pages)*xdpPage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
 		return nil, fmt.Errorf("XDP write responder: map the device memory: %w", err)
 	}
 	w.state, w.memory = w.region[:xdpPage:xdpPage], w.region[xdpPage:]
@@ -220,10 +164,10 @@ func (w *xdpWrite) close() {
 			_ = unix.Munmap(w.region) // only if the kernel refuses: then unmapped after all
 		}
 	}
-	for _, fd := range []*int{&w.qps, &w.mrs, &w.crc, &w.mem} {
-		if *fd >= 0 {
-			unix.Close(*fd)
-			*fd = -1
+	for _, m := range []**ebpf.Map{&w.qps, &w.mrs, &w.crc, &w.mem} {
+		if *m != nil {
+			(*m).Close()
+			*m = nil
 		}
 	}
 }
@@ -318,12 +262,13 @@ func (l *Link) addWriteQP(q link.WriteQP, epsn, msn uint32, paused bool) (*Write
 		count: (*uint64)(unsafe.Pointer(&w.state[slot*16+8]))}
 	atomic.StoreUint64(s.count, 0)
 	s.Resume(epsn, msn, paused)
-	e := xdpQPEntry{Slot: uint32(slot), PD: q.PD, Peer: q.Peer.Unmap().As4()}
-	copy(e.MAC[:], x.mac[:])
+	peer := q.Peer.Unmap().As4()
+	e := xdpQpEntry{Slot: uint32(slot), Pd: q.PD, Peer: binary.NativeEndian.Uint32(peer[:])} // wire order, as the program reads it
+	copy(e.Mac[:], x.mac[:])
 	// the ACK as it leaves: IPv4 (ID 0, DF, TTL 64: the ring's), UDP (checksum 0), BTH, AETH
 	f := make([]byte, ackFrame)
 	copy(f[fBTH:], q.ACK[:])
-	x.headers(f, [6]byte{}, e.Peer, q.TClass, q.SrcPort, dport)
+	x.headers(f, [6]byte{}, peer, q.TClass, q.SrcPort, dport)
 	copy(e.Tmpl[:], f[14:fBTH+16])
 	masked := append([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, f[14:fBTH+9]...)
 	for i := range masked {
@@ -331,12 +276,10 @@ func (l *Link) addWriteQP(q link.WriteQP, epsn, msn uint32, paused bool) (*Write
 			masked[i] = 0xff
 		}
 	}
-	e.ACKCRC = ^crc32.Update(0, crc32.IEEETable, masked)
-	key := q.QPN & wordPSN
-	if err := bpfMapUpdate(w.qps, unsafe.Pointer(&key), unsafe.Pointer(&e)); err != nil {
+	e.AckCrc = ^crc32.Update(0, crc32.IEEETable, masked)
+	if err := w.qps.Update(q.QPN&wordPSN, &e, ebpf.UpdateAny); err != nil {
 		return nil, fmt.Errorf("XDP write responder: QP table: %w", err)
 	}
-	runtime.KeepAlive(&e)
 	w.live[slot] = s
 	return s, nil
 }
@@ -356,8 +299,7 @@ func (l *Link) RemoveWriteQP(ws link.WriteState) {
 		return
 	}
 	s.Pause() // and it stays paused: a program that found the QP before the delete declines
-	key := s.qpn
-	_ = bpfMapDelete(w.qps, unsafe.Pointer(&key))
+	_ = w.qps.Delete(s.qpn)
 	s.retire()
 	w.gone += s.final.Load()
 	w.live[s.slot] = nil
@@ -440,16 +382,15 @@ func (l *Link) AddWriteMR(rkey, pd uint32, va, length, off uint64) error {
 	}
 	var key [4]byte
 	binary.BigEndian.PutUint32(key[:], rkey)
-	e := xdpMREntry{PD: pd, VA: va, Length: length, Off: off}
+	e := xdpMrEntry{Pd: pd, Va: va, Length: length, Off: off}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
 		return net.ErrClosed
 	}
-	if err := bpfMapUpdate(w.mrs, unsafe.Pointer(&key), unsafe.Pointer(&e)); err != nil {
+	if err := w.mrs.Update(key, &e, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("XDP write responder: MR table: %w", err)
 	}
-	runtime.KeepAlive(&e)
 	return nil
 }
 
@@ -467,7 +408,7 @@ func (l *Link) RemoveWriteMR(rkey uint32) {
 	if w.closed {
 		return
 	}
-	if bpfMapDelete(w.mrs, unsafe.Pointer(&key)) == nil {
+	if w.mrs.Delete(key) == nil {
 		rcuGrace()
 	}
 }

@@ -6,11 +6,11 @@ import (
 	"hash/crc32"
 	"net/netip"
 	"os"
-	"runtime"
 	"sync"
 	"testing"
 	"unsafe"
 
+	"github.com/cilium/ebpf"
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/link"
 	"golang.org/x/sys/unix"
@@ -27,8 +27,7 @@ const (
 type writeRig struct {
 	l     *Link
 	w     *xdpWrite
-	prog  int
-	xmap  int
+	prog  xdpLoaded
 	st    *WriteState
 	local [4]byte
 }
@@ -60,11 +59,7 @@ func newWriteRig(t testing.TB, epsn, msn uint32) *writeRig {
 
 func (r *writeRig) close() {
 	r.w.close()
-	for _, fd := range []int{r.prog, r.xmap} {
-		if fd >= 0 {
-			unix.Close(fd)
-		}
-	}
+	r.prog.Close()
 }
 
 // openWriteRig is newWriteRig whose rig the caller closes (the fuzz target keeps one).
@@ -77,16 +72,13 @@ func openWriteRig(t testing.TB, epsn, msn uint32) *writeRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x := &xdpSock{mac: rigMACA, addr4: rigLocal, writes: w, prog: -1, xmap: -1}
-	r := &writeRig{l: &Link{x: x}, w: w, prog: -1, local: rigLocal}
+	x := &xdpSock{mac: rigMACA, addr4: rigLocal, writes: w}
+	r := &writeRig{l: &Link{x: x}, w: w, local: rigLocal}
 	fail := func(err error) {
 		r.close()
 		t.Fatal(err)
 	}
-	if r.xmap, err = bpfXSKMap(1); err != nil {
-		fail(err)
-	}
-	if r.prog, err = bpfLoadXDP(xdpProgram(r.xmap, rigLocal, link.UDPPort, MaxFrame, w), false); err != nil {
+	if r.prog, err = loadXDP(xdpConsts{addr: rigLocal, port: link.UDPPort, noSocket: xdpPass}, 0, w, false); err != nil {
 		fail(err)
 	}
 	if r.st, err = r.l.addWriteQP(link.WriteQP{QPN: rigQPN, PD: 1, Peer: netip.AddrFrom4(rigPeer), SrcPort: 0xC011, TClass: 0x28, ACK: rigACK()}, epsn, msn, false); err != nil {
@@ -102,25 +94,12 @@ func openWriteRig(t testing.TB, epsn, msn uint32) *writeRig {
 // run runs the program over frame: its verdict and the frame it leaves.
 func (r *writeRig) run(t testing.TB, frame []byte) (uint32, []byte) {
 	t.Helper()
-	out := make([]byte, 4096)
-	in := append([]byte(nil), frame...)
-	attr := struct {
-		prog, retval, sizeIn, sizeOut uint32
-		in, out                       uint64
-		repeat, duration              uint32
-		ctxIn, ctxOut                 uint32
-		ctxInP, ctxOutP               uint64
-		flags, cpu, batch             uint32
-		_                             uint32
-	}{prog: uint32(r.prog), sizeIn: uint32(len(in)), sizeOut: uint32(len(out)),
-		in: uint64(uintptr(unsafe.Pointer(&in[0]))), out: uint64(uintptr(unsafe.Pointer(&out[0]))), repeat: 1}
-	_, err := bpfCall(unix.BPF_PROG_TEST_RUN, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
-	runtime.KeepAlive(in)
-	runtime.KeepAlive(out)
+	opts := ebpf.RunOptions{Data: append([]byte(nil), frame...), DataOut: make([]byte, 4096), Repeat: 1}
+	v, err := r.prog.Prog.Run(&opts)
 	if err != nil {
 		t.Fatalf("BPF_PROG_TEST_RUN: %v", err)
 	}
-	return attr.retval, out[:attr.sizeOut]
+	return v, opts.DataOut
 }
 
 // wframe describes a WRITE frame from the rig's peer.
@@ -576,4 +555,23 @@ func ackFrame62(req []byte, psn, msn uint32) []byte {
 	}
 	bth.SetICRC(b[42:], c)
 	return b
+}
+
+// TestXDPWriteLayout: what the Go side assumes of the program's maps (xdp.c) holds: as many
+// QP slots as page 0 has 16-byte words, page-sized device memory, the tables' values the
+// generated types.
+func TestXDPWriteLayout(t *testing.T) {
+	spec, err := loadXdp()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := spec.Maps[xdpMapQps]; m.MaxEntries != xdpWriteSlots || m.ValueSize != uint32(binary.Size(xdpQpEntry{})) {
+		t.Errorf("QP table: %d entries of %d bytes, want %d of %d", m.MaxEntries, m.ValueSize, xdpWriteSlots, binary.Size(xdpQpEntry{}))
+	}
+	if m := spec.Maps[xdpMapMrs]; m.ValueSize != uint32(binary.Size(xdpMrEntry{})) || m.KeySize != 4 {
+		t.Errorf("MR table: %d-byte keys, %d-byte values", m.KeySize, m.ValueSize)
+	}
+	if m := spec.Maps[xdpMapMem]; m.ValueSize != xdpPage || xdpWriteSlots*16 != xdpPage {
+		t.Errorf("device memory: %d-byte pages, %d slots", m.ValueSize, xdpWriteSlots)
+	}
 }

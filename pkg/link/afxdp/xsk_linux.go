@@ -9,9 +9,14 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/cilium/ebpf"
+	ebpflink "github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
+
+// xdpPass is XDP_PASS, the verdict that leaves a frame to the stack.
+const xdpPass = 2
 
 const (
 	xdpRing   = 512 // entries of each of the four rings
@@ -63,9 +68,8 @@ type xdpSock struct {
 	rx     *xring
 	tx     *xring
 	lk     netlink.Link
-	prog   int
-	xmap   int
-	attach int // the BPF link holding the program on the interface: closing it detaches
+	prog   xdpLoaded     // the program and its XSKMAP
+	attach ebpflink.Link // the BPF link holding the program on the interface: closing it detaches
 	addr   netip.Addr
 	addr4  [4]byte
 	port   uint16
@@ -125,7 +129,7 @@ func openXDP(l *Link, o Options) (_ *xdpSock, err error) {
 	if !a.Is4() {
 		return nil, errors.New("AF_XDP path: IPv4 addresses only")
 	}
-	x := &xdpSock{l: l, fd: -1, ev: -1, prog: -1, xmap: -1, attach: -1, pfd: -1, addr: a,
+	x := &xdpSock{l: l, fd: -1, ev: -1, pfd: -1, addr: a,
 		sockNext: xdpSocketEvery, sockEvery: xdpSocketEvery, addr4: a.As4(), port: local.Port(),
 		peers: make(map[[4]byte]*xdpPeer), asked: make(map[[4]byte]time.Time)}
 	defer func() {
@@ -198,23 +202,24 @@ func openXDP(l *Link, o Options) (_ *xdpSock, err error) {
 	if err := unix.Bind(x.fd, &unix.SockaddrXDP{Flags: unix.XDP_COPY, Ifindex: uint32(lk.Attrs().Index), QueueID: o.Queue}); err != nil {
 		return nil, fmt.Errorf("bind AF_XDP socket to %s queue %d: %w", lk.Attrs().Name, o.Queue, err)
 	}
-	if x.xmap, err = bpfXSKMap(int(o.Queue) + 1); err != nil {
-		return nil, err
-	}
-	if err := bpfMapSet(x.xmap, o.Queue, uint32(x.fd)); err != nil {
-		return nil, err
-	}
 	if o.WriteMemory > 0 {
 		if x.writes, err = newXDPWrite(o.WriteMemory); err != nil {
 			return nil, err
 		}
 	}
-	if x.prog, err = bpfLoadXDP(xdpProgram(x.xmap, x.addr4, x.port, MaxFrame, x.writes), o.Native); err != nil {
+	if x.prog, err = loadXDP(xdpConsts{addr: x.addr4, port: x.port, noSocket: xdpPass}, o.Queue, x.writes, o.Native); err != nil {
 		return nil, err
+	}
+	if err := x.prog.Xsks.Update(o.Queue, uint32(x.fd), ebpf.UpdateAny); err != nil {
+		return nil, fmt.Errorf("XSKMAP: %w", err)
 	}
 	// a BPF link, not netlink: it goes with its descriptor (Close from any thread or
 	// namespace, or the process's exit), and it refuses an interface that has a program
-	if x.attach, err = bpfAttachXDP(x.prog, lk.Attrs().Index, o.Native); err != nil {
+	mode := ebpflink.XDPGenericMode
+	if o.Native {
+		mode = ebpflink.XDPDriverMode
+	}
+	if x.attach, err = ebpflink.AttachXDP(ebpflink.XDPOptions{Program: x.prog.Prog, Interface: lk.Attrs().Index, Flags: mode}); err != nil {
 		return nil, fmt.Errorf("attach XDP program to %s: %w", lk.Attrs().Name, err)
 	}
 	if !o.NoPairs {
@@ -252,7 +257,13 @@ func (x *xdpSock) close() {
 		x.nl = nil
 	}
 	x.pairsOn.Store(false)
-	for _, fd := range []*int{&x.attach, &x.fd, &x.prog, &x.xmap, &x.ev, &x.pfd} {
+	if x.attach != nil {
+		x.attach.Close()
+		x.attach = nil
+	}
+	x.prog.Close()
+	x.prog = xdpLoaded{}
+	for _, fd := range []*int{&x.fd, &x.ev, &x.pfd} {
 		if *fd >= 0 {
 			unix.Close(*fd)
 			*fd = -1
