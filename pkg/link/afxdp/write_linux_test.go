@@ -121,6 +121,7 @@ type wframe struct {
 	id      uint16
 	ipLen   int // added to the IPv4 total length (with a correct ICRC for it)
 	udpLen  int // added to the UDP length (likewise)
+	ecn     uint8
 }
 
 func goodWrite(psn uint32, payload []byte) wframe {
@@ -148,7 +149,7 @@ func (f wframe) frame() []byte {
 	copy(b[6:12], rigMACB[:])
 	b[12], b[13] = 0x08, 0x00
 	ip := b[14:34]
-	ip[0], ip[1] = 0x45, 0x28
+	ip[0], ip[1] = 0x45, 0x28|f.ecn
 	binary.BigEndian.PutUint16(ip[2:], uint16(n-14+f.ipLen))
 	binary.BigEndian.PutUint16(ip[4:], f.id)
 	ip[6], ip[8], ip[9] = 0x40, 64, unix.IPPROTO_UDP
@@ -300,6 +301,7 @@ func TestXDPWriteDeclines(t *testing.T) {
 		"long IP length":     func(f *wframe) { f.ipLen = 4 },
 		"short UDP length":   func(f *wframe) { f.udpLen = -4 },
 		"long UDP length":    func(f *wframe) { f.udpLen = 4 },
+		"marked CE":          func(f *wframe) { f.ecn = link.ECNCE },
 	}
 	for name, mod := range cases {
 		f := goodWrite(7, eight)
@@ -334,7 +336,7 @@ func TestXDPWriteDeclines(t *testing.T) {
 	}
 	// the masked fields do not count
 	ok := append([]byte(nil), fr...)
-	ok[15], ok[22], ok[fBTH+4] = 0x03, 7, 0xc0
+	ok[15], ok[22], ok[fBTH+4] = link.ECNECT1, 7, 0xc0
 	ipChecksum0(ok[14:34])
 	// every truncation: declined
 	for n := 0; n < len(fr); n++ {
@@ -493,7 +495,7 @@ func modelWrite(frame []byte, word uint64) (exec bool, off int, payload []byte, 
 	n := len(frame)
 	if n < fPayload+4 || frame[12] != 0x08 || frame[13] != 0 || frame[14] != 0x45 || frame[23] != unix.IPPROTO_UDP ||
 		binary.BigEndian.Uint16(frame[20:])&0x3fff != 0 || [4]byte(frame[30:34]) != rigLocal ||
-		binary.BigEndian.Uint16(frame[36:]) != link.UDPPort || [4]byte(frame[26:30]) != rigPeer ||
+		binary.BigEndian.Uint16(frame[36:]) != link.UDPPort || [4]byte(frame[26:30]) != rigPeer || frame[15]&link.ECNMask == link.ECNCE ||
 		int(binary.BigEndian.Uint16(frame[16:])) != n-14 || int(binary.BigEndian.Uint16(frame[38:])) != n-34 {
 		return
 	}

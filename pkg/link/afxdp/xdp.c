@@ -10,12 +10,13 @@
 // AF_XDP socket of the receive queue (xsks); everything else to the stack.
 //
 // xsk_write: the same, but first the write responder: an RC RDMA WRITE Only of 1..64 bytes
-// to a QP and R_Key user space entered (qps, mrs), at the QP's expected PSN, every check the
-// engine makes passed and the UDP checksum the kernel's receive would check, is copied into
-// device memory (mem) and answered with the QP's ACK in place (XDP_TX), as kernel rxe does in
-// the sender's softirq; what it declines is redirected untouched. The state it shares with
-// user space is one word per QP in page 0 of mem (bits 0-23 the expected PSN, 24-47 the MSN,
-// 48 paused, 49 busy) and a count: write_linux.go.
+// to a QP and R_Key user space entered (qps, mrs), at the QP's expected PSN, not marked
+// Congestion Experienced, every check the engine makes passed and the UDP checksum the
+// kernel's receive would check, is copied into device memory (mem) and answered with the QP's
+// ACK in place (XDP_TX), as kernel rxe does in the sender's softirq; what it declines is
+// redirected untouched. The state it shares with user space is one word per QP in page 0 of
+// mem (bits 0-23 the expected PSN, 24-47 the MSN, 48 paused, 49 busy) and a count:
+// write_linux.go.
 
 #include <linux/types.h>
 #include <linux/bpf.h>
@@ -193,6 +194,8 @@ static __always_inline int write_responder(struct xdp_md *ctx, __u64 frame_len)
 	__u8 *end = (void *)(long)ctx->data_end;
 
 	if (data + OFF_PAYLOAD + 1 + 3 + 4 > end) // the shortest WRITE it takes: 1 byte, 3 pad, ICRC
+		return DECLINE;
+	if ((data[15] & 3) == 3) // ECN CE (RFC 3168): user space sees the mark (IBTA A17.9.1)
 		return DECLINE;
 	if (data[OFF_BTH] != 0x0A) // RC RDMA WRITE Only (IBTA 9.2: RC, opcode 01010)
 		return DECLINE;
