@@ -126,9 +126,8 @@ func TestDeviceMemoryWrites(t *testing.T) {
 	}
 	write(4300, 8, false) // and the program after it
 	ls, _ := db.LinkStats()
-	if st := ls.XDP; st.Received != 3 || st.Writes != 9 { // over 64 bytes, across a page, ordinary memory
-		t.Fatalf("b's ring received %d datagrams, the program executed %d WRITEs; want 3 and 9", st.Received, st.Writes)
-	}
+	// over 64 bytes, across a page, ordinary memory: 3 for b's ring, 9 for the program
+	checkRing(t, ls.XDP, 12, 9, 0, da.Stats().RetransPkts)
 
 	// device memory under an MR is not freed (ibv_free_dm: EBUSY)
 	if err := db.FreeDM(b.buf); !errors.Is(err, ErrBusy) {
@@ -279,12 +278,37 @@ func TestDeviceMemoryLostACK(t *testing.T) {
 	if !drop.dropped.Load() {
 		t.Fatal("no ACK was dropped")
 	}
-	ls, _ := db.LinkStats()
-	if n, st := b.qp.RemoteWrites(), ls.XDP; n != 3 || st.Writes != 3 || st.Received != 1 {
-		t.Fatalf("RemoteWrites %d, the program executed %d, b's ring received %d; want 3, 3 and the one resent WRITE",
-			n, st.Writes, st.Received)
+	if n := b.qp.RemoteWrites(); n != 3 {
+		t.Fatalf("RemoteWrites %d, want 3", n)
 	}
-	if c := db.Stats().DuplicateRequest; c != 1 {
-		t.Fatalf("b's duplicate requests %d, want 1", c)
+	ls, _ := db.LinkStats()
+	resent := da.Stats().RetransPkts
+	checkRing(t, ls.XDP, 3, 3, 1, resent)
+	if c := db.Stats().DuplicateRequest; c < 1 || c > max(resent, 1) || (resent <= 1 && c != 1) {
+		t.Fatalf("b's duplicate requests %d (a resent %d), want 1", c, resent)
+	}
+}
+
+// checkRing checks what b's AF_XDP path saw of the writes WRITEs a sent: the program executed
+// want of them, b's ring received the rest and dups resent duplicates. resent is what a's
+// requester counted (retransmitted_pkts): beyond the dups the test causes, its ACK timer (67
+// ms) fired on a stalled machine — a TCG guest under load — and each such resend is one more
+// duplicate for b's ring; one that b's engine answers while the program's next WRITE arrives
+// (the QP's word paused) leaves that WRITE to the engine too. Without them the counts are exact.
+func checkRing(t *testing.T, st afxdp.Stats, writes, want, dups int, resent uint64) {
+	t.Helper()
+	extra := int(resent) - dups
+	if extra <= 0 {
+		if st.Writes != uint64(want) || st.Received != uint64(writes-want+dups) {
+			t.Fatalf("b's ring received %d datagrams, the program executed %d WRITEs; want %d and %d (a resent %d)",
+				st.Received, st.Writes, writes-want+dups, want, resent)
+		}
+		return
+	}
+	t.Logf("a resent %d request(s) beyond the test's %d: its ACK timer fired on a stalled machine", extra, dups)
+	left := writes - int(st.Writes) // the WRITEs b's engine executed from the ring
+	if int(st.Writes) > want || int(st.Writes) < want-extra || int(st.Received) < left+dups || int(st.Received) > left+int(resent) {
+		t.Fatalf("b's ring received %d datagrams, the program executed %d WRITEs; want %d-%d executed and the rest plus %d-%d duplicates received",
+			st.Received, st.Writes, want-extra, want, dups, resent)
 	}
 }
