@@ -8,6 +8,7 @@ import (
 	"os"
 	"sync"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -100,6 +101,17 @@ func (r *writeRig) run(t testing.TB, frame []byte) (uint32, []byte) {
 		t.Fatalf("BPF_PROG_TEST_RUN: %v", err)
 	}
 	return v, opts.DataOut
+}
+
+// runRepeat runs the program repeat times over frame in one BPF_PROG_TEST_RUN: its verdict
+// and the kernel's average time per run.
+func (r *writeRig) runRepeat(t testing.TB, frame []byte, repeat int) (uint32, time.Duration) {
+	t.Helper()
+	v, d, err := r.prog.Prog.Benchmark(frame, repeat, nil)
+	if err != nil {
+		t.Fatalf("BPF_PROG_TEST_RUN: %v", err)
+	}
+	return v, d
 }
 
 // wframe describes a WRITE frame from the rig's peer.
