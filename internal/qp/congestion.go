@@ -141,6 +141,7 @@ func (q *QP) paceSent(n int, path *Path) (pauseNext bool) {
 	}
 	now := q.ccNow()
 	q.cc.pacer.Sent(now, n)
+	q.tmr.lastPaced = now
 	_, ok := q.cc.pacer.Next(now)
 	return !ok
 }

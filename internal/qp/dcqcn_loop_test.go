@@ -5,6 +5,9 @@ import (
 	"time"
 
 	"github.com/softroce/softroce/internal/cc"
+	"github.com/softroce/softroce/internal/cq"
+	"github.com/softroce/softroce/pkg/bth"
+	"github.com/softroce/softroce/pkg/link"
 )
 
 // TestCNPStreamHoldsRate: a requester that keeps receiving CNPs (one every 4 ms, as a
@@ -52,5 +55,38 @@ func TestCNPStreamHoldsRate(t *testing.T) {
 	t.Logf("rate over the last 100 ms %.2f Mbit/s (%d packets), state %+v, CNPs handled %d", rate/1e6, pkts, st, a.cnt.RPCNPHandled.Load())
 	if rate > 10e6 {
 		t.Fatalf("sending %.1f Mbit/s under a CNP every 4 ms", rate/1e6)
+	}
+}
+
+// TestPacedRetriesSendTheWindow: a requester paced slower than its ACK timeout towards a peer
+// that answers nothing gets each of its retries' worth out of the wire: the ACK timer runs from
+// the last request packet the pacer let go, never while the pacer still holds the resend, so
+// every try (the first and seven retries, IBTA 9.7.6.1.3) sends the whole message before the
+// WRITE ends in RETRY_EXC_ERR. Timed from the last progress alone, the timer expired every 67 ms
+// in the middle of a resend and the retries ran out with most of the message never resent.
+func TestPacedRetriesSendTheWindow(t *testing.T) {
+	n := newNet(t)
+	a := n.newSide("198.18.0.1", sideOpts{})
+	b := n.newSide("198.18.0.2", sideOpts{})
+	n.connect(a, b, connOpts{timeout: 14, retry: 7})                           // 67 ms
+	if err := a.qp.Modify(&Attr{RateLimit: 1000}, AttrRateLimit); err != nil { // 1 Mbit/s
+		t.Fatal(err)
+	}
+	n.filter = func(from *side, d *link.Datagram, p *bth.Packet) bool { return from != a } // a silent peer
+	const pkts = 16                                                                        // MTU 1024: about 9 ms each at 1 Mbit/s
+	a.postSend(t, SendWR{WRID: 1, Opcode: WRRDMAWrite, SGL: []SGE{a.sge(0, pkts*1024)}, Flags: SendSignaled,
+		RemoteAddr: b.va(0), RKey: b.mr.RKey()})
+	var wcs []cq.WC
+	n.runUntil(time.Millisecond, 60*time.Second, func() bool {
+		wcs = append(wcs, pollAll(a.scq)...)
+		return len(wcs) > 0
+	})
+	if wcs[0].Status != cq.StatusRetryExcErr {
+		t.Fatalf("completion %+v, want RETRY_EXC_ERR", wcs[0])
+	}
+	sent := a.cnt.SentPkts.Load()
+	t.Logf("%d request packets sent, %d retries", sent, a.cnt.CompleterRetryErr.Load())
+	if want := uint64(8 * pkts); sent < want {
+		t.Fatalf("%d request packets sent before RETRY_EXC_ERR, want the message 8 times (%d)", sent, want)
 	}
 }

@@ -33,6 +33,10 @@ type timers struct {
 	deadline     time.Time
 	active       bool // the ACK timer runs (something outstanding)
 	lastProgress time.Time
+	// lastPaced is when the pacer last let a request packet go (congestion.go's paceSent):
+	// while a QP is paced the ACK timer runs from the later of it and lastProgress, as kernel
+	// rxe restarts its retransmission timer with every request packet it sends.
+	lastPaced time.Time
 	retryLeft    uint8
 	rnrLeft      uint8
 	rnrWait      bool
@@ -77,8 +81,8 @@ func (q *QP) rearm(now time.Time, have bool) {
 				q.tmr.active = true
 				q.tmr.lastProgress = now
 			}
-			if to := AckTimeout(q.attr.Timeout); to > 0 {
-				dl, on = q.tmr.lastProgress.Add(to), true
+			if to := AckTimeout(q.attr.Timeout); to > 0 && !q.cc.held {
+				dl, on = q.ackSince().Add(to), true
 			}
 		} else {
 			q.tmr.active = false
@@ -138,11 +142,24 @@ func (q *QP) onTimer(now time.Time) {
 		q.runRequester()
 		return
 	}
+	// A requester the pacer holds has packets it has not sent yet (after a go-back-N rewind,
+	// the oldest unacknowledged one among them): the ACK timer waits for them to leave, so a
+	// slow pace does not use up the retries of a window it never got to send (IBTA 9.7.6.1.3:
+	// the timer covers requests sent; held ones were not).
 	to := AckTimeout(q.attr.Timeout)
-	if !q.outstanding() || to == 0 || now.Before(q.tmr.lastProgress.Add(to)) {
+	if q.cc.held || !q.outstanding() || to == 0 || now.Before(q.ackSince().Add(to)) {
 		return
 	}
 	q.retryOrFail(now, true)
+}
+
+// ackSince is when the ACK timer started: the last forward progress, or the last request
+// packet the pacer let go if that came later.
+func (q *QP) ackSince() time.Time {
+	if q.tmr.lastPaced.After(q.tmr.lastProgress) {
+		return q.tmr.lastPaced
+	}
+	return q.tmr.lastProgress
 }
 
 // retryOrFail consumes one retry (if counted) and goes back to the oldest
