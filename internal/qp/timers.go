@@ -36,11 +36,11 @@ type timers struct {
 	// lastPaced is when the pacer last let a request packet go (congestion.go's paceSent):
 	// while a QP is paced the ACK timer runs from the later of it and lastProgress, as kernel
 	// rxe restarts its retransmission timer with every request packet it sends.
-	lastPaced time.Time
-	retryLeft    uint8
-	rnrLeft      uint8
-	rnrWait      bool
-	rnrDeadline  time.Time
+	lastPaced   time.Time
+	retryLeft   uint8
+	rnrLeft     uint8
+	rnrWait     bool
+	rnrDeadline time.Time
 }
 
 // AckTimeout returns the local ACK timeout for the 5-bit code:
