@@ -28,6 +28,7 @@ type Spec struct {
 	DestQP uint32
 	PSN    bth.PSN
 
+	FETH      *bth.FETHFields      // IBTA 1.5 A19.4.1 (FLUSH)
 	RETH      *bth.RETHFields      // IBTA 9.3.3
 	AETH      *bth.AETHFields      // IBTA 9.3.5
 	AtomicETH *bth.AtomicETHFields // IBTA 9.3.4
@@ -58,6 +59,9 @@ type Spec struct {
 	// ICRCIPID, if nonzero, computes the ICRC as if the IPv4 Identification were this
 	// value instead of ep.IPID (negative tests: the wire carries ep.IPID).
 	ICRCIPID uint16
+	// ICRC, if set, computes the ICRC instead of bth.ICRC (a peer's own variant, such as
+	// RxeFlushICRC); CorruptICRC still applies to its result.
+	ICRC func(ep *bth.Endpoints, pkt []byte) uint32
 }
 
 // ErrSpec reports a Spec that cannot be built (unknown opcode, unsupported header).
@@ -108,6 +112,9 @@ func (s *Spec) Append(dst []byte, ep *bth.Endpoints) ([]byte, error) {
 			}
 			off += bth.DETHSize
 		case bth.HdrFETH:
+			if s.FETH != nil {
+				bth.FETH(b).Encode(s.FETH)
+			}
 			off += bth.FETHSize
 		case bth.HdrRETH:
 			if s.RETH != nil {
@@ -154,7 +161,12 @@ func (s *Spec) Append(dst []byte, ep *bth.Endpoints) ([]byte, error) {
 		e.IPID = s.ICRCIPID
 		ep = &e
 	}
-	v := bth.ICRC(ep, pkt)
+	var v uint32
+	if s.ICRC != nil {
+		v = s.ICRC(ep, pkt)
+	} else {
+		v = bth.ICRC(ep, pkt)
+	}
 	if s.CorruptICRC {
 		v ^= 0x5A5A5A5A
 	}

@@ -26,6 +26,27 @@ type Bench struct {
 	// Softroce marks the DUT as softroce: scenarios with a SoftroceDeviation expect
 	// softroce's documented behaviour.
 	Softroce bool
+	// DevCaps, if set, is the DUT's device_cap_flags_ex (ibv_query_device_ex), for
+	// Scenario.Needs; unset, the DUT's DeviceCaps (DeviceCapper) if it has one, else the
+	// capabilities are unknown and such scenarios run (and skip if the DUT refuses what
+	// they set up).
+	DevCaps *uint64
+}
+
+// DeviceCapper is a DUT that reports its device_cap_flags_ex.
+type DeviceCapper interface {
+	// DeviceCaps returns the flags, false if they are unknown.
+	DeviceCaps() (uint64, bool)
+}
+
+func (b *Bench) deviceCaps() (uint64, bool) {
+	if b.DevCaps != nil {
+		return *b.DevCaps, true
+	}
+	if d, ok := b.DUT.(DeviceCapper); ok {
+		return d.DeviceCaps()
+	}
+	return 0, false
 }
 
 func (b *Bench) reply() time.Duration {

@@ -201,7 +201,7 @@ func accessString(a mr.Access) string {
 	for _, f := range []struct {
 		b mr.Access
 		n string
-	}{{mr.AccessLocalWrite, "LW"}, {mr.AccessRemoteWrite, "RW"}, {mr.AccessRemoteRead, "RR"}, {mr.AccessRemoteAtomic, "RA"}} {
+	}{{mr.AccessLocalWrite, "LW"}, {mr.AccessRemoteWrite, "RW"}, {mr.AccessRemoteRead, "RR"}, {mr.AccessRemoteAtomic, "RA"}, {mr.AccessFlushGlobal, "FG"}, {mr.AccessFlushPersistent, "FP"}} {
 		if a&f.b != 0 {
 			s = append(s, f.n)
 		}

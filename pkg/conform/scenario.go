@@ -34,6 +34,9 @@ type Scenario struct {
 	// example what a UDP socket cannot see); the scenario then expects softroce's
 	// documented behaviour from the softroce DUT (Case.SoftroceDeviates).
 	SoftroceDeviation string
+	// Needs is the device_cap_flags_ex bits the scenario needs (CapAtomicWrite, ...): a DUT
+	// whose capabilities are known (DeviceCapper, Bench.DevCaps) and lack one skips it.
+	Needs uint64
 	// Run performs the scenario; failures are reported through the Case.
 	Run func(c *Case)
 }
@@ -129,14 +132,7 @@ const DefaultMinRNRTimer = 14
 // responder resources, all remote access), connected to the bench QPN; edit adjusts the
 // configuration first. It sets c.QPN, c.BenchQPN, c.PSN and c.Cfg.
 func (c *Case) Setup(edit func(*QPConfig)) uint32 {
-	cfg := QPConfig{
-		Type: RC, BenchAddr: c.B.Peer.Local.Addr(),
-		BenchQPN: 0x0c0000 + uint32(c.Index)*0x10 + uint32(len(c.qps)),
-		BenchPSN: bth.PSN(0x100010 + uint32(c.Index)*0x1000),
-		DUTPSN:   bth.PSN(0x200020 + uint32(c.Index)*0x1000),
-		MTU:      DefaultMTU, MinRNRTimer: DefaultMinRNRTimer, Timeout: 14, RetryCnt: 3, RNRRetry: 3,
-		MaxDestRDAtomic: 4, MaxRDAtomic: 4, Access: AllAccess, QKey: 0x11111111,
-	}
+	cfg := c.baseConfig()
 	if edit != nil {
 		edit(&cfg)
 	}
@@ -144,10 +140,27 @@ func (c *Case) Setup(edit func(*QPConfig)) uint32 {
 	if err != nil {
 		c.Fatalf("create QP %v: %v", cfg.Type, err)
 	}
+	c.adopt(cfg, qpn)
+	return qpn
+}
+
+// baseConfig is Setup's default configuration for the case's next QP.
+func (c *Case) baseConfig() QPConfig {
+	return QPConfig{
+		Type: RC, BenchAddr: c.B.Peer.Local.Addr(),
+		BenchQPN: 0x0c0000 + uint32(c.Index)*0x10 + uint32(len(c.qps)),
+		BenchPSN: bth.PSN(0x100010 + uint32(c.Index)*0x1000),
+		DUTPSN:   bth.PSN(0x200020 + uint32(c.Index)*0x1000),
+		MTU:      DefaultMTU, MinRNRTimer: DefaultMinRNRTimer, Timeout: 14, RetryCnt: 3, RNRRetry: 3,
+		MaxDestRDAtomic: 4, MaxRDAtomic: 4, Access: AllAccess, QKey: 0x11111111,
+	}
+}
+
+// adopt makes the created QP qpn (configured as cfg) the case's QP.
+func (c *Case) adopt(cfg QPConfig, qpn uint32) {
 	c.qps = append(c.qps, qpn)
 	c.Cfg, c.QPN, c.BenchQPN, c.PSN = cfg, qpn, cfg.BenchQPN, cfg.BenchPSN
 	c.Logf("DUT %v QP %#x <-> bench QPN %#x, bench PSN %#x, DUT PSN %#x, MTU %d", cfg.Type, qpn, cfg.BenchQPN, uint32(cfg.BenchPSN), uint32(cfg.DUTPSN), cfg.MTU)
-	return qpn
 }
 
 // MR registers a DUT memory region of size bytes filled with Pattern(size, seed), or
@@ -157,6 +170,13 @@ func (c *Case) MR(size int, acc mr.Access, seed byte) MRInfo {
 	if err != nil {
 		c.Fatalf("reg MR (%d bytes, %s): %v", size, accessString(acc), err)
 	}
+	return c.adoptMR(m, acc, seed)
+}
+
+// adoptMR makes the registered region m the case's (deregistered at the end) and fills it
+// as MR does.
+func (c *Case) adoptMR(m MRInfo, acc mr.Access, seed byte) MRInfo {
+	size := m.Size
 	c.mrs = append(c.mrs, m.ID)
 	if size > 0 && seed != 0 {
 		if err := c.B.DUT.WriteMR(m.ID, 0, Pattern(size, seed)); err != nil {
@@ -398,6 +418,11 @@ func RunOne(b *Bench, sc *Scenario, index int) (res Result) {
 	c := &Case{B: b, Index: index, sc: sc}
 	t0 := time.Now()
 	res = Result{Name: sc.Name, Section: sc.Section}
+	if caps, ok := b.deviceCaps(); ok && caps&sc.Needs != sc.Needs {
+		res.Result = Skip
+		res.Detail = fmt.Sprintf("the DUT's device_cap_flags_ex %#x lacks %s", caps, capNames(sc.Needs&^caps))
+		return res
+	}
 	b.Drain()
 	func() {
 		defer func() {

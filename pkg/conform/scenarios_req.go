@@ -187,7 +187,7 @@ var reqScenarios = []Scenario{
 func Scenarios() []Scenario {
 	var all []Scenario
 	for _, g := range [][]Scenario{rcSendScenarios, rcSeqScenarios, rcWriteScenarios, rcReadScenarios,
-		rcAtomicScenarios, moreScenarios, hdrScenarios, ucScenarios, udScenarios, reqScenarios, req2Scenarios, lenScenarios} {
+		rcAtomicScenarios, moreScenarios, hdrScenarios, ucScenarios, udScenarios, reqScenarios, req2Scenarios, lenScenarios, placementScenarios} {
 		all = append(all, g...)
 	}
 	return all

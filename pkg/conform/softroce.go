@@ -102,6 +102,15 @@ func (s *Softroce) Addr() netip.AddrPort { return s.addr }
 // runs on SoftroceOptions.Verbs (see Verbs).
 func (s *Softroce) Device() *roce.Device { return s.dev }
 
+// DeviceCaps implements DeviceCapper: the device's capability flags when NewSoftroce opened
+// it (unknown on a daemon's device).
+func (s *Softroce) DeviceCaps() (uint64, bool) {
+	if s.dev == nil {
+		return 0, false
+	}
+	return uint64(s.dev.Attr().DeviceCapFlags), true
+}
+
 // Verbs returns the device the DUT's objects live on.
 func (s *Softroce) Verbs() roce.Verbs { return s.v }
 

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"time"
@@ -118,7 +119,28 @@ func OpenRxe(ctx context.Context, lab *rxelab.Lab) (*Rxe, error) {
 		cl.Close()
 		return fail(err)
 	}
-	return &Rxe{Bench: &conform.Bench{DUT: cl, Peer: peer, Rxe: true, Reply: 3 * time.Second, Quiet: 400 * time.Millisecond}, job: job}, nil
+	b := &conform.Bench{DUT: cl, Peer: peer, Rxe: true, Reply: 3 * time.Second, Quiet: 400 * time.Millisecond}
+	if caps, ok := DeviceCaps(ctx, lab); ok {
+		b.DevCaps = &caps
+	}
+	return &Rxe{Bench: b, job: job}, nil
+}
+
+var capFlagsExRe = regexp.MustCompile(`device_cap_flags_ex:\s*0x([0-9A-Fa-f]+)`)
+
+// DeviceCaps reads rxe0's device_cap_flags_ex in the guest (ibv_devinfo -v), for the
+// scenarios that need a capability (conform.Scenario.Needs); false if it cannot be read.
+func DeviceCaps(ctx context.Context, lab *rxelab.Lab) (uint64, bool) {
+	out, st, err := lab.Exec(ctx, "ibv_devinfo -v -d "+rxelab.GuestDev, rxelab.ExecOptions{Timeout: 30 * time.Second})
+	if err != nil || st != 0 {
+		return 0, false
+	}
+	m := capFlagsExRe.FindSubmatch(out)
+	if m == nil {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(m[1]), 16, 64)
+	return v, err == nil
 }
 
 // Close ends the agent (BYE), waits for it and closes the bench socket; it returns the

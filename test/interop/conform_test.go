@@ -41,6 +41,9 @@ func conformRxe(t *testing.T, lab *rxelab.Lab) {
 		t.Run(scs[i].Name, func(t *testing.T) {
 			res := conform.RunOne(r.Bench, &scs[i], i)
 			results = append(results, res)
+			if res.Result == conform.Skip && scs[i].Needs != 0 { // a capability rxe0 lacks (6.1)
+				t.Skip(res.Detail)
+			}
 			if res.Result != conform.Pass {
 				t.Errorf("%s: %s\n%s", res.Result, res.Detail, strings.Join(res.Log, "\n"))
 			}

@@ -18,7 +18,7 @@ package interop
 //     successfully; the region is compared byte for byte.
 //
 // rdma-core 44 has no ibv_wr_flush (docs/interop.md), so FLUSH travels softroce -> rxe only.
-// rxe up to at least 6.12 computes a FLUSH's ICRC over its headers twice (rxeFlushICRC) and
+// rxe up to at least 6.12 computes a FLUSH's ICRC over its headers twice (rocetest.RxeFlushICRC) and
 // drops a FLUSH whose ICRC is the one IBTA A17.3.3 defines: when softroce's first FLUSH goes
 // unanswered (retries exhausted), the pairing checks on the wire that rxe never answered it,
 // and sends the FLUSHes as raw packets carrying rxe's ICRC instead, so that rxe's FLUSH
@@ -450,7 +450,7 @@ func placementToRxe(t *testing.T, lab *rxelab.Lab) {
 		}
 		t.Logf("%-48s wc wr_id=%d opcode=%v status=%v byte_len=%d", st.what, wc.WRID, wc.Opcode, wc.Status, wc.ByteLen)
 		if i == 5 && wc.Status == cq.StatusRetryExcErr {
-			// rxe's FLUSH ICRC (rxeFlushICRC): the rest of the FLUSHes go as raw packets with
+			// rxe's FLUSH ICRC (rocetest.RxeFlushICRC): the rest of the FLUSHes go as raw packets with
 			// rxe's ICRC, and the capture must show rxe never answered ours
 			rxeDropsFlush = true
 			break

@@ -8,7 +8,6 @@ package interop
 
 import (
 	"context"
-	"hash/crc32"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -17,19 +16,11 @@ import (
 	"time"
 
 	"github.com/softroce/softroce/internal/qp"
+	"github.com/softroce/softroce/internal/rocetest"
 	"github.com/softroce/softroce/internal/testcap"
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/test/rxelab"
 )
-
-// rxeFlushICRC is the ICRC kernel rxe (6.2 up to at least 6.12) computes for a FLUSH: its
-// opcode table gives IB_OPCODE_RC_FLUSH no payload offset, so rxe_icrc_check and
-// rxe_icrc_generate run the CRC over the headers (as IBTA A17.3.3 says) and then over
-// BTH+FETH+RETH a second time, as if they were the payload. A FLUSH with the ICRC the spec
-// defines fails rxe's check and is dropped before any counter sees it.
-func rxeFlushICRC(ep *bth.Endpoints, pkt []byte) uint32 {
-	return crc32.Update(bth.ICRC(ep, pkt), crc32.IEEETable, pkt[:len(pkt)-bth.ICRCSize])
-}
 
 // plFlushPacket builds a FLUSH (BTH, FETH, RETH, ICRC) to rxe's QP with rxe's ICRC for ep.
 func plFlushPacket(ep *bth.Endpoints, dqpn uint32, psn bth.PSN, level qp.FlushLevel, va uint64, rkey, n uint32) []byte {
@@ -37,7 +28,7 @@ func plFlushPacket(ep *bth.Endpoints, dqpn uint32, psn bth.PSN, level qp.FlushLe
 	bth.BTH(pkt).Encode(&bth.BTHFields{Opcode: bth.OpRCFlush, PKey: 0xffff, DestQP: dqpn, AckReq: true, PSN: psn})
 	bth.FETH(pkt[bth.BTHSize:]).Encode(&bth.FETHFields{Placement: uint8(qp.FlushGlobal), Selectivity: uint8(level)})
 	bth.RETH(pkt[bth.BTHSize+bth.FETHSize:]).Encode(&bth.RETHFields{VA: va, RKey: rkey, DMALen: n})
-	bth.SetICRC(pkt, rxeFlushICRC(ep, pkt))
+	bth.SetICRC(pkt, rocetest.RxeFlushICRC(ep, pkt))
 	return pkt
 }
 
@@ -118,9 +109,9 @@ func plCheckWire(t *testing.T, wire []testcap.IPUDP, lost bool, from netip.Addr,
 		if d.DstPort != bth.UDPPort {
 			continue
 		}
-		if d.SrcPort == plProbePort { // a raw FLUSH with rxe's ICRC (rxeFlushICRC)
+		if d.SrcPort == plProbePort { // a raw FLUSH with rxe's ICRC (rocetest.RxeFlushICRC)
 			ep := bth.Endpoints{Src: d.Src, Dst: d.Dst, SrcPort: d.SrcPort, DstPort: d.DstPort, IPID: d.ID}
-			if bth.GetICRC(d.Payload) != rxeFlushICRC(&ep, d.Payload) {
+			if bth.GetICRC(d.Payload) != rocetest.RxeFlushICRC(&ep, d.Payload) {
 				t.Errorf("probe PSN %v: not rxe's FLUSH ICRC", bth.BTH(d.Payload).PSN())
 			}
 		} else if !checkICRC(t, d, &bad) {
