@@ -23,9 +23,9 @@ import (
 var staticBuf [1 << 16]byte
 
 // TestProcessMemoryMRs: memory a program registers where it is — a heap slice, a static
-// array, an anonymous mmap, hugepages when the host has them — carries RDMA WRITE, READ, SEND
-// and atomics in both directions, byte for byte, through two daemons, with no memfd: the
-// daemon copies through the program's /proc/self/mem.
+// array, an anonymous mmap, hugepages when the host has them — carries RDMA WRITE, READ, SEND,
+// atomics and ATOMIC WRITE in both directions, byte for byte, through two daemons, with no
+// memfd: the daemon copies through the program's /proc/self/mem.
 func TestProcessMemoryMRs(t *testing.T) {
 	da, db := memPair(t)
 	anon, err := unix.Mmap(-1, 0, 1<<16, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
@@ -88,6 +88,16 @@ func TestProcessMemoryMRs(t *testing.T) {
 			if wc := b.wait(t, 1)[0]; wc.Status != cq.StatusSuccess || binary.LittleEndian.Uint64(b.buf[32768:]) != 41 ||
 				binary.LittleEndian.Uint64(a.buf[32768:]) != 42 {
 				t.Fatalf("FETCH_ADD on %s memory: %+v, %d %d", name, wc, binary.LittleEndian.Uint64(b.buf[32768:]), binary.LittleEndian.Uint64(a.buf[32768:]))
+			}
+			// ATOMIC WRITE of a word into a's memory (one 8-byte copy, under the atomic lock).
+			copy(b.buf[40960:], []byte{1, 2, 3, 4, 5, 6, 7, 8})
+			if _, err := b.q.PostSend([]qp.SendWR{{WRID: 7, Opcode: qp.WRAtomicWrite, Flags: qp.SendSignaled,
+				SGL: []qp.SGE{{Addr: b.iova + 40960, Length: 8, LKey: b.m.LKey()}}, RemoteAddr: a.iova + 40968, RKey: a.m.RKey()}}); err != nil {
+				t.Fatal(err)
+			}
+			if wc := b.wait(t, 1)[0]; wc.Status != cq.StatusSuccess || wc.Opcode != cq.OpAtomicWrite ||
+				!bytes.Equal(a.buf[40968:40976], b.buf[40960:40968]) {
+				t.Fatalf("ATOMIC WRITE into %s memory: %+v, %v", name, wc, a.buf[40960:40976])
 			}
 			if err := a.m.Dereg(); err != nil {
 				t.Fatal(err)

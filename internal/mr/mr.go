@@ -477,9 +477,10 @@ type Memory interface {
 }
 
 // RegMemory registers length bytes of mem at iova with access acc, as RegMR registers a buffer
-// (same checks and errors).
+// (same checks and errors). Copied memory has no Persister, so AccessFlushPersistent is
+// ErrInvalidArg (rxe refuses it too over memory that is not persistent).
 func (t *Table) RegMemory(pd *PD, mem Memory, length, iova uint64, acc Access) (*MR, error) {
-	if mem == nil || !acc.Valid() {
+	if mem == nil || !acc.Valid() || acc&AccessFlushPersistent != 0 {
 		return nil, ErrInvalidArg
 	}
 	if acc&AccessZeroBased != 0 {

@@ -1,5 +1,83 @@
 package mr
 
+import (
+	"encoding/binary"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+)
+
+// Place is the target of a checked RDMA ATOMIC WRITE or FLUSH (CheckPlacementQP): the region's
+// bytes when the memory is mapped, or a range of copied memory (RegMemory). It is a value: no
+// allocation, and it stays usable until the check's done func is called.
+type Place struct {
+	b       []byte // mapped memory: exactly the target bytes (cap == len); nil for copied memory
+	mem     Memory // copied memory: the target is mem's [off, off+n)
+	off, n  uint64
+	persist Persister
+}
+
+// Bytes returns the target's bytes when the memory is mapped; nil for copied memory, which
+// StoreWord reaches by copying.
+func (pl Place) Bytes() []byte { return pl.b }
+
+// Len is the target's length in bytes.
+func (pl Place) Len() int { return int(pl.n) }
+
+// Copied reports whether the target is copied memory (mr.Memory).
+func (pl Place) Copied() bool { return pl.mem != nil }
+
+// Persister is what makes the target durable (RegMROptions.Persist); nil if the region has
+// none, which is always the case for copied memory.
+func (pl Place) Persister() Persister { return pl.persist }
+
+// Aligned8 reports whether an 8-byte store at the start of the target is aligned (rxe checks
+// the address it stores to, not only the iova). For mapped memory that is the address of the
+// bytes; copied memory is written by a copy, whose address in its owner the table does not
+// see, so only the iova's alignment (the caller's check) applies.
+func (pl Place) Aligned8() bool {
+	if pl.n < 8 {
+		return false
+	}
+	if pl.mem != nil {
+		return true
+	}
+	return uintptr(unsafe.Pointer(&pl.b[0]))&7 == 0
+}
+
+// StoreWord stores the 8 bytes *w at the start of the target (an ATOMIC WRITE, IBTA A19.4.2)
+// with mu, the device's atomic lock, held: no CMP_SWAP or FETCH_ADD of the device (Atomic,
+// which holds the same lock across its read and write) and no other ATOMIC WRITE runs between
+// another atomic's load and store, on mapped and copied memory alike. The bytes land as they
+// are (the payload's order; rxe stores them as one native word). w is the caller's buffer: a
+// copy reads it, so it must not be a local that would escape.
+//
+// What the store is against the CPU: on mapped memory it is one aligned 64-bit atomic store,
+// so a reader of the word (a program's load, another mapping of the page) sees all 8 bytes
+// old or all new. On copied memory it is one 8-byte write through the owner's /proc/PID/mem:
+// the kernel copies into the page with memcpy, which gives no single-copy atomicity, so a
+// program that loads or stores the word from its own CPUs while the ATOMIC WRITE lands may see
+// or leave a torn value; the guarantee is only against the device's other atomics (as for
+// Atomic on copied memory). Programs that need more synchronise with the requester, as they
+// must for any RDMA WRITE.
+//
+// Errors: ErrAlign if Aligned8 is false; ErrFault if the copied memory is gone.
+func (pl Place) StoreWord(w *[8]byte, mu *sync.Mutex) error {
+	if !pl.Aligned8() {
+		return ErrAlign
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if pl.mem != nil {
+		if pl.mem.WriteAt(w[:], pl.off) != nil {
+			return ErrFault
+		}
+		return nil
+	}
+	atomic.StoreUint64((*uint64)(unsafe.Pointer(&pl.b[0])), binary.NativeEndian.Uint64(w[:]))
+	return nil
+}
+
 // CheckPlacementQP validates the R_Key of an RDMA ATOMIC WRITE or FLUSH (IBTA 1.5, Annex A19
 // memory placement extensions) for the responder of QP qpn: the key names a Valid region or
 // window of pd whose access holds every bit of need (AccessRemoteWrite for ATOMIC WRITE,
@@ -7,54 +85,59 @@ package mr
 // unless whole, [va, va+length) lies inside it. Unlike Check, a zero length still validates
 // the key and va (as kernel rxe does for these operations). whole selects the entire region
 // (FLUSH with the Memory Region selectivity level: the RETH's VA and length are not used).
+// Mapped and copied memory (RegMemory) are checked alike, against the registered length.
 //
-// It returns the bytes (the whole region with whole), the Persister of the region that
-// provides the memory (nil if it has none) and the done func the caller calls when it has
-// finished touching b. The errors are Check's. It never allocates.
-func (t *Table) CheckPlacementQP(pd *PD, qpn uint32, key uint32, va uint64, length uint32, need Access, whole bool) (b []byte, p Persister, done func(), err error) {
+// It returns the target (the whole region with whole) and the done func the caller calls
+// when it has finished touching it. The errors are Check's. It never allocates.
+func (t *Table) CheckPlacementQP(pd *PD, qpn uint32, key uint32, va uint64, length uint32, need Access, whole bool) (pl Place, done func(), err error) {
 	m := t.lookup(key)
 	if m == nil || m.key != key {
-		return nil, nil, noDone, ErrBadKey
+		return Place{}, noDone, ErrBadKey
 	}
 	if m.state != KeyValid {
-		return nil, nil, noDone, ErrInvalidKey
+		return Place{}, noDone, ErrInvalidKey
 	}
 	if m.kind == kindMW && m.mwType == MWType2 && (qpn == NoQPN || qpn != m.qpn) {
-		return nil, nil, noDone, ErrWrongQP
+		return Place{}, noDone, ErrWrongQP
 	}
 	if m.pd != pd {
-		return nil, nil, noDone, ErrWrongPD
+		return Place{}, noDone, ErrWrongPD
 	}
 	if m.acc&need != need {
-		return nil, nil, noDone, ErrAccess
+		return Place{}, noDone, ErrAccess
 	}
-	off, end := uint64(0), uint64(len(m.buf))
+	off, end := uint64(0), m.size
 	if !whole {
 		if length > 0 && uint64(length)-1 > ^uint64(0)-va {
-			return nil, nil, noDone, ErrOverflow
+			return Place{}, noDone, ErrOverflow
 		}
 		if va < m.iova {
-			return nil, nil, noDone, ErrBounds
+			return Place{}, noDone, ErrBounds
 		}
 		off = va - m.iova
-		if off > uint64(len(m.buf)) || uint64(length) > uint64(len(m.buf))-off {
-			return nil, nil, noDone, ErrBounds
+		if off > m.size || uint64(length) > m.size-off {
+			return Place{}, noDone, ErrBounds
 		}
 		end = off + uint64(length)
 	}
 	owner := m.owner
 	if owner == nil {
-		return nil, nil, noDone, ErrInvalidKey
+		return Place{}, noDone, ErrInvalidKey
 	}
 	owner.users.Add(1)
 	// re-validate after taking the reference, as check does
 	if t.lookup(key) != m || (m.ownerM != nil && owner.cur.Load() != m.ownerM) {
 		owner.release()
-		return nil, nil, noDone, ErrInvalidKey
+		return Place{}, noDone, ErrInvalidKey
 	}
-	p = m.persist
+	pl = Place{n: end - off, persist: m.persist}
 	if m.ownerM != nil {
-		p = m.ownerM.persist
+		pl.persist = m.ownerM.persist
 	}
-	return m.buf[off:end:end], p, owner.doneFn, nil
+	if m.mem != nil {
+		pl.mem, pl.off = m.mem, m.memOff+off
+	} else {
+		pl.b = m.buf[off:end:end]
+	}
+	return pl, owner.doneFn, nil
 }

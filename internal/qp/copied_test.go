@@ -1,6 +1,7 @@
 package qp
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 
@@ -144,4 +145,58 @@ func TestCopiedMemoryZeroAlloc(t *testing.T) {
 		}
 	}
 	var _ mr.Memory = (*copiedMem)(nil)
+}
+
+// TestCopiedMemoryPlacement: RDMA ATOMIC WRITE and FLUSH (global) into copied memory, as into
+// a C program's own memory: the 8 bytes land through one copy, a FLUSH of a range and of the
+// whole region is acknowledged; past the registered length, or into memory that is gone, an
+// ATOMIC WRITE is a remote access error; a persistent FLUSH is refused (copied memory has no
+// Persister: the region cannot even take the access).
+func TestCopiedMemoryPlacement(t *testing.T) {
+	acc := allRemote | mr.AccessFlushGlobal
+	n := newNet(t)
+	a := n.newSide("10.0.0.1", sideOpts{qpn: 0x11, copied: true, access: acc})
+	b := n.newSide("10.0.0.2", sideOpts{qpn: 0x12, copied: true, access: acc})
+	n.connect(a, b, connOpts{accessA: acc, accessB: acc, retry: 3})
+	if _, err := b.tbl.RegMemory(b.pd, b.mem, 4096, 0x900000, acc|mr.AccessFlushPersistent); !errors.Is(err, mr.ErrInvalidArg) {
+		t.Fatalf("persistent region over copied memory: %v, want ErrInvalidArg", err)
+	}
+	word := dstOff + 8*7
+	v := []byte{1, 2, 3, 4, 5, 6, 7, 8}
+	copy(a.buf[64:], v)
+	before := b.mem.copies.Load()
+	a.postSend(t, SendWR{WRID: 1, Opcode: WRAtomicWrite, SGL: []SGE{a.sge(64, 8)}, Flags: SendSignaled,
+		RemoteAddr: b.va(word), RKey: b.mr.RKey()})
+	a.postSend(t, SendWR{WRID: 2, Opcode: WRFlush, Flags: SendSignaled, RemoteAddr: b.va(dstOff), RKey: b.mr.RKey(),
+		FlushLength: 4096, FlushType: FlushGlobal})
+	a.postSend(t, SendWR{WRID: 3, Opcode: WRFlush, Flags: SendSignaled, RKey: b.mr.RKey(), FlushType: FlushGlobal,
+		FlushLevel: FlushMR})
+	n.pump()
+	expectWC(t, pollAll(a.scq), cq.WC{WRID: 1, Opcode: cq.OpAtomicWrite, ByteLen: 8},
+		cq.WC{WRID: 2, Opcode: cq.OpFlush, ByteLen: 4096}, cq.WC{WRID: 3, Opcode: cq.OpFlush})
+	eq(t, "ATOMIC WRITE into copied memory", b.buf[word:word+8], v)
+	if got := b.mem.copies.Load() - before; got != 1 {
+		t.Fatalf("%d copies into the responder's memory, want 1 (the 8 bytes)", got)
+	}
+
+	t.Run("past the end", func(t *testing.T) {
+		a.postSend(t, SendWR{WRID: 4, Opcode: WRAtomicWrite, SGL: []SGE{a.sge(64, 8)}, Flags: SendSignaled,
+			RemoteAddr: b.va(len(b.buf)), RKey: b.mr.RKey()})
+		n.pump()
+		wcs := pollAll(a.scq)
+		if len(wcs) != 1 || wcs[0].WRID != 4 || wcs[0].Status != cq.StatusRemAccessErr {
+			t.Fatalf("ATOMIC WRITE past the region: %+v, want REM_ACCESS_ERR", wcs)
+		}
+	})
+	t.Run("memory gone", func(t *testing.T) {
+		n, a, b := copiedPair(t, connOpts{accessA: acc, accessB: acc, retry: 3})
+		b.mem.fail.Store(true)
+		a.postSend(t, SendWR{WRID: 5, Opcode: WRAtomicWrite, SGL: []SGE{a.sge(64, 8)}, Flags: SendSignaled,
+			RemoteAddr: b.va(dstOff), RKey: b.mr.RKey()})
+		n.pump()
+		wcs := pollAll(a.scq)
+		if len(wcs) != 1 || wcs[0].WRID != 5 || wcs[0].Status != cq.StatusRemAccessErr {
+			t.Fatalf("ATOMIC WRITE into memory that is gone: %+v, want REM_ACCESS_ERR", wcs)
+		}
+	})
 }

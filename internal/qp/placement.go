@@ -1,10 +1,6 @@
 package qp
 
 import (
-	"encoding/binary"
-	"sync/atomic"
-	"unsafe"
-
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/mr"
 	"github.com/softroce/softroce/pkg/bth"
@@ -80,9 +76,11 @@ const maxDMALen = 1 << 31
 // QP allows remote writes (else invalid request, as for a WRITE), the R_Key allows a remote
 // write of the RETH's range (else remote access error), the DMA length and the payload are 8
 // bytes (oA19-28; else invalid request), the address is 8-byte aligned, in the registered
-// range and in memory (A19.4.2; else invalid request). The 8 bytes are stored in one aligned
-// 64-bit store under the device's atomic lock (no CMP_SWAP or FETCH_ADD of another QP runs
-// between its load and store), then the empty READ response acknowledges it.
+// range and in memory (A19.4.2; else invalid request). The 8 bytes are stored under the
+// device's atomic lock (no CMP_SWAP or FETCH_ADD of another QP runs between its load and
+// store): one aligned 64-bit store into mapped memory, one 8-byte copy into copied memory (a
+// client's own memory, reached through its /proc/PID/mem; mr.Place.StoreWord says what that
+// copy is atomic against). Then the empty READ response acknowledges it.
 func (q *QP) recvAtomicWrite(p *bth.Packet, psn bth.PSN) {
 	if q.attr.AccessFlags&mr.AccessRemoteWrite == 0 {
 		q.reqError(p, bth.NAKInvalidRequest, cq.StatusRemInvReqErr)
@@ -93,29 +91,26 @@ func (q *QP) recvAtomicWrite(p *bth.Packet, psn bth.PSN) {
 		q.reqError(p, bth.NAKInvalidRequest, cq.StatusRemInvReqErr)
 		return
 	}
-	b, _, done, err := q.cfg.MRs.CheckPlacementQP(q.cfg.PD, q.num, f.RKey, f.VA, f.DMALen, mr.AccessRemoteWrite, false)
+	pl, done, err := q.cfg.MRs.CheckPlacementQP(q.cfg.PD, q.num, f.RKey, f.VA, f.DMALen, mr.AccessRemoteWrite, false)
 	if err != nil {
 		q.reqError(p, bth.NAKRemoteAccessErr, cq.StatusRemAccessErr)
 		return
 	}
-	if f.DMALen != 8 || len(p.Payload) != 8 || p.Pad != 0 || f.VA&7 != 0 || !aligned8(b) {
+	if f.DMALen != 8 || len(p.Payload) != 8 || p.Pad != 0 || f.VA&7 != 0 || !pl.Aligned8() {
 		done()
 		q.reqError(p, bth.NAKInvalidRequest, cq.StatusRemInvReqErr)
 		return
 	}
-	q.atomicMu.Lock()
 	// The payload's bytes land as they came (ibv_wr_atomic_write copies 8 bytes; rxe stores
-	// them as one native word): NativeEndian keeps the byte order on any host.
-	atomic.StoreUint64((*uint64)(unsafe.Pointer(&b[0])), binary.NativeEndian.Uint64(p.Payload))
-	q.atomicMu.Unlock()
+	// them as one native word).
+	copy(q.resp.atomicBuf[:], p.Payload)
+	err = pl.StoreWord(&q.resp.atomicBuf, q.atomicMu)
 	done()
+	if err != nil { // copied memory gone: its owner unmapped it or exited
+		q.reqError(p, bth.NAKRemoteAccessErr, cq.StatusRemAccessErr)
+		return
+	}
 	q.placed(psn, f.RKey)
-}
-
-// aligned8 reports whether b starts at an 8-byte aligned address in memory (rxe checks the
-// address it stores to, not only the iova).
-func aligned8(b []byte) bool {
-	return len(b) >= 8 && uintptr(unsafe.Pointer(&b[0]))&7 == 0
 }
 
 // recvFlush executes a FLUSH (IBTA A19.4.1): the placement type names defined types only and
@@ -127,8 +122,8 @@ func aligned8(b []byte) bool {
 //
 //   - global visibility: every placement before the FLUSH was made by this responder before
 //     it ran, into memory every observer shares (the Go heap, a memfd the daemon's clients
-//     map, device memory); releasing the region (an atomic operation) orders those stores
-//     before the response.
+//     map, device memory, a client's own pages written through its /proc/PID/mem);
+//     releasing the region (an atomic operation) orders those stores before the response.
 //   - persistence: the region's Persister (mr.RegMROptions; a file mapping's msync) makes the
 //     range, or the whole region, durable before the response; if it fails the FLUSH is
 //     answered with a remote operational error NAK (IBTA 9.7.5.2.4), never acknowledged.
@@ -160,14 +155,14 @@ func (q *QP) recvFlush(p *bth.Packet, psn bth.PSN) {
 		q.reqError(p, bth.NAKInvalidRequest, cq.StatusRemInvReqErr)
 		return
 	}
-	b, pers, done, err := q.cfg.MRs.CheckPlacementQP(q.cfg.PD, q.num, f.RKey, f.VA, f.DMALen, need, whole)
+	pl, done, err := q.cfg.MRs.CheckPlacementQP(q.cfg.PD, q.num, f.RKey, f.VA, f.DMALen, need, whole)
 	if err != nil {
 		q.reqError(p, bth.NAKRemoteAccessErr, cq.StatusRemAccessErr)
 		return
 	}
 	if typ&FlushPersistent != 0 {
 		// a region has AccessFlushPersistent only with a Persister (mr.RegMRWith)
-		if pers == nil || pers.Persist(b) != nil {
+		if pers := pl.Persister(); pers == nil || pers.Persist(pl.Bytes()) != nil {
 			done()
 			q.reqError(p, bth.NAKRemoteOpErr, cq.StatusRemOpErr)
 			return

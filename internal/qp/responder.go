@@ -44,7 +44,7 @@ type responder struct {
 	wqe     recvWQE
 	recvOff uint32
 
-	atomicBuf [8]byte // the atomic's target bytes, for an MR over copied memory (mr.Memory)
+	atomicBuf [8]byte // an atomic's target bytes or an ATOMIC WRITE's payload, for copied memory (mr.Memory)
 
 	wva   uint64
 	wrkey uint32
