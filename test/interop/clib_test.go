@@ -35,6 +35,12 @@ const (
 // libDev is the daemon's device name, as the programs' -d/--ib-dev take it.
 const libDev = "softroce0"
 
+// The TCP ports of the programs' out-of-band exchange (their default -p).
+const (
+	pingpongPort = 18515 // ibv_*_pingpong
+	perftestPort = 18515 // perftest without -R
+)
+
 var (
 	probeBin   string
 	libDir     string

@@ -5,6 +5,7 @@ package interop
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
@@ -36,6 +37,13 @@ type pairSpec struct {
 	// client starts once the guest's job log shows it. Empty: softroce starts at once (for
 	// clients that retry until the server listens).
 	GuestReady string
+	// GuestListen, with Client, is the port on which the guest's server takes its connection:
+	// softroce's client starts once the guest's kernel shows a TCP socket listening there, or
+	// with GuestListenCM an rdma_cm ID (rdma resource show cm_id). For clients that try their
+	// connection once (rdma-core's pingpongs, perftest), whose server prints nothing between
+	// listening and accepting (perftest -R prints its banner before rdma_listen).
+	GuestListen   int
+	GuestListenCM bool
 	// GuestTimeout bounds the guest job (default 60 s).
 	GuestTimeout time.Duration
 	// Bin, if set, runs instead of the softroce binary (with Ours as its arguments), and Env
@@ -91,13 +99,17 @@ func runPair(ctx context.Context, t *testing.T, lab *rxelab.Lab, bin string, p p
 	var job *rxelab.Job
 	var err error
 	if p.Client {
-		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+p.Guest, gopts); err != nil {
+		script, ready := "exec stdbuf -oL "+p.Guest, p.GuestReady
+		if p.GuestListen != 0 {
+			script, ready = guestListenScript(p.Guest, p.GuestListen, p.GuestListenCM), guestListening
+		}
+		if job, err = lab.ExecBG(ctx, script, gopts); err != nil {
 			t.Fatalf("guest %s: %v", p.Guest, err)
 		}
-		if p.GuestReady != "" {
+		if ready != "" {
 			// the job log is polled through 9p, far slower than the gap between the
 			// server's readiness line and its listen call
-			if err := waitGuestLine(ctx, job, p.GuestReady); err != nil {
+			if err := waitGuestLine(ctx, job, ready); err != nil {
 				_ = job.Kill()
 				out, _ := job.Log()
 				t.Fatalf("guest %s: %v:\n%s", p.Guest, err, out)
@@ -140,6 +152,26 @@ func runPair(ctx context.Context, t *testing.T, lab *rxelab.Lab, bin string, p p
 	r.GuestOut, r.GuestStatus = string(out), st
 	t.Logf("guest %s (exit %d):\n%s", p.Guest, st, out)
 	return r
+}
+
+// guestListening is the line guestListenScript prints once the server listens.
+const guestListening = "== rxelab: the server listens"
+
+// guestListenScript runs cmd in the guest and prints guestListening once a TCP socket listens
+// on port (the kernel's /proc/net/tcp and tcp6: local port, no remote, state 0A LISTEN), or
+// with cm an rdma_cm ID listens there (iproute2's rdma resource show cm_id: state LISTEN,
+// src-addr ADDR:PORT), or nothing if cmd exits first; its exit status is cmd's.
+func guestListenScript(cmd string, port int, cm bool) string {
+	check := fmt.Sprintf(`grep -Eq ':%04X [0-9A-F]+:0000 0A ' /proc/net/tcp /proc/net/tcp6`, port)
+	if cm {
+		check = fmt.Sprintf(`rdma resource show cm_id | grep -Eq 'state LISTEN .*src-addr [^ ]*:%d( |$)'`, port)
+	}
+	return fmt.Sprintf(`stdbuf -oL %s & p=$!
+while kill -0 $p 2>/dev/null; do
+  if %s 2>/dev/null; then echo %q; break; fi
+  sleep 0.05
+done
+wait $p`, cmd, check, guestListening)
 }
 
 // waitGuestLine polls a guest job's log until it contains line.

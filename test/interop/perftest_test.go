@@ -232,6 +232,10 @@ func pfInterop(t *testing.T, lab *rxelab.Lab, c pfCase, client bool) {
 			args = append(args, rxelab.GuestIP)
 		}
 		libSpec(t, ctx, lab, bin, &spec, c.tool(), args)
+		// perftest's client tries its connection once: it starts once the guest's server
+		// listens (its TCP exchange port; with -R its rdma_cm ID, whose banner comes before
+		// rdma_listen: a REQ sent on the banner can be rejected for want of a listener)
+		spec.GuestListen, spec.GuestListenCM = perftestPort, c.CM
 	}
 	r := runPair(ctx, t, lab, bin, spec)
 	wantExit0(t, "softroce perf", r.OurStatus)

@@ -166,6 +166,9 @@ func ppInterop(t *testing.T, lab *rxelab.Lab, c ppCase, client bool) {
 			args = append(args, rxelab.GuestIP)
 		}
 		libSpec(t, ctx, lab, bin, &spec, "ibv_"+c.Tool+"_pingpong", args)
+		// rdma-core's pingpong client tries its connection once, and its server prints its
+		// local address before it listens: start once the guest's server listens
+		spec.GuestListen = pingpongPort
 	}
 	r := runPair(ctx, t, lab, bin, spec)
 	wantExit0(t, "softroce pingpong", r.OurStatus)
