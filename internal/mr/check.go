@@ -205,3 +205,11 @@ func (t *Table) Atomic(pd *PD, qpn uint32, rkey uint32, va uint64, mu *sync.Mute
 	}
 	return orig, nil
 }
+
+// Copied reports whether key now names copied memory (RegMemory, or a window bound to such a
+// region). A hint for callers that batch their copies (a read ahead, a write behind): it takes
+// no reference and checks nothing; CopyOut and CopyIn still check every access.
+func (t *Table) Copied(key uint32) bool {
+	m := t.lookup(key)
+	return m != nil && m.key == key && m.mem != nil
+}

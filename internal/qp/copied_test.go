@@ -1,12 +1,15 @@
 package qp
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"testing"
 
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/mr"
+	"github.com/softroce/softroce/pkg/bth"
+	"github.com/softroce/softroce/pkg/link"
 )
 
 // copiedPair is rcPair with both sides' buffers registered as copied memory (mr.Memory).
@@ -199,4 +202,93 @@ func TestCopiedMemoryPlacement(t *testing.T) {
 			t.Fatalf("ATOMIC WRITE into memory that is gone: %+v, want REM_ACCESS_ERR", wcs)
 		}
 	})
+}
+
+// TestCopiedMemoryBatched: the bytes of a message move through copied memory in runs, not a
+// copy per packet (copybatch.go): a 64 KiB WRITE at MTU 1024 (64 packets) takes one copy out
+// of the requester's memory and one into the responder's; a lost packet in the middle (the
+// responder's PSN sequence NAK acknowledges what came before it) still places every byte
+// once; a second WRITE from the same memory, changed after the first completed, carries the
+// new bytes (the read ahead belongs to one WQE); a QP that enters ERR mid-message drops the
+// bytes that wait, never placing them later.
+func TestCopiedMemoryBatched(t *testing.T) {
+	const size = 64 << 10
+	n, a, b := copiedPair(t, connOpts{mtu: MTU1024, retry: 3})
+	write := func(wrid uint64, seed byte) []cq.WC {
+		a.fill(srcOff, size, seed)
+		a.postSend(t, SendWR{WRID: wrid, Opcode: WRRDMAWrite, SGL: []SGE{a.sge(srcOff, size)}, Flags: SendSignaled,
+			RemoteAddr: b.va(dstOff), RKey: b.mr.RKey()})
+		n.pump()
+		return pollAll(a.scq)
+	}
+	ca, cb := a.mem.copies.Load(), b.mem.copies.Load()
+	expectWC(t, write(1, 1), cq.WC{WRID: 1, Opcode: cq.OpRDMAWrite, ByteLen: size})
+	eq(t, "64 KiB WRITE", b.buf[dstOff:dstOff+size], a.buf[srcOff:srcOff+size])
+	if ra, wb := a.mem.copies.Load()-ca, b.mem.copies.Load()-cb; ra != 1 || wb != 1 {
+		t.Fatalf("64 packets: %d copies out of the requester's memory, %d into the responder's; want 1 and 1", ra, wb)
+	}
+
+	// the same memory, new bytes, a packet lost in the middle
+	middles, dropped := 0, false
+	n.filter = func(from *side, d *link.Datagram, p *bth.Packet) bool {
+		if from == a && p.BTH.Opcode() == bth.OpRCWriteMiddle {
+			if middles++; middles == 20 {
+				dropped = true
+				return false
+			}
+		}
+		return true
+	}
+	expectWC(t, write(2, 2), cq.WC{WRID: 2, Opcode: cq.OpRDMAWrite, ByteLen: size})
+	if !dropped {
+		t.Fatal("no packet was dropped")
+	}
+	eq(t, "WRITE with a lost packet", b.buf[dstOff:dstOff+size], a.buf[srcOff:srcOff+size])
+	n.filter = nil
+
+	// a WRITE whose last packet never comes, then the responder's QP in ERR: the bytes that
+	// waited are dropped, never placed later
+	n.filter = func(from *side, d *link.Datagram, p *bth.Packet) bool {
+		return !(from == a && p.BTH.Opcode() == bth.OpRCWriteLast)
+	}
+	a.fill(srcOff, size, 4)
+	clear(b.buf[dstOff : dstOff+size])
+	a.postSend(t, SendWR{WRID: 4, Opcode: WRRDMAWrite, SGL: []SGE{a.sge(srcOff, size)}, Flags: SendSignaled,
+		RemoteAddr: b.va(dstOff), RKey: b.mr.RKey()})
+	n.pump()
+	b.qp.mu.Lock()
+	waiting := b.qp.resp.behind.n
+	b.qp.mu.Unlock()
+	if waiting == 0 {
+		t.Fatal("no WRITE bytes waiting before the last packet")
+	}
+	if err := b.qp.Modify(&Attr{State: StateErr}, AttrState); err != nil {
+		t.Fatal(err)
+	}
+	b.qp.mu.Lock()
+	waiting = b.qp.resp.behind.n
+	b.qp.mu.Unlock()
+	if waiting != 0 || !bytes.Equal(b.buf[dstOff:dstOff+size], make([]byte, size)) {
+		t.Fatalf("%d bytes still waiting after ERR, or placed", waiting)
+	}
+	n.filter = nil
+}
+
+// TestCopiedMemoryBatchedFault: memory that is gone when the waiting bytes of a WRITE are
+// placed fails the WRITE with a remote access error, never an ACK.
+func TestCopiedMemoryBatchedFault(t *testing.T) {
+	const size = 64 << 10
+	n, a, b := copiedPair(t, connOpts{mtu: MTU1024, retry: 3})
+	write := func(wrid uint64, seed byte) []cq.WC {
+		a.fill(srcOff, size, seed)
+		a.postSend(t, SendWR{WRID: wrid, Opcode: WRRDMAWrite, SGL: []SGE{a.sge(srcOff, size)}, Flags: SendSignaled,
+			RemoteAddr: b.va(dstOff), RKey: b.mr.RKey()})
+		n.pump()
+		return pollAll(a.scq)
+	}
+	b.mem.fail.Store(true)
+	wcs := write(3, 3)
+	if len(wcs) != 1 || wcs[0].WRID != 3 || wcs[0].Status != cq.StatusRemAccessErr {
+		t.Fatalf("WRITE into memory that is gone: %+v, want REM_ACCESS_ERR", wcs)
+	}
 }

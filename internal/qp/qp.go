@@ -522,6 +522,10 @@ func (q *QP) enterError() {
 	q.state = StateErr
 	q.detachWrites()
 	q.resp.rd = readGen{} // no more READ responses (readresp.go)
+	// a WRITE that was still arriving never completes: its unplaced bytes are dropped, never
+	// placed later into memory its program may have reused (copybatch.go)
+	q.resp.behind.n = 0
+	q.req.ahead.w = nil
 	q.dropHeld()
 	q.tmr.t.Stop()
 	q.tmr.armed = false

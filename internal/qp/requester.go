@@ -85,10 +85,11 @@ func wcOpcode(op WROpcode) cq.Opcode {
 
 // requester is the send-side state.
 type requester struct {
-	psn           bth.PSN // next PSN to transmit
-	next          bth.PSN // one past the highest PSN ever assigned
-	noAck         int     // packets since the last AckReq
-	sentEnd       bth.PSN // one past the highest request PSN transmitted (retransmission count)
+	ahead         readAhead // copied memory of the WQE being sent (copybatch.go)
+	psn           bth.PSN   // next PSN to transmit
+	next          bth.PSN   // one past the highest PSN ever assigned
+	noAck         int       // packets since the last AckReq
+	sentEnd       bth.PSN   // one past the highest request PSN transmitted (retransmission count)
 	drainSignaled bool
 }
 
@@ -423,6 +424,9 @@ func (q *QP) gather(w *sendWQE, off uint32, dst []byte) bool {
 		copy(dst, w.inline[off:])
 		return true
 	}
+	if off == 0 { // a WQE's first packet: what was read ahead is another WQE's (copybatch.go)
+		q.dropReadAhead()
+	}
 	var pos uint32
 	for i := range w.sge {
 		s := &w.sge[i]
@@ -435,7 +439,7 @@ func (q *QP) gather(w *sendWQE, off uint32, dst []byte) bool {
 		if int(n) > len(dst) {
 			n = uint32(len(dst))
 		}
-		if err := q.cfg.MRs.CopyOut(q.cfg.PD, mr.NoQPN, s.LKey, s.Addr+uint64(start), dst[:n], mr.OpLocalRead); err != nil {
+		if !q.gatherSGE(w, i, start, dst[:n]) {
 			q.failWQE(w, cq.StatusLocProtErr)
 			return false
 		}

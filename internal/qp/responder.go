@@ -44,6 +44,8 @@ type responder struct {
 	wqe     recvWQE
 	recvOff uint32
 
+	behind writeBehind // WRITE payloads into copied memory not yet placed (copybatch.go)
+
 	atomicBuf [8]byte // an atomic's target bytes or an ATOMIC WRITE's payload, for copied memory (mr.Memory)
 
 	wva   uint64
@@ -247,6 +249,11 @@ func (q *QP) checkLen(info *bth.OpInfo, n int) bool {
 // enters ERR (IBTA 9.9.3.1 responder class B/C/D errors); on UC the message
 // is silently dropped (IBTA 9.8).
 func (q *QP) reqError(p *bth.Packet, code uint8, st cq.Status) {
+	q.nakError(p.BTH.PSN(), code, st)
+}
+
+// nakError is reqError for the request at psn.
+func (q *QP) nakError(psn bth.PSN, code uint8, st cq.Status) {
 	if code == bth.NAKRemoteAccessErr {
 		q.remoteAccessError()
 	}
@@ -256,7 +263,7 @@ func (q *QP) reqError(p *bth.Packet, code uint8, st cq.Status) {
 		q.resp.drop = true
 		return
 	}
-	q.sendAck(bth.SyndromeNAK(code), p.BTH.PSN())
+	q.sendAck(bth.SyndromeNAK(code), psn)
 	q.raise(nakEvent(code))
 	if q.resp.haveWQE {
 		wc := cq.WC{WRID: q.resp.wqe.wrid, Status: st, Opcode: cq.OpRecv, QPNum: q.num}
@@ -412,8 +419,8 @@ func (q *QP) recvWrite(p *bth.Packet, psn bth.PSN) {
 		}
 		r.haveWQE = true
 	}
-	if n > 0 {
-		if err := q.cfg.MRs.CopyIn(q.cfg.PD, q.num, r.wrkey, r.wva+uint64(r.woff), p.Payload, mr.OpRemoteWrite); err != nil {
+	if n > 0 { // copied memory: batched (copybatch.go), placed before this packet's ACK
+		if !q.placeWrite(r.wrkey, r.wva+uint64(r.woff), p.Payload, psn, info.Last || p.BTH.AckReq()) {
 			q.reqError(p, bth.NAKRemoteAccessErr, cq.StatusRemAccessErr)
 			return
 		}
@@ -549,8 +556,12 @@ func (q *QP) duplicate(p *bth.Packet, psn bth.PSN) {
 	}
 }
 
-// sendAck sends an ACK or NAK (IBTA 9.7.5.2: opcode ACKNOWLEDGE, AETH).
+// sendAck sends an ACK or NAK (IBTA 9.7.5.2: opcode ACKNOWLEDGE, AETH), once the WRITE bytes
+// it acknowledges are placed (copybatch.go).
 func (q *QP) sendAck(syndrome uint8, psn bth.PSN) {
+	if !q.flushBeforeAck() {
+		return
+	}
 	buf := q.txBuf()
 	h := bth.BTHSize
 	bth.AETH(buf[h:]).Encode(&bth.AETHFields{Syndrome: syndrome, MSN: q.resp.msn})
