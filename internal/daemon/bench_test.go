@@ -170,8 +170,9 @@ func benchWrite(b *testing.B, size, depth, pairBase int) {
 		sa, sb := serveDevice(b, udpDevice(b, ipA), "a"), serveDevice(b, udpDevice(b, ipB), "b")
 		run(b, sa.dial(b), sb.dial(b), ipA, ipB, false)
 	})
-	// The programs' own memory (as a C program's malloc'd buffers): every packet's payload
-	// is one pread (sender's daemon) and one pwrite (receiver's daemon) on /proc/<pid>/mem.
+	// The programs' own memory (as a C program's malloc'd buffers): each 64 KiB message is
+	// one pread (sender's daemon, read ahead) and one pwrite (receiver's daemon, written
+	// behind) on /proc/<pid>/mem, not one per packet (internal/qp/copybatch.go).
 	b.Run("daemon-process-memory", func(b *testing.B) {
 		ipA, ipB := loopbackPair(pairBase + 2)
 		sa, sb := serveDevice(b, udpDevice(b, ipA), "a"), serveDevice(b, udpDevice(b, ipB), "b")

@@ -95,6 +95,7 @@ func libSpec(t *testing.T, ctx context.Context, lab *rxelab.Lab, softroce string
 	spec.Bin = "stdbuf"
 	spec.Ours = append([]string{"-oL", prog}, args...)
 	spec.Env = []string{"LD_LIBRARY_PATH=" + lib, "SOFTROCE_SOCKET=" + sock}
+	spec.libSocket = sock
 	spec.HostNetns = false
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/softroce/softroce/internal/rocetest"
 	"github.com/softroce/softroce/internal/testcap"
 	"github.com/softroce/softroce/pkg/bth"
+	"github.com/softroce/softroce/pkg/client"
 	"github.com/softroce/softroce/test/rxelab"
 )
 
@@ -44,6 +45,11 @@ type pairSpec struct {
 	// listening and accepting (perftest -R prints its banner before rdma_listen).
 	GuestListen   int
 	GuestListenCM bool
+	// OurCMSocket, with softroce as the server, is the daemon socket of a program through
+	// the drop-in libraries whose readiness line comes before its rdma_listen (perftest -R):
+	// the guest starts once that daemon holds a listening rdma_cm ID (its Debug's CMListens),
+	// not on the line, or its REQ may be rejected for want of a listener.
+	OurCMSocket string
 	// GuestTimeout bounds the guest job (default 60 s).
 	GuestTimeout time.Duration
 	// Bin, if set, runs instead of the softroce binary (with Ours as its arguments), and Env
@@ -51,6 +57,12 @@ type pairSpec struct {
 	// (clib_test.go).
 	Bin string
 	Env []string
+	// GuestKilledOK: a guest job that does not end by itself is killed and reported
+	// (pairResult.GuestKilled) instead of failing the test, and a guest server whose client
+	// (softroce's side) failed is killed at once.
+	GuestKilledOK bool
+	// libSocket is the daemon socket libSpec gave the program.
+	libSocket string
 }
 
 // pairResult is what both sides printed and their exit statuses.
@@ -60,6 +72,7 @@ type pairResult struct {
 	OurErr      string // softroce's stderr
 	GuestStatus int
 	GuestOut    string // the guest's stdout and stderr
+	GuestKilled bool   // the guest job was killed (pairSpec.GuestKilledOK)
 }
 
 // readyWait bounds how long either side may take to become ready as the server.
@@ -129,6 +142,12 @@ func runPair(ctx context.Context, t *testing.T, lab *rxelab.Lab, bin string, p p
 			stopOurs()
 			t.Fatalf("softroce %s never printed %q:\n%s%s", strings.Join(p.Ours, " "), p.OurReady, ours.String(), ourErr.String())
 		}
+		if p.OurCMSocket != "" {
+			if err := waitCMListen(ctx, p.OurCMSocket); err != nil {
+				stopOurs()
+				t.Fatalf("softroce %s: %v:\n%s%s", strings.Join(p.Ours, " "), err, ours.String(), ourErr.String())
+			}
+		}
 		if job, err = lab.ExecBG(ctx, "exec stdbuf -oL "+p.Guest, gopts); err != nil {
 			stopOurs()
 			t.Fatalf("guest %s: %v", p.Guest, err)
@@ -143,11 +162,18 @@ func runPair(ctx context.Context, t *testing.T, lab *rxelab.Lab, bin string, p p
 	}
 	r.OurOut, r.OurErr = ours.String(), ourErr.String()
 	t.Logf("softroce %s (exit %d):\nstdout:\n%s\nstderr:\n%s", strings.Join(p.Ours, " "), r.OurStatus, r.OurOut, r.OurErr)
+	if p.GuestKilledOK && p.Client && r.OurStatus != 0 {
+		_ = job.Kill() // the guest's server would wait for its client until its timeout
+	}
 	out, st, err := job.Wait(ctx)
 	if err != nil {
 		_ = job.Kill()
 		out, st, _ = job.Wait(context.Background())
-		t.Fatalf("guest %s: %v (killed, status %d):\n%s", p.Guest, err, st, out)
+		if !p.GuestKilledOK {
+			t.Fatalf("guest %s: %v (killed, status %d):\n%s", p.Guest, err, st, out)
+		}
+		t.Logf("guest %s: %v (killed, status %d):\n%s", p.Guest, err, st, out)
+		r.GuestKilled = true
 	}
 	r.GuestOut, r.GuestStatus = string(out), st
 	t.Logf("guest %s (exit %d):\n%s", p.Guest, st, out)
@@ -172,6 +198,33 @@ while kill -0 $p 2>/dev/null; do
   sleep 0.05
 done
 wait $p`, cmd, check, guestListening)
+}
+
+// waitCMListen polls the daemon at sock until it holds a listening rdma_cm ID.
+func waitCMListen(ctx context.Context, sock string) error {
+	c, err := client.Dial(sock)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	deadline := time.Now().Add(readyWait)
+	for {
+		d, err := c.Debug()
+		if err != nil {
+			return err
+		}
+		if d.CMListens > 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no rdma_cm ID listening on the daemon after %v", readyWait)
+		}
+		select {
+		case <-time.After(20 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // waitGuestLine polls a guest job's log until it contains line.

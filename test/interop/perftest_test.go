@@ -193,14 +193,12 @@ func init() {
 // pfInterop runs one pairing; client tells whether softroce is the client.
 func pfInterop(t *testing.T, lab *rxelab.Lab, c pfCase, client bool) {
 	bin := buildSoftroce(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	const attempt = 120 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), pfAttempts*attempt)
 	defer cancel()
 	n := c.net()
 	daemonArgs := labDaemonArgs(t, ctx, lab, bin, c.Daemon, n)
 	var stopCapture func() ([]testcap.IPUDP, bool)
-	if !c.XDP { // the tap's capture point sees no AF_XDP frame (pfCase.XDP)
-		stopCapture = ppStartCapture(t, lab) // snaplen 9000, 32 MiB buffer: BW bursts fit
-	}
 
 	guestCmd := fmt.Sprintf("%s -d %s %s", c.tool(), rxelab.GuestDev, c.flags())
 	ourArgs := []string{"perf", c.Verb}
@@ -236,21 +234,79 @@ func pfInterop(t *testing.T, lab *rxelab.Lab, c pfCase, client bool) {
 		// listens (its TCP exchange port; with -R its rdma_cm ID, whose banner comes before
 		// rdma_listen: a REQ sent on the banner can be rejected for want of a listener)
 		spec.GuestListen, spec.GuestListenCM = perftestPort, c.CM
+		if c.CM { // and the guest's client starts once ours listens
+			spec.OurCMSocket = spec.libSocket
+		}
 	}
-	r := runPair(ctx, t, lab, bin, spec)
+	var r pairResult
+	for try := 1; ; try++ {
+		if !c.XDP { // the tap's capture point sees no AF_XDP frame (pfCase.XDP)
+			stopCapture = ppStartCapture(t, lab) // snaplen 9000, 32 MiB buffer: BW bursts fit
+		}
+		actx, acancel := context.WithTimeout(ctx, attempt)
+		spec.GuestKilledOK = c.Lib && c.CM && try < pfAttempts
+		r = runPair(actx, t, lab, bin, spec)
+		acancel()
+		// perftest -R connects its test QPs after the exchange over the first connection, to
+		// a listener the server makes only then: a REQ that beats it is rejected (reason 8,
+		// as on any CM), and perftest 4.5's retry reuses the IDs and event channel it has
+		// just destroyed, so the client fails or hangs. That attempt proves nothing about
+		// softroce: run the pair again (test/clib does the same between two daemons).
+		if spec.GuestKilledOK && (noListener.MatchString(r.OurErr) || noListener.MatchString(r.GuestOut)) {
+			stopCapture()
+			t.Logf("attempt %d: a test QP's connect beat the server's second listen (REJ reason 8); running the pair again", try)
+			continue
+		}
+		if r.GuestKilled {
+			t.Fatalf("guest %s: killed, status %d:\n%s", guestCmd, r.GuestStatus, r.GuestOut)
+		}
+		break
+	}
 	wantExit0(t, "softroce perf", r.OurStatus)
 	wantExit0(t, "guest "+c.tool(), r.GuestStatus)
-	pfCheckOutputs(t, c, client, r.OurOut, r.GuestOut)
+	// perftest's cycle-counter calibration (get_cpu_mhz) can fail on a busy host: the run
+	// completed, the latency columns print as inf or -nan (test/clib accepts it too)
+	badClock := c.Lib && c.Lat && strings.Contains(r.OurErr, perftestClockNotice)
+	if badClock {
+		t.Logf("perftest's clock calibration failed on this host: its latency columns are not numbers")
+	}
+	pfCheckOutputsClock(t, c, client, r.OurOut, r.GuestOut, badClock)
 	if c.XDP {
 		pfCheckXDP(t, c, r.OurErr)
 		return
 	}
 	wire, lost := stopCapture()
-	if r.OurErr != "" {
+	ourErr := r.OurErr
+	if c.Lib {
+		// perftest's own notice for a device it has no inline table for (rxe's side prints
+		// it too), on read and atomic tests
+		ourErr = strings.ReplaceAll(ourErr, perftestInlineNotice+"\n", "")
+		if badClock {
+			ourErr = regexp.MustCompile(regexp.QuoteMeta(perftestClockNotice)+`[^\n]*\n`).ReplaceAllString(ourErr, "")
+		}
+	}
+	if ourErr != "" {
 		t.Errorf("softroce stderr: %q", r.OurErr)
+	}
+	if c.CM { // -R: the CM's MADs and perftest's exchange over the QP are on the wire too
+		pfcmCheckWire(t, c, client, wire, lost)
+		return
 	}
 	pfCheckWire(t, c, client, wire, lost)
 }
+
+// pfAttempts bounds the runs of a perftest -R pairing through the libraries (pfInterop).
+const pfAttempts = 5
+
+// noListener matches what librdmacm's programs print when their connect was rejected with
+// reason 8 (no listener on the port).
+var noListener = regexp.MustCompile(`REJECTED[^\n]*(error|status)[:=]? ?8\b`)
+
+// perftestClockNotice starts perftest's stderr line when its cycle-counter calibration failed.
+const perftestClockNotice = "Correlation coefficient r^2"
+
+// perftestInlineNotice is what perftest prints on stderr for a device it does not know.
+const perftestInlineNotice = "Device not recognized to implement inline feature. Disabling it"
 
 // pfCheckXDP: softroce's --stats show the test's messages through the AF_XDP rings both ways
 // (requests or responses sent, and received); through the UDP socket at most the first send of
@@ -339,6 +395,12 @@ func pfRows(out string, lat bool) [][]string {
 // remote line is the other's local line, the GIDs are the lab addresses, and the tables
 // hold the asked size and iterations (one-sided BW: the server's line is the client's).
 func pfCheckOutputs(t *testing.T, c pfCase, client bool, ours, guest string) {
+	pfCheckOutputsClock(t, c, client, ours, guest, false)
+}
+
+// pfCheckOutputsClock is pfCheckOutputs; badClock accepts softroce's side's latency columns
+// that are not numbers (perftest's clock calibration failed).
+func pfCheckOutputsClock(t *testing.T, c pfCase, client bool, ours, guest string, badClock bool) {
 	t.Helper()
 	oL, oR := pfLocalRe.FindAllStringSubmatch(ours, -1), pfRemoteRe.FindAllStringSubmatch(ours, -1)
 	gL, gR := pfLocalRe.FindAllStringSubmatch(guest, -1), pfRemoteRe.FindAllStringSubmatch(guest, -1)
@@ -391,6 +453,9 @@ func pfCheckOutputs(t *testing.T, c pfCase, client bool, ours, guest string) {
 	}
 	if len(oRows) == 1 {
 		for _, f := range oRows[0][2:] {
+			if badClock && (f == "inf" || f == "-nan" || f == "nan") {
+				continue
+			}
 			if v, err := strconv.ParseFloat(f, 64); err != nil || v < 0 || v != v {
 				t.Errorf("softroce result column %q", f)
 			}
