@@ -2,6 +2,7 @@ package daemon_test
 
 import (
 	"bytes"
+	"io"
 	"syscall"
 	"testing"
 	"unsafe"
@@ -32,6 +33,26 @@ func forkWriter(buf *byte, n int, toParent, fromParent int) (uintptr, syscall.Er
 	return 0, 0
 }
 
+// readFull reads len(b) bytes from fd, retrying reads a signal interrupted (the Go runtime
+// preempts its threads with signals, so a blocking read of a pipe may end with EINTR).
+func readFull(fd int, b []byte) (int, error) {
+	got := 0
+	for got < len(b) {
+		n, err := unix.Read(fd, b[got:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return got, err
+		}
+		if n == 0 {
+			return got, io.ErrUnexpectedEOF
+		}
+		got += n
+	}
+	return got, nil
+}
+
 // TestForkProcessMemory: a program whose own memory is registered (SR_MR_PROCESS) forks; the
 // child writes into its copy of the registered buffer. A peer's RDMA WRITE afterwards lands in
 // the parent's memory — the daemon reaches the address space the client's /proc/self/mem named,
@@ -53,21 +74,29 @@ func TestForkProcessMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(up[0])
-	defer unix.Close(down[1])
 	syscall.ForkLock.Lock()
 	pid, errno := forkWriter(&buf[0], 64, up[1], down[0])
 	syscall.ForkLock.Unlock()
 	unix.Close(up[1])
 	unix.Close(down[0])
 	if errno != 0 {
+		unix.Close(down[1])
 		t.Fatal("fork:", errno)
 	}
+	// On any failure the child must not outlive the test nor keep it waiting: closing its
+	// go-ahead pipe ends its read, SIGKILL ends it wherever it is.
 	defer func() {
+		unix.Close(down[1])
+		unix.Kill(int(pid), unix.SIGKILL)
 		var ws unix.WaitStatus
-		unix.Wait4(int(pid), &ws, 0, nil)
+		for {
+			if _, err := unix.Wait4(int(pid), &ws, 0, nil); err != unix.EINTR {
+				break
+			}
+		}
 	}()
 	var one [1]byte
-	if n, err := unix.Read(up[0], one[:]); n != 1 || err != nil || one[0] != 0xEE {
+	if n, err := readFull(up[0], one[:]); n != 1 || err != nil || one[0] != 0xEE {
 		t.Fatalf("child: %d %v %x", n, err, one)
 	}
 	if buf[0] == 0xEE {
@@ -85,13 +114,8 @@ func TestForkProcessMemory(t *testing.T) {
 	// The child's copy: its own write, none of the peer's data.
 	unix.Write(down[1], []byte{1})
 	child := make([]byte, 64)
-	got := 0
-	for got < 64 {
-		n, err := unix.Read(up[0], child[got:])
-		if n <= 0 || err != nil {
-			t.Fatalf("child report: %d bytes, %v", got, err)
-		}
-		got += n
+	if got, err := readFull(up[0], child); got != 64 || err != nil {
+		t.Fatalf("child report: %d bytes, %v", got, err)
 	}
 	if child[0] != 0xEE || bytes.Equal(child[1:64], b.buf[1:64]) {
 		t.Fatalf("the child's copy % x: the peer's data reached the child", child[:8])
