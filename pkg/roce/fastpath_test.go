@@ -207,7 +207,9 @@ func TestFastPathUDP(t *testing.T) {
 		st := db.Stats()
 		t.Logf("%+v: a %+v; b %+v; b solved %d ICRCs", f, sa, sb, st.RcvdICRCSolved)
 		if st.RcvdDropped != 0 || da.Stats().RcvdDropped != 0 {
-			t.Fatalf("%+v: drops a %d b %d", f, da.Stats().RcvdDropped, st.RcvdDropped)
+			// Every counter of both devices, so a failure shows what came with the drops
+			// (resends, duplicates, solved ICRCs).
+			t.Fatalf("%+v: drops a %d b %d\na %+v\nb %+v", f, da.Stats().RcvdDropped, st.RcvdDropped, da.Stats(), st)
 		}
 		if f.Disable {
 			if sa.GSOSends+sb.GSOSends+sa.GROReceives+sb.GROReceives != 0 || st.RcvdICRCSolved+da.Stats().RcvdICRCSolved != 0 {
