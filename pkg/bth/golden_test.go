@@ -96,6 +96,11 @@ func reencode(t testing.TB, p *Packet) []byte {
 	if len(out) != info.HdrLen {
 		t.Fatalf("%v: re-encoded headers are %d bytes, table says %d", info.Name, len(out), info.HdrLen)
 	}
+	if p.SACK != nil {
+		f := p.SACK.Fields()
+		SACK(grow(SACKSize)).Encode(&f)
+		out[len(out)-SACKSize] = p.SACK[0] // reserved: not a field
+	}
 	out = append(out, p.Payload...)
 	grow(p.Pad)
 	out = append(out, p.ICRC...)

@@ -56,16 +56,20 @@ type Packet struct {
 	AtomicAck AtomicAckETH
 	ImmDt     ImmDt
 	IETH      IETH
-	Payload   []byte // without pad
-	Pad       int    // pad bytes between payload and ICRC (BTH PadCnt)
-	ICRC      []byte // the trailing 4 bytes
-	Info      *OpInfo
+	// SACK is softroce's selective acknowledgement extension after the AETH of an RC
+	// Acknowledge exactly SACKSize bytes longer than IBTA's (sack.go); nil otherwise.
+	SACK    SACK
+	Payload []byte // without pad
+	Pad     int    // pad bytes between payload and ICRC (BTH PadCnt)
+	ICRC    []byte // the trailing 4 bytes
+	Info    *OpInfo
 }
 
 // Parse parses a RoCEv2 packet: b is the UDP payload, BTH through ICRC
 // (IBTA 9.2, 9.3). It checks TVer == 0, that the opcode is defined, that the
 // packet holds the opcode's headers, PadCnt pad bytes and the ICRC, and that
-// opcodes without payload have none (and PadCnt 0). A payload of another
+// opcodes without payload have none (and PadCnt 0; an RC Acknowledge may carry softroce's
+// SACK extension, Packet.SACK). A payload of another
 // length than OpInfo.FixedPayload parses: that is a length error the
 // responder answers (an ATOMIC WRITE of 4 bytes is NAKed, IBTA 9.7.4.1.4,
 // oA19-28), not a malformed packet to drop. It does not check the
@@ -107,7 +111,11 @@ func ParseInto(p *Packet, b []byte) error {
 			return &ParseError{Err: ErrBadPad, Opcode: op, Len: len(b)}
 		}
 		if end != info.HdrLen {
-			return &ParseError{Err: ErrBadLength, Opcode: op, Len: len(b)}
+			if op != OpRCAck || end != info.HdrLen+SACKSize {
+				return &ParseError{Err: ErrBadLength, Opcode: op, Len: len(b)}
+			}
+			// softroce's SACK extension (sack.go): not IBTA, recognised by its length
+			p.SACK = SACK(b[info.HdrLen:end:end])
 		}
 	} else {
 		if end-info.HdrLen < pad {
