@@ -176,6 +176,10 @@ type Attr struct {
 	MaxDestRDAtomic uint8  // AttrMaxDestRDAtomic: responder resources
 	Cap             Cap    // AttrCap
 	RateLimit       uint32 // AttrRateLimit: kbit/s, 0 = none (ibv_modify_qp_rate_limit; congestion.go)
+	// SelectiveRepeat (AttrSelectiveRepeat, RC only, INIT->RTR or RTR->RTS): the peer is a
+	// softroce QP that has it on too, so both ends use selective repeat instead of IBTA's
+	// go-back-N (selective.go, docs/reliability.md). softroce's own; no ibverbs equivalent.
+	SelectiveRepeat bool
 }
 
 // Cap is a QP's queue capacity (ibv_qp_cap).
@@ -212,6 +216,9 @@ const (
 	AttrCap              AttrMask = 1 << 19
 	AttrDestQPN          AttrMask = 1 << 20
 	AttrRateLimit        AttrMask = 1 << 25
+	// AttrSelectiveRepeat selects Attr.SelectiveRepeat: softroce's own bit, above every
+	// ibv_qp_attr_mask bit.
+	AttrSelectiveRepeat AttrMask = 1 << 30
 )
 
 var maskNames = [...]string{
@@ -221,7 +228,7 @@ var maskNames = [...]string{
 	11: "IBV_QP_RNR_RETRY", 12: "IBV_QP_RQ_PSN", 13: "IBV_QP_MAX_QP_RD_ATOMIC",
 	14: "IBV_QP_ALT_PATH", 15: "IBV_QP_MIN_RNR_TIMER", 16: "IBV_QP_SQ_PSN",
 	17: "IBV_QP_MAX_DEST_RD_ATOMIC", 18: "IBV_QP_PATH_MIG_STATE", 19: "IBV_QP_CAP",
-	20: "IBV_QP_DEST_QPN", 25: "IBV_QP_RATE_LIMIT",
+	20: "IBV_QP_DEST_QPN", 25: "IBV_QP_RATE_LIMIT", 30: "SOFTROCE_QP_SELECTIVE_REPEAT",
 }
 
 // String returns the ibverbs names of the set bits joined by "|" ("0" if none).

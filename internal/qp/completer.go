@@ -21,6 +21,11 @@ type completer struct {
 	// responses of the same burst must not cause another (they are the
 	// rest of the burst, not new losses).
 	gapRetried bool
+	// seqRetried: a PSN sequence error NAK made the requester go back to psn; another one
+	// for the same PSN before any progress or timeout is not another retry (rxe's
+	// started_retry: the resent packets are on their way).
+	seqRetried bool
+	seqPSN     bth.PSN
 	// atomicBuf holds an atomic response's original value on its way into the SGE.
 	atomicBuf [8]byte
 }
@@ -121,13 +126,20 @@ func (q *QP) onAck(now time.Time, p *bth.Packet, psn bth.PSN) {
 		}
 		switch bth.SyndromeValue(syn) {
 		case bth.NAKPSNSeqErr:
+			if p.SACK != nil && q.attr.SelectiveRepeat && q.onSACK(now, p, psn) {
+				return // resent what the responder lacks (selective.go)
+			}
 			if q.tmr.rnrWait && psn == q.comp.psn {
 				return // already waiting to resend from there
 			}
 			// IBTA 9.7.5.2.1: everything before the NAKed PSN arrived;
 			// go back to it.
 			q.cnt.RcvdSeqErr.Add(1)
+			if q.comp.seqRetried && psn == q.comp.seqPSN {
+				return // a copy, or a SACK's repeat: the resend from psn is under way
+			}
 			q.comp.psn = psn
+			q.comp.seqRetried, q.comp.seqPSN = true, psn
 			q.retryOrFail(now, true)
 		case bth.NAKInvalidRequest:
 			q.failAt(psn, cq.StatusRemInvReqErr)

@@ -206,7 +206,10 @@ func (d *fsDir) poll(t *testing.T) int {
 	return got
 }
 
-func fakeSoak(t *testing.T, seed uint64, msgs int) {
+func fakeSoak(t *testing.T, seed uint64, msgs int) { fakeSoakOpts(t, seed, msgs, connOpts{}) }
+
+// fakeSoakOpts is fakeSoak with the connection's selective repeat flags from co.
+func fakeSoakOpts(t *testing.T, seed uint64, msgs int, co connOpts) {
 	n := newNet(t)
 	fo := fault.DirOptions{Drop: 0.10, Duplicate: 0.05, Reorder: 0.05, ReorderDepth: 3}
 	var links []*fault.Link
@@ -226,7 +229,8 @@ func fakeSoak(t *testing.T, seed uint64, msgs int) {
 			l.Close()
 		}
 	}()
-	n.connect(a, b, connOpts{mtu: MTU256, psnA: 0xFFFFFF - 300, psnB: 12345, timeout: 12, retry: 7, rnrRetry: 7, minRNR: 1})
+	n.connect(a, b, connOpts{mtu: MTU256, psnA: 0xFFFFFF - 300, psnB: 12345, timeout: 12, retry: 7, rnrRetry: 7, minRNR: 1,
+		srA: co.srA, srB: co.srB})
 	for _, s := range []*side{a, b} {
 		fsPattern(s.buf[fsRead:fsRead+64<<10], 0xEAD, 0)
 	}

@@ -185,6 +185,8 @@ type connOpts struct {
 	noTimer bool
 	// tclass is both address vectors' traffic class.
 	tclass uint8
+	// srA, srB turn selective repeat on for a's and b's QP (selective.go).
+	srA, srB bool
 }
 
 func (n *net) connect(a, b *side, o connOpts) {
@@ -207,11 +209,11 @@ func (n *net) connect(a, b *side, o connOpts) {
 	if o.accessB == 0 {
 		o.accessB = all
 	}
-	n.bringUp(a, b, o.accessA, o.psnB, o.psnA, o)
-	n.bringUp(b, a, o.accessB, o.psnA, o.psnB, o)
+	n.bringUp(a, b, o.accessA, o.psnB, o.psnA, o, o.srA)
+	n.bringUp(b, a, o.accessB, o.psnA, o.psnB, o, o.srB)
 }
 
-func (n *net) bringUp(s, peer *side, acc mr.Access, rq, sq uint32, o connOpts) {
+func (n *net) bringUp(s, peer *side, acc mr.Access, rq, sq uint32, o connOpts, sr bool) {
 	t := n.t
 	t.Helper()
 	q := s.qp
@@ -229,9 +231,12 @@ func (n *net) bringUp(s, peer *side, acc mr.Access, rq, sq uint32, o connOpts) {
 	m := AttrState | AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN
 	if q.Type() == TypeRC {
 		m |= AttrMaxDestRDAtomic | AttrMinRNRTimer
+		if sr {
+			m |= AttrSelectiveRepeat
+		}
 	}
 	must(&Attr{State: StateRTR, AH: AHAttr{DGID: peer.addr, Port: 1, TrafficClass: o.tclass}, PathMTU: o.mtu,
-		DestQPN: peer.qp.Num(), RQPSN: rq, MaxDestRDAtomic: dest, MinRNRTimer: o.minRNR}, m)
+		DestQPN: peer.qp.Num(), RQPSN: rq, MaxDestRDAtomic: dest, MinRNRTimer: o.minRNR, SelectiveRepeat: sr}, m)
 	m = AttrState | AttrSQPSN
 	if q.Type() == TypeRC {
 		m |= AttrTimeout | AttrRetryCnt | AttrRNRRetry | AttrMaxQPRDAtomic

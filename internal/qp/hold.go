@@ -132,8 +132,16 @@ func (q *QP) hold(p *bth.Packet, src, dst netip.AddrPort) {
 }
 
 // runHeld executes the held packets in order while the responder is not busy (q.mu held; the
-// refill hook is called with it released). What they produce is queued in the QP's burst.
+// refill hook is called with it released), then the packets selective repeat holds out of
+// order that follow in PSN order (selective.go). What they produce is queued in the QP's burst.
 func (q *QP) runHeld(now time.Time) {
+	q.runHeldQueue(now)
+	if q.resp.sr != nil && !q.busy() {
+		q.srDrain(now, q.resp.epsn.Add(bth.PSNMask))
+	}
+}
+
+func (q *QP) runHeldQueue(now time.Time) {
 	for q.held != nil && !q.busy() && !q.dead {
 		h := q.held
 		if h.next == h.n {

@@ -63,7 +63,7 @@ var stateTable = func() (tb [StateErr + 1][StateErr + 1]transition) {
 			AttrAV|AttrPathMTU|AttrDestQPN|AttrRQPSN,
 			0, 0),
 		opt: perType(
-			AttrAltPath|AttrAccessFlags|AttrPKeyIndex,
+			AttrAltPath|AttrAccessFlags|AttrPKeyIndex|AttrSelectiveRepeat,
 			AttrAltPath|AttrAccessFlags|AttrPKeyIndex,
 			AttrPKeyIndex|AttrQKey,
 			AttrPKeyIndex|AttrQKey)}
@@ -71,7 +71,7 @@ var stateTable = func() (tb [StateErr + 1][StateErr + 1]transition) {
 		req: perType(
 			AttrTimeout|AttrRetryCnt|AttrRNRRetry|AttrSQPSN|AttrMaxQPRDAtomic,
 			AttrSQPSN, AttrSQPSN, AttrSQPSN),
-		opt: perType(optRTSRC, optRTSUC, optRTSUD, optRTSGSI)}
+		opt: perType(optRTSRC|AttrSelectiveRepeat, optRTSUC, optRTSUD, optRTSGSI)}
 	tb[StateRTS][StateRTS] = transition{valid: true, opt: perType(optRTSRC, optRTSUC, optRTSUD, optRTSGSI)}
 	tb[StateRTS][StateSQD] = transition{valid: true, opt: perType(
 		AttrEnSQDAsyncNotify, AttrEnSQDAsyncNotify, AttrEnSQDAsyncNotify, AttrEnSQDAsyncNotify)}

@@ -39,13 +39,13 @@ func expectedTable() map[[2]State]map[Type]spec {
 		},
 		{StateInit, StateRTR}: {
 			TypeRC: {req: AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN | AttrMaxDestRDAtomic | AttrMinRNRTimer,
-				opt: AttrAltPath | AttrAccessFlags | AttrPKeyIndex},
+				opt: AttrAltPath | AttrAccessFlags | AttrPKeyIndex | AttrSelectiveRepeat},
 			TypeUC:  {req: AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN, opt: AttrAltPath | AttrAccessFlags | AttrPKeyIndex},
 			TypeUD:  {opt: AttrPKeyIndex | AttrQKey},
 			TypeGSI: {opt: AttrPKeyIndex | AttrQKey},
 		},
 		{StateRTR, StateRTS}: {
-			TypeRC:  {req: AttrTimeout | AttrRetryCnt | AttrRNRRetry | AttrSQPSN | AttrMaxQPRDAtomic, opt: rtsRC},
+			TypeRC:  {req: AttrTimeout | AttrRetryCnt | AttrRNRRetry | AttrSQPSN | AttrMaxQPRDAtomic, opt: rtsRC | AttrSelectiveRepeat},
 			TypeUC:  {req: AttrSQPSN, opt: rtsUC},
 			TypeUD:  {req: AttrSQPSN, opt: rtsUD},
 			TypeGSI: {req: AttrSQPSN, opt: rtsGSI},
@@ -94,7 +94,7 @@ var allBits = func() []AttrMask {
 	for i := 1; i <= 20; i++ {
 		b = append(b, 1<<i)
 	}
-	return append(b, AttrRateLimit)
+	return append(b, AttrRateLimit, AttrSelectiveRepeat)
 }()
 
 func wantModifyErr(t *testing.T, err error, bit AttrMask, reason string, ctx string) {
@@ -272,7 +272,7 @@ func TestMaskString(t *testing.T) {
 	if s := (AttrState | AttrSQPSN).String(); s != "IBV_QP_STATE|IBV_QP_SQ_PSN" {
 		t.Fatal(s)
 	}
-	if (AttrMask(1<<30)).String() != "bit30" || AttrMask(0).String() != "0" {
+	if (AttrMask(1<<29)).String() != "bit29" || AttrMask(0).String() != "0" || AttrSelectiveRepeat.String() != "SOFTROCE_QP_SELECTIVE_REPEAT" {
 		t.Fatal("unnamed bits")
 	}
 }

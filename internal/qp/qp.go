@@ -66,6 +66,10 @@ var (
 	ErrHasSRQ = errors.New("qp: QP uses an SRQ; post receives to the SRQ")
 	// ErrDestroyed: the QP was destroyed.
 	ErrDestroyed = errors.New("qp: destroyed")
+	// ErrSelectiveRepeat: selective repeat asked of a QP whose receives reach the engine
+	// through Config.RecvRefill (the daemon's QPs), which its reorder buffer does not serve
+	// (EOPNOTSUPP).
+	ErrSelectiveRepeat = errors.New("qp: selective repeat is not supported on this QP")
 )
 
 // Config creates a QP. The device fills it.
@@ -331,6 +335,9 @@ func (q *QP) Modify(a *Attr, mask AttrMask) error {
 		}
 		path.Src, path.Dst = path.Src.Unmap(), path.Dst.Unmap()
 	}
+	if mask&AttrSelectiveRepeat != 0 && a.SelectiveRepeat && q.cfg.RecvRefill != nil {
+		return ErrSelectiveRepeat
+	}
 	q.applyAttr(a, mask)
 	if mask&AttrAV != 0 && !q.typ.Datagram() {
 		q.path = path
@@ -442,6 +449,9 @@ func (q *QP) applyAttr(a *Attr, m AttrMask) {
 			q.resp.resNext = 0
 		}
 	}
+	if m&AttrSelectiveRepeat != 0 {
+		t.SelectiveRepeat = a.SelectiveRepeat && q.typ == TypeRC
+	}
 	if m&AttrRateLimit != 0 {
 		// ibv_modify_qp_rate_limit: kbit/s, 0 removes the limit (congestion.go)
 		t.RateLimit = a.RateLimit
@@ -461,14 +471,16 @@ func (q *QP) resetLocked() {
 	q.rqHead, q.rqTail = 0, 0
 	q.dropHeld()
 	q.rdAtomicInFlight = 0
-	q.req = requester{}
-	res, sge := q.resp.res, q.resp.wqe.sge
+	q.req = requester{sr: q.req.sr}
+	q.req.sr.clear()
+	res, sge, sr := q.resp.res, q.resp.wqe.sge, q.resp.sr
 	for i := range res {
 		res[i] = resource{}
 	}
-	// res and the receive WQE's SGL are allocated when first needed
-	// (newResource, popRecv)
-	q.resp = responder{res: res, wqe: recvWQE{sge: sge[:0]}}
+	sr.clear()
+	// res, the receive WQE's SGL and the reorder buffer are allocated when first needed
+	// (newResource, popRecv, srStore)
+	q.resp = responder{res: res, wqe: recvWQE{sge: sge[:0]}, sr: sr}
 	q.comp = completer{}
 	if q.tmr.t != nil {
 		q.tmr.t.Stop()
@@ -527,6 +539,7 @@ func (q *QP) enterError() {
 	q.resp.behind.n = 0
 	q.req.ahead.w = nil
 	q.dropHeld()
+	q.resp.sr.clear() // nor requests held out of order (selective.go)
 	q.tmr.t.Stop()
 	q.tmr.armed = false
 	q.tmr.rnrWait = false
@@ -798,6 +811,10 @@ type Counters struct {
 	// wrong or guessed key. mlx5's name, "resp_remote_access_errors"; per QP:
 	// QP.RemoteAccessErrors.
 	RespRemoteAccessErrors atomic.Uint64
+	// Selective repeat (selective.go), softroce's own: SACKs a responder sent
+	// (sent_sack), SACKs a requester acted on (rcvd_sack), and request packets it resent
+	// one by one for them (selective_retrans_pkts, also in retransmitted_pkts).
+	SentSACK, RcvdSACK, SelectiveRetrans atomic.Uint64
 }
 
 // Stats is a snapshot of Counters.
@@ -814,6 +831,7 @@ type Stats struct {
 	NPECNMarked, NPCNPSent                  uint64
 	RPCNPHandled, RPCNPIgnored              uint64
 	RespRemoteAccessErrors                  uint64
+	SentSACK, RcvdSACK, SelectiveRetrans    uint64
 	// Link counters, which the device fills from its UDP link (roce.Device.Stats;
 	// Counters.Snapshot leaves them 0): send-only entropy-port sockets open
 	// (IBTA A17.3.2), entropy ports that fell back to the main socket (port
@@ -837,11 +855,13 @@ func (c *Counters) Snapshot() Stats {
 		NPECNMarked: c.NPECNMarked.Load(), NPCNPSent: c.NPCNPSent.Load(),
 		RPCNPHandled: c.RPCNPHandled.Load(), RPCNPIgnored: c.RPCNPIgnored.Load(),
 		RespRemoteAccessErrors: c.RespRemoteAccessErrors.Load(),
+		SentSACK:               c.SentSACK.Load(), RcvdSACK: c.RcvdSACK.Load(), SelectiveRetrans: c.SelectiveRetrans.Load(),
 	}
 }
 
 // Map returns the snapshot keyed by rxe's counter names (plus
-// softroce's own: rcvd_icrc_solved, rcvd_dropped, retransmitted_pkts, rcvd_gso_split; and
+// softroce's own: rcvd_icrc_solved, rcvd_dropped, retransmitted_pkts, rcvd_gso_split,
+// sent_sack, rcvd_sack, selective_retrans_pkts; and
 // mlx5's: np_ecn_marked_roce_packets, np_cnp_sent, rp_cnp_handled, rp_cnp_ignored,
 // resp_remote_access_errors).
 func (s Stats) Map() map[string]uint64 {
@@ -857,7 +877,8 @@ func (s Stats) Map() map[string]uint64 {
 		"np_ecn_marked_roce_packets": s.NPECNMarked, "np_cnp_sent": s.NPCNPSent,
 		"rp_cnp_handled": s.RPCNPHandled, "rp_cnp_ignored": s.RPCNPIgnored,
 		"resp_remote_access_errors": s.RespRemoteAccessErrors,
-		"link_entropy_sockets":      s.LinkEntropySockets, "link_entropy_fallbacks": s.LinkEntropyFallbacks,
+		"sent_sack":                 s.SentSACK, "rcvd_sack": s.RcvdSACK, "selective_retrans_pkts": s.SelectiveRetrans,
+		"link_entropy_sockets": s.LinkEntropySockets, "link_entropy_fallbacks": s.LinkEntropyFallbacks,
 		"link_offload_fallbacks": s.LinkOffloadFallbacks,
 	}
 }

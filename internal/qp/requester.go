@@ -91,6 +91,7 @@ type requester struct {
 	noAck         int       // packets since the last AckReq
 	sentEnd       bth.PSN   // one past the highest request PSN transmitted (retransmission count)
 	drainSignaled bool
+	sr            *srSend // PSNs resent one by one (selective.go; allocated at the first SACK)
 }
 
 // transportBase returns the opcode base for the QP type (IBTA 9.2.1 table 36).
@@ -231,7 +232,7 @@ func (q *QP) transmit(w *sendWQE) bool {
 		if q.typ == TypeRC && psn.Sub(q.comp.psn) >= MaxUnackedPSNs {
 			return false
 		}
-		if !q.sendSegment(w, psn) {
+		if !q.sendSegment(w, w.nextPkt, psn, false) {
 			return false
 		}
 		w.nextPkt++
@@ -240,13 +241,14 @@ func (q *QP) transmit(w *sendWQE) bool {
 	return true
 }
 
-// sendSegment builds packet w.nextPkt of a SEND or WRITE (IBTA 9.5:
-// FIRST/MIDDLE/LAST/ONLY; RETH on the first, ImmDt/IETH on the last).
-func (q *QP) sendSegment(w *sendWQE, psn bth.PSN) bool {
+// sendSegment builds packet idx of a SEND or WRITE (IBTA 9.5:
+// FIRST/MIDDLE/LAST/ONLY; RETH on the first, ImmDt/IETH on the last). A packet resent on
+// its own (resend, selective.go) asks for an ACK only if it is the message's last and does not
+// count towards the next AckReq.
+func (q *QP) sendSegment(w *sendWQE, idx uint32, psn bth.PSN, resend bool) bool {
 	if q.paceHold() {
 		return false
 	}
-	idx := w.nextPkt
 	first, last := idx == 0, idx == w.npsn-1
 	off := idx * q.mtu
 	n := w.length - off
@@ -304,8 +306,8 @@ func (q *QP) sendSegment(w *sendWQE, psn bth.PSN) bool {
 	if !q.gather(w, off, buf[h:h+int(n)]) {
 		return false
 	}
-	ackReq := false
-	if q.typ == TypeRC {
+	ackReq := resend && last
+	if q.typ == TypeRC && !resend {
 		q.req.noAck++
 		if last || q.req.noAck >= PktsPerAck {
 			ackReq = true

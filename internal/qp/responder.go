@@ -36,6 +36,7 @@ type responder struct {
 	epsn    bth.PSN // expected PSN
 	msn     uint32  // message sequence number (24-bit)
 	nakSent bool    // one PSN sequence error NAK per gap (IBTA 9.7.5.2.1)
+	sr      *srRecv // the reorder buffer of selective repeat (selective.go; allocated at first use)
 	inMsg   uint8
 	drop    bool // UC: drop until the next FIRST/ONLY (IBTA 9.8, unreliable connected)
 	commEst bool
@@ -178,6 +179,10 @@ func (q *QP) respond(now time.Time, p *bth.Packet, src, dst netip.AddrPort) {
 		// means packets were lost; NAK once, then stay silent until the
 		// requester resends from the expected PSN.
 		q.cnt.OutOfSeqRequest.Add(1)
+		if q.attr.SelectiveRepeat {
+			q.srStore(p, psn) // held, not dropped, and SACKed (selective.go)
+			return
+		}
 		if !q.resp.nakSent {
 			q.resp.nakSent = true
 			q.sendAck(bth.SyndromeNAK(bth.NAKPSNSeqErr), q.resp.epsn)
@@ -190,13 +195,20 @@ func (q *QP) respond(now time.Time, p *bth.Packet, src, dst netip.AddrPort) {
 		return
 	}
 	q.resp.nakSent = false
-	kind := p.Info.Kind
+	q.execute(p, psn)
+	if q.resp.sr != nil {
+		q.srExecuted(now, psn) // the held packets that follow in order (selective.go)
+	}
+}
+
+// execute executes the RC request at the expected PSN.
+func (q *QP) execute(p *bth.Packet, psn bth.PSN) {
 	if !q.opSeqOK(p.Info) {
 		// IBTA 9.7.4.1 (opcode sequence): invalid request NAK.
 		q.reqError(p, bth.NAKInvalidRequest, cq.StatusRemInvReqErr)
 		return
 	}
-	switch kind {
+	switch p.Info.Kind {
 	case bth.KindSend:
 		q.recvSend(p, psn)
 	case bth.KindWrite:

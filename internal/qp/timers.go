@@ -150,6 +150,7 @@ func (q *QP) onTimer(now time.Time) {
 	if q.cc.held || !q.outstanding() || to == 0 || now.Before(q.ackSince().Add(to)) {
 		return
 	}
+	q.comp.seqRetried = false
 	q.retryOrFail(now, true)
 }
 
@@ -181,6 +182,7 @@ func (q *QP) retryOrFail(now time.Time, counted bool) {
 // goBack rewinds and resends now (go-back-N, IBTA 9.7.6.1.3).
 func (q *QP) goBack(now time.Time) {
 	q.tmr.lastProgress = now
+	q.req.sr.clear() // everything is sent again: no selective resend is outstanding
 	q.rewind()
 	q.runRequester()
 }

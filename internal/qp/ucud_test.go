@@ -227,7 +227,7 @@ func TestEvents(t *testing.T) {
 	var evs []event.Event
 	sink := func(e event.Event) { evs = append(evs, e) }
 	a.qp.cfg.Events, b.qp.cfg.Events = sink, sink
-	n.bringUp(a, b, mr.AccessRemoteWrite, 0, 0, connOpts{mtu: MTU1024, timeout: 14})
+	n.bringUp(a, b, mr.AccessRemoteWrite, 0, 0, connOpts{mtu: MTU1024, timeout: 14}, false)
 	// b only to RTR
 	must := func(q *QP, at Attr, m AttrMask) {
 		t.Helper()

@@ -138,6 +138,7 @@ func (q *QP) publishWrites() {
 		return
 	}
 	rest := !q.resp.nakSent && q.resp.inMsg == msgNone && !q.busy() && q.held == nil && q.writesWanted() &&
+		(q.resp.sr == nil || q.resp.sr.n == 0) &&
 		(q.state != StateRTR || q.resp.commEst) && (q.out == nil || len(q.out.batch) == 0)
 	q.wo.Resume(uint32(q.resp.epsn), q.resp.msn, !rest)
 	q.woHeld = !rest

@@ -218,7 +218,7 @@ func newWEnvOpts(t *testing.T, o wenvOpts) *wenv {
 		return e
 	}
 	all := mr.AccessLocalWrite | mr.AccessRemoteWrite | mr.AccessRemoteRead | mr.AccessRemoteAtomic
-	e.n.bringUp(e.a, e.b, all, co.psnB, co.psnA, co)
+	e.n.bringUp(e.a, e.b, all, co.psnB, co.psnA, co, false)
 	for _, m := range []struct {
 		a    Attr
 		mask AttrMask

@@ -777,6 +777,10 @@ func (q *qpc) Modify(a *qp.Attr, mask qp.AttrMask) error {
 	if a == nil {
 		return roce.ErrInvalidArg
 	}
+	if mask&qp.AttrSelectiveRepeat != 0 {
+		// softroce's own attribute: the daemon's QPs do not offer it (qp.ErrSelectiveRepeat)
+		return fmt.Errorf("%w: %w", roce.ErrSelectiveRepeat, proto.ErrUnsupported)
+	}
 	q.sendOK.Store(false) // while the state is in flux, posts are synchronous
 	q.recvOK.Store(false)
 	req := wire.ModifyQPReq{Handle: uint32(q.h), AttrMask: uint32(mask), Attr: proto.QPAttrToWire(a)}

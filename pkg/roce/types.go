@@ -139,6 +139,7 @@ const (
 	AttrRateLimit        = qp.AttrRateLimit
 	AttrRetryCnt         = qp.AttrRetryCnt
 	AttrSQPSN            = qp.AttrSQPSN
+	AttrSelectiveRepeat  = qp.AttrSelectiveRepeat
 	AttrState            = qp.AttrState
 	AttrTimeout          = qp.AttrTimeout
 )
@@ -464,14 +465,17 @@ var (
 	ErrSRQArg        = qp.ErrSRQArg
 	ErrSRQDestroyed  = qp.ErrSRQDestroyed
 	ErrSRQFull       = qp.ErrSRQFull
-	ErrTooManySGE    = qp.ErrTooManySGE
-	ErrWRAtomicAlign = qp.ErrWRAtomicAlign
-	ErrWRInlineSize  = qp.ErrWRInlineSize
-	ErrWRLength      = qp.ErrWRLength
-	ErrWRNoAH        = qp.ErrWRNoAH
-	ErrWRNoBind      = qp.ErrWRNoBind
-	ErrWROpcode      = qp.ErrWROpcode
-	ErrWRTooManySGE  = qp.ErrWRTooManySGE
+	// ErrSelectiveRepeat: QPAttr.SelectiveRepeat asked of a QP that cannot have it (a daemon
+	// client's QP).
+	ErrSelectiveRepeat = qp.ErrSelectiveRepeat
+	ErrTooManySGE      = qp.ErrTooManySGE
+	ErrWRAtomicAlign   = qp.ErrWRAtomicAlign
+	ErrWRInlineSize    = qp.ErrWRInlineSize
+	ErrWRLength        = qp.ErrWRLength
+	ErrWRNoAH          = qp.ErrWRNoAH
+	ErrWRNoBind        = qp.ErrWRNoBind
+	ErrWROpcode        = qp.ErrWROpcode
+	ErrWRTooManySGE    = qp.ErrWRTooManySGE
 	// ErrCQClosed is cq.ErrClosed: CompletionQueue.Wait on a destroyed CQ.
 	ErrCQClosed = cq.ErrClosed
 	ErrCQError  = cq.ErrCQError
