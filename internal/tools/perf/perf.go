@@ -145,6 +145,10 @@ type Config struct {
 	RDMACM bool
 	// Stats prints the device's and its link's counters to stderr at the end (--stats).
 	Stats bool
+	// SelectiveRepeat is --selective-repeat: the RC QPs use selective repeat instead of
+	// go-back-N (qp.Attr.SelectiveRepeat); the peer must be softroce given the same flag (the
+	// exchange's fixed format has no room to negotiate it).
+	SelectiveRepeat bool
 	// CC is --cc: the embedded device's congestion control (docs/congestion.md).
 	CC cli.CCFlag
 	// Daemon is --daemon SOCKET: run through the softroce daemon (its device and address)

@@ -102,6 +102,15 @@ func TestPerfFlags(t *testing.T) {
 	if _, err := parse("write", "-c", "XRC"); !errors.Is(err, errPerfUnsupported) {
 		t.Errorf("-c XRC: %v, want errPerfUnsupported", err)
 	}
+	if cfg, err := parse("write", "--selective-repeat", "h"); err != nil || !cfg.SelectiveRepeat {
+		t.Errorf("--selective-repeat: %+v %v", cfg.SelectiveRepeat, err)
+	}
+	for _, bad := range [][]string{{"send", "-c", "UD", "--selective-repeat"}, {"write", "--loopback", "--selective-repeat"},
+		{"write", "-R", "-d", "127.0.0.1", "--selective-repeat"}, {"write", "--daemon", "/x", "--selective-repeat"}} {
+		if _, err := parse(bad...); !errors.Is(err, errPerfUnsupported) {
+			t.Errorf("%q: %v, want errPerfUnsupported", bad, err)
+		}
+	}
 	cfg, err = parse("write", "-b", "-D", "6", "-c", "UC", "--report-both", "h")
 	if err != nil || !cfg.Duplex || cfg.Duration != 6*time.Second || cfg.Margin != time.Second || cfg.Conn != qp.TypeUC || !cfg.ReportBoth {
 		t.Errorf("-b -D 6 -c UC: %+v %v", cfg, err)
@@ -384,6 +393,7 @@ func TestPerfPairs(t *testing.T) {
 	}{
 		{[]string{"write", "-s", "3000", "-n", "200", "-m", "1024"}, []int{3000}, 200, 1},
 		{[]string{"write", "-s", "65536", "-n", "100", "-q", "2", "--report_gbits"}, []int{65536}, 100, 2},
+		{[]string{"write", "-s", "65536", "-n", "100", "--selective-repeat"}, []int{65536}, 100, 1},
 		{[]string{"read", "-s", "3000", "-n", "200", "-m", "1024"}, []int{3000}, 200, 1},
 		{[]string{"send", "-s", "3000", "-n", "200", "-m", "1024"}, []int{3000}, 200, 1},
 		{[]string{"send", "-s", "64", "-n", "300", "-q", "2", "-r", "16"}, []int{64}, 300, 2},

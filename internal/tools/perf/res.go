@@ -300,6 +300,10 @@ func (r *perfRes) connectQP(i int, q roce.QueuePair, d perftest.Dest, av qp.AHAt
 		}
 		rtr.PathMTU, rtr.DestQPN, rtr.RQPSN, rtr.MaxDestRDAtomic, rtr.MinRNRTimer, rtr.AH = mtu, d.QPN, d.PSN, destRD, perfMinRNRTimer, av
 		rtrMask |= qp.AttrAV | qp.AttrPathMTU | qp.AttrDestQPN | qp.AttrRQPSN | qp.AttrMaxDestRDAtomic | qp.AttrMinRNRTimer
+		if r.c.SelectiveRepeat {
+			rtr.SelectiveRepeat = true // softroce's own, both sides given --selective-repeat
+			rtrMask |= qp.AttrSelectiveRepeat
+		}
 		rts.Timeout, rts.RetryCnt, rts.RNRRetry, rts.MaxRDAtomic = r.c.QPTimeout, perfRetryCount, 7, rd
 		rtsMask |= qp.AttrTimeout | qp.AttrRetryCnt | qp.AttrRNRRetry | qp.AttrMaxQPRDAtomic
 	case qp.TypeUC:

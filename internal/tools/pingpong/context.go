@@ -264,6 +264,10 @@ func (p *ppCtx) connect(remote []oobpp.Dest, tcpPeer netip.Addr) error {
 		if c.Tool != oobpp.ToolUC {
 			rtr.MaxDestRDAtomic, rtr.MinRNRTimer = 1, 12
 			mask |= qp.AttrMaxDestRDAtomic | qp.AttrMinRNRTimer
+			if c.SelectiveRepeat {
+				rtr.SelectiveRepeat = true // softroce's own: both sides gave --selective-repeat
+				mask |= qp.AttrSelectiveRepeat
+			}
 			rts.Timeout, rts.RetryCnt, rts.RNRRetry, rts.MaxRDAtomic = 14, 7, 7, 1
 			rtsMask |= qp.AttrTimeout | qp.AttrRetryCnt | qp.AttrRNRRetry | qp.AttrMaxQPRDAtomic
 		}

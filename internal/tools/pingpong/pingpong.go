@@ -122,6 +122,10 @@ type Config struct {
 	Portable bool          // plain sockets
 	// Daemon is --daemon SOCKET: run through the softroce daemon (its device and address).
 	Daemon string
+	// SelectiveRepeat is --selective-repeat (rc, srq): the QPs use selective repeat instead
+	// of go-back-N (qp.Attr.SelectiveRepeat); the peer must be softroce given the same flag
+	// (the exchange's fixed format has no room to negotiate it).
+	SelectiveRepeat bool
 
 	// Test seams.
 	// Listener, if set, is used by the server instead of listening on -p.
@@ -200,6 +204,7 @@ func newFlagSet(f *flags, t oobpp.Tool) *pflag.FlagSet {
 	fs.UintVar(&f.rocePort, "roce-port", 4791, "softroce: RoCE UDP port")
 	fs.BoolVar(&f.Portable, "portable", false, "softroce: plain UDP sockets instead of sendmmsg/recvmmsg")
 	fs.StringVar(&f.Daemon, "daemon", "", "softroce: run through the softroce daemon on this unix `socket` (-d picks one of its addresses)")
+	fs.BoolVar(&f.SelectiveRepeat, "selective-repeat", false, "softroce (rc, srq): selective repeat instead of go-back-N (docs/reliability.md); give it on both sides: the peer must be softroce with the same flag, as the tools' exchange cannot negotiate it (not with --daemon)")
 	return fs
 }
 
@@ -274,6 +279,8 @@ func ParseArgs(args []string) (Config, error) {
 		return c, fmt.Errorf("%w: --roce-port %d", errPPUsage, f.rocePort)
 	case c.Timeout <= 0:
 		return c, fmt.Errorf("%w: --timeout must be positive", errPPUsage)
+	case c.SelectiveRepeat && (t == oobpp.ToolUC || t == oobpp.ToolUD || c.Daemon != ""):
+		return c, fmt.Errorf("--selective-repeat with uc, ud or --daemon is %w: RC QPs of an embedded device only", ErrUnsupported)
 	case c.Daemon != "" && (fs.Changed("roce-port") || fs.Changed("portable")):
 		return c, fmt.Errorf("%w: --roce-port and --portable with --daemon: the daemon owns the RoCE socket", errPPUsage)
 	}

@@ -218,6 +218,8 @@ func TestPingpongPairs(t *testing.T) {
 		{"ud", 4096, 50, 1, nil}, // loopback MTU 65536 -> port MTU 4096
 		{"srq", 64, 60, 16, []string{"-e"}},
 		{"srq", 3000, 60, 4, []string{"-q", "4", "-r", "8"}},
+		{"rc", 3000, 50, 1, []string{"--selective-repeat"}},
+		{"srq", 3000, 60, 4, []string{"-q", "4", "-r", "8", "--selective-repeat"}},
 	}
 	for _, c := range cases {
 		name := fmt.Sprintf("%s-%dx%d-%s", c.tool, c.size, c.iters, strings.Join(c.flags, ""))
@@ -658,5 +660,22 @@ func TestPingpongPeerExits(t *testing.T) {
 				t.Errorf("client printed results: %q", cOut.String())
 			}
 		})
+	}
+}
+
+// TestPingpongSelectiveRepeatFlag: --selective-repeat sets the attribute for rc and srq and is
+// refused where it cannot apply (uc, ud, --daemon).
+func TestPingpongSelectiveRepeatFlag(t *testing.T) {
+	for _, tool := range []string{"rc", "srq"} {
+		c, err := ParseArgs([]string{tool, "--selective-repeat"})
+		if err != nil || !c.SelectiveRepeat {
+			t.Fatalf("%s: %v %v", tool, c.SelectiveRepeat, err)
+		}
+	}
+	for _, args := range [][]string{{"uc", "--selective-repeat"}, {"ud", "--selective-repeat"},
+		{"rc", "--selective-repeat", "--daemon", "/nonexistent"}} {
+		if _, err := ParseArgs(args); !errors.Is(err, ErrUnsupported) {
+			t.Fatalf("%v: %v, want ErrUnsupported", args, err)
+		}
 	}
 }
