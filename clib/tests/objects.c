@@ -164,6 +164,13 @@ static void queries(struct dev *d)
 	union ibv_gid g;
 	CHECK(ibv_query_gid(d->ctx, 1, 1, &g) == 0 && g.raw[10] == 0xff && g.raw[11] == 0xff);
 	CHECK(ibv_query_gid(d->ctx, 1, pa.gid_tbl_len, &g) == -1);
+	// the node GUID, as rxe's: non-zero, the sys_image_guid too, and the interface identifier
+	// of the link-local GID 0 (both the EUI-64 of the interface's MAC)
+	CHECK(da.node_guid != 0 && da.sys_image_guid == da.node_guid);
+	CHECK(ibv_query_gid(d->ctx, 1, 0, &g) == 0 && g.raw[0] == 0xfe && g.raw[1] == 0x80 &&
+	      !memcmp(&g.raw[8], &da.node_guid, 8));
+	CHECK(ibv_get_device_guid(d->ctx->device) == da.node_guid);
+	CHECK(ibv_query_gid(d->ctx, 1, 1, &g) == 0);
 	struct ibv_gid_entry ge;
 	CHECK(ibv_query_gid_ex(d->ctx, 1, 1, &ge, 0) == 0 && ge.gid_type == IBV_GID_TYPE_ROCE_V2 &&
 	      !memcmp(&ge.gid, &g, sizeof(g)));

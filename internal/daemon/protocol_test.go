@@ -69,6 +69,10 @@ func TestProtocolQueries(t *testing.T) {
 	if got := proto.DeviceAttrFromWire(&a); got != want {
 		t.Fatalf("QUERY_DEVICE %+v, want %+v", got, want)
 	}
+	// rxe's GUIDs on loopback (the EUI-64 of its all-zero MAC); rdma-core's suite wants them non-zero
+	if a.NodeGUID != 0x020000fffe000000 || a.SysImageGUID != a.NodeGUID {
+		t.Fatalf("QUERY_DEVICE node GUID %#x, sys_image_guid %#x", a.NodeGUID, a.SysImageGUID)
+	}
 	var p wire.PortAttr
 	if err := r.call(wire.OpQueryPort, wire.Bytes(&wire.PortReq{Port: 1}), wire.Bytes(&p)); err != nil {
 		t.Fatal(err)

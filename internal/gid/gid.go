@@ -13,6 +13,7 @@
 package gid
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -95,6 +96,44 @@ func LinkLocalFromMAC(mac net.HardwareAddr) netip.Addr {
 	a[11], a[12] = 0xff, 0xfe
 	a[13], a[14], a[15] = m[3], m[4], m[5]
 	return netip.AddrFrom16(a)
+}
+
+// GUIDFromMAC returns the EUI-64 of a 48-bit MAC (RFC 4291 appendix A, Linux
+// addrconf_addr_eui48: ff:fe inserted in the middle, the universal/local bit flipped) as the
+// number whose big-endian bytes are that EUI-64. Kernel rxe takes its node GUID and
+// sys_image_guid from it (rxe_register_device, rxe_init_device_param; IBTA 4.1.1: a GUID is an
+// EUI-64), and it is the interface identifier of the index-0 GID (LinkLocalFromMAC). A nil or
+// non-48-bit MAC counts as all zeros, loopback's, giving 0x020000fffe000000: never 0, the
+// same on every start.
+func GUIDFromMAC(mac net.HardwareAddr) uint64 {
+	ll := LinkLocalFromMAC(mac).As16()
+	return binary.BigEndian.Uint64(ll[8:])
+}
+
+// GUID is the node GUID of a device on the table's interface (GUIDFromMAC of its MAC).
+func (t *Table) GUID() uint64 { return GUIDFromMAC(t.MAC) }
+
+// InterfaceMAC returns the hardware address of the interface holding a (nil when no interface
+// holds it or it has none; loopback's all-zero MAC reads as none, which GUIDFromMAC and
+// LinkLocalFromMAC treat alike).
+func InterfaceMAC(a netip.Addr) net.HardwareAddr {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return nil
+	}
+	a = a.Unmap().WithZone("")
+	for _, ifi := range ifs {
+		as, err := ifi.Addrs()
+		if err != nil {
+			continue
+		}
+		for _, ia := range as {
+			if p, err := netip.ParsePrefix(ia.String()); err == nil && p.Addr().Unmap() == a {
+				return ifi.HardwareAddr
+			}
+		}
+	}
+	return nil
 }
 
 // FromAddrs builds a table from a plain list of addresses.

@@ -165,3 +165,33 @@ func FuzzIndex(f *testing.F) {
 		}
 	})
 }
+
+func TestGUIDFromMAC(t *testing.T) {
+	cases := []struct {
+		mac  string
+		want uint64
+	}{
+		{"52:54:00:12:34:56", 0x505400fffe123456}, // what rxe on QEMU's NIC reports: 5054:00ff:fe12:3456
+		{"02:00:00:00:00:01", 0x000000fffe000001},
+		{"00:00:00:00:00:00", 0x020000fffe000000}, // rxe on loopback: 0200:00ff:fe00:0000
+	}
+	for _, c := range cases {
+		mac, err := net.ParseMAC(c.mac)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := GUIDFromMAC(mac)
+		if got != c.want {
+			t.Errorf("%s: %#x, want %#x", c.mac, got, c.want)
+		}
+		// the index-0 GID's interface identifier is the GUID, as in rxe's table
+		g := FromAddrs(Options{MAC: mac}).entries[0].GID
+		if id := uint64(g[8])<<56 | uint64(g[9])<<48 | uint64(g[10])<<40 | uint64(g[11])<<32 |
+			uint64(g[12])<<24 | uint64(g[13])<<16 | uint64(g[14])<<8 | uint64(g[15]); id != got {
+			t.Errorf("%s: GID 0 interface id %#x, GUID %#x", c.mac, id, got)
+		}
+	}
+	if got := FromAddrs(Options{}).GUID(); got != 0x020000fffe000000 {
+		t.Errorf("no MAC: %#x", got)
+	}
+}

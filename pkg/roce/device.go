@@ -124,6 +124,10 @@ type Options struct {
 	// LineRate is the device's line rate in bit/s, DCQCN's maximum rate
 	// (0 = 100 Gbit/s; OpenUDP reads an interface's speed).
 	LineRate float64
+
+	// mac is the hardware address of the interface OpenUDP's addresses are on: with GIDs
+	// nil it derives the index-0 GID and the GUIDs, as for a table built from the interface.
+	mac net.HardwareAddr
 }
 
 // Device is an open softroce device. Its methods are safe for concurrent use.
@@ -230,7 +234,16 @@ func Open(o Options) (*Device, error) {
 	d.tbl = mr.NewTable(to)
 	d.gids = o.GIDs
 	if d.gids == nil {
-		d.gids = gid.FromAddrs(gid.Options{Addrs: o.Link.LocalAddrs()})
+		d.gids = gid.FromAddrs(gid.Options{Addrs: o.Link.LocalAddrs(), MAC: o.mac})
+	}
+	// A node GUID of 0 (the attributes' default) is the one rxe gives a device: the EUI-64 of
+	// its interface's MAC, which is also the index-0 GID's interface identifier, and the same
+	// value for the system image GUID (rxe_register_device, rxe_init_device_param).
+	if d.attr.NodeGUID == 0 {
+		d.attr.NodeGUID = d.gids.GUID()
+	}
+	if d.attr.SysImageGUID == 0 {
+		d.attr.SysImageGUID = d.attr.NodeGUID
 	}
 	size := uint32(1)
 	for size < uint32(d.attr.MaxQP)+FirstQPN && size < 1<<24 {

@@ -43,9 +43,9 @@ type CMOptions struct {
 	TimeWait time.Duration
 	// TIDHigh is the high half of the CM's transaction IDs (0 = 1).
 	TIDHigh uint32
-	// CAGUID is the node GUID sent in REQ/REP (0 = the EUI-64 interface ID
-	// of the link-local GID, index 0, as rxe derives its node GUID from the
-	// MAC).
+	// CAGUID is the CA GUID sent in REQ/REP (0 = the device's node GUID:
+	// the EUI-64 of the interface's MAC, the interface ID of the link-local
+	// GID at index 0, as rxe derives it).
 	CAGUID uint64
 	// RecvDepth is the number of MAD receive buffers on QP1 (0 = 64).
 	RecvDepth int
@@ -155,11 +155,7 @@ func (d *Device) openGSI(o CMOptions) error {
 	}
 	guid := o.CAGUID
 	if guid == 0 {
-		if e, err := d.gids.Entry(0); err == nil {
-			for _, b := range e.GID[8:] {
-				guid = guid<<8 | uint64(b)
-			}
-		}
+		guid = d.attr.NodeGUID
 	}
 	g.mgr, err = cm.NewManager(cm.Options{
 		Transport: g, Clock: d.clock, Rand: o.Rand, CAGUID: guid, TimeWait: o.TimeWait,

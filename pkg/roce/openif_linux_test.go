@@ -1,6 +1,7 @@
 package roce
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -103,6 +104,22 @@ func TestOpenUDPInterface(t *testing.T) {
 			fail("OpenUDP srv1", err)
 			return
 		}
+		// a device opened on an address takes its GUID from the interface holding it
+		byAddr, err := OpenUDP(UDPOptions{Addrs: []netip.Addr{netip.MustParseAddr("198.18.1.2")}, Port: 4792, Portable: true})
+		if err != nil {
+			a.Close()
+			b.Close()
+			fail("OpenUDP 198.18.1.2", err)
+			return
+		}
+		g, g0 := byAddr.Attr().NodeGUID, byAddr.GIDs()[0]
+		byAddr.Close()
+		if g != 0x505400fffeaabb02 || g0 != netip.MustParseAddr("fe80::5054:ff:feaa:bb02") {
+			a.Close()
+			b.Close()
+			fail("OpenUDP 198.18.1.2", fmt.Errorf("node GUID %#x and GID 0 %v, want srv1's", g, g0))
+			return
+		}
 		c <- result{a: a, b: b}
 	}()
 	r := <-c
@@ -132,6 +149,12 @@ func TestOpenUDPInterface(t *testing.T) {
 			if e.Type != gid.TypeRoCEv2 {
 				t.Fatalf("%s: GID %d type %v, want RoCE v2", d.Name(), i, e.Type)
 			}
+		}
+	}
+	// node and system image GUID: the EUI-64 of the MAC, as rxe's (addrconf_addr_eui48)
+	for d, want := range map[*Device]uint64{da: 0x505400fffeaabb01, db: 0x505400fffeaabb02} {
+		if a := d.Attr(); a.NodeGUID != want || a.SysImageGUID != want {
+			t.Fatalf("%s: node GUID %#x, sys_image_guid %#x, want %#x", d.Name(), a.NodeGUID, a.SysImageGUID, want)
 		}
 	}
 	if m := da.PortAttr().ActiveMTU; m != qp.MTU1024 {

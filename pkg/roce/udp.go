@@ -111,8 +111,13 @@ func OpenUDP(o UDPOptions) (*Device, error) {
 	if line == 0 && o.Interface != "" {
 		line = InterfaceSpeed(o.Interface)
 	}
+	var mac net.HardwareAddr
+	if table == nil {
+		mac = gid.InterfaceMAC(addrs[0])
+	}
 	d, err := Open(Options{Link: l, Shards: shards, Pin: o.FastPath.Pin, Clock: o.Clock, Port: o.Port, MTU: o.MTU,
-		Attr: o.Attr, Events: o.Events, Name: o.Name, GIDs: table, Polled: o.Polled, CC: o.CC, LineRate: line})
+		Attr: o.Attr, Events: o.Events, Name: o.Name, GIDs: table, Polled: o.Polled, CC: o.CC, LineRate: line,
+		mac: mac})
 	if err != nil {
 		l.Close()
 		for _, s := range shards {

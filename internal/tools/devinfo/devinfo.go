@@ -115,7 +115,7 @@ func Run(_ context.Context, c Config, out io.Writer) error {
 				return err
 			}
 		} else {
-			tbl = gid.FromAddrs(gid.Options{Addrs: uo.Addrs, MTU: loopbackMTU(uo.Addrs)})
+			tbl = gid.FromAddrs(gid.Options{Addrs: uo.Addrs, MTU: loopbackMTU(uo.Addrs), MAC: gid.InterfaceMAC(uo.Addrs[0])})
 		}
 		l, err := mem.NewNetwork(mem.Options{}).Attach(tbl.Addrs()...)
 		if err != nil {

@@ -22,7 +22,8 @@ func TestDevinfoEmbedded(t *testing.T) {
 		t.Fatalf("exit %d: %s", rc, errb.String())
 	}
 	for _, want := range []string{"hca_id:\tsoftroce0", "state:\t\t\tPORT_ACTIVE (4)", "active_mtu:\t\t4096 (5)",
-		"GID[  0]:\t\tfe80:", "GID[  1]:\t\t0000:0000:0000:0000:0000:ffff:7f00:0001, RoCE v2", "max_qp:"} {
+		"GID[  0]:\t\tfe80:0000:0000:0000:0200:00ff:fe00:0000", "node_guid:\t\t\t0200:00ff:fe00:0000",
+		"sys_image_guid:\t\t\t0200:00ff:fe00:0000", "GID[  1]:\t\t0000:0000:0000:0000:0000:ffff:7f00:0001, RoCE v2", "max_qp:"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("devinfo lacks %q:\n%s", want, out.String())
 		}
@@ -43,7 +44,7 @@ func TestDevinfoDaemon(t *testing.T) {
 	if rc := Main(context.Background(), []string{"--daemon", sock}, &out, &errb); rc != 0 {
 		t.Fatalf("exit %d: %s", rc, errb.String())
 	}
-	for _, want := range []string{"hca_id:\tsoftrocetest", "GID[  1]:\t\t0000:0000:0000:0000:0000:ffff:0a07:0001", "GID[  2]:\t\t0000:0000:0000:0000:0000:ffff:0a07:0002"} {
+	for _, want := range []string{"hca_id:\tsoftrocetest", "node_guid:\t\t\t0200:00ff:fe00:0000", "GID[  1]:\t\t0000:0000:0000:0000:0000:ffff:0a07:0001", "GID[  2]:\t\t0000:0000:0000:0000:0000:ffff:0a07:0002"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("devinfo --daemon lacks %q:\n%s", want, out.String())
 		}
