@@ -371,7 +371,9 @@ int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
 	param_to_wire(&req.param, conn_param);
 	if (call_id(SR_OP_CM_CONNECT, &req, sizeof(req), NULL, 0) < 0)
 		return -1;
-	return sync_wait(i, RDMA_CM_EVENT_ESTABLISHED);
+	// without an ID-owned QP the reply is CONNECT_RESPONSE: the program moves its QP and
+	// calls rdma_establish (librdmacm's ucma_complete takes any event)
+	return sync_wait(i, id->qp ? RDMA_CM_EVENT_ESTABLISHED : RDMA_CM_EVENT_CONNECT_RESPONSE);
 }
 
 int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
@@ -469,9 +471,15 @@ int rdma_get_request(struct rdma_cm_id *listen, struct rdma_cm_id **id)
 
 int rdma_establish(struct rdma_cm_id *id)
 {
-	(void)id;
-	// The daemon sends the RTU itself when a connection's reply arrives.
-	return sr_fail(ENOSYS);
+	// After CONNECT_RESPONSE for a QP the ID does not own (librdmacm: EINVAL for one it
+	// does, whose connection the daemon completes): the daemon sends the RTU.
+	if (id->qp)
+		return sr_fail(EINVAL);
+	struct sr_handle h = {.handle = cma_id(id)->handle};
+	if (call_id(SR_OP_CM_ESTABLISH, &h, sizeof(h), NULL, 0) < 0)
+		return -1;
+	cma_id(id)->established = 1;
+	return 0;
 }
 
 int rdma_notify(struct rdma_cm_id *id, enum ibv_event_type event)
@@ -485,12 +493,32 @@ int rdma_notify(struct rdma_cm_id *id, enum ibv_event_type event)
 
 int rdma_set_option(struct rdma_cm_id *id, int level, int optname, void *optval, size_t optlen)
 {
-	(void)id;
-	(void)level;
-	(void)optname;
-	(void)optval;
-	(void)optlen;
-	return sr_fail(ENOSYS);
+	// As the kernel's ucma_set_option: each option with its own size (EINVAL otherwise),
+	// ENOSYS for a level or option it does not know. RDMA_OPTION_IB's path records are
+	// InfiniBand's: EOPNOTSUPP. The daemon answers the rest (docs/daemon-protocol.md).
+	if (level == RDMA_OPTION_IB)
+		return sr_fail(EOPNOTSUPP);
+	if (level != RDMA_OPTION_ID)
+		return sr_fail(ENOSYS);
+	struct sr_cm_set_option_req req = {.id = cma_id(id)->handle, .level = (uint32_t)level,
+					   .optname = (uint32_t)optname};
+	switch (optname) {
+	case RDMA_OPTION_ID_TOS:
+	case RDMA_OPTION_ID_ACK_TIMEOUT:
+		if (!optval || optlen != sizeof(uint8_t))
+			return sr_fail(EINVAL);
+		req.value = *(const uint8_t *)optval;
+		break;
+	case RDMA_OPTION_ID_REUSEADDR:
+	case RDMA_OPTION_ID_AFONLY:
+		if (!optval || optlen != sizeof(int))
+			return sr_fail(EINVAL);
+		req.value = *(const int *)optval != 0;
+		break;
+	default:
+		return sr_fail(ENOSYS);
+	}
+	return call_id(SR_OP_CM_SET_OPTION, &req, sizeof(req), NULL, 0);
 }
 
 int rdma_join_multicast(struct rdma_cm_id *id, struct sockaddr *addr, void *context)
@@ -498,7 +526,7 @@ int rdma_join_multicast(struct rdma_cm_id *id, struct sockaddr *addr, void *cont
 	(void)id;
 	(void)addr;
 	(void)context;
-	return sr_fail(ENOSYS); // softroce has no multicast groups
+	return sr_fail(EOPNOTSUPP); // softroce has no multicast groups (max_mcast_grp 0), as ibv_attach_mcast
 }
 
 int rdma_join_multicast_ex(struct rdma_cm_id *id, struct rdma_cm_join_mc_attr_ex *attr, void *context)
@@ -506,14 +534,14 @@ int rdma_join_multicast_ex(struct rdma_cm_id *id, struct rdma_cm_join_mc_attr_ex
 	(void)id;
 	(void)attr;
 	(void)context;
-	return sr_fail(ENOSYS);
+	return sr_fail(EOPNOTSUPP);
 }
 
 int rdma_leave_multicast(struct rdma_cm_id *id, struct sockaddr *addr)
 {
 	(void)id;
 	(void)addr;
-	return sr_fail(ENOSYS);
+	return sr_fail(EOPNOTSUPP);
 }
 
 int rdma_set_local_ece(struct rdma_cm_id *id, struct ibv_ece *ece)

@@ -4,8 +4,11 @@
 // client's private data, accept, ESTABLISHED, zero-length SENDs both ways
 // over QPs made with rdma_create_qp (the daemon moves them), disconnect.
 // UD (RDMA_PS_UDP): SIDR resolution, the client's ESTABLISHED names the
-// server's QP and Q_Key, an AH made from it. Without $SOFTROCE_SOCKET it
-// exits 77 (skipped).
+// server's QP and Q_Key, an AH made from it. `ext` (RC): the client connects a QP
+// it made itself (ibv_create_qp, rdma_init_qp_attr), gets CONNECT_RESPONSE, moves
+// it and calls rdma_establish; both sides set RDMA_OPTION_ID_ACK_TIMEOUT and find it
+// in their QP's timeout; rdma_set_option's refusals and rdma_join_multicast's
+// EOPNOTSUPP. Without $SOFTROCE_SOCKET it exits 77 (skipped).
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stdlib.h>
@@ -60,31 +63,45 @@ static int make_qp(struct rdma_cm_id *id, enum ibv_qp_type t)
 }
 
 // pingpong: the client sends first, the server answers each SEND.
-static int pingpong(struct rdma_cm_id *id, int client, int rounds)
+static int pingpong(struct ibv_qp *qp, int client, int rounds)
 {
 	struct ibv_send_wr s = {.opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED}, *sb;
 	struct ibv_recv_wr r = {.wr_id = 1}, *rb;
-	if (client && ibv_post_send(id->qp, &s, &sb))
+	if (client && ibv_post_send(qp, &s, &sb))
 		return -1;
 	int sent = client, recvd = 0, done = 0;
 	while (recvd < rounds || done < rounds) {
 		struct ibv_wc wc;
-		int k = ibv_poll_cq(id->qp->send_cq, 1, &wc);
+		int k = ibv_poll_cq(qp->send_cq, 1, &wc);
 		if (k < 0 || (k == 1 && wc.status != IBV_WC_SUCCESS))
 			return -1;
 		if (k == 0)
 			continue;
 		if (wc.opcode == IBV_WC_RECV) {
 			recvd++;
-			if (ibv_post_recv(id->qp, &r, &rb))
+			if (ibv_post_recv(qp, &r, &rb))
 				return -1;
-			if (sent < rounds && ibv_post_send(id->qp, &s, &sb) == 0)
+			if (sent < rounds && ibv_post_send(qp, &s, &sb) == 0)
 				sent++;
 		} else {
 			done++;
 		}
 	}
 	return 0;
+}
+
+static int ext; // `ext` mode (main)
+
+static int qp_timeout(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr ia;
+	return ibv_query_qp(qp, &a, IBV_QP_TIMEOUT, &ia) ? -1 : a.timeout;
+}
+
+static int set_u8(struct rdma_cm_id *id, int name, uint8_t v)
+{
+	return rdma_set_option(id, RDMA_OPTION_ID, name, &v, sizeof(v));
 }
 
 static void serve(struct sockaddr *sa, enum rdma_port_space ps)
@@ -108,6 +125,8 @@ static void serve(struct sockaddr *sa, enum rdma_port_space ps)
 	rdma_ack_cm_event(e);
 	enum ibv_qp_type t = ps == RDMA_PS_UDP ? IBV_QPT_UD : IBV_QPT_RC;
 	CHECK(make_qp(id, t) == 0);
+	if (ext)
+		CHECK(set_u8(id, RDMA_OPTION_ID_ACK_TIMEOUT, 18) == 0);
 	struct rdma_conn_param p = {.responder_resources = 1, .initiator_depth = 1, .private_data = "world",
 				    .private_data_len = 6};
 	CHECK(rdma_accept(id, &p) == 0);
@@ -116,7 +135,9 @@ static void serve(struct sockaddr *sa, enum rdma_port_space ps)
 		CHECK(e != NULL);
 		if (e)
 			rdma_ack_cm_event(e);
-		CHECK(pingpong(id, 0, 100) == 0);
+		if (ext)
+			CHECK(qp_timeout(id->qp) == 18);
+		CHECK(pingpong(id->qp, 0, 100) == 0);
 		e = next(RDMA_CM_EVENT_DISCONNECTED);
 		CHECK(e != NULL);
 		if (e)
@@ -125,6 +146,79 @@ static void serve(struct sockaddr *sa, enum rdma_port_space ps)
 	drop_qp(id);
 	CHECK(rdma_destroy_id(id) == 0);
 	CHECK(rdma_destroy_id(l) == 0);
+}
+
+// connect_ext: rdma_connect for a QP the ID does not own, as rdma-core's
+// test_rdmacm_async_traffic_external_qp: CONNECT_RESPONSE, the program moves its QP
+// with rdma_init_qp_attr's attributes, rdma_establish sends the RTU.
+static void connect_ext(struct rdma_cm_id *id)
+{
+	struct ibv_pd *pd = ibv_alloc_pd(id->verbs);
+	struct ibv_cq *cq = pd ? ibv_create_cq(id->verbs, 16, NULL, NULL, 0) : NULL;
+	struct ibv_qp_init_attr ia = {.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+				      .cap = {.max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1}};
+	struct ibv_qp *qp = cq ? ibv_create_qp(pd, &ia) : NULL;
+	CHECK(qp != NULL);
+	if (!qp)
+		return;
+	CHECK(set_u8(id, RDMA_OPTION_ID_ACK_TIMEOUT, 20) == 0);
+	struct ibv_qp_attr a;
+	int mask;
+	a.qp_state = IBV_QPS_INIT;
+	CHECK(rdma_init_qp_attr(id, &a, &mask) == 0 && ibv_modify_qp(qp, &a, mask) == 0);
+	struct ibv_recv_wr r = {.wr_id = 1}, *rb;
+	CHECK(ibv_post_recv(qp, &r, &rb) == 0);
+	CHECK(rdma_establish(id) == -1); // nothing to establish yet
+	struct rdma_conn_param p = {.responder_resources = 1, .initiator_depth = 1, .retry_count = 7,
+				    .rnr_retry_count = 7, .private_data = "hello", .private_data_len = 6,
+				    .qp_num = qp->qp_num};
+	CHECK(rdma_connect(id, &p) == 0);
+	struct rdma_cm_event *e = next(RDMA_CM_EVENT_CONNECT_RESPONSE);
+	CHECK(e != NULL);
+	if (!e)
+		return;
+	CHECK(e->param.conn.private_data && !memcmp(e->param.conn.private_data, "world", 6));
+	rdma_ack_cm_event(e);
+	a.qp_state = IBV_QPS_RTR;
+	CHECK(rdma_init_qp_attr(id, &a, &mask) == 0 && ibv_modify_qp(qp, &a, mask) == 0);
+	a.qp_state = IBV_QPS_RTS;
+	CHECK(rdma_init_qp_attr(id, &a, &mask) == 0 && (mask & IBV_QP_TIMEOUT) && a.timeout == 20 &&
+	      ibv_modify_qp(qp, &a, mask) == 0);
+	CHECK(qp_timeout(qp) == 20);
+	CHECK(rdma_establish(id) == 0);
+	CHECK(pingpong(qp, 1, 100) == 0);
+	CHECK(rdma_disconnect(id) == 0);
+	e = next(RDMA_CM_EVENT_DISCONNECTED);
+	CHECK(e != NULL);
+	if (e)
+		rdma_ack_cm_event(e);
+	CHECK(ibv_destroy_qp(qp) == 0);
+	CHECK(ibv_destroy_cq(cq) == 0);
+	CHECK(ibv_dealloc_pd(pd) == 0);
+}
+
+// options: what rdma_set_option and the multicast calls refuse, as the kernel's ucma
+// does (sizes, unknown names) and softroce must (REUSEADDR, no multicast groups).
+static void options(void)
+{
+	struct rdma_cm_id *id;
+	CHECK(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) == 0);
+	int on = 1;
+	uint8_t tos = 0x20;
+	CHECK(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &on, sizeof(on)) == -1 && errno == EINVAL);
+	CHECK(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, sizeof(tos)) == 0);
+	CHECK(rdma_set_option(id, RDMA_OPTION_ID, 42, &on, sizeof(on)) == -1 && errno == ENOSYS);
+	CHECK(rdma_set_option(id, 7, RDMA_OPTION_ID_TOS, &tos, sizeof(tos)) == -1 && errno == ENOSYS);
+	CHECK(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &on, sizeof(on)) == -1 &&
+	      errno == EOPNOTSUPP);
+	CHECK(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, &on, sizeof(on)) == 0);
+	struct sockaddr_in mc = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0xe0000101)};
+	CHECK(rdma_join_multicast(id, (struct sockaddr *)&mc, NULL) == -1 && errno == EOPNOTSUPP);
+	CHECK(rdma_destroy_id(id) == 0);
+	struct rdma_cm_id *ud;
+	CHECK(rdma_create_id(ch, &ud, NULL, RDMA_PS_UDP) == 0);
+	CHECK(set_u8(ud, RDMA_OPTION_ID_ACK_TIMEOUT, 14) == -1 && errno == EINVAL);
+	CHECK(rdma_destroy_id(ud) == 0);
 }
 
 static void connect_to(struct sockaddr *sa, enum rdma_port_space ps)
@@ -142,6 +236,12 @@ static void connect_to(struct sockaddr *sa, enum rdma_port_space ps)
 	if (e)
 		rdma_ack_cm_event(e);
 	CHECK(id->route.num_paths == 1 && id->verbs != NULL);
+	if (ext) {
+		options();
+		connect_ext(id);
+		CHECK(rdma_destroy_id(id) == 0);
+		return;
+	}
 	enum ibv_qp_type t = ps == RDMA_PS_UDP ? IBV_QPT_UD : IBV_QPT_RC;
 	CHECK(make_qp(id, t) == 0);
 	struct rdma_conn_param p = {.responder_resources = 1, .initiator_depth = 1, .retry_count = 7,
@@ -162,7 +262,7 @@ static void connect_to(struct sockaddr *sa, enum rdma_port_space ps)
 	} else {
 		CHECK(e->param.conn.private_data && !memcmp(e->param.conn.private_data, "world", 6));
 		rdma_ack_cm_event(e);
-		CHECK(pingpong(id, 1, 100) == 0);
+		CHECK(pingpong(id->qp, 1, 100) == 0);
 		CHECK(rdma_disconnect(id) == 0);
 		e = next(RDMA_CM_EVENT_DISCONNECTED);
 		CHECK(e != NULL);
@@ -176,12 +276,13 @@ static void connect_to(struct sockaddr *sa, enum rdma_port_space ps)
 int main(int argc, char **argv)
 {
 	if (!getenv("SOFTROCE_SOCKET") || argc < 4) {
-		printf("cm: needs SOFTROCE_SOCKET and s|c ADDR PORT [udp], skipped\n");
+		printf("cm: needs SOFTROCE_SOCKET and s|c ADDR PORT [udp|ext], skipped\n");
 		return 77;
 	}
 	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[3]))};
 	CHECK(inet_pton(AF_INET, argv[2], &sa.sin_addr) == 1);
 	enum rdma_port_space ps = argc > 4 && !strcmp(argv[4], "udp") ? RDMA_PS_UDP : RDMA_PS_TCP;
+	ext = argc > 4 && !strcmp(argv[4], "ext");
 	ch = rdma_create_event_channel();
 	CHECK(ch != NULL);
 	if (!ch)

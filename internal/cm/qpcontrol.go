@@ -12,6 +12,10 @@ type QPModifier interface {
 type QPControlOptions struct {
 	SGIDIndex uint8 // GID table index of the local address (rdma_cm: the route's source GID)
 	Port      uint8 // 0 = 1
+	// Timeout, with TimeoutSet, replaces the negotiated local ACK timeout at RTS (rdma_cm's
+	// RDMA_OPTION_ID_ACK_TIMEOUT, as rdma_init_qp_attr applies it).
+	Timeout    uint8
+	TimeoutSet bool
 }
 
 // NewQPControl adapts an engine QP (already in INIT, as rdma_create_qp leaves
@@ -39,6 +43,9 @@ func (c *qpControl) ToRTR(p *RTRParams) error {
 // ToRTS implements QPControl.
 func (c *qpControl) ToRTS(p *RTSParams) error {
 	a, m := RTSAttr(c.q.Type(), p)
+	if c.o.TimeoutSet {
+		a.Timeout = c.o.Timeout
+	}
 	return c.q.Modify(&a, m)
 }
 

@@ -363,6 +363,22 @@ func (ss *session) handleCM(op wire.Op, body []byte) ([]byte, error) {
 		return nil, id.Reject(append([]byte(nil), r.PrivateData[:r.PrivateDataLen]...))
 	case wire.OpCMDisconnect:
 		return nil, id.Disconnect()
+	case wire.OpCMEstablish:
+		return nil, id.Establish()
+	case wire.OpCMSetOption:
+		r, err := req[wire.CMSetOptionReq](body)
+		if err != nil {
+			return nil, err
+		}
+		if r.Level != 0 { // RDMA_OPTION_ID only (RDMA_OPTION_IB's paths are InfiniBand's)
+			return nil, fmt.Errorf("%w: rdma_cm option level %d", proto.ErrUnsupported, r.Level)
+		}
+		if err := id.SetOption(rdmacm.Option(r.OptName), r.Value); errors.Is(err, rdmacm.ErrUnsupported) {
+			return nil, fmt.Errorf("%w: %w", proto.ErrUnsupported, err)
+		} else if err != nil {
+			return nil, err
+		}
+		return nil, nil
 	case wire.OpCMQueryID:
 		rt := id.Route()
 		resp := wire.CMQueryIDResp{Local: proto.AddrPortToWire(id.LocalAddr()), Remote: proto.AddrPortToWire(id.RemoteAddr()),

@@ -409,7 +409,7 @@ func (ss *session) handle(b []byte, fds *[]int) (rights []byte) {
 			}
 		}
 	default:
-		if op >= wire.OpCMCreateChannel && op <= wire.OpCMQueryID {
+		if op >= wire.OpCMCreateChannel && op <= wire.OpCMEstablish {
 			rights, err = ss.handleCM(op, body)
 			break
 		}

@@ -146,9 +146,9 @@ func DefaultDeviceAttr() DeviceAttr {
 		MaxQPInitRDAtom:       DefaultMaxQPRDAtom,
 		AtomicCap:             AtomicGlob,
 		MaxMW:                 DefaultMaxMW,
-		MaxMcastGrp:           8192,
-		MaxMcastQPAttach:      56,
-		MaxTotalMcastQPAttach: 0x70000,
+		MaxMcastGrp:           0, // no multicast groups (multicast QPN dropped, attach EOPNOTSUPP); rxe 8192
+		MaxMcastQPAttach:      0, // rxe 56
+		MaxTotalMcastQPAttach: 0, // rxe 0x70000
 		MaxAH:                 DefaultMaxAH,
 		MaxSRQ:                DefaultMaxSRQ,
 		MaxSRQWR:              DefaultMaxSRQWR,

@@ -259,6 +259,27 @@ func (c *Conn) CMDisconnect(h uint32) error {
 	return err
 }
 
+// CMSetOption implements rdmacm.Remote.
+func (c *Conn) CMSetOption(h uint32, o rdmacm.Option, value uint32) error {
+	_, err := c.call(wire.OpCMSetOption, wire.Bytes(&wire.CMSetOptionReq{ID: h, OptName: uint32(o), Value: value}), nil)
+	return err
+}
+
+// CMInitQPAttr implements rdmacm.Remote.
+func (c *Conn) CMInitQPAttr(h uint32, state qp.State) (qp.Attr, qp.AttrMask, error) {
+	var r wire.CMInitQPAttrResp
+	if _, err := c.call(wire.OpCMInitQPAttr, wire.Bytes(&wire.CMInitQPAttrReq{ID: h, QPState: uint32(state)}), wire.Bytes(&r)); err != nil {
+		return qp.Attr{}, 0, err
+	}
+	return proto.QPAttrFromWire(&r.Attr), qp.AttrMask(r.AttrMask), nil
+}
+
+// CMEstablish implements rdmacm.Remote.
+func (c *Conn) CMEstablish(h uint32) error {
+	_, err := c.call(wire.OpCMEstablish, cmHandle(h), nil)
+	return err
+}
+
 // CMDestroy implements rdmacm.Remote.
 func (c *Conn) CMDestroy(h uint32) error {
 	c.cm.mu.Lock()

@@ -211,6 +211,7 @@ type ID struct {
 	ownsPort bool
 	udRemote UDParam
 	attached bool // the QP came from AttachQP: not ours to destroy
+	opt      idOptions
 
 	// daemon mode (rem != nil): the ID is handle rh of the client's
 	// session; vqp is the QP bound with CreateQPVerbs.
@@ -492,6 +493,9 @@ func (id *ID) ResolveRoute(timeout time.Duration) error {
 		mtu = qp.MTU1024
 	}
 	id.route = Route{SGID: id.local.Addr(), DGID: id.remote.Addr(), SGIDIndex: idx, MTU: mtu, HopLimit: 64}
+	if id.opt.tosSet {
+		id.route.TrafficClass = id.opt.tos // cma_resolve_iboe_route: the TOS is the traffic class
+	}
 	id.state = stRouteResolved
 	id.ch.push(Event{Type: EventRouteResolved, ID: id})
 	return nil
@@ -610,10 +614,10 @@ func initQP(q *roce.QP, typ qp.Type) error {
 // (rdma_init_qp_attr): INIT as CreateQP moves it (UD: INIT, RTR and RTS with the
 // rdma_cm Q_Key), RTR and RTS from the connection's negotiated parameters once
 // the peer's REQ (passive side) or REP (active side) arrived (ErrState before).
-// Embedded and daemon-side IDs only.
+// The ID's ACK timeout option replaces the RTS timeout. Through the daemon too.
 func (id *ID) InitQPAttr(state qp.State) (qp.Attr, qp.AttrMask, error) {
 	if id.rem != nil {
-		return qp.Attr{}, 0, fmt.Errorf("%w: InitQPAttr of a client ID", ErrInvalidArg)
+		return id.rem.r.CMInitQPAttr(id.rh, state)
 	}
 	id.mu.Lock()
 	typ := qp.TypeRC
@@ -622,7 +626,17 @@ func (id *ID) InitQPAttr(state qp.State) (qp.Attr, qp.AttrMask, error) {
 	} else if id.qp != nil {
 		typ = id.qp.Type()
 	}
-	c, sgid := id.conn, uint8(id.route.SGIDIndex)
+	c, o := id.conn, id.qpOptions()
+	var psn uint32
+	if state == qp.StateRTR && id.state == stConnectReq && typ != qp.TypeUD {
+		// a QP the program moves before Accept: the REP announces the receive PSN its RTR
+		// attributes give (cma.c rdma_init_qp_attr: rq_psn = the ID's seq_num, which
+		// cma_accept_ib puts in the REP)
+		if id.opt.startPSN == 0 {
+			id.opt.startPSN = 1 + rand.Uint32N(bth.PSNMask)
+		}
+		psn = id.opt.startPSN
+	}
 	id.mu.Unlock()
 	steps := initSteps(typ)
 	if typ == qp.TypeUD {
@@ -648,10 +662,16 @@ func (id *ID) InitQPAttr(state qp.State) (qp.Attr, qp.AttrMask, error) {
 	}
 	rtr, rts := c.QPParams()
 	if state == qp.StateRTR {
-		a, m := cm.RTRAttr(typ, &rtr, cm.QPControlOptions{SGIDIndex: sgid})
+		a, m := cm.RTRAttr(typ, &rtr, o)
+		if psn != 0 {
+			a.RQPSN = psn
+		}
 		return a, m, nil
 	}
 	a, m := cm.RTSAttr(typ, &rts)
+	if o.TimeoutSet && m&qp.AttrTimeout != 0 {
+		a.Timeout = o.Timeout // rdma_init_qp_attr: the ID's ACK timeout
+	}
 	return a, m, nil
 }
 
@@ -791,7 +811,11 @@ func (id *ID) Connect(p ConnParam) error {
 		if q.Type() == qp.TypeUC {
 			o.Transport = cm.TransportUC
 		}
-		o.QP = cm.NewQPControl(q.QP, cm.QPControlOptions{SGIDIndex: uint8(id.route.SGIDIndex)})
+		o.QP = cm.NewQPControl(q.QP, id.qpOptions())
+	} else {
+		// a QP the program moves itself: CONNECT_RESPONSE, then Establish sends the RTU
+		// (librdmacm and the kernel's cma_ib_handler for an ID without a QP)
+		o.ManualRTU = true
 	}
 	id.state = stConnect
 	id.mu.Unlock()
@@ -873,9 +897,9 @@ func (id *ID) Accept(p *ConnParam) error {
 			PrivateData: p.PrivateData,
 		}
 	}
-	o.QPN = qpn
+	o.QPN, o.StartingPSN = qpn, id.opt.startPSN
 	if q != nil {
-		o.QP = cm.NewQPControl(q.QP, cm.QPControlOptions{SGIDIndex: uint8(id.route.SGIDIndex)})
+		o.QP = cm.NewQPControl(q.QP, id.qpOptions())
 	}
 	c := id.conn
 	id.state = stAccepting
@@ -1078,6 +1102,8 @@ func (ds *devState) handle(e cm.Event) {
 		if e.Conn.Active() {
 			ev.Param = localView(&e.Remote, e.PrivateData)
 		}
+	case cm.EventConnectResponse:
+		ev.Param = localView(&e.Remote, e.PrivateData) // the state stays stConnect until Establish
 	case cm.EventDisconnected:
 		id.state = stDisconnect
 	case cm.EventTimewaitExit:
@@ -1154,7 +1180,9 @@ func (ds *devState) connectRequest(e cm.Event) {
 	}
 	la := lid.local.Addr()
 	dst := hdr.Dst().Unmap()
-	if (la.IsValid() && !la.IsUnspecified() && la != dst) || ds.d.GIDIndex(dst) < 1 {
+	// an unspecified address takes every family unless the listener is AFONLY (cma_match_private_data)
+	if (la.IsValid() && !la.IsUnspecified() && la != dst) || ds.d.GIDIndex(dst) < 1 ||
+		(lid.opt.afOnly && la.IsValid() && la.Is4() != dst.Is4()) {
 		lid.mu.Unlock()
 		rejectRaw(e)
 		return

@@ -50,6 +50,12 @@ type Remote interface {
 	CMReject(h uint32, privateData []byte) error
 	CMDisconnect(h uint32) error
 	CMDestroy(h uint32) error
+	// CMSetOption is rdma_set_option (level RDMA_OPTION_ID; ID.SetOption) and CMEstablish
+	// rdma_establish (ID.Establish).
+	CMSetOption(h uint32, o Option, value uint32) error
+	CMEstablish(h uint32) error
+	// CMInitQPAttr is rdma_init_qp_attr (ID.InitQPAttr).
+	CMInitQPAttr(h uint32, state qp.State) (qp.Attr, qp.AttrMask, error)
 }
 
 // RemoteEvent is an rdma_cm event as the daemon reports it: IDs by handle.

@@ -136,6 +136,13 @@ func (f *fakeRemote) CMAccept(h uint32, p *ConnParam) error { return f.call("acc
 func (f *fakeRemote) CMReject(h uint32, pd []byte) error    { return f.call("reject") }
 func (f *fakeRemote) CMDisconnect(h uint32) error           { return f.call("disconnect") }
 func (f *fakeRemote) CMDestroy(h uint32) error              { return f.call("destroy") }
+func (f *fakeRemote) CMEstablish(h uint32) error            { return f.call("establish") }
+func (f *fakeRemote) CMSetOption(h uint32, o Option, v uint32) error {
+	return f.call("option")
+}
+func (f *fakeRemote) CMInitQPAttr(h uint32, s qp.State) (qp.Attr, qp.AttrMask, error) {
+	return qp.Attr{State: s}, qp.AttrState, f.call("initqpattr")
+}
 
 // TestRemoteDispatch: an ID on a Remote forwards every call, caches the addresses and route
 // the Remote returns, turns a CONNECT_REQUEST into a new ID on the listener's channel
@@ -169,7 +176,16 @@ func TestRemoteDispatch(t *testing.T) {
 		t.Fatalf("CONNECT_REQUEST %+v (ID %+v)", e, e.ID)
 	}
 	child := e.ID
+	if err := child.SetOption(OptionAckTimeout, 20); err != nil {
+		t.Fatal(err)
+	}
+	if a, _, err := child.InitQPAttr(qp.StateRTR); err != nil || a.State != qp.StateRTR {
+		t.Fatalf("InitQPAttr: %v %v", a.State, err)
+	}
 	if err := child.Accept(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := child.Establish(); err != nil {
 		t.Fatal(err)
 	}
 	f.h(RemoteEvent{Type: EventEstablished, ID: 7})
@@ -196,7 +212,7 @@ func TestRemoteDispatch(t *testing.T) {
 	if f.h != nil {
 		t.Fatal("the handler stayed installed after the last ID")
 	}
-	want := "create bind listen accept disconnect destroy destroy"
+	want := "create bind listen option initqpattr accept establish disconnect destroy destroy"
 	if got := joinCalls(f.calls); got != want {
 		t.Fatalf("calls %q, want %q", got, want)
 	}

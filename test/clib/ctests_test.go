@@ -47,13 +47,14 @@ func TestCLoopback(t *testing.T) {
 	t.Log(strings.TrimSpace(runC(t, d, "loopback")))
 }
 
-// TestCRdmacm runs clib/tests/cm.c's server on one daemon and its client on another, RC and
-// UD (SIDR).
+// TestCRdmacm runs clib/tests/cm.c's server on one daemon and its client on another, RC, UD
+// (SIDR), and RC for a QP the client's ID does not own (rdma_establish) with the ACK timeout
+// option.
 func TestCRdmacm(t *testing.T) {
 	needDevice(t)
 	a := startDaemon(t)
 	b := startDaemon(t)
-	for _, ps := range []string{"tcp", "udp"} {
+	for _, ps := range []string{"tcp", "udp", "ext"} {
 		t.Run(ps, func(t *testing.T) {
 			port := strconv.Itoa(freePort(t))
 			sout, cout := pairCM(t,

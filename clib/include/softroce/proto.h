@@ -94,6 +94,8 @@ enum sr_op {
 	SR_OP_CM_DISCONNECT = 78,      /* sr_handle */
 	SR_OP_CM_GET_EVENTS = 79,      /* sr_cm_get_events_req -> sr_cm_events_resp + count x sr_cm_event */
 	SR_OP_CM_QUERY_ID = 80,        /* sr_handle -> sr_cm_query_id_resp */
+	SR_OP_CM_SET_OPTION = 81,      /* sr_cm_set_option_req */
+	SR_OP_CM_ESTABLISH = 82,       /* sr_handle */
 };
 
 /* A body naming one object (and the empty response of most requests that
@@ -613,6 +615,13 @@ struct sr_cm_resolve_route_req {
 struct sr_cm_set_qp_req {
 	uint32_t id;
 	uint32_t qp;
+};
+
+struct sr_cm_set_option_req {
+	uint32_t id;
+	uint32_t level;   /* RDMA_OPTION_ID */
+	uint32_t optname; /* RDMA_OPTION_ID_TOS, _REUSEADDR, _AFONLY, _ACK_TIMEOUT */
+	uint32_t value;   /* the option's uint8_t or int, as an unsigned value */
 };
 
 struct sr_cm_init_qp_attr_req {

@@ -86,6 +86,8 @@ const (
 	OpCMDisconnect     Op = 78
 	OpCMGetEvents      Op = 79
 	OpCMQueryID        Op = 80
+	OpCMSetOption      Op = 81
+	OpCMEstablish      Op = 82
 )
 
 // Hdr starts every message (sr_hdr).
@@ -649,6 +651,14 @@ type CMSetQPReq struct {
 	QP uint32 `c:"qp"`
 }
 
+// CMSetOptionReq is sr_cm_set_option_req.
+type CMSetOptionReq struct {
+	ID      uint32 `c:"id"`
+	Level   uint32 `c:"level"`
+	OptName uint32 `c:"optname"`
+	Value   uint32 `c:"value"`
+}
+
 // CMInitQPAttrReq is sr_cm_init_qp_attr_req.
 type CMInitQPAttrReq struct {
 	ID      uint32 `c:"id"`
@@ -808,7 +818,7 @@ type Struct interface {
 		SRQAttr | QPCap | AHAttr | QPAttr | CreateQPReq | CreateQPResp | ModifyQPReq | QueryQPReq |
 		CreateAHReq | CreateAHResp | Post | SGE | SendWR | RecvWR | PostResp | SockAddr | CMRoute |
 		ConnParam | CMCreateIDReq | CMMigrateReq | CMBindReq | CMResolveAddrReq | CMAddrResp |
-		CMResolveRouteReq | CMSetQPReq | CMInitQPAttrReq | CMInitQPAttrResp | CMListenReq |
+		CMResolveRouteReq | CMSetQPReq | CMSetOptionReq | CMInitQPAttrReq | CMInitQPAttrResp | CMListenReq |
 		CMConnReq | CMRejectReq | CMGetEventsReq | CMEventsResp | CMEvent | CMQueryIDResp | WC |
 		PostRecord | AsyncEvent
 }
