@@ -44,22 +44,32 @@ SOFTROCE_SOCKET=$sock LD_LIBRARY_PATH=$lib timeout 1500 \
   /usr/bin/python3 run_tests.py --dev softroce0 --gid 1 -v > "$out/pyverbs.log" 2>&1 || true
 INNER
 
-# One row per test: name, result (ok / skipped: reason / FAIL / ERROR).
+# One row per test: name, result (ok / skipped: reason / FAIL / ERROR). A test with a
+# docstring prints its result at the end of the docstring's line; a player's message may
+# come between a test's "..." and its result.
 python3 - "$OUT/pyverbs.log" > "$OUT/pyverbs.tsv" <<'PY'
 import re, sys
-for line in open(sys.argv[1], errors="replace"):
-    m = re.match(r"^(test\S+) \((\S+)\)(?: \.\.\.)?(.*)$", line.rstrip())
+RES = r"(ok|FAIL|ERROR|expected failure|unexpected success|skipped.*)"
+def result(r):
+    if r.startswith("skipped"):
+        return "skipped: " + r[len("skipped"):].strip().strip("'\"")
+    return r
+lines = [l.rstrip() for l in open(sys.argv[1], errors="replace")]
+for i, line in enumerate(lines):
+    m = re.match(r"^(test\S+) \((\S+)\)(.*)$", line)
     if not m:
         continue
     name, cls, rest = m.groups()
-    rest = rest.strip()
-    if rest.startswith("skipped"):
-        res = "skipped: " + rest[len("skipped"):].strip().strip("'\"")
-    elif rest in ("ok", "FAIL", "ERROR", "expected failure", "unexpected success"):
-        res = rest
-    else:
-        res = rest or "?"
-    print(f"{cls}.{name}\t{res}")
+    full = cls if cls.endswith("." + name) else f"{cls}.{name}"
+    res = None
+    for l in [rest] + lines[i + 1:i + 8]:
+        if l is not rest and re.match(r"^test\S+ \(", l):
+            break
+        r = re.search(r"(?:^|\.\.\. )" + RES + r"$", l.strip())
+        if r:
+            res = result(r.group(1))
+            break
+    print(f"{full}\t{res or '?'}")
 PY
 tail -3 "$OUT/pyverbs.log"
 awk -F'\t' '{r=$2; sub(/:.*/, "", r); n[r]++} END {for (k in n) printf "%s %d\n", k, n[k]}' "$OUT/pyverbs.tsv"
