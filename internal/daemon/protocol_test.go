@@ -143,6 +143,28 @@ func readable(fd int) bool {
 	return n == 1
 }
 
+// waitEvents waits for a channel's next events and fetches them. Nothing else reads the
+// eventfd's counter, so once signalled it stays readable: each try takes its count (a later
+// signal then means a new event), fetches, and polls the fd again only while nothing came.
+func waitEvents(t *testing.T, r *raw, ch uint32, fd int) []wire.CMEvent {
+	t.Helper()
+	deadline := time.Now().Add(waitLimit)
+	for {
+		if readable(fd) {
+			var b [8]byte
+			unix.Read(fd, b[:])
+		}
+		if evs := getEvents(t, r, ch); len(evs) > 0 {
+			return evs
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no event on the channel")
+		}
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		unix.Poll(pfd, 100)
+	}
+}
+
 // getEvents fetches a channel's events.
 func getEvents(t *testing.T, r *raw, ch uint32) []wire.CMEvent {
 	t.Helper()
@@ -220,8 +242,7 @@ func TestProtocolCMChannels(t *testing.T) {
 	if evs := getEvents(t, cli, c1); len(evs) != 0 {
 		t.Fatalf("channel 1 kept %d events", len(evs))
 	}
-	waitFD(t, fd2)
-	evs := getEvents(t, cli, c2)
+	evs := waitEvents(t, cli, c2, fd2)
 	if len(evs) != 1 || evs[0].Event != uint32(rdmacm.EventAddrResolved) || evs[0].ID != id || evs[0].Status != 0 {
 		t.Fatalf("channel 2 events %+v", evs)
 	}
@@ -233,8 +254,7 @@ func TestProtocolCMChannels(t *testing.T) {
 	if proto.GIDToAddr(rt.DGID) != lo1 || proto.GIDToAddr(rt.SGID) != lo2 {
 		t.Fatalf("route %+v", rt)
 	}
-	waitFD(t, fd2)
-	if evs := getEvents(t, cli, c2); len(evs) != 1 || evs[0].Event != uint32(rdmacm.EventRouteResolved) {
+	if evs := waitEvents(t, cli, c2, fd2); len(evs) != 1 || evs[0].Event != uint32(rdmacm.EventRouteResolved) {
 		t.Fatalf("ROUTE_RESOLVED %+v", evs)
 	}
 	// A QP bound to the ID, in INIT as rdma_create_qp leaves it.
@@ -266,8 +286,7 @@ func TestProtocolCMChannels(t *testing.T) {
 	must(cli.call(wire.OpCMConnect, wire.Bytes(&req), nil))
 
 	// The passive side: CONNECT_REQUEST on its channel, the new ID in its table.
-	waitFD(t, sfd)
-	evs = getEvents(t, srv, sch)
+	evs = waitEvents(t, srv, sch, sfd)
 	if len(evs) != 1 || evs[0].Event != uint32(rdmacm.EventConnectRequest) || evs[0].ListenID != lid || evs[0].ID == lid ||
 		proto.AddrPortFromWire(&evs[0].Local) != server || proto.AddrFromWire(&evs[0].Remote) != lo2 ||
 		// the whole private data area after the CMA header, as librdmacm reports it
@@ -284,8 +303,7 @@ func TestProtocolCMChannels(t *testing.T) {
 	rj.ID, rj.PrivateDataLen = child, uint32(copy(rj.PrivateData[:], "not now"))
 	must(srv.call(wire.OpCMReject, wire.Bytes(&rj), nil))
 
-	waitFD(t, fd2)
-	evs = getEvents(t, cli, c2)
+	evs = waitEvents(t, cli, c2, fd2)
 	if len(evs) != 1 || evs[0].Event != uint32(rdmacm.EventRejected) || evs[0].Status != int32(cm.RejConsumerDefined) ||
 		string(evs[0].Param.PrivateData[:7]) != "not now" {
 		t.Fatalf("REJECTED %+v", evs)
