@@ -10,11 +10,13 @@
 # bench/loss (Go) turns the counters into the table (goodput, request packets sent per packet
 # the data needs, netem's drops) and an SVG (goodput and sent/needed against the loss).
 #
-# usage: sudo bench/loss.sh [--losses LIST] [--phases LIST] [--iters N] [--depth D] [--rate MBIT] [--out DIR] [--update]
+# usage: sudo bench/loss.sh [--losses LIST] [--phases LIST] [--iters N] [--depth D] [--rate MBIT] [--rounds R] [--out DIR] [--update]
 #   --losses   comma-separated netem loss percentages (default 0,1,5)
 #   --phases   comma-separated, of softroce, softroce-sr, rxe (default: all three)
 #   --iters    64 KiB WRITEs per run (default 150: about 4 s at 20 Mbit/s without loss)
 #   --depth    WRITEs outstanding (perftest's -t; default 2)
+#   --rounds   run the whole list (every loss, every stack) R times, one round after the other
+#              (default 1); the table sums a row's counters over its runs
 #   --update   write the results to bench/results/loss.{txt,svg} and the table into
 #              docs/reliability.md (between its markers)
 # Environment: RXE_LAB_LOCK.
@@ -23,7 +25,7 @@
 # stacks, each a few seconds to a minute: the guest is TCG), power off.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-LOSSES=0,1,5 PHASES=softroce,softroce-sr,rxe ITERS=150 DEPTH=2 RATE=20 OUT="" UPDATE=0
+LOSSES=0,1,5 PHASES=softroce,softroce-sr,rxe ITERS=150 DEPTH=2 RATE=20 ROUNDS=1 OUT="" UPDATE=0
 while [ $# -gt 0 ]; do
   case "$1" in
   --losses) LOSSES=$2; shift ;;
@@ -31,9 +33,10 @@ while [ $# -gt 0 ]; do
   --iters) ITERS=$2; shift ;;
   --depth) DEPTH=$2; shift ;;
   --rate) RATE=$2; shift ;;
+  --rounds) ROUNDS=$2; shift ;;
   --out) OUT=$2; shift ;;
   --update) UPDATE=1 ;;
-  *) echo "usage: bench/loss.sh [--losses LIST] [--phases LIST] [--iters N] [--depth D] [--rate MBIT] [--out DIR] [--update]" >&2; exit 2 ;;
+  *) echo "usage: bench/loss.sh [--losses LIST] [--phases LIST] [--iters N] [--depth D] [--rate MBIT] [--rounds R] [--out DIR] [--update]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -73,22 +76,24 @@ cleanup() {
 trap cleanup EXIT
 test/rxelab/setup --no-install >> "$LOG" 2>&1 || { echo "bench/loss.sh: lab setup failed (see $LOG)" >&2; exit 1; }
 STARTED=1
-RXE_LAB_MEM=${RXE_LAB_MEM:-2048} test/rxelab/vm start --share "$SHARE" --max-life 2400 >> "$LOG" 2>&1 7>&- ||
+RXE_LAB_MEM=${RXE_LAB_MEM:-2048} test/rxelab/vm start --share "$SHARE" --max-life $((600 + ROUNDS * 900)) >> "$LOG" 2>&1 7>&- ||
   { echo "bench/loss.sh: VM did not start (see $LOG)" >&2; exit 1; }
 G="bash /mnt/host/loss-guest.sh /mnt/host/softroce"
 test/rxelab/vm exec --timeout 120 -c "$G up $RATE" >> "$LOG" 2>&1 7>&- ||
   { echo "bench/loss.sh: the bottleneck did not come up (see $LOG)" >&2; exit 1; }
-for loss in ${LOSSES//,/ }; do
-  for ph in ${PHASES//,/ }; do
-    if [ "$ph" = softroce-sr ] && [ "$SR_OK" = 0 ]; then
-      why="this softroce has no --selective-repeat (softroce perf -h)"
-      echo "   phase $ph skipped: $why" >&2
-      echo "SKIP|$ph|$loss|$why" >> "$RAW"
-      continue
-    fi
-    echo "   phase $ph, loss $loss% ($ITERS x 64 KiB, $RATE Mbit/s)" >&2
-    test/rxelab/vm exec --timeout $((ITERS + 180)) -c "$G run $ph $loss $ITERS $DEPTH" 2>> "$LOG" 7>&- >> "$RAW" ||
-      echo "bench/loss.sh: phase $ph at $loss% failed (see $LOG)" >&2
+for round in $(seq 1 "$ROUNDS"); do
+  for loss in ${LOSSES//,/ }; do
+    for ph in ${PHASES//,/ }; do
+      if [ "$ph" = softroce-sr ] && [ "$SR_OK" = 0 ]; then
+        why="this softroce has no --selective-repeat (softroce perf -h)"
+        [ "$round" = 1 ] && echo "   phase $ph skipped: $why" >&2
+        echo "SKIP|$ph|$loss|$why" >> "$RAW"
+        continue
+      fi
+      echo "   round $round/$ROUNDS: phase $ph, loss $loss% ($ITERS x 64 KiB, $RATE Mbit/s)" >&2
+      test/rxelab/vm exec --timeout $((ITERS + 180)) -c "$G run $ph $loss $ITERS $DEPTH" 2>> "$LOG" 7>&- >> "$RAW" ||
+        echo "bench/loss.sh: phase $ph at $loss% failed (see $LOG)" >&2
+    done
   done
 done
 test/rxelab/vm stop >> "$LOG" 2>&1 7>&-

@@ -91,14 +91,6 @@ func (r *run) needed() int64 {
 	return int64(r.iters) * int64(per)
 }
 
-// ratio is the request packets the sender put on the wire per packet needed (0: unknown).
-func (r *run) ratio() float64 {
-	if !r.haveSend || r.needed() == 0 {
-		return 0
-	}
-	return float64(r.sent) / float64(r.needed())
-}
-
 // results is a file's runs in order, and the stacks that were skipped with the reason.
 type results struct {
 	runs  []*run
@@ -189,25 +181,97 @@ func (rs *results) parse(text string) error {
 	return nil
 }
 
-// baseline is the stack's goodput without loss (Gbit/s; 0 when it has no such run).
-func (rs *results) baseline(stack string) float64 {
-	for _, r := range rs.runs {
-		if r.stack == stack && r.loss == 0 && r.goodput > 0 {
-			return r.goodput
-		}
-	}
-	return 0
+// point is every run of one stack at one loss (bench/loss.sh --rounds repeats them).
+type point struct {
+	stack string
+	loss  float64
+	runs  []*run
 }
 
-// byStack returns the runs of each stack sorted by loss, stacks in order of appearance.
-func (rs *results) byStack() [][]*run {
-	var out [][]*run
+// goodput is the mean, least and greatest of the runs' goodputs (Gbit/s) and how many runs
+// reported one (failed runs left out).
+func (p *point) goodput() (mean, lo, hi float64, n int) {
+	lo, hi = math.Inf(1), math.Inf(-1)
+	for _, r := range p.runs {
+		if r.goodput < 0 {
+			continue
+		}
+		mean += r.goodput
+		lo, hi = math.Min(lo, r.goodput), math.Max(hi, r.goodput)
+		n++
+	}
+	if n == 0 {
+		return 0, 0, 0, 0
+	}
+	return mean / float64(n), lo, hi, n
+}
+
+// totals are the counters summed over the point's runs that have them.
+type totals struct {
+	sent, needed, retries, seqNAKs int64
+	retrans                        int64
+	noRetrans                      bool // a run's stack does not count its resent packets (rxe)
+	withSend                       int  // runs with the sender's counters
+	netemIn, netemDrp              int64
+	withNetem                      int
+	wall                           float64
+}
+
+func (p *point) totals() totals {
+	var t totals
+	for _, r := range p.runs {
+		t.wall += r.wall
+		if r.haveNetem {
+			t.netemIn += r.netemIn
+			t.netemDrp += r.netemDrp
+			t.withNetem++
+		}
+		if !r.haveSend {
+			continue
+		}
+		if r.retrans < 0 {
+			t.noRetrans = true
+		} else {
+			t.retrans += r.retrans
+		}
+		t.sent += r.sent
+		t.needed += r.needed()
+		t.retries += r.retries
+		t.seqNAKs += r.seqNAKs
+		t.withSend++
+	}
+	return t
+}
+
+// ratio is the request packets sent per packet needed over the point's runs (0: unknown).
+func (p *point) ratio() float64 {
+	t := p.totals()
+	if t.withSend == 0 || t.needed == 0 {
+		return 0
+	}
+	return float64(t.sent) / float64(t.needed)
+}
+
+// byStack returns each stack's points sorted by loss, stacks in order of appearance.
+func (rs *results) byStack() [][]*point {
+	var out [][]*point
 	for _, s := range rs.order {
-		var g []*run
+		var g []*point
 		for _, r := range rs.runs {
-			if r.stack == s {
-				g = append(g, r)
+			if r.stack != s {
+				continue
 			}
+			var p *point
+			for _, q := range g {
+				if q.loss == r.loss {
+					p = q
+				}
+			}
+			if p == nil {
+				p = &point{stack: s, loss: r.loss}
+				g = append(g, p)
+			}
+			p.runs = append(p.runs, r)
 		}
 		if len(g) == 0 {
 			continue
@@ -234,38 +298,50 @@ func stackName(s string) string {
 func pct(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) + "%" }
 
 func table(w io.Writer, rs *results) {
-	fmt.Fprintln(w, "| stack | netem loss | goodput | of loss-free | request packets sent | packets needed | sent / needed | resent (`retransmitted_pkts`) | netem: in / dropped | transport retries (seq NAKs) | time |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| stack | netem loss | runs | goodput | of loss-free | request packets sent | packets needed | sent / needed | resent (`retransmitted_pkts`) | netem: in / dropped | transport retries (seq NAKs) | time |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, g := range rs.byStack() {
-		base := rs.baseline(g[0].stack)
-		for _, r := range g {
-			good, of := "failed", "-"
-			if r.goodput >= 0 {
-				good = fmt.Sprintf("%.1f Mbit/s", r.goodput*1000)
+		var base float64
+		if g[0].loss == 0 {
+			base, _, _, _ = g[0].goodput()
+		}
+		for _, p := range g {
+			mean, lo, hi, n := p.goodput()
+			runs := strconv.Itoa(len(p.runs))
+			if f := len(p.runs) - n; f > 0 {
+				runs += fmt.Sprintf(" (%d failed)", f)
+			}
+			good, of := "-", "-"
+			if n > 0 {
+				good = fmt.Sprintf("%.1f Mbit/s", mean*1000)
+				if n > 1 {
+					good += fmt.Sprintf(" (%.1f-%.1f)", lo*1000, hi*1000)
+				}
 				if base > 0 {
-					of = fmt.Sprintf("%.0f%%", 100*r.goodput/base)
+					of = fmt.Sprintf("%.0f%%", 100*mean/base)
 				}
 			}
-			sent, ratio, resent, retries := "-", "-", "-", "-"
-			if r.haveSend {
-				sent = strconv.FormatInt(r.sent, 10)
-				ratio = fmt.Sprintf("%.2f", r.ratio())
-				retries = fmt.Sprintf("%d (%d)", r.retries, r.seqNAKs)
-				if r.retrans >= 0 {
-					resent = strconv.FormatInt(r.retrans, 10)
+			t := p.totals()
+			sent, needed, ratio, resent, retries := "-", "-", "-", "-", "-"
+			if t.withSend > 0 {
+				sent, needed = strconv.FormatInt(t.sent, 10), strconv.FormatInt(t.needed, 10)
+				ratio = fmt.Sprintf("%.2f", p.ratio())
+				retries = fmt.Sprintf("%d (%d)", t.retries, t.seqNAKs)
+				if !t.noRetrans {
+					resent = strconv.FormatInt(t.retrans, 10)
 				}
 			}
 			netem := "-"
-			if r.haveNetem {
-				netem = fmt.Sprintf("%d / %d", r.netemIn, r.netemDrp)
+			if t.withNetem > 0 {
+				netem = fmt.Sprintf("%d / %d", t.netemIn, t.netemDrp)
 			}
-			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %d | %s | %s | %s | %s | %.1f s |\n",
-				stackName(r.stack), pct(r.loss), good, of, sent, r.needed(), ratio, resent, netem, retries, r.wall)
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f s |\n",
+				stackName(p.stack), pct(p.loss), runs, good, of, sent, needed, ratio, resent, netem, retries, t.wall)
 		}
 	}
 	if len(rs.runs) > 0 {
 		r := rs.runs[0]
-		fmt.Fprintf(w, "\nEach run: one RC QP, %d RDMA WRITEs of %d bytes, %d outstanding, MTU %d, through a tbf at %.0f Mbit/s with netem's random loss below it (data direction only).",
+		fmt.Fprintf(w, "\nEach run: one RC QP, %d RDMA WRITEs of %d bytes, %d outstanding, MTU %d, through a tbf at %.0f Mbit/s with netem's random loss below it (data direction only); counters and times summed over a row's runs, goodput their mean (least-greatest).",
 			r.iters, r.size, r.depth, r.mtu, r.rate)
 	}
 	var sk []string
@@ -313,10 +389,11 @@ func svg(w io.Writer, rs *results) {
 	groups := rs.byStack()
 	maxLoss, maxGood, maxRatio := 1.0, 1.0, 1.2
 	for _, g := range groups {
-		for _, r := range g {
-			maxLoss = math.Max(maxLoss, r.loss)
-			maxGood = math.Max(maxGood, r.goodput*1000)
-			maxRatio = math.Max(maxRatio, r.ratio())
+		for _, p := range g {
+			_, _, hi, _ := p.goodput()
+			maxLoss = math.Max(maxLoss, p.loss)
+			maxGood = math.Max(maxGood, hi*1000)
+			maxRatio = math.Max(maxRatio, p.ratio())
 		}
 	}
 	maxGood = math.Ceil(maxGood/5) * 5
@@ -324,7 +401,7 @@ func svg(w io.Writer, rs *results) {
 	H := T + PH + B + 20*len(groups)
 	fmt.Fprintf(w, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H)
 	fmt.Fprintf(w, "<rect width=\"%d\" height=\"%d\" fill=\"white\"/>\n", W, H)
-	panel := func(x0 int, title string, ymax float64, val func(*run) (float64, bool), yfmt string) {
+	panel := func(x0 int, title string, ymax float64, val func(*point) (float64, bool), yfmt string) {
 		x := func(l float64) float64 { return float64(x0) + l/maxLoss*PW }
 		y := func(v float64) float64 { return T + PH - v/ymax*PH }
 		fmt.Fprintf(w, "<text x=\"%d\" y=\"%d\" font-weight=\"bold\">%s</text>\n", x0, T-12, title)
@@ -334,10 +411,10 @@ func svg(w io.Writer, rs *results) {
 		}
 		seen := map[float64]bool{}
 		for _, g := range groups {
-			for _, r := range g {
-				if !seen[r.loss] {
-					seen[r.loss] = true
-					fmt.Fprintf(w, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%s</text>\n", x(r.loss), T+PH+16, pct(r.loss))
+			for _, p := range g {
+				if !seen[p.loss] {
+					seen[p.loss] = true
+					fmt.Fprintf(w, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%s</text>\n", x(p.loss), T+PH+16, pct(p.loss))
 				}
 			}
 		}
@@ -348,22 +425,25 @@ func svg(w io.Writer, rs *results) {
 				c = "#7f7f7f"
 			}
 			var pts []string
-			for _, r := range g {
-				v, ok := val(r)
+			for _, p := range g {
+				v, ok := val(p)
 				if !ok {
 					continue
 				}
-				pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(r.loss), y(v)))
-				fmt.Fprintf(w, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"/>\n", x(r.loss), y(v), c)
+				pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(p.loss), y(v)))
+				fmt.Fprintf(w, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"/>\n", x(p.loss), y(v), c)
 			}
 			if len(pts) > 1 {
 				fmt.Fprintf(w, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"%s\"/>\n", c, strings.Join(pts, " "))
 			}
 		}
 	}
-	panel(L, "goodput (Mbit/s)", maxGood, func(r *run) (float64, bool) { return r.goodput * 1000, r.goodput >= 0 }, "%.0f")
+	panel(L, "goodput (Mbit/s)", maxGood, func(p *point) (float64, bool) {
+		m, _, _, n := p.goodput()
+		return m * 1000, n > 0
+	}, "%.0f")
 	x1 := L + PW + G
-	panel(x1, "request packets sent per packet needed", maxRatio, func(r *run) (float64, bool) { return r.ratio(), r.haveSend }, "%.1f")
+	panel(x1, "request packets sent per packet needed", maxRatio, func(p *point) (float64, bool) { return p.ratio(), p.totals().withSend > 0 }, "%.1f")
 	yt := T + PH - 1.15/maxRatio*PH
 	fmt.Fprintf(w, "<line x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#999\" stroke-dasharray=\"4 3\"/>\n", x1, x1+PW, yt, yt)
 	fmt.Fprintf(w, "<text x=\"%d\" y=\"%.1f\" fill=\"#666\">1.15: the target at 5%%</text>\n", x1+4, yt-4)

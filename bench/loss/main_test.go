@@ -76,21 +76,27 @@ func TestParse(t *testing.T) {
 	if r.needed() != 1600 {
 		t.Errorf("needed %d, want 100 x 64 KiB / 4096 = 1600", r.needed())
 	}
-	if math.Abs(r.ratio()-3) > 1e-9 {
-		t.Errorf("ratio %v, want 3", r.ratio())
-	}
 	if rs.runs[1].retrans != -1 {
 		t.Errorf("rxe retransmissions %d, want -1 (not counted)", rs.runs[1].retrans)
 	}
 	f := rs.runs[3] // rxe at 5%: failed, no counters
-	if f.goodput != -1 || f.haveSend || f.haveNetem || f.ratio() != 0 {
+	if f.goodput != -1 || f.haveSend || f.haveNetem {
 		t.Errorf("failed run: %+v", *f)
 	}
-	if b := rs.baseline("softroce"); b != 0.0195 {
-		t.Errorf("baseline %v", b)
+	g := rs.byStack()
+	if len(g) != 2 || len(g[0]) != 3 || len(g[1]) != 2 || g[0][0].stack != "softroce" || g[1][0].stack != "rxe" {
+		t.Fatalf("points: %d stacks", len(g))
 	}
-	if b := rs.baseline("softroce-sr"); b != 0 {
-		t.Errorf("skipped stack's baseline %v", b)
+	for i, want := range []float64{0, 1, 5} {
+		if g[0][i].loss != want {
+			t.Errorf("softroce point %d at %v%%, want %v%% (sorted by loss)", i, g[0][i].loss, want)
+		}
+	}
+	if v := g[0][2].ratio(); math.Abs(v-3) > 1e-9 {
+		t.Errorf("softroce 5%% ratio %v, want 3", v)
+	}
+	if v := g[1][1].ratio(); v != 0 {
+		t.Errorf("failed run's ratio %v, want 0 (unknown)", v)
 	}
 }
 
@@ -128,11 +134,11 @@ func TestTable(t *testing.T) {
 	lines := strings.Split(out, "\n")
 	// header, rule, 3 softroce rows (sorted by loss), 2 rxe rows
 	want := []string{
-		"| softroce <-> softroce, go-back-N | 0% | 19.5 Mbit/s | 100% | 1600 | 1600 | 1.00 | 0 | 1612 / 0 | 0 (0) | 5.4 s |",
-		"| softroce <-> softroce, go-back-N | 1% | 16.0 Mbit/s | 82% | 2000 | 1600 | 1.25 | 400 | 2010 / 20 | 30 (29) | 6.5 s |",
-		"| softroce <-> softroce, go-back-N | 5% | 6.5 Mbit/s | 33% | 4800 | 1600 | 3.00 | 3200 | 4812 / 250 | 150 (140) | 16.2 s |",
-		"| kernel rxe <-> kernel rxe | 0% | 19.0 Mbit/s | 100% | 1600 | 1600 | 1.00 | - | 1610 / 0 | 0 (0) | 5.6 s |",
-		"| kernel rxe <-> kernel rxe | 5% | failed | - | - | 1600 | - | - | - | - | 270.0 s |",
+		"| softroce <-> softroce, go-back-N | 0% | 1 | 19.5 Mbit/s | 100% | 1600 | 1600 | 1.00 | 0 | 1612 / 0 | 0 (0) | 5.4 s |",
+		"| softroce <-> softroce, go-back-N | 1% | 1 | 16.0 Mbit/s | 82% | 2000 | 1600 | 1.25 | 400 | 2010 / 20 | 30 (29) | 6.5 s |",
+		"| softroce <-> softroce, go-back-N | 5% | 1 | 6.5 Mbit/s | 33% | 4800 | 1600 | 3.00 | 3200 | 4812 / 250 | 150 (140) | 16.2 s |",
+		"| kernel rxe <-> kernel rxe | 0% | 1 | 19.0 Mbit/s | 100% | 1600 | 1600 | 1.00 | - | 1610 / 0 | 0 (0) | 5.6 s |",
+		"| kernel rxe <-> kernel rxe | 5% | 1 (1 failed) | - | - | - | - | - | - | - | - | 270.0 s |",
 	}
 	if len(lines) < 2+len(want) {
 		t.Fatalf("table:\n%s", out)
@@ -194,5 +200,46 @@ func TestSVG(t *testing.T) {
 	}
 	if !strings.Contains(out, "kernel rxe &lt;-&gt; kernel rxe") {
 		t.Errorf("legend lacks rxe")
+	}
+}
+
+// TestRounds: a second round of the same stack and loss joins the first's row: counters and
+// times summed, the goodput their mean with the range; a failed round is counted and its
+// counters still count.
+func TestRounds(t *testing.T) {
+	rs := &results{skips: map[string]string{}}
+	in := `RUN|rxe|0|100|65536|4096|2|20
+SEND|1600|-1|0|0
+GOODPUT|0.020
+WALL|5
+RUN|rxe|5|100|65536|4096|2|20
+SEND|4000|-1|100|90
+GOODPUT|0.008
+WALL|12
+NETEM|4010|200|3810|1
+RUN|rxe|0|100|65536|4096|2|20
+SEND|1700|-1|2|0
+GOODPUT|0.018
+WALL|6
+RUN|rxe|5|100|65536|4096|2|20
+SEND|5600|-1|150|120
+GOODPUT|FAIL
+WALL|40
+NETEM|5610|280|5330|1
+`
+	if err := rs.parse(in); err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	table(&b, rs)
+	lines := strings.Split(b.String(), "\n")
+	want := []string{
+		"| kernel rxe <-> kernel rxe | 0% | 2 | 19.0 Mbit/s (18.0-20.0) | 100% | 3300 | 3200 | 1.03 | - | - | 2 (0) | 11.0 s |",
+		"| kernel rxe <-> kernel rxe | 5% | 2 (1 failed) | 8.0 Mbit/s | 42% | 9600 | 3200 | 3.00 | - | 9620 / 480 | 250 (210) | 52.0 s |",
+	}
+	for i, w := range want {
+		if lines[2+i] != w {
+			t.Errorf("row %d:\n got %s\nwant %s", i, lines[2+i], w)
+		}
 	}
 }
