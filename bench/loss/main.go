@@ -347,7 +347,7 @@ func table(w io.Writer, rs *results) {
 	var sk []string
 	for _, s := range rs.order {
 		if why, ok := rs.skips[s]; ok {
-			sk = append(sk, fmt.Sprintf("%s (%s)", stackName(s), why))
+			sk = append(sk, fmt.Sprintf("%s: %s", stackName(s), why))
 		}
 	}
 	if len(sk) > 0 {
@@ -387,7 +387,7 @@ var colors = map[string]string{"softroce": "#d62728", "softroce-sr": "#2ca02c", 
 func svg(w io.Writer, rs *results) {
 	const W, PW, PH, L, T, B, G = 720, 270, 220, 60, 40, 60, 90
 	groups := rs.byStack()
-	maxLoss, maxGood, maxRatio := 1.0, 1.0, 1.2
+	maxLoss, maxGood, maxRatio := 1.0, 1.0, 2.0
 	for _, g := range groups {
 		for _, p := range g {
 			_, _, hi, _ := p.goodput()
@@ -401,12 +401,12 @@ func svg(w io.Writer, rs *results) {
 	H := T + PH + B + 20*len(groups)
 	fmt.Fprintf(w, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H)
 	fmt.Fprintf(w, "<rect width=\"%d\" height=\"%d\" fill=\"white\"/>\n", W, H)
-	panel := func(x0 int, title string, ymax float64, val func(*point) (float64, bool), yfmt string) {
+	panel := func(x0 int, title string, ymin, ymax float64, val func(*point) (float64, bool), yfmt string) {
 		x := func(l float64) float64 { return float64(x0) + l/maxLoss*PW }
-		y := func(v float64) float64 { return T + PH - v/ymax*PH }
+		y := func(v float64) float64 { return T + PH - (v-ymin)/(ymax-ymin)*PH }
 		fmt.Fprintf(w, "<text x=\"%d\" y=\"%d\" font-weight=\"bold\">%s</text>\n", x0, T-12, title)
 		fmt.Fprintf(w, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#999\"/>\n", x0, T, PW, PH)
-		for _, v := range []float64{0, ymax / 2, ymax} {
+		for _, v := range []float64{ymin, (ymin + ymax) / 2, ymax} {
 			fmt.Fprintf(w, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">"+yfmt+"</text>\n", x0-4, y(v)+4, v)
 		}
 		seen := map[float64]bool{}
@@ -438,13 +438,13 @@ func svg(w io.Writer, rs *results) {
 			}
 		}
 	}
-	panel(L, "goodput (Mbit/s)", maxGood, func(p *point) (float64, bool) {
+	panel(L, "goodput (Mbit/s)", 0, maxGood, func(p *point) (float64, bool) {
 		m, _, _, n := p.goodput()
 		return m * 1000, n > 0
 	}, "%.0f")
 	x1 := L + PW + G
-	panel(x1, "request packets sent per packet needed", maxRatio, func(p *point) (float64, bool) { return p.ratio(), p.totals().withSend > 0 }, "%.1f")
-	yt := T + PH - 1.15/maxRatio*PH
+	panel(x1, "request packets sent per packet needed", 1, maxRatio, func(p *point) (float64, bool) { return p.ratio(), p.totals().withSend > 0 }, "%.1f")
+	yt := T + PH - (1.15-1)/(maxRatio-1)*PH
 	fmt.Fprintf(w, "<line x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#999\" stroke-dasharray=\"4 3\"/>\n", x1, x1+PW, yt, yt)
 	fmt.Fprintf(w, "<text x=\"%d\" y=\"%.1f\" fill=\"#666\">1.15: the target at 5%%</text>\n", x1+4, yt-4)
 	for i, g := range groups {

@@ -148,7 +148,7 @@ func TestTable(t *testing.T) {
 			t.Errorf("row %d:\n got %s\nwant %s", i, lines[2+i], w)
 		}
 	}
-	for _, s := range []string{"100 RDMA WRITEs of 65536 bytes, 2 outstanding, MTU 4096", "20 Mbit/s", "Not run: softroce <-> softroce, selective repeat (this softroce has no --selective-repeat"} {
+	for _, s := range []string{"100 RDMA WRITEs of 65536 bytes, 2 outstanding, MTU 4096", "20 Mbit/s", "Not run: softroce <-> softroce, selective repeat: this softroce has no --selective-repeat"} {
 		if !strings.Contains(out, s) {
 			t.Errorf("table lacks %q:\n%s", s, out)
 		}
