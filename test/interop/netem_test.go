@@ -72,6 +72,16 @@ func init() {
 			Ours:   append([]string{"perf", verb, "-d", rxelab.HostIP, "--timeout", "60s", "--run-timeout", "150s"}, f...),
 			Marker: "Waiting for client to connect", Result: "BW average["})
 	}
+	// softroce with selective repeat on against kernel rxe, which has none: as requester it
+	// reads rxe's plain PSN sequence NAKs and goes back N; as responder its SACKs reach rxe as
+	// the standard NAK they begin with (the extension after the AETH is ignored), so rxe goes
+	// back N. Both tools must finish as in the plain pairing (docs/reliability.md, "Selective
+	// repeat").
+	f := []string{"-x", gid, "-m", mtu, "-F", "-n", "300", "-s", "16384"}
+	cases = append(cases, nmCase{Name: "netem-perftest-write_bw-16384-sr",
+		Guest:  "ib_write_bw -d " + rxelab.GuestDev + " " + strings.Join(f, " "),
+		Ours:   append([]string{"perf", "write", "--selective-repeat", "-d", rxelab.HostIP, "--timeout", "60s", "--run-timeout", "150s"}, f...),
+		Marker: "Waiting for client to connect", Result: "BW average["})
 	for _, c := range cases {
 		c := c
 		pairings = append(pairings,
