@@ -32,9 +32,12 @@ type Conn struct {
 	maxCMRetries        uint8
 	respTimeout         time.Duration // per-attempt wait for a response
 	manualRTU           bool
-	qp                  QPControl
-	qpErred             bool
-	inserted            bool // in m.remote / m.remoteQP
+	// srOffer: selective repeat was offered (active: by us, passive: by the REQ); sr: both
+	// sides asked, so the QP gets it at RTR (ext.go)
+	srOffer, sr bool
+	qp          QPControl
+	qpErred     bool
+	inserted    bool // in m.remote / m.remoteQP
 
 	// Retransmission and the single timer.
 	pending     []byte // the MAD being retransmitted
@@ -253,7 +256,11 @@ type ConnectOptions struct {
 	// Conn.Establish (rdma_cm with a user-managed QP); otherwise the QP goes
 	// to RTR and RTS, the RTU is sent and ESTABLISHED is reported.
 	ManualRTU bool
-	Context   any
+	// SelectiveRepeat offers selective repeat in the REQ (softroce's extension, ext.go; RC
+	// only): the QP gets it at RTR if the REP accepts, which only a softroce peer asking for it
+	// does.
+	SelectiveRepeat bool
+	Context         any
 }
 
 // Connect sends a REQ (IBTA 12.6.5) and returns the connection in REQ_SENT.
@@ -283,7 +290,8 @@ func (m *Manager) Connect(o ConnectOptions) (*Conn, error) {
 	c := &Conn{m: m, state: StateREQSent, active: true, localID: id, service: o.ServiceID, path: p,
 		typ: o.Transport, localQPN: o.QPN & 0xFFFFFF, rqPSN: o.StartingPSN & 0xFFFFFF,
 		respRes: o.ResponderResources, initDepth: o.InitiatorDepth, retryCount: o.RetryCount & 7,
-		qp: o.QP, manualRTU: o.ManualRTU, Context: o.Context}
+		qp: o.QP, manualRTU: o.ManualRTU, srOffer: o.SelectiveRepeat && o.Transport == TransportRC,
+		Context: o.Context}
 	if c.rqPSN == 0 {
 		c.rqPSN = m.newPSN()
 	}
@@ -324,6 +332,9 @@ func (m *Manager) Connect(o ConnectOptions) (*Conn, error) {
 			TrafficClass: p.TrafficClass, HopLimit: p.HopLimit, SL: p.SL, SubnetLocal: p.SubnetLocal,
 			LocalACKTimeout: p.LocalACKTimeout},
 	}
+	if c.srOffer {
+		f.Resv24 = ExtOffer(ExtSelectiveRepeat) // reserved in IBTA 12.6.5 (ext.go)
+	}
 	copy(f.PrivateData[:], o.PrivateData)
 	REQ(d).Encode(&f)
 	m.local[id] = c
@@ -348,6 +359,9 @@ type AcceptOptions struct {
 	QKey               uint32
 	PrivateData        []byte    // up to REPPrivateDataSize
 	QP                 QPControl // moved to RTR and RTS before the REP is sent; nil = none
+	// SelectiveRepeat accepts selective repeat if the REQ offered it (softroce's extension,
+	// ext.go): then the QP gets it at RTR and the REP says so; otherwise it changes nothing.
+	SelectiveRepeat bool
 }
 
 // Accept answers a CONNECT_REQUEST with a REP (IBTA 12.6.8), after moving
@@ -369,6 +383,7 @@ func (c *Conn) Accept(o AcceptOptions) error {
 		c.rqPSN = m.newPSN()
 	}
 	c.respRes, c.initDepth = o.ResponderResources, o.InitiatorDepth
+	c.sr = c.srOffer && o.SelectiveRepeat
 	if err := m.qpUp(c); err != nil {
 		m.sendREJ(c, RejConsumerDefined, nil, nil)
 		m.qpErr(c)
@@ -380,6 +395,9 @@ func (c *Conn) Accept(o AcceptOptions) error {
 		StartingPSN: c.rqPSN, ResponderResources: o.ResponderResources, InitiatorDepth: o.InitiatorDepth,
 		TargetACKDelay: o.TargetACKDelay, FailoverAccepted: o.FailoverAccepted, EndToEndFlowControl: o.FlowControl,
 		RNRRetryCount: o.RNRRetryCount & 7, SRQ: o.SRQ, LocalCAGUID: m.o.CAGUID}
+	if c.sr {
+		f.Resv4 = ExtSelectiveRepeat // reserved in IBTA 12.6.8 (ext.go)
+	}
 	copy(f.PrivateData[:], o.PrivateData)
 	REP(d).Encode(&f)
 	if c.localQPN != 0 {
@@ -405,7 +423,8 @@ func (m *Manager) qpUp(c *Conn) error {
 
 // qpParams are the negotiated attributes of the RTR and RTS transitions (m.mu held).
 func (c *Conn) qpParams() (RTRParams, RTSParams) {
-	return RTRParams{DestQPN: c.remoteQPN, RQPSN: c.rqPSN, PathMTU: c.path.MTU, MaxDestRDAtomic: c.respRes, Path: c.path},
+	return RTRParams{DestQPN: c.remoteQPN, RQPSN: c.rqPSN, PathMTU: c.path.MTU, MaxDestRDAtomic: c.respRes, Path: c.path,
+			SelectiveRepeat: c.sr},
 		RTSParams{SQPSN: c.sqPSN, Timeout: c.path.LocalACKTimeout, RetryCnt: c.retryCount, RNRRetry: c.rnrOut,
 			MaxRDAtomic: c.initDepth}
 }
@@ -418,6 +437,19 @@ func (c *Conn) QPParams() (RTRParams, RTSParams) {
 	defer c.m.mu.Unlock()
 	return c.qpParams()
 }
+
+// SelectiveRepeat reports whether the connection uses selective repeat: both sides asked
+// (softroce's extension, ext.go). Known on the active side when the REP arrived, on the
+// passive side at Accept; PeerOffersSelectiveRepeat tells the passive side before.
+func (c *Conn) SelectiveRepeat() bool {
+	c.m.mu.Lock()
+	defer c.m.mu.Unlock()
+	return c.sr
+}
+
+// PeerOffersSelectiveRepeat reports, on the passive side, whether the REQ offered selective
+// repeat (on the active side: whether we offered it).
+func (c *Conn) PeerOffersSelectiveRepeat() bool { return c.srOffer }
 
 // Transport returns the connection's transport (RC or UC).
 func (c *Conn) Transport() TransportType { return c.typ }

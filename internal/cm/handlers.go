@@ -115,15 +115,16 @@ func (m *Manager) onREQ(src Addr, tid uint64, r REQ) {
 	c := &Conn{m: m, state: StateREQRcvd, localID: id, remoteID: r.LocalCommID(), remoteGUID: r.LocalCAGUID(),
 		tid: tid, service: r.ServiceID(), peer: src, path: path, typ: tt, remoteQPN: r.LocalQPN(),
 		sqPSN: r.StartingPSN(), retryCount: r.RetryCount(), rnrOut: r.RNRRetryCount(),
-		maxCMRetries: r.MaxCMRetries(),
-		respTimeout:  2*CMTimeout(plt) + CMTimeout(r.LocalCMResponseTimeout())}
+		maxCMRetries: r.MaxCMRetries(), srOffer: tt == TransportRC && r.SelectiveRepeat(),
+		respTimeout: 2*CMTimeout(plt) + CMTimeout(r.LocalCMResponseTimeout())}
 	if c.peer.PKey == 0 {
 		c.peer.PKey = r.PKey()
 	}
 	c.req = ConnParam{ServiceID: r.ServiceID(), CAGUID: r.LocalCAGUID(), QPN: r.LocalQPN(),
 		StartingPSN: r.StartingPSN(), Transport: tt, ResponderResources: r.ResponderResources(),
 		InitiatorDepth: r.InitiatorDepth(), RetryCount: r.RetryCount(), RNRRetryCount: r.RNRRetryCount(),
-		FlowControl: r.EndToEndFlowControl(), SRQ: r.SRQ(), PathMTU: r.PathMTU(), Path: path}
+		FlowControl: r.EndToEndFlowControl(), SRQ: r.SRQ(), PathMTU: r.PathMTU(), Path: path,
+		SelectiveRepeat: c.srOffer}
 	m.local[id] = c
 	m.insertRemote(c)
 	// it waits for its consumer at most as long as its sender waits for us (pending.go)
@@ -162,6 +163,8 @@ func (m *Manager) onREP(src Addr, tid uint64, r REP) {
 	m.cancel(c)
 	c.remoteID, c.remoteGUID, c.remoteQPN = r.LocalCommID(), r.LocalCAGUID(), r.LocalQPN()
 	c.sqPSN, c.rnrOut = r.StartingPSN(), r.RNRRetryCount()
+	// selective repeat only if we offered it and the peer accepted (ext.go)
+	c.sr = c.srOffer && r.SelectiveRepeat()
 	// Our RDMA READ depth cannot exceed the peer's responder resources.
 	if r.ResponderResources() < c.initDepth {
 		c.initDepth = r.ResponderResources()
@@ -170,7 +173,8 @@ func (m *Manager) onREP(src Addr, tid uint64, r REP) {
 	c.state = StateREPRcvd
 	remote := ConnParam{ServiceID: c.service, CAGUID: c.remoteGUID, QPN: c.remoteQPN, StartingPSN: c.sqPSN,
 		Transport: c.typ, ResponderResources: r.ResponderResources(), InitiatorDepth: r.InitiatorDepth(),
-		RNRRetryCount: r.RNRRetryCount(), FlowControl: r.EndToEndFlowControl(), SRQ: r.SRQ(), PathMTU: c.path.MTU}
+		RNRRetryCount: r.RNRRetryCount(), FlowControl: r.EndToEndFlowControl(), SRQ: r.SRQ(), PathMTU: c.path.MTU,
+		SelectiveRepeat: c.sr}
 	pd := copyBytes(r.PrivateData())
 	if c.manualRTU {
 		m.event(c, Event{Type: EventConnectResponse, Remote: remote, PrivateData: pd})

@@ -63,6 +63,11 @@ func RTRAttr(typ qp.Type, p *RTRParams, o QPControlOptions) (qp.Attr, qp.AttrMas
 	m := qp.AttrState | qp.AttrAV | qp.AttrPathMTU | qp.AttrDestQPN | qp.AttrRQPSN
 	if typ == qp.TypeRC {
 		m |= qp.AttrMaxDestRDAtomic | qp.AttrMinRNRTimer
+		if p.SelectiveRepeat {
+			// softroce's own attribute, negotiated in reserved CM bits (ext.go)
+			a.SelectiveRepeat = true
+			m |= qp.AttrSelectiveRepeat
+		}
 	}
 	return a, m
 }

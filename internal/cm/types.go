@@ -47,6 +47,9 @@ type RTRParams struct {
 	MaxDestRDAtomic uint8  // incoming RDMA READ/atomic depth (our responder resources)
 	MinRNRTimer     uint8  // RNR NAK timer code (0 = 655.36 ms); rdma_cm leaves 0
 	Path            Path   // address vector: GIDs, flow label, hop limit, traffic class, SL
+	// SelectiveRepeat: both sides asked for selective repeat in the REQ and REP (softroce's
+	// extension, ext.go); RC only.
+	SelectiveRepeat bool
 }
 
 // RTSParams are the attributes of the RTS transition.
@@ -209,6 +212,9 @@ type ConnParam struct {
 	SRQ                bool
 	PathMTU            uint8
 	Path               Path // REQ only: the primary path, seen from the receiver
+	// SelectiveRepeat (softroce's extension, ext.go): a REQ offers selective repeat; a REP
+	// accepts the offer (false when no offer was made).
+	SelectiveRepeat bool
 }
 
 // UDParam is the result of a SIDR exchange: the remote UD QP and its Q_Key.
