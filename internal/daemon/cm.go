@@ -373,6 +373,11 @@ func (ss *session) handleCM(op wire.Op, body []byte) ([]byte, error) {
 		if r.Level != 0 { // RDMA_OPTION_ID only (RDMA_OPTION_IB's paths are InfiniBand's)
 			return nil, fmt.Errorf("%w: rdma_cm option level %d", proto.ErrUnsupported, r.Level)
 		}
+		if rdmacm.Option(r.OptName) == rdmacm.OptionSelectiveRepeat {
+			// the session's QPs take receives through the refill hook, which selective
+			// repeat's reorder buffer does not serve (qp.ErrSelectiveRepeat)
+			return nil, fmt.Errorf("%w: %w", proto.ErrUnsupported, qp.ErrSelectiveRepeat)
+		}
 		if err := id.SetOption(rdmacm.Option(r.OptName), r.Value); errors.Is(err, rdmacm.ErrUnsupported) {
 			return nil, fmt.Errorf("%w: %w", proto.ErrUnsupported, err)
 		} else if err != nil {

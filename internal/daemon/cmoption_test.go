@@ -19,7 +19,8 @@ import (
 // sends the RTU and the passive client gets ESTABLISHED; data flows. The ACK timeout option
 // (CM_SET_OPTION) is in the RTS attributes on the active side and in the daemon-moved QP on
 // the passive side, the TOS in the route; REUSEADDR and unknown options are EOPNOTSUPP, the
-// ACK timeout of a UD ID EINVAL.
+// ACK timeout of a UD ID EINVAL, selective repeat EOPNOTSUPP (from the client's ID and from
+// the daemon).
 func TestCMDaemonExternalQP(t *testing.T) {
 	noLeaks(t)
 	da, db, _ := udpDaemons(t)
@@ -108,6 +109,17 @@ func TestCMDaemonExternalQP(t *testing.T) {
 	}
 	if err := fresh.id.SetOption(rdmacm.Option(77), 1); !errors.Is(err, syscall.EOPNOTSUPP) {
 		t.Fatalf("option 77: %v", err)
+	}
+	// selective repeat: refused by the client's ID, and by the daemon to a client that sends
+	// the option itself (the session's QPs cannot have it)
+	if err := fresh.id.SetOption(rdmacm.OptionSelectiveRepeat, 1); !errors.Is(err, syscall.EOPNOTSUPP) ||
+		!errors.Is(err, roce.ErrSelectiveRepeat) {
+		t.Fatalf("selective repeat: %v", err)
+	}
+	if r, ok := fresh.v.(rdmacm.Remote); !ok {
+		t.Fatal("the daemon client is no rdmacm.Remote")
+	} else if err := r.CMSetOption(fresh.id.Handle(), rdmacm.OptionSelectiveRepeat, 1); !errors.Is(err, syscall.EOPNOTSUPP) {
+		t.Fatalf("selective repeat sent to the daemon: %v", err)
 	}
 	ud := newCMEnd(t, da.dial(t), cm.PSUDP)
 	if err := ud.id.SetOption(rdmacm.OptionAckTimeout, 14); !errors.Is(err, syscall.EINVAL) {

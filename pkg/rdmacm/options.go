@@ -3,8 +3,10 @@ package rdmacm
 import (
 	"errors"
 	"fmt"
+	"syscall"
 
 	"github.com/softroce/softroce/internal/cm"
+	"github.com/softroce/softroce/pkg/roce"
 )
 
 // Option names an ID option of rdma_set_option at level RDMA_OPTION_ID (the
@@ -17,6 +19,9 @@ const (
 	OptionReuseAddr  Option = 1 // RDMA_OPTION_ID_REUSEADDR (int)
 	OptionAFOnly     Option = 2 // RDMA_OPTION_ID_AFONLY (int)
 	OptionAckTimeout Option = 3 // RDMA_OPTION_ID_ACK_TIMEOUT (uint8_t)
+	// OptionSelectiveRepeat is softroce's own (no rdma_cm has it; far above the
+	// RDMA_OPTION_ID_* values): value non-zero asks for selective repeat (SetOption).
+	OptionSelectiveRepeat Option = 0x10000
 )
 
 // ErrUnsupported: an option softroce's rdma_cm does not honour.
@@ -27,6 +32,7 @@ type idOptions struct {
 	tos, ackTimeout       uint8
 	tosSet, ackTimeoutSet bool
 	afOnly                bool
+	selectiveRepeat       bool
 	// startPSN (passive side): the receive PSN the REP will announce, chosen when InitQPAttr
 	// gives RTR attributes before Accept (0: the CM chooses at Accept)
 	startPSN uint32
@@ -45,12 +51,25 @@ type idOptions struct {
 //   - OptionAFOnly: value non-zero makes a listener bound to an unspecified address take only
 //     requests of that address's family (IPV6_V6ONLY); before the ID is bound (ErrState
 //     after, as rdma_set_afonly).
+//   - OptionSelectiveRepeat (softroce's own): value non-zero asks for selective repeat on the
+//     RC connection (qp.Attr.SelectiveRepeat, docs/reliability.md), negotiated in reserved
+//     bits of the CM's REQ and REP (docs/cm.md): the QP gets it at RTR, whether the CM moves
+//     it or the program does (InitQPAttr), exactly when the peer is a softroce ID that asked
+//     too; with any other peer (kernel rxe, an RNIC, a softroce ID that did not ask) nothing
+//     changes. On the active ID before Connect; on a listening ID, for every request it takes;
+//     on a request's ID before Accept (and before InitQPAttr gives its RTR attributes).
+//     ErrInvalidArg in the UDP port space, ErrState once connecting; through the daemon
+//     ErrUnsupported with roce.ErrSelectiveRepeat and EOPNOTSUPP (the daemon's QPs do not
+//     offer it).
 //   - OptionReuseAddr: ErrUnsupported (the device's port table gives a port to one ID; after
 //     binding ErrState, as rdma_set_reuseaddr).
 //
 // Any other option is ErrUnsupported.
 func (id *ID) SetOption(o Option, value uint32) error {
 	if id.rem != nil {
+		if o == OptionSelectiveRepeat {
+			return fmt.Errorf("%w: %w (through the daemon): %w", ErrUnsupported, roce.ErrSelectiveRepeat, syscall.EOPNOTSUPP)
+		}
 		return id.rem.r.CMSetOption(id.rh, o, value)
 	}
 	id.mu.Lock()
@@ -66,6 +85,16 @@ func (id *ID) SetOption(o Option, value uint32) error {
 			return fmt.Errorf("%w: an ACK timeout in port space %#x", ErrInvalidArg, uint16(id.ps))
 		}
 		id.opt.ackTimeout, id.opt.ackTimeoutSet = uint8(value), true
+	case OptionSelectiveRepeat:
+		if id.ps != cm.PSTCP {
+			return fmt.Errorf("%w: selective repeat in port space %#x", ErrInvalidArg, uint16(id.ps))
+		}
+		switch id.state {
+		case stIdle, stBound, stAddrResolved, stRouteResolved, stListen, stConnectReq:
+		default:
+			return ErrState
+		}
+		id.opt.selectiveRepeat = value != 0
 	case OptionAFOnly, OptionReuseAddr:
 		if id.state != stIdle || id.ownsPort {
 			return ErrState
@@ -84,6 +113,16 @@ func (id *ID) SetOption(o Option, value uint32) error {
 func (id *ID) qpOptions() cm.QPControlOptions {
 	return cm.QPControlOptions{SGIDIndex: uint8(id.route.SGIDIndex), Timeout: id.opt.ackTimeout,
 		TimeoutSet: id.opt.ackTimeoutSet}
+}
+
+// SelectiveRepeat reports whether the ID's connection uses selective repeat (OptionSelectiveRepeat
+// on both sides): known on the active side at ESTABLISHED or CONNECT_RESPONSE, on the passive
+// side once Accept ran.
+func (id *ID) SelectiveRepeat() bool {
+	id.mu.Lock()
+	c := id.conn
+	id.mu.Unlock()
+	return c != nil && id.rem == nil && c.SelectiveRepeat()
 }
 
 // Establish completes a connection made for a QP the ID does not own (ConnParam.QPNum, no

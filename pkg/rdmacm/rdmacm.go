@@ -99,6 +99,11 @@ type ConnParam struct {
 	SRQ                bool
 	QPNum              uint32 // the QP number when the QP was not created through the ID
 	QKey               uint32 // UD: the Q_Key (0 = RDMAUDPQKey)
+	// SelectiveRepeat, in events only: on CONNECT_REQUEST the peer offers selective repeat
+	// (softroce's extension, docs/cm.md), on the active side's ESTABLISHED or CONNECT_RESPONSE
+	// the peer accepted it, so the connection uses it. Connect and Accept do not read it: an
+	// ID asks with OptionSelectiveRepeat.
+	SelectiveRepeat bool
 }
 
 // UDParam is what a UD ID learns from SIDR: the remote QP, its Q_Key and an
@@ -627,6 +632,8 @@ func (id *ID) InitQPAttr(state qp.State) (qp.Attr, qp.AttrMask, error) {
 		typ = id.qp.Type()
 	}
 	c, o := id.conn, id.qpOptions()
+	// before Accept, the REP will accept what the REQ offered if the ID asks (Accept)
+	beforeAccept, sr := id.state == stConnectReq, id.opt.selectiveRepeat
 	var psn uint32
 	if state == qp.StateRTR && id.state == stConnectReq && typ != qp.TypeUD {
 		// a QP the program moves before Accept: the REP announces the receive PSN its RTR
@@ -661,6 +668,9 @@ func (id *ID) InitQPAttr(state qp.State) (qp.Attr, qp.AttrMask, error) {
 		typ = qp.TypeUC
 	}
 	rtr, rts := c.QPParams()
+	if beforeAccept {
+		rtr.SelectiveRepeat = c.PeerOffersSelectiveRepeat() && sr
+	}
 	if state == qp.StateRTR {
 		a, m := cm.RTRAttr(typ, &rtr, o)
 		if psn != 0 {
@@ -806,6 +816,7 @@ func (id *ID) Connect(p ConnParam) error {
 		InitiatorDepth:     depth(p.InitiatorDepth, attr.MaxQPInitRDAtom),
 		RetryCount:         p.RetryCount, RNRRetryCount: p.RNRRetryCount,
 		FlowControl: p.FlowControl, SRQ: p.SRQ, PrivateData: pd[:n], Context: id,
+		SelectiveRepeat: id.opt.selectiveRepeat,
 	}
 	if q != nil {
 		if q.Type() == qp.TypeUC {
@@ -897,7 +908,7 @@ func (id *ID) Accept(p *ConnParam) error {
 			PrivateData: p.PrivateData,
 		}
 	}
-	o.QPN, o.StartingPSN = qpn, id.opt.startPSN
+	o.QPN, o.StartingPSN, o.SelectiveRepeat = qpn, id.opt.startPSN, id.opt.selectiveRepeat
 	if q != nil {
 		o.QP = cm.NewQPControl(q.QP, id.qpOptions())
 	}
@@ -1152,6 +1163,7 @@ func localView(r *cm.ConnParam, pd []byte) ConnParam {
 		RNRRetryCount:      r.RNRRetryCount,
 		SRQ:                r.SRQ,
 		QPNum:              r.QPN,
+		SelectiveRepeat:    r.SelectiveRepeat,
 	}
 }
 
@@ -1178,7 +1190,7 @@ func (ds *devState) connectRequest(e cm.Event) {
 		rejectRaw(e)
 		return
 	}
-	la := lid.local.Addr()
+	la, sr := lid.local.Addr(), lid.opt.selectiveRepeat
 	dst := hdr.Dst().Unmap()
 	// an unspecified address takes every family unless the listener is AFONLY (cma_match_private_data)
 	if (la.IsValid() && !la.IsUnspecified() && la != dst) || ds.d.GIDIndex(dst) < 1 ||
@@ -1197,7 +1209,7 @@ func (ds *devState) connectRequest(e cm.Event) {
 	_, lport, _ := cm.SplitServiceID(e.Conn.ServiceID())
 	child := &ID{ch: lid.ch, ds: ds, ps: lid.ps, Context: lid.Context, state: stConnectReq,
 		local: netip.AddrPortFrom(dst, lport), remote: netip.AddrPortFrom(hdr.Src().Unmap(), hdr.SrcPort()),
-		parent: lid, conn: e.Conn, inQueue: true}
+		parent: lid, conn: e.Conn, inQueue: true, opt: idOptions{selectiveRepeat: sr}}
 	lid.queued = append(lid.queued, child)
 	lid.mu.Unlock()
 	for _, old := range evict {
