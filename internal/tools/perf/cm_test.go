@@ -62,7 +62,7 @@ func TestPerfCMRecord(t *testing.T) {
 // TestPerfCMFlags: -R is accepted for the bandwidth tests and refused for latency; a -R
 // server needs -d.
 func TestPerfCMFlags(t *testing.T) {
-	for _, ok := range [][]string{{"write", "-R", "-d", "127.0.0.1"}, {"read", "-R", "-d", "127.0.0.1"}, {"atomic", "-R", "10.0.0.1"}, {"send", "--rdma_cm", "-d", "127.0.0.1"}, {"send", "-R", "10.0.0.1"}} {
+	for _, ok := range [][]string{{"write", "-R", "-d", "127.0.0.1"}, {"write", "-R", "-d", "127.0.0.1", "--selective-repeat"}, {"read", "-R", "-d", "127.0.0.1"}, {"atomic", "-R", "10.0.0.1"}, {"send", "--rdma_cm", "-d", "127.0.0.1"}, {"send", "-R", "10.0.0.1"}} {
 		c, err := parsePerf(ok, new(bytes.Buffer))
 		if err != nil || !c.RDMACM {
 			t.Errorf("%v: %v", ok, err)
@@ -85,6 +85,17 @@ func TestPerfCMFlags(t *testing.T) {
 // perfCMPair runs a -R server on 127.0.0.1 and a -R client on 127.0.0.2 in this process.
 func perfCMPair(t *testing.T, args ...string) (srvOut, cliOut string) {
 	t.Helper()
+	so, se, co, ce := perfCMPairSides(t, args, nil, nil)
+	if se != "" || ce != "" {
+		t.Errorf("stderr: server %q client %q", se, ce)
+	}
+	return so, co
+}
+
+// perfCMPairSides is perfCMPair with srvExtra and cliExtra added to one side's arguments; it
+// returns both sides' stdout and stderr.
+func perfCMPairSides(t *testing.T, args, srvExtra, cliExtra []string) (srvOut, srvErr, cliOut, cliErr string) {
+	t.Helper()
 	common := append(append([]string{}, args...), "-R", "-p", "18515", "--roce-port", strconv.Itoa(int(tooltest.FreeUDPPort(t))),
 		"--timeout", "20s", "--run-timeout", "20s")
 	var se, co, ce bytes.Buffer
@@ -94,7 +105,7 @@ func perfCMPair(t *testing.T, args ...string) (srvOut, cliOut string) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		srvStatus = perfMain(append(append([]string{}, common...), "-d", "127.0.0.1"), &perfEnv{Stdout: so, Stderr: &se})
+		srvStatus = perfMain(append(append(append([]string{}, common...), srvExtra...), "-d", "127.0.0.1"), &perfEnv{Stdout: so, Stderr: &se})
 	}()
 	// start the client once the server's device exists (a REQ sent to no device at all
 	// waits for the CM's retransmission, seconds); until its listener exists the client's
@@ -104,15 +115,45 @@ func perfCMPair(t *testing.T, args ...string) (srvOut, cliOut string) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the server did not start")
 	}
-	cliStatus := perfMain(append(append([]string{}, common...), "-d", "127.0.0.2", "127.0.0.1"), &perfEnv{Stdout: &co, Stderr: &ce})
+	cliStatus := perfMain(append(append(append([]string{}, common...), cliExtra...), "-d", "127.0.0.2", "127.0.0.1"), &perfEnv{Stdout: &co, Stderr: &ce})
 	wg.Wait()
-	if se.Len() != 0 || ce.Len() != 0 {
-		t.Errorf("stderr: server %q client %q", se.String(), ce.String())
-	}
 	if srvStatus != 0 || cliStatus != 0 {
 		t.Errorf("%v: exit status server %d client %d\nserver:\n%s\nclient:\n%s", args, srvStatus, cliStatus, so.String(), co.String())
 	}
-	return so.String(), co.String()
+	return so.String(), se.String(), co.String(), ce.String()
+}
+
+// TestPerfCMSelectiveRepeat: with -R, --selective-repeat is negotiated by the CM: given on
+// both sides, every data connection has it (no note); given on one side only, the run
+// completes with go-back-N and that side notes on stderr that the peer did not accept it.
+func TestPerfCMSelectiveRepeat(t *testing.T) {
+	sr := []string{"--selective-repeat"}
+	const note = "--selective-repeat: the peer did not accept it on 2 of 2 data connections"
+	args := []string{"write", "-s", "65536", "-n", "50", "-q", "2"}
+	for _, c := range []struct {
+		name             string
+		srv, cli         []string
+		srvNote, cliNote bool
+	}{
+		{"both", sr, sr, false, false},
+		{"client only", nil, sr, false, true},
+		{"server only", sr, nil, true, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			so, se, co, ce := perfCMPairSides(t, args, c.srv, c.cli)
+			cfg, err := parsePerf(args, new(bytes.Buffer))
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkPerfPair(t, so, co, cfg.Test, []int{65536}, 50, 2, false)
+			if strings.Contains(se, note) != c.srvNote || strings.Contains(ce, note) != c.cliNote {
+				t.Errorf("stderr: server %q client %q", se, ce)
+			}
+			if !c.srvNote && se != "" || !c.cliNote && ce != "" {
+				t.Errorf("stderr: server %q client %q", se, ce)
+			}
+		})
+	}
 }
 
 // TestPerfCMPairs runs send and write bandwidth with -R softroce <-> softroce in this process:

@@ -20,6 +20,9 @@ import (
 type perfCMData struct {
 	ev  perfCMEvents
 	ids []*rdmacm.ID
+	// srMissed: data connections established without selective repeat although
+	// --selective-repeat asked for it (the peer is not softroce, or did not ask)
+	srMissed int
 }
 
 // perfCMDataParam is the rdma_conn_param of a data connection (rdma_cm_route_handler and
@@ -51,9 +54,19 @@ func (d *perfCMData) serverCreate(ctx context.Context, c *perfConfig, l *rdmacm.
 			ev.ID.Reject(nil)
 			return nil, err
 		}
+		if c.SelectiveRepeat {
+			// accepted if the client's request offers it (softroce's extension, docs/cm.md)
+			if err := ev.ID.SetOption(rdmacm.OptionSelectiveRepeat, 1); err != nil {
+				ev.ID.Reject(nil)
+				return q, fmt.Errorf("%w: --selective-repeat: %w", errPerfCM, err)
+			}
+		}
 		p := perfCMDataParam(c)
 		if err := ev.ID.Accept(&p); err != nil {
 			return q, fmt.Errorf("%w: Failed to accept RDMA CM connection: %w", errPerfCM, err)
+		}
+		if c.SelectiveRepeat && !ev.ID.SelectiveRepeat() {
+			d.srMissed++
 		}
 		a := qp.Attr{MinRNRTimer: perfMinRNRTimer}
 		if err := q.Modify(&a, qp.AttrMinRNRTimer); err != nil {
@@ -63,13 +76,25 @@ func (d *perfCMData) serverCreate(ctx context.Context, c *perfConfig, l *rdmacm.
 	}
 }
 
+// perfCMDataQP creates a data QP on the client's resolved ID; with --selective-repeat the ID
+// first asks for it, so that the request offers it (softroce's extension: the CM negotiates
+// it, docs/cm.md).
+func perfCMDataQP(c *perfConfig, in roce.VerbsQPInit) func(*rdmacm.ID) (roce.QueuePair, error) {
+	return func(id *rdmacm.ID) (roce.QueuePair, error) {
+		if c.SelectiveRepeat {
+			if err := id.SetOption(rdmacm.OptionSelectiveRepeat, 1); err != nil {
+				return nil, fmt.Errorf("%w: --selective-repeat: %w", errPerfCM, err)
+			}
+		}
+		return id.CreateQPVerbs(in.PD, in)
+	}
+}
+
 // clientCreate is the client's perfCreateQP: resolve, create the QP on a new ID and send the
 // request, without waiting for the answer (clientWait does).
 func (d *perfCMData) clientCreate(ctx context.Context, c *perfConfig, dev roce.Verbs, local netip.Addr, server netip.AddrPort) perfCreateQP {
 	return func(i int, in roce.VerbsQPInit) (roce.QueuePair, error) {
-		id, q, err := perfCMConnect(ctx, &d.ev, c, dev, local, server, func(id *rdmacm.ID) (roce.QueuePair, error) {
-			return id.CreateQPVerbs(in.PD, in)
-		}, perfCMDataParam(c))
+		id, q, err := perfCMConnect(ctx, &d.ev, c, dev, local, server, perfCMDataQP(c, in), perfCMDataParam(c))
 		if id != nil {
 			d.ids = append(d.ids, id)
 		}
@@ -101,6 +126,9 @@ func (d *perfCMData) clientWait(ctx context.Context, r *perfRes, dev roce.Verbs,
 		}
 		switch ev.Type {
 		case rdmacm.EventEstablished:
+			if c.SelectiveRepeat && !ev.Param.SelectiveRepeat {
+				d.srMissed++ // the server's REP did not accept the offer
+			}
 			done++
 			continue
 		case rdmacm.EventRejected, rdmacm.EventUnreachable, rdmacm.EventConnectError:
@@ -117,9 +145,7 @@ func (d *perfCMData) clientWait(ctx context.Context, r *perfRes, dev roce.Verbs,
 			return fmt.Errorf("%w: Couldn't destroy QP[%d]: %w", errPerfVerbs, i, err)
 		}
 		time.Sleep(perfCMRetryDelay)
-		id, q, err := perfCMConnect(ctx, &d.ev, c, dev, local, server, func(id *rdmacm.ID) (roce.QueuePair, error) {
-			return id.CreateQPVerbs(r.qpInit.PD, r.qpInit)
-		}, perfCMDataParam(c))
+		id, q, err := perfCMConnect(ctx, &d.ev, c, dev, local, server, perfCMDataQP(c, r.qpInit), perfCMDataParam(c))
 		d.ids[i] = id
 		if q != nil {
 			r.qps[i] = q
@@ -251,6 +277,10 @@ func perfRunCM(ctx context.Context, c *perfConfig, out io.Writer) (err error) {
 	}
 	if _, err := comm.handShake(&zero, c.Timeout); err != nil {
 		return fmt.Errorf("Failed to sync between client and server after creating RDMA CM connection: %w", err)
+	}
+	if data.srMissed > 0 {
+		fmt.Fprintf(c.Log, "--selective-repeat: the peer did not accept it on %d of %d data connections (not softroce, or not asked there): go-back-N\n",
+			data.srMissed, c.QPs)
 	}
 	if int(sd.CycleBuffer) > r.area || sd.CacheLine > perfCacheLine {
 		return fmt.Errorf("%w: peer's cycle buffer %d / cache line %d exceed ours", errPerfPeer, sd.CycleBuffer, sd.CacheLine)

@@ -107,7 +107,7 @@ func newFlagSet(f *flags) *pflag.FlagSet {
 	fs.StringVar(&f.CPUProfile, "cpuprofile", "", "softroce: write a pprof CPU profile of the run to `file`")
 	fs.IntVar(&f.Procs, "procs", -1, "softroce: `GOMAXPROCS` of the run (default: 1, like perftest's one thread, unless the GOMAXPROCS environment variable is set; 0: Go's default; --loopback keeps Go's default)")
 	fs.BoolVar(&f.Stats, "stats", false, "softroce: print the device's and the link's counters to stderr at the end")
-	fs.BoolVar(&f.SelectiveRepeat, "selective-repeat", false, "softroce: RC selective repeat instead of go-back-N (docs/reliability.md); give it on both sides: the peer must be softroce with the same flag, as perftest's exchange cannot negotiate it (RC, not with -R, --loopback or --daemon)")
+	fs.BoolVar(&f.SelectiveRepeat, "selective-repeat", false, "softroce: RC selective repeat instead of go-back-N (docs/reliability.md). With -R the CM negotiates it: the data QPs have it when the peer is softroce given it too, else go-back-N (a note on stderr); without -R give it on both sides: the peer must be softroce with the same flag, as perftest's TCP exchange cannot negotiate it (RC, not with --loopback or --daemon)")
 	fs.StringVar(&f.Daemon, "daemon", "", "softroce: run through the softroce daemon listening on unix `socket` (its device; -d picks one of its addresses)")
 	fs.Var(&f.CC, "cc", cli.CCUsage)
 	// perftest's options softroce refuses by name
@@ -208,8 +208,8 @@ func parseArgs(args []string) (*Config, error) {
 		return nil, fmt.Errorf("%w: -c UC: UC connection not possible in READ/ATOMIC verbs", errPerfUsage)
 	case f.conn == "UD" && c.Verb != "send":
 		return nil, fmt.Errorf("%w: -c UD: UD connection only possible in SEND verb", errPerfUsage)
-	case c.SelectiveRepeat && (f.conn != "RC" || c.RDMACM || c.Loopback || c.Daemon != ""):
-		return nil, fmt.Errorf("--selective-repeat with -c UC/UD, -R, --loopback or --daemon is %w", errPerfUnsupported)
+	case c.SelectiveRepeat && (f.conn != "RC" || c.Loopback || c.Daemon != ""):
+		return nil, fmt.Errorf("--selective-repeat with -c UC/UD, --loopback or --daemon is %w", errPerfUnsupported)
 	case (f.bidir || f.dur != 0 || f.conn != "RC") && (c.RDMACM || c.Loopback):
 		return nil, fmt.Errorf("-b, -D and -c UC/UD with -R or --loopback are %w", errPerfUnsupported)
 	case c.Port < 0 || c.Port > 65535:

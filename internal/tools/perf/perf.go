@@ -146,8 +146,9 @@ type Config struct {
 	// Stats prints the device's and its link's counters to stderr at the end (--stats).
 	Stats bool
 	// SelectiveRepeat is --selective-repeat: the RC QPs use selective repeat instead of
-	// go-back-N (qp.Attr.SelectiveRepeat); the peer must be softroce given the same flag (the
-	// exchange's fixed format has no room to negotiate it).
+	// go-back-N (qp.Attr.SelectiveRepeat). With -R the CM negotiates it (the data QPs have it
+	// when the peer is softroce given the flag too); without, the peer must be softroce given
+	// the same flag (the TCP exchange's fixed format has no room to negotiate it).
 	SelectiveRepeat bool
 	// CC is --cc: the embedded device's congestion control (docs/congestion.md).
 	CC cli.CCFlag
