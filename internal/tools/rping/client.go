@@ -50,6 +50,7 @@ func (r *rpinger) client(local netip.Addr) error {
 		return errRpingQuiet
 	}
 	r.debugf("rdma_connect successful\n")
+	r.noteSelectiveRepeat(r.id)
 	err = r.clientLoop()
 	if !r.disconnected {
 		_ = r.id.Disconnect()

@@ -77,6 +77,10 @@ type Config struct {
 	RocePort       uint16
 	Portable       bool   // --portable: plain sockets (roce.UDPOptions.Portable)
 	Daemon         string // --daemon SOCKET: through the softroce daemon
+	// SelectiveRepeat is --selective-repeat (softroce's own): ask for RC selective repeat,
+	// which rdma_cm negotiates (rdmacm.OptionSelectiveRepeat): the connection has it when the
+	// peer is softroce given it too, otherwise rping notes on stderr that it runs go-back-N.
+	SelectiveRepeat bool
 
 	// Log receives rping's error messages (nil: discarded).
 	Log io.Writer
@@ -140,6 +144,7 @@ func newFlagSet(f *flags) *pflag.FlagSet {
 	cli.CIntVarP(fs, &f.roceRaw, "roce-port", "", 4791, 10, "RoCE UDP `port`")
 	fs.BoolVar(&f.Portable, "portable", false, "plain UDP sockets instead of sendmmsg/recvmmsg")
 	fs.StringVar(&f.Daemon, "daemon", "", "run through the softroce daemon on this unix `socket`: its device, its rdma_cm")
+	fs.BoolVar(&f.SelectiveRepeat, "selective-repeat", false, "ask for RC selective repeat instead of go-back-N (docs/reliability.md): rdma_cm negotiates it, the connection has it only if the peer is softroce given it too (not with --daemon)")
 	return fs
 }
 
@@ -184,6 +189,8 @@ func ParseArgs(args []string) (Config, error) {
 		return c, fmt.Errorf("%w: -s or -c", errRpingUsage)
 	case c.Client && !c.Addr.IsValid():
 		return c, fmt.Errorf("%w: client needs -a addr", errRpingUsage)
+	case c.SelectiveRepeat && c.Daemon != "":
+		return c, fmt.Errorf("%w: --selective-repeat with --daemon (the daemon's QPs do not offer it)", errRpingUsage)
 	}
 	c.Port, c.Count, c.Size, c.RocePort = uint16(f.port), f.count, f.size, uint16(f.roceRaw)
 	return c, nil
@@ -271,6 +278,13 @@ type rpinger struct {
 	disconnected bool
 }
 
+// noteSelectiveRepeat tells, with --selective-repeat, that the connection did not get it.
+func (r *rpinger) noteSelectiveRepeat(id *rdmacm.ID) {
+	if r.c.SelectiveRepeat && !id.SelectiveRepeat() {
+		fmt.Fprintf(r.errw, "selective repeat not negotiated (the peer is not softroce, or was not asked): go-back-N\n")
+	}
+}
+
 func (r *rpinger) debugf(format string, a ...any) {
 	if r.c.Debug {
 		fmt.Fprintf(r.out, format, a...)
@@ -349,6 +363,12 @@ func (r *rpinger) runOn(v roce.Verbs, local netip.Addr) error {
 	defer r.id.Destroy()
 	defer r.release()
 	r.debugf("created cm_id %p\n", r.id)
+	if c.SelectiveRepeat {
+		// on the listener: every request it takes asks too
+		if err := r.id.SetOption(rdmacm.OptionSelectiveRepeat, 1); err != nil {
+			return err
+		}
+	}
 	if c.Server {
 		return r.server(local)
 	}

@@ -87,6 +87,65 @@ func TestRpingLoopback(t *testing.T) {
 	}
 }
 
+// TestRpingSelectiveRepeat: --selective-repeat on both sides gives the connection selective
+// repeat (rdma_cm negotiates it) and rping's usual output; on one side only, the pings run
+// all the same and that side notes on stderr that it runs go-back-N. Refused with --daemon.
+func TestRpingSelectiveRepeat(t *testing.T) {
+	const note = "selective repeat not negotiated (the peer is not softroce, or was not asked): go-back-N\n"
+	for i, c := range []struct {
+		name             string
+		srv, cli         bool
+		srvNote, cliNote bool
+	}{
+		{"both", true, true, false, false},
+		{"server only", true, false, true, false},
+		{"client only", false, true, false, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			port := fmt.Sprint(20000 + rand.IntN(40000))
+			cmPort := fmt.Sprint(7180 + i)
+			sr := func(on bool) []string {
+				if on {
+					return []string{"--selective-repeat"}
+				}
+				return nil
+			}
+			listening := make(chan struct{})
+			var sout, serr bytes.Buffer
+			done := make(chan int)
+			go func() {
+				done <- runWith(func() { close(listening) }, append([]string{"rping", "-s", "-a", "127.0.0.2", "-p", cmPort, "--roce-port", port,
+					"--portable", "--timeout", "20s"}, sr(c.srv)...), &sout, &serr)
+			}()
+			select {
+			case <-listening:
+			case st := <-done:
+				t.Fatalf("server exited %d: %s", st, serr.String())
+			}
+			var cout, cerr bytes.Buffer
+			st := runWith(nil, append([]string{"rping", "-c", "-a", "127.0.0.2", "-I", "127.0.0.1", "-p", cmPort, "-C", "3", "-vV",
+				"--roce-port", port, "--portable", "--timeout", "20s"}, sr(c.cli)...), &cout, &cerr)
+			sst := <-done
+			if st != 0 || sst != 0 || cout.String() != rpingLines("", 3) {
+				t.Fatalf("exit client %d server %d\nclient stdout %s\nclient stderr %s\nserver stderr %s", st, sst, cout.String(), cerr.String(), serr.String())
+			}
+			wantC, wantS := "client DISCONNECT EVENT...\n", "server DISCONNECT EVENT...\nwait for RDMA_READ_ADV state 10\n"
+			if c.cliNote {
+				wantC = note + wantC
+			}
+			if c.srvNote {
+				wantS = note + wantS
+			}
+			if cerr.String() != wantC || serr.String() != wantS {
+				t.Fatalf("stderr client %q server %q, want %q and %q", cerr.String(), serr.String(), wantC, wantS)
+			}
+		})
+	}
+	if _, err := ParseArgs([]string{"-c", "-a", "127.0.0.1", "--daemon", "/x", "--selective-repeat"}); !errors.Is(err, errRpingUsage) {
+		t.Fatalf("--selective-repeat with --daemon: %v", err)
+	}
+}
+
 // TestRpingNoServer: the client against a port nobody listens on is rejected (REJ invalid
 // service ID, 8) and exits 255 like rping.
 func TestRpingNoServer(t *testing.T) {

@@ -78,6 +78,7 @@ func (r *rpinger) serveOne() error {
 		fmt.Fprintf(r.errw, "rdma_accept: %v\n", err)
 		return errRpingQuiet
 	}
+	r.noteSelectiveRepeat(child)
 	err := r.serverLoop()
 	if err != nil {
 		fmt.Fprintf(r.errw, "rping server failed: %d\n", -1)
