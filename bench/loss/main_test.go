@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/softroce/softroce/bench/internal/docgen"
 )
 
 // sample is what bench/loss.sh collects: guest lines of three runs of two stacks, a failed
@@ -158,6 +160,7 @@ func TestTable(t *testing.T) {
 func TestDocs(t *testing.T) {
 	rs := loadSample(t)
 	doc := filepath.Join(t.TempDir(), "doc.md")
+	beginMark, endMark := docgen.Markers("bench/loss.sh")
 	in := "before\n" + beginMark + "\nold table\n" + endMark + "\nafter\n"
 	if err := os.WriteFile(doc, []byte(in), 0o644); err != nil {
 		t.Fatal(err)

@@ -33,6 +33,7 @@ var layers = []struct {
 	{"internal/netnstest", 1},
 	{"internal/testcap", 1},
 	{"test/rxelab", 1},
+	{"bench/internal/", 1}, // the benchmarks' shared helpers: the standard library only
 	// the I/O seam (pkg/link imports nothing of softroce but pkg/bth), completion queues
 	{"pkg/link", 2},
 	{"internal/cq", 2},
