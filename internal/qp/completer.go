@@ -78,7 +78,7 @@ func (q *QP) onAck(now time.Time, p *bth.Packet, psn bth.PSN) {
 		if psn.LessThan(q.comp.psn) {
 			return // old or duplicate ACK
 		}
-		if q.ackUpTo(psn) {
+		if q.ackUpTo(psn) && !q.srAckGap(now, psn) {
 			q.gapRetry(now)
 		}
 	case bth.AckTypeRNR:
@@ -230,14 +230,26 @@ func (q *QP) onReadResp(now time.Time, p *bth.Packet, psn bth.PSN) {
 		return
 	}
 	expect := w.firstPSN.Add(w.readDone / q.mtu)
+	sr := q.attr.SelectiveRepeat
+	if sr && !w.lastPSN.LessThan(psn) {
+		if !psn.LessThan(expect) {
+			q.srPlace(now, w, p, psn) // at its offset, whatever is missing before it (srread.go)
+		}
+		return
+	}
 	if psn != expect {
 		if expect.LessThan(psn) {
 			// Responses of w were lost. Those of a later READ are kept
-			// (placeLaterRead) and only w is asked again (readGap).
-			q.placeLaterRead(w, p, psn)
+			// (placeLaterRead) and only w is asked again (readGap; with
+			// selective repeat only its missing responses, srTail).
+			q.placeLaterRead(now, w, p, psn)
 			if q.state != StateErr {
 				q.comp.psn = expect
-				q.readGap(now, w)
+				if sr {
+					q.srTail(now, w)
+				} else {
+					q.readGap(now, w)
+				}
 			}
 		}
 		return // older: duplicate
@@ -284,7 +296,7 @@ func (q *QP) placeRead(w *sendWQE, p *bth.Packet, psn bth.PSN) {
 // needed). The response also shows that the responder executed every
 // request before that READ (IBTA 9.7.5.1.2): the SEND/WRITE WQEs between
 // w and it are complete. Completions stay in posting order (retire).
-func (q *QP) placeLaterRead(w *sendWQE, p *bth.Packet, psn bth.PSN) {
+func (q *QP) placeLaterRead(now time.Time, w *sendWQE, p *bth.Packet, psn bth.PSN) {
 	var v *sendWQE
 	for i := q.sqHead; i != q.sqTail; i++ {
 		x := q.slot(i)
@@ -302,7 +314,8 @@ func (q *QP) placeLaterRead(w *sendWQE, p *bth.Packet, psn bth.PSN) {
 			break
 		}
 	}
-	if v == nil || kindOf(v.wr.Opcode) != kindRead || psn != v.firstPSN.Add(v.readDone/q.mtu) {
+	sr := q.attr.SelectiveRepeat // any response within v's outstanding ones (srread.go)
+	if v == nil || kindOf(v.wr.Opcode) != kindRead || (!sr && psn != v.firstPSN.Add(v.readDone/q.mtu)) {
 		return
 	}
 	for i := q.sqHead; i != q.sqTail; i++ {
@@ -317,6 +330,12 @@ func (q *QP) placeLaterRead(w *sendWQE, p *bth.Packet, psn bth.PSN) {
 			x.done = true
 			x.status = cq.StatusSuccess
 		}
+	}
+	if sr {
+		if !psn.LessThan(v.firstPSN.Add(v.readDone / q.mtu)) {
+			q.srPlace(now, v, p, psn)
+		}
+		return
 	}
 	q.placeRead(v, p, psn)
 }

@@ -57,6 +57,7 @@ type fsDir struct {
 	expect    []fsWR // SEND/WRITE_IMM receive completions, in order
 	faa, cas  uint64
 	sizes     map[uint64]int // seq -> size (diagnostics)
+	readMax   int            // READs of up to readMax bytes (0: as the other WRs; srread_test.go)
 }
 
 // layout in each side's 4 MiB buffer
@@ -115,6 +116,10 @@ func (d *fsDir) post(t *testing.T) {
 		w.n = size
 	case WRRDMARead:
 		w.roff = d.rng.IntN(60000)
+		if d.readMax > 0 {
+			size = d.rng.IntN(d.readMax + 1)
+			w.roff = d.rng.IntN(64<<10 - d.readMax)
+		}
 		clear(d.src.buf[loc : loc+size])
 		wr.SGL = []SGE{d.src.sge(loc, size)}
 		wr.RemoteAddr, wr.RKey = d.dst.va(fsRead+w.roff), d.dst.mr.RKey()
@@ -210,6 +215,11 @@ func fakeSoak(t *testing.T, seed uint64, msgs int) { fakeSoakOpts(t, seed, msgs,
 
 // fakeSoakOpts is fakeSoak with the connection's selective repeat flags from co.
 func fakeSoakOpts(t *testing.T, seed uint64, msgs int, co connOpts) {
+	fakeSoakRun(t, seed, msgs, co, 0)
+}
+
+// fakeSoakRun is fakeSoakOpts with READs of up to readMax bytes (0: as the other WRs).
+func fakeSoakRun(t *testing.T, seed uint64, msgs int, co connOpts, readMax int) {
 	n := newNet(t)
 	fo := fault.DirOptions{Drop: 0.10, Duplicate: 0.05, Reorder: 0.05, ReorderDepth: 3}
 	var links []*fault.Link
@@ -235,8 +245,8 @@ func fakeSoakOpts(t *testing.T, seed uint64, msgs int, co connOpts) {
 		fsPattern(s.buf[fsRead:fsRead+64<<10], 0xEAD, 0)
 	}
 	dirs := []*fsDir{
-		{src: a, dst: b, id: 0, rng: rand.New(rand.NewPCG(seed, 0))},
-		{src: b, dst: a, id: 1, rng: rand.New(rand.NewPCG(seed, 1))},
+		{src: a, dst: b, id: 0, rng: rand.New(rand.NewPCG(seed, 0)), readMax: readMax},
+		{src: b, dst: a, id: 1, rng: rand.New(rand.NewPCG(seed, 1)), readMax: readMax},
 	}
 	for _, d := range dirs {
 		for i := 0; i < 8; i++ {

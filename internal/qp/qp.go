@@ -163,6 +163,9 @@ type sendWQE struct {
 	nextPkt  uint32 // index of the next packet to build (SEND/WRITE)
 	readDone uint32 // READ bytes received
 	readReq  uint32 // READ response packets requested so far (readChunk)
+	// srr: the READ responses placed ahead of readDone (srread.go; nil until the QP's first
+	// out-of-order READ response, then kept through reset)
+	srr      *srReadBits
 	isInline bool
 	rdAtomic bool // counts against max_rd_atomic while outstanding
 	bind     BindInfo
@@ -471,16 +474,17 @@ func (q *QP) resetLocked() {
 	q.rqHead, q.rqTail = 0, 0
 	q.dropHeld()
 	q.rdAtomicInFlight = 0
-	q.req = requester{sr: q.req.sr}
+	q.req = requester{sr: q.req.sr, srr: q.req.srr}
 	q.req.sr.clear()
-	res, sge, sr := q.resp.res, q.resp.wqe.sge, q.resp.sr
+	res, sge, sr, rdq := q.resp.res, q.resp.wqe.sge, q.resp.sr, q.resp.rdq
 	for i := range res {
 		res[i] = resource{}
 	}
 	sr.clear()
 	// res, the receive WQE's SGL and the reorder buffer are allocated when first needed
 	// (newResource, popRecv, srStore)
-	q.resp = responder{res: res, wqe: recvWQE{sge: sge[:0]}, sr: sr}
+	rdq.clear()
+	q.resp = responder{res: res, wqe: recvWQE{sge: sge[:0]}, sr: sr, rdq: rdq}
 	q.comp = completer{}
 	if q.tmr.t != nil {
 		q.tmr.t.Stop()
@@ -502,7 +506,7 @@ func (w *sendWQE) reset() {
 	if inl != nil {
 		inl = inl[:0]
 	}
-	*w = sendWQE{sge: sge, inline: inl}
+	*w = sendWQE{sge: sge, inline: inl, srr: w.srr}
 }
 
 // Destroy stops the QP's timer and marks it destroyed (ibv_destroy_qp).
@@ -534,6 +538,7 @@ func (q *QP) enterError() {
 	q.state = StateErr
 	q.detachWrites()
 	q.resp.rd = readGen{} // no more READ responses (readresp.go)
+	q.resp.rdq.clear()
 	// a WRITE that was still arriving never completes: its unplaced bytes are dropped, never
 	// placed later into memory its program may have reused (copybatch.go)
 	q.resp.behind.n = 0

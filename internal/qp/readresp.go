@@ -54,10 +54,15 @@ func (q *QP) startRead(psn bth.PSN, va uint64, rkey, length uint32) {
 		n = (length + q.mtu - 1) / q.mtu
 	}
 	inline := ReadInline
+	g := readGen{active: true, psn: psn, va: va, rkey: rkey, length: length, n: n}
 	if q.resp.rd.active {
+		if q.attr.SelectiveRepeat {
+			q.srQueueRead(&g) // after the responses in progress, not instead (srread.go)
+			return
+		}
 		inline = 0
 	}
-	q.resp.rd = readGen{active: true, psn: psn, va: va, rkey: rkey, length: length, n: n}
+	q.resp.rd = g
 	if q.cfg.Schedule == nil {
 		q.readStep(int(n)) // no scheduler: all at once
 		return
@@ -107,6 +112,7 @@ func (q *QP) readStep(max int) {
 				// RESPST_ERR_RKEY_VIOLATION).
 				psn := g.psn.Add(i)
 				*g = readGen{}
+				q.resp.rdq.clear()
 				q.remoteAccessError()
 				q.sendAck(bth.SyndromeNAK(bth.NAKRemoteAccessErr), psn)
 				q.raise(event.QPAccessErr)
@@ -120,6 +126,7 @@ func (q *QP) readStep(max int) {
 		g.i++
 		if g.i == g.n {
 			*g = readGen{}
+			q.resp.rdq.next(g) // a ranged duplicate READ waiting behind it (srread.go)
 		}
 	}
 }

@@ -91,7 +91,8 @@ type requester struct {
 	noAck         int       // packets since the last AckReq
 	sentEnd       bth.PSN   // one past the highest request PSN transmitted (retransmission count)
 	drainSignaled bool
-	sr            *srSend // PSNs resent one by one (selective.go; allocated at the first SACK)
+	sr            *srSend      // PSNs resent one by one (selective.go; allocated at the first SACK)
+	srr           []srReadBits // the send queue's READ placement records (srread.go; first use)
 }
 
 // transportBase returns the opcode base for the QP type (IBTA 9.2.1 table 36).
@@ -206,6 +207,9 @@ func (q *QP) start(w *sendWQE) {
 	w.nextPkt = 0
 	w.readDone = 0
 	w.readReq = 0
+	if w.srr != nil {
+		*w.srr = srReadBits{}
+	}
 	if k.rdAtomic() {
 		w.rdAtomic = true
 		q.rdAtomicInFlight++
@@ -376,21 +380,33 @@ func (q *QP) sendRead(w *sendWQE) bool {
 	}
 	end := min((skip/readChunk+1)*readChunk, w.npsn)
 	w.readDone = skip * q.mtu
-	psn := w.firstPSN.Add(skip)
-	n := min(end*q.mtu, w.length) - w.readDone
+	if w.srr != nil && q.attr.SelectiveRepeat && w.srr.any() {
+		q.srReadRuns(w, skip, end) // only the responses still missing (srread.go)
+	} else {
+		q.readRequest(w, skip, end)
+	}
+	w.readReq = end
+	q.req.psn = w.firstPSN.Add(end)
+	return end == w.npsn
+}
+
+// readRequest builds the READ request for response packets [from, to) of w (IBTA 9.4.4; a
+// request from any packet of a READ is what IBTA 9.7.6.1.3 lets a requester resend): the PSN
+// of packet from, the bytes from its offset to packet to's or the READ's end.
+func (q *QP) readRequest(w *sendWQE, from, to uint32) {
+	off := from * q.mtu
+	psn := w.firstPSN.Add(from)
+	n := min(to*q.mtu, w.length) - off
 	buf := q.txBuf()
 	h := bth.BTHSize
 	bth.RETH(buf[h:]).Encode(&bth.RETHFields{
-		VA: w.wr.RemoteAddr + uint64(w.readDone), RKey: w.wr.RKey, DMALen: n,
+		VA: w.wr.RemoteAddr + uint64(off), RKey: w.wr.RKey, DMALen: n,
 	})
 	h += bth.RETHSize
 	q.req.noAck = 0
 	q.paceSent(h+bth.ICRCSize, &q.path)
 	q.finish(buf, bth.OpRCReadRequest, false, true, q.attr.DestQPN, psn, h, 0, &q.path)
-	q.sent(psn, w.firstPSN.Add(end-1))
-	w.readReq = end
-	q.req.psn = w.firstPSN.Add(end)
-	return end == w.npsn
+	q.sent(psn, w.firstPSN.Add(to-1))
 }
 
 // sendAtomic builds a CMP_SWAP or FETCH_ADD request (IBTA 9.4.5, AtomicETH 9.3.4).

@@ -56,8 +56,9 @@ type responder struct {
 
 	res     []resource // READ/atomic responder resources (max_dest_rd_atomic)
 	resNext int
-	rd      readGen // the READ whose responses are being sent (readresp.go)
-	sched   bool    // the QP waits for its scheduler's RunResponder
+	rd      readGen    // the READ whose responses are being sent (readresp.go)
+	rdq     *srReplays // ranged duplicate READs waiting for rd (srread.go; first use)
+	sched   bool       // the QP waits for its scheduler's RunResponder
 
 	writes writeCount // RDMA WRITE messages executed (QP.RemoteWrites)
 
@@ -74,6 +75,7 @@ type resource struct {
 	last   bth.PSN
 	rkey   uint32
 	orig   uint64
+	va     uint64 // a READ's first byte (a ranged duplicate must ask the same bytes, srread.go)
 }
 
 // Receive processes one parsed packet addressed to this QP (the device has
@@ -481,7 +483,7 @@ func (q *QP) recvRead(p *bth.Packet, psn bth.PSN) {
 		n = (f.DMALen + q.mtu - 1) / q.mtu
 	}
 	res := q.newResource()
-	*res = resource{valid: true, first: psn, last: psn.Add(n - 1), rkey: f.RKey}
+	*res = resource{valid: true, first: psn, last: psn.Add(n - 1), rkey: f.RKey, va: f.VA}
 	q.resp.epsn = psn.Add(n)
 	q.resp.msn = (q.resp.msn + 1) & bth.PSNMask
 	q.startRead(psn, f.VA, f.RKey, f.DMALen) // a burst at a time (readresp.go)
@@ -548,7 +550,7 @@ func (q *QP) duplicate(p *bth.Packet, psn bth.PSN) {
 				if f.DMALen > q.mtu {
 					n = (f.DMALen + q.mtu - 1) / q.mtu
 				}
-				if psn.Add(n-1) != r.last {
+				if psn.Add(n-1) != r.last && !q.srRangedRead(r, psn, n, f.VA) {
 					return
 				}
 				q.startRead(psn, f.VA, f.RKey, f.DMALen) // replaces a READ in progress (readresp.go)
