@@ -81,6 +81,8 @@ func trafficClassFromAH(t *testing.T, ecn bool) {
 	defer db.Close()
 	a, b := newEnd(t, da, qp.TypeRC, 4<<20), newEnd(t, db, qp.TypeRC, 4<<20)
 	all := mr.AccessRemoteWrite | mr.AccessRemoteRead | mr.AccessLocalWrite
+	// The counts below are of first transmissions: the ACK timeout (code 20, 4.3 s) is long
+	// enough that a stalled goroutine on a loaded machine does not make the requester resend.
 	up := func(e, peer *end, tc uint8) {
 		for _, s := range []struct {
 			a qp.Attr
@@ -90,7 +92,7 @@ func trafficClassFromAH(t *testing.T, ecn bool) {
 			{qp.Attr{State: qp.StateRTR, AH: qp.AHAttr{DGID: peer.addr, SGIDIndex: 1, Port: 1, TrafficClass: tc, HopLimit: 64},
 				PathMTU: qp.MTU1024, DestQPN: peer.qp.Num(), RQPSN: 1, MaxDestRDAtomic: 4, MinRNRTimer: 1},
 				qp.AttrState | qp.AttrAV | qp.AttrPathMTU | qp.AttrDestQPN | qp.AttrRQPSN | qp.AttrMaxDestRDAtomic | qp.AttrMinRNRTimer},
-			{qp.Attr{State: qp.StateRTS, SQPSN: 1, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRDAtomic: 4},
+			{qp.Attr{State: qp.StateRTS, SQPSN: 1, Timeout: 20, RetryCnt: 7, RNRRetry: 7, MaxRDAtomic: 4},
 				qp.AttrState | qp.AttrSQPSN | qp.AttrTimeout | qp.AttrRetryCnt | qp.AttrRNRRetry | qp.AttrMaxQPRDAtomic},
 		} {
 			if err := e.qp.Modify(&s.a, s.m); err != nil {
