@@ -17,12 +17,14 @@
 #
 # usage: congestion-guest.sh SOFTROCE up N RATE_MBIT
 #        congestion-guest.sh SOFTROCE run NAME KIND N SECS [CC_SETTINGS]
-#          KIND: softroce (senders `softroce perf write --cc CC_SETTINGS`) or rxe (ib_write_bw)
+#          KIND: softroce (senders `softroce perf write --cc CC_SETTINGS`), softroce-sr (the same
+#          with --selective-repeat on both ends) or rxe (ib_write_bw)
 # "run" prints, on stdout, lines the host keeps (bench/congestion reads them):
 #   PHASE|name|kind|flows|secs|rate_mbit|cc settings
 #   S|t|delivered bytes of flow 1..N|bottleneck tx bytes|red backlog bytes|marked|early|pdrop   (every 0.25 s)
-#   FLOW|k|goodput Gbit/s (the tool's own average)|retransmissions|cnp handled|cnp ignored
-#   RECV|k|ecn marked|cnp sent
+#   FLOW|k|goodput Gbit/s (the tool's own average)|retransmissions|cnp handled|cnp ignored|
+#        sent pkts|selective resends|sacks received|completer retries|seq NAKs received
+#   RECV|k|ecn marked|cnp sent|sacks sent|duplicate requests|received pkts
 #   TC|line of `tc -s qdisc show dev bn0` at the end
 set -u
 SR=$1 CMD=$2
@@ -111,6 +113,8 @@ run() {
   # bandwidth-delay product), so the end of a phase does not wait for a deep send queue to drain
   local f="-s 65536 -m $MTU -t 2 -D $secs -F --report_gbits"
   local sro="--timeout 60s --run-timeout 120s --stats"
+  # selective repeat is per QP and not negotiated without rdma_cm: both ends ask for it
+  [ "$kind" = softroce-sr ] && sro+=" --selective-repeat"
   rm -rf /tmp/cg; mkdir -p /tmp/cg
   for k in $(seq 1 "$n"); do
     # the receivers: softroce with the notification point on (CNPs for CE-marked packets)
@@ -139,9 +143,11 @@ run() {
       r0=$(cat /tmp/cg/rxe$k.retry0); r1=$(cat /sys/class/infiniband/rxeb$k/ports/1/hw_counters/completer_retry_err)
       echo "FLOW|$k|$g|$((r1 - r0))|0|0"
     else
-      echo "FLOW|$k|$g|$(st retransmitted_pkts /tmp/cg/cli$k.err)|$(st rp_cnp_handled /tmp/cg/cli$k.err)|$(st rp_cnp_ignored /tmp/cg/cli$k.err)"
+      local c=/tmp/cg/cli$k.err
+      echo "FLOW|$k|$g|$(st retransmitted_pkts $c)|$(st rp_cnp_handled $c)|$(st rp_cnp_ignored $c)|$(st sent_pkts $c)|$(st selective_retrans_pkts $c)|$(st rcvd_sack $c)|$(st completer_retry_err $c)|$(st rcvd_seq_err $c)"
     fi
-    echo "RECV|$k|$(st np_ecn_marked_roce_packets /tmp/cg/srv$k.err)|$(st np_cnp_sent /tmp/cg/srv$k.err)"
+    local v=/tmp/cg/srv$k.err
+    echo "RECV|$k|$(st np_ecn_marked_roce_packets $v)|$(st np_cnp_sent $v)|$(st sent_sack $v)|$(st duplicate_request $v)|$(st rcvd_pkts $v)"
     # the tools' own words, for the log: counters, errors
     grep -hv '^ *$' /tmp/cg/cli$k.err /tmp/cg/srv$k.err | grep -iv warning | tail -40 | sed "s/^/LOG|$k|/"
   done

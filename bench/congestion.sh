@@ -4,14 +4,19 @@
 # network namespaces whose bottleneck is a tbf at RATE Mbit/s with RED marking ECN below it, and
 # runs N RC flows of 64 KiB RDMA WRITEs through it, one phase after another:
 #   softroce-cc     softroce senders with DCQCN (--cc "on,$CC_PARAMS")
+#   softroce-cc-sr  the same with selective repeat on both ends (--selective-repeat; skipped,
+#                   saying why, when the built binary has no such flag)
 #   softroce-nocc   softroce senders with congestion control and ECN off (--cc off)
 #   rxe             kernel rxe senders (ib_write_bw on rxe devices in the guest)
 # softroce receives every flow. bench/congestion (Go) turns the samples into the table
 # (utilization, Jain's fairness over 1 s intervals, drops, marks, queue) and an SVG of each
 # flow's rate over time.
 #
-# usage: sudo bench/congestion.sh [--flows N] [--secs S] [--rate MBIT] [--phases LIST] [--out DIR] [--update]
-#   --phases   comma-separated, of softroce-cc, softroce-nocc, rxe (default: all three)
+# usage: sudo bench/congestion.sh [--flows N] [--secs S] [--rate MBIT] [--phases LIST] [--rounds R] [--out DIR] [--update]
+#   --phases   comma-separated, of softroce-cc, softroce-cc-sr, softroce-nocc, rxe (default: all)
+#   --rounds   run the phases R times, one round after the other, in one VM session (default 1);
+#              the table has a row per phase and round and says in how many rounds each phase
+#              met each target
 #   --update   write the results to bench/results/congestion-N.{txt,svg} and the table into
 #              docs/congestion.md (between its markers)
 # Environment: CC_PARAMS (DCQCN settings for this bottleneck's scale, below), RED_MIN, RED_MAX,
@@ -21,18 +26,22 @@
 # (about 40 s per phase); each phase is short because the guest is shared with the interop suite.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-FLOWS=4 SECS=15 RATE=20 PHASES=softroce-cc,softroce-nocc,rxe OUT="" UPDATE=0
+FLOWS=4 SECS=15 RATE=20 PHASES=softroce-cc,softroce-cc-sr,softroce-nocc,rxe ROUNDS=1 OUT="" UPDATE=0
 while [ $# -gt 0 ]; do
   case "$1" in
   --flows) FLOWS=$2; shift ;;
   --secs) SECS=$2; shift ;;
   --rate) RATE=$2; shift ;;
   --phases) PHASES=$2; shift ;;
+  --rounds) ROUNDS=$2; shift ;;
   --out) OUT=$2; shift ;;
   --update) UPDATE=1 ;;
-  *) echo "usage: bench/congestion.sh [--flows N] [--secs S] [--rate MBIT] [--phases LIST] [--out DIR] [--update]" >&2; exit 2 ;;
+  *) echo "usage: bench/congestion.sh [--flows N] [--secs S] [--rate MBIT] [--phases LIST] [--rounds R] [--out DIR] [--update]" >&2; exit 2 ;;
   esac
   shift
+done
+for ph in ${PHASES//,/ }; do
+  case "$ph" in softroce-cc | softroce-cc-sr | softroce-nocc | rxe) ;; *) echo "bench/congestion.sh: unknown phase $ph" >&2; exit 2 ;; esac
 done
 [ "$(id -u)" = 0 ] || { echo "bench/congestion.sh: must run as root" >&2; exit 1; }
 # DCQCN's defaults are a 40-100 Gbit/s NIC's with microseconds of feedback delay (a CNP per
@@ -53,6 +62,9 @@ go build -o "$SHARE/report" ./bench/congestion || exit 1
 cp bench/congestion-guest.sh "$SHARE/" || exit 1
 LOG=$OUT/lab.log RAW=$OUT/congestion-$FLOWS.txt
 : > "$RAW"
+# selective repeat is a flag of the tools on both ends; a binary without it runs no SR phase
+SR_OK=1
+"$SHARE/softroce" perf -h 2>&1 | grep -q selective-repeat || SR_OK=0
 
 LOCK=${RXE_LAB_LOCK:-/var/cache/rxe-lab/interop.lock}   # machine-wide, whatever the cache (lib.sh)
 mkdir -p "$(dirname "$LOCK")"
@@ -72,23 +84,30 @@ cleanup() {
 trap cleanup EXIT
 test/rxelab/setup --no-install >> "$LOG" 2>&1 || { echo "bench/congestion.sh: lab setup failed (see $LOG)" >&2; exit 1; }
 STARTED=1
-RXE_LAB_MEM=${RXE_LAB_MEM:-2048} test/rxelab/vm start --share "$SHARE" --max-life 600 >> "$LOG" 2>&1 7>&- ||
+RXE_LAB_MEM=${RXE_LAB_MEM:-2048} test/rxelab/vm start --share "$SHARE" --max-life $((300 + ROUNDS * 300)) >> "$LOG" 2>&1 7>&- ||
   { echo "bench/congestion.sh: VM did not start (see $LOG)" >&2; exit 1; }
 G="RED_MIN=${RED_MIN:-40000} RED_MAX=${RED_MAX:-120000} RED_LIMIT=${RED_LIMIT:-400000} RED_P=${RED_P:-0.1} RED_BURST=${RED_BURST:-20} bash /mnt/host/congestion-guest.sh /mnt/host/softroce"
 test/rxelab/vm exec --timeout 120 -c "$G up $FLOWS $RATE" >> "$LOG" 2>&1 7>&- ||
   { echo "bench/congestion.sh: the dumbbell did not come up (see $LOG)" >&2; exit 1; }
-for ph in ${PHASES//,/ }; do
-  case "$ph" in
-  softroce-cc) args="softroce $FLOWS $SECS on,$CC_PARAMS" ;;
-  softroce-nocc) args="softroce $FLOWS $SECS off" ;;
-  rxe) args="rxe $FLOWS $SECS" ;;
-  *) echo "bench/congestion.sh: unknown phase $ph" >&2; exit 2 ;;
-  esac
-  echo "   phase $ph ($FLOWS flows, $SECS s, $RATE Mbit/s)" >&2
-  # the samples' clock from the phase's start (the guest's wall clock is no part of the result)
-  test/rxelab/vm exec --timeout $((SECS + 150)) -c "$G run $ph $args" 2>> "$LOG" 7>&- |
-    awk -F'|' -v OFS='|' '$1 == "S" { if (t0 == "") t0 = $2; $2 = sprintf("%.3f", $2 - t0) } { print }' >> "$RAW" ||
-    echo "bench/congestion.sh: phase $ph failed (see $LOG)" >&2
+for round in $(seq 1 "$ROUNDS"); do
+  echo "ROUND|$round" >> "$RAW"
+  for ph in ${PHASES//,/ }; do
+    case "$ph" in
+    softroce-cc) args="softroce $FLOWS $SECS on,$CC_PARAMS" ;;
+    softroce-cc-sr) args="softroce-sr $FLOWS $SECS on,$CC_PARAMS" ;;
+    softroce-nocc) args="softroce $FLOWS $SECS off" ;;
+    rxe) args="rxe $FLOWS $SECS" ;;
+    esac
+    if [ "$ph" = softroce-cc-sr ] && [ "$SR_OK" = 0 ]; then
+      [ "$round" = 1 ] && echo "   phase $ph skipped: this softroce has no --selective-repeat (softroce perf -h)" >&2
+      continue
+    fi
+    echo "   round $round/$ROUNDS: phase $ph ($FLOWS flows, $SECS s, $RATE Mbit/s)" >&2
+    # the samples' clock from the phase's start (the guest's wall clock is no part of the result)
+    test/rxelab/vm exec --timeout $((SECS + 150)) -c "$G run $ph $args" 2>> "$LOG" 7>&- |
+      awk -F'|' -v OFS='|' '$1 == "S" { if (t0 == "") t0 = $2; $2 = sprintf("%.3f", $2 - t0) } { print }' >> "$RAW" ||
+      echo "bench/congestion.sh: phase $ph failed (see $LOG)" >&2
+  done
 done
 test/rxelab/vm stop >> "$LOG" 2>&1 7>&-
 STARTED=0

@@ -1,11 +1,13 @@
 // Command congestion turns the samples bench/congestion.sh collects at the lab's ECN-marking
 // bottleneck into its table and plot:
 //
-//	congestion table FILE...        one row per phase (markdown)
+//	congestion table FILE...        one row per phase and round, then how many rounds met each
+//	                                target (markdown)
 //	congestion svg FILE             each flow's rate over 1 s intervals, a panel per phase
 //	congestion docs DOC FILE...     the table between DOC's markers
 //
-// FILE holds the guest's lines (bench/congestion-guest.sh): PHASE, then S samples every 0.25 s
+// FILE holds the guest's lines (bench/congestion-guest.sh), each round's after a ROUND line
+// (bench/congestion.sh --rounds; none: one round): PHASE, then S samples every 0.25 s
 // (the bytes each flow delivered past the bottleneck, the bottleneck's bytes, the RED queue's
 // backlog and cumulative marked, early and pdrop counts), FLOW and RECV counters, TC lines.
 package main
@@ -76,11 +78,17 @@ type sample struct {
 type flowStat struct {
 	goodput            float64 // Gbit/s, the tool's own average (-1: failed)
 	retrans, cnp, ign  int
+	sent, selective    int // request packets sent, resent one by one (selective repeat)
+	sackRcvd, retries  int // SACKs acted on, transport retries (completer_retry_err)
+	seqNAK             int // sequence NAKs received
 	ecnMarked, cnpSent int
+	sackSent, dup      int // the receiver's SACKs and duplicate requests
+	rcvd               int // the receiver's packets
 }
 
 type phase struct {
 	name, kind, cc, red string
+	round               int // 1 when the file has no ROUND lines
 	flows               int
 	secs                int
 	rate                float64 // Mbit/s
@@ -97,14 +105,21 @@ func load(files ...string) ([]*phase, error) {
 			return nil, err
 		}
 		var p *phase
+		round := 1
 		for _, line := range strings.Split(string(b), "\n") {
 			fs := strings.Split(line, "|")
 			switch fs[0] {
+			case "ROUND":
+				if len(fs) > 1 {
+					if r, err := strconv.Atoi(fs[1]); err == nil {
+						round = r
+					}
+				}
 			case "PHASE":
 				if len(fs) < 8 {
 					return nil, fmt.Errorf("%s: short PHASE line %q", f, line)
 				}
-				p = &phase{name: fs[1], kind: fs[2], cc: fs[6], red: fs[7]}
+				p = &phase{name: fs[1], kind: fs[2], cc: fs[6], red: fs[7], round: round}
 				p.flows, _ = strconv.Atoi(fs[3])
 				p.secs, _ = strconv.Atoi(fs[4])
 				p.rate, _ = strconv.ParseFloat(fs[5], 64)
@@ -143,8 +158,10 @@ func load(files ...string) ([]*phase, error) {
 						g = -1
 					}
 					s.goodput, s.retrans, s.cnp, s.ign = g, num(3), num(4), num(5)
+					s.sent, s.selective, s.sackRcvd, s.retries, s.seqNAK = num(6), num(7), num(8), num(9), num(10)
 				} else {
 					s.ecnMarked, s.cnpSent = num(2), num(3)
+					s.sackSent, s.dup, s.rcvd = num(4), num(5), num(6)
 				}
 			case "TC":
 				if p != nil {
@@ -221,6 +238,7 @@ type result struct {
 	qMean, qP95        float64 // bytes
 	retrans, cnpSent   int
 	cnpHandled, cnpIgn int
+	selective          int
 	failed             int
 }
 
@@ -262,6 +280,7 @@ func (p *phase) result() result {
 			r.goodput += s.goodput * 1000
 		}
 		r.retrans += s.retrans
+		r.selective += s.selective
 		r.cnpSent += s.cnpSent
 		r.cnpHandled += s.cnp
 		r.cnpIgn += s.ign
@@ -269,31 +288,114 @@ func (p *phase) result() result {
 	return r
 }
 
+var names = map[string]string{
+	"softroce-cc":    "softroce, DCQCN",
+	"softroce-cc-sr": "softroce, DCQCN + selective repeat",
+	"softroce-nocc":  "softroce, CC off",
+	"rxe":            "kernel rxe",
+}
+
+func nameOf(p *phase) string {
+	if n := names[p.name]; n != "" {
+		return n
+	}
+	return p.name
+}
+
 func table(w io.Writer, ph []*phase) {
-	fmt.Fprintln(w, "| senders | flows | bottleneck | utilization | goodput (sum) | Jain, 1 s intervals: mean (min) | ECN marked | RED drops (early) | tail drops | queue mean / p95 | resent packets | CNPs sent / handled |")
-	fmt.Fprintln(w, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| senders | flows | run | utilization | goodput (sum) | Jain, 1 s intervals: mean (min) | ECN marked | RED drops (early) | tail drops | queue mean / p95 | resent packets (one by one) | CNPs sent / handled |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, p := range ph {
 		r := p.result()
-		name := map[string]string{"softroce-cc": "softroce, DCQCN", "softroce-nocc": "softroce, CC off", "rxe": "kernel rxe"}[p.name]
-		if name == "" {
-			name = p.name
-		}
 		fail := ""
 		if r.failed > 0 {
 			fail = fmt.Sprintf(" (%d failed)", r.failed)
 		}
-		fmt.Fprintf(w, "| %s%s | %d | %.0f Mbit/s | %.1f%% | %.1f Mbit/s | %.3f (%.3f) | %.0f | %.0f | %.0f | %.1f / %.1f KB | %d | %d / %d |\n",
-			name, fail, p.flows, p.rate, 100*r.util, r.goodput, r.jainMean, r.jainMin,
-			r.marked, r.early, r.pd, r.qMean/1000, r.qP95/1000, r.retrans, r.cnpSent, r.cnpHandled)
+		fmt.Fprintf(w, "| %s%s | %d | %d | %.1f%% | %.1f Mbit/s | %.3f (%.3f) | %.0f | %.0f | %.0f | %.1f / %.1f KB | %d (%d) | %d / %d |\n",
+			nameOf(p), fail, p.flows, p.round, 100*r.util, r.goodput, r.jainMean, r.jainMin,
+			r.marked, r.early, r.pd, r.qMean/1000, r.qP95/1000, r.retrans, r.selective, r.cnpSent, r.cnpHandled)
 	}
 	if len(ph) > 0 {
-		fmt.Fprintf(w, "\nRED below the tbf, in bytes: %s; the DCQCN phase's settings: %s\n", strings.TrimPrefix(ph[0].red, "red "), ccOf(ph))
+		fmt.Fprintf(w, "\nRED below the tbf, in bytes: %s; the DCQCN phases' settings: %s\n", strings.TrimPrefix(ph[0].red, "red "), ccOf(ph))
+		fmt.Fprintln(w)
+		targets(w, ph)
+	}
+}
+
+// The targets, per run of a phase: utilization at least 90%, Jain's index over 1 s intervals
+// at least 0.95 (their mean), no tail drop, the RED queue's mean between the marking threshold
+// and the point where every packet is marked (RED's min and max), every flow completed.
+const (
+	targetUtil = 0.90
+	targetJain = 0.95
+)
+
+type tally struct {
+	name                          string
+	flows, runs                   int
+	util, jain, tail, queue, done int
+}
+
+// met returns which targets r meets for p.
+func (p *phase) met(r result) (util, jain, tail, queue, done bool) {
+	lo, hi := redRange(p.red)
+	return r.util >= targetUtil, r.intervals > 0 && r.jainMean >= targetJain, r.pd == 0,
+		hi > 0 && r.qMean >= lo && r.qMean <= hi, r.failed == 0
+}
+
+// redRange returns RED's min and max (bytes) from the PHASE line's "red min A max B ..."
+// (0, 0 when absent).
+func redRange(red string) (lo, hi float64) {
+	f := strings.Fields(red)
+	for i := 0; i+1 < len(f); i++ {
+		v, err := strconv.ParseFloat(f[i+1], 64)
+		if err != nil {
+			continue
+		}
+		switch f[i] {
+		case "min":
+			lo = v
+		case "max":
+			hi = v
+		}
+	}
+	return lo, hi
+}
+
+// targets writes, per phase and flow count, in how many of its runs each target was met.
+func targets(w io.Writer, ph []*phase) {
+	var order []*tally
+	by := map[string]*tally{}
+	for _, p := range ph {
+		key := fmt.Sprintf("%s|%d", p.name, p.flows)
+		t := by[key]
+		if t == nil {
+			t = &tally{name: nameOf(p), flows: p.flows}
+			by[key] = t
+			order = append(order, t)
+		}
+		u, j, tl, q, d := p.met(p.result())
+		t.runs++
+		for _, c := range []struct {
+			ok bool
+			n  *int
+		}{{u, &t.util}, {j, &t.jain}, {tl, &t.tail}, {q, &t.queue}, {d, &t.done}} {
+			if c.ok {
+				*c.n++
+			}
+		}
+	}
+	fmt.Fprintln(w, "| senders | flows | runs | utilization ≥ 90% | Jain (mean) ≥ 0.95 | no tail drop | queue mean within RED's marking range | every flow completed |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
+	for _, t := range order {
+		fmt.Fprintf(w, "| %s | %d | %d | %d of %d | %d of %d | %d of %d | %d of %d | %d of %d |\n",
+			t.name, t.flows, t.runs, t.util, t.runs, t.jain, t.runs, t.tail, t.runs, t.queue, t.runs, t.done, t.runs)
 	}
 }
 
 func ccOf(ph []*phase) string {
 	for _, p := range ph {
-		if p.name == "softroce-cc" {
+		if p.name == "softroce-cc" || p.name == "softroce-cc-sr" {
 			return "`" + p.cc + "`"
 		}
 	}
@@ -331,7 +433,7 @@ func svg(w io.Writer, ph []*phase) {
 		ymax = math.Ceil(ymax/10) * 10
 		x := func(t float64) float64 { return L + t/tmax*float64(W-L-R) }
 		y := func(v float64) float64 { return float64(y0+PH) - v/ymax*float64(PH) }
-		fmt.Fprintf(w, "<text x=\"%d\" y=\"%d\" font-weight=\"bold\">%s: %d flows through %.0f Mbit/s, rate per flow over 1 s (Mbit/s)</text>\n", L, y0-8, p.name, p.flows, p.rate)
+		fmt.Fprintf(w, "<text x=\"%d\" y=\"%d\" font-weight=\"bold\">%s, run %d: %d flows through %.0f Mbit/s, rate per flow over 1 s (Mbit/s)</text>\n", L, y0-8, p.name, p.round, p.flows, p.rate)
 		fmt.Fprintf(w, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#999\"/>\n", L, y0, W-L-R, PH)
 		for _, v := range []float64{0, ymax / 2, ymax} {
 			fmt.Fprintf(w, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%.0f</text>\n", L-4, y(v)+4, v)
