@@ -66,3 +66,50 @@ func TestResult(t *testing.T) {
 		t.Errorf("svg: %q", out.String())
 	}
 }
+
+// TestRoundsAndTargets: two rounds of one phase (ROUND lines), the first meeting every target,
+// the second with a failed flow, tail drops and a queue above RED's max: a row per run, and the
+// tally says 1 of 2 for each target the second run misses.
+func TestRoundsAndTargets(t *testing.T) {
+	var b strings.Builder
+	for round, bad := range []bool{false, true} {
+		fmt.Fprintf(&b, "ROUND|%d\nPHASE|softroce-cc-sr|softroce-sr|2|8|10|on|red min 1000 max 5000 limit 9000\n", round+1)
+		for i := 0; i <= 32; i++ {
+			s := float64(i) / 4
+			q, pd := 2000, 0
+			if bad {
+				q, pd = 8000, i
+			}
+			fmt.Fprintf(&b, "S|%.2f|%.0f|%.0f|%.0f|%d|%d|0|%d\n", s, s*4.6e6/8, s*4.6e6/8, s*9.2e6/8, q, i, pd)
+		}
+		if bad {
+			b.WriteString("FLOW|1|FAIL|30|4|0|100|2|3|8|1\nRECV|1|9|4|3|20|100\n")
+		} else {
+			b.WriteString("FLOW|1|0.0046|3|4|0|100|2|3|0|0\nRECV|1|9|4|3|1|100\n")
+		}
+		b.WriteString("FLOW|2|0.0046|0|4|0\nRECV|2|9|4\n")
+	}
+	f := filepath.Join(t.TempDir(), "c.txt")
+	if err := os.WriteFile(f, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ph, err := load(f)
+	if err != nil || len(ph) != 2 || ph[0].round != 1 || ph[1].round != 2 {
+		t.Fatalf("load: %v, %d phases", err, len(ph))
+	}
+	if s := ph[1].stat[0]; s.goodput != -1 || s.selective != 2 || s.sackRcvd != 3 || s.retries != 8 || s.seqNAK != 1 ||
+		s.sackSent != 3 || s.dup != 20 || s.rcvd != 100 {
+		t.Errorf("flow 1 of round 2: %+v", s)
+	}
+	var out strings.Builder
+	table(&out, ph)
+	for _, want := range []string{
+		"| softroce, DCQCN + selective repeat | 2 | 1 | 92.0% |",
+		"| softroce, DCQCN + selective repeat (1 failed) | 2 | 2 | 92.0% |",
+		"| softroce, DCQCN + selective repeat | 2 | 2 | 2 of 2 | 2 of 2 | 1 of 2 | 1 of 2 | 1 of 2 |",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+}
