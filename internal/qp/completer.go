@@ -183,8 +183,11 @@ func (q *QP) ackUpTo(psn bth.PSN) (lost bool) {
 			}
 			return false
 		}
-		if !w.sentAll {
-			// acknowledged everything sent so far of the WQE being sent
+		if !w.sentAll && !w.sentOnce {
+			// acknowledged everything sent so far of the WQE being sent for the first time.
+			// One that is being resent (a rewind) had every packet out before, so an ACK of
+			// its last PSN completes it (IBTA 9.7.5.1.1), as the late ACK of a paced
+			// requester that timed out too early does.
 			if q.comp.psn.LessThan(psn.Add(1)) {
 				q.comp.psn = psn.Add(1)
 			}

@@ -90,3 +90,38 @@ func TestPacedRetriesSendTheWindow(t *testing.T) {
 		t.Fatalf("%d request packets sent before RETRY_EXC_ERR, want the message 8 times (%d)", sent, want)
 	}
 }
+
+// TestPacedLateACKAfterRewind: a paced requester whose ACK comes later than its ACK timeout (a
+// deep bottleneck queue) goes back N; the first ACK to reach it then, the responder's answer
+// to a duplicate (C9-105: the last PSN it executed), acknowledges the whole WRITE while the
+// pacer is still resending it. That ACK completes the WRITE, whose every packet was sent
+// before the rewind (IBTA 9.7.5.1.1: an ACK acknowledges every request up to its PSN). Taken as
+// "everything sent so far" of a WQE being sent, it moved the completion PSN past the WRITE
+// without completing it; every later ACK of the same PSN was then old, and each timeout's
+// resend was duplicates until RETRY_EXC_ERR.
+func TestPacedLateACKAfterRewind(t *testing.T) {
+	n := newNet(t)
+	a := n.newSide("198.18.0.1", sideOpts{})
+	b := n.newSide("198.18.0.2", sideOpts{})
+	n.connect(a, b, connOpts{timeout: 14, retry: 7})                           // 67 ms
+	if err := a.qp.Modify(&Attr{RateLimit: 1000}, AttrRateLimit); err != nil { // 1 Mbit/s
+		t.Fatal(err)
+	}
+	// b's answers are lost until a's first ACK timeout (they stand for ACKs still queued)
+	n.filter = func(from *side, d *link.Datagram, p *bth.Packet) bool {
+		return from != b || a.cnt.CompleterRetryErr.Load() > 0
+	}
+	const pkts = 16 // MTU 1024: about 9 ms each at 1 Mbit/s
+	a.postSend(t, SendWR{WRID: 1, Opcode: WRRDMAWrite, SGL: []SGE{a.sge(0, pkts*1024)}, Flags: SendSignaled,
+		RemoteAddr: b.va(0), RKey: b.mr.RKey()})
+	var wcs []cq.WC
+	n.runUntil(time.Millisecond, 60*time.Second, func() bool {
+		wcs = append(wcs, pollAll(a.scq)...)
+		return len(wcs) > 0
+	})
+	retries := a.cnt.CompleterRetryErr.Load()
+	t.Logf("completion %v, %d request packets sent, %d retries", wcs[0].Status, a.cnt.SentPkts.Load(), retries)
+	if wcs[0].Status != cq.StatusSuccess || retries != 1 {
+		t.Fatalf("completion %+v after %d retries, want success after the one timeout", wcs[0], retries)
+	}
+}

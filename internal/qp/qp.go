@@ -155,6 +155,7 @@ type sendWQE struct {
 
 	started  bool
 	sentAll  bool
+	sentOnce bool // every packet has left at least once (a rewind clears sentAll, not this)
 	done     bool
 	status   cq.Status
 	firstPSN bth.PSN

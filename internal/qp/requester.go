@@ -154,7 +154,7 @@ func (q *QP) runRequester() {
 		if q.state == StateErr {
 			return
 		}
-		w.sentAll = true
+		w.sentAll, w.sentOnce = true, true
 		q.sqReq++
 		if q.typ != TypeRC {
 			// UC/UD: no responses; the WQE completes once sent (IBTA 9.8).
