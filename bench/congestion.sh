@@ -55,8 +55,7 @@ CC_PARAMS=${CC_PARAMS:-rp_clamp_tgt_rate=1,rp_ai_rate=1,rp_hai_rate=2,rp_time_re
 [ -n "$OUT" ] || OUT=$(mktemp -d /tmp/softroce-congestion.XXXXXX)
 mkdir -p "$OUT"
 SHARE=$(mktemp -d /tmp/softroce-congestion-share.XXXXXX)
-cleanup_share() { rm -rf "$SHARE"; }
-trap cleanup_share EXIT
+trap 'rm -rf "$SHARE"' EXIT
 CGO_ENABLED=0 go build -trimpath -o "$SHARE/softroce" ./cmd/softroce || exit 1
 go build -o "$SHARE/report" ./bench/congestion || exit 1
 cp bench/congestion-guest.sh "$SHARE/" || exit 1
@@ -66,26 +65,9 @@ LOG=$OUT/lab.log RAW=$OUT/congestion-$FLOWS.txt
 SR_OK=1
 "$SHARE/softroce" perf -h 2>&1 | grep -q selective-repeat || SR_OK=0
 
-LOCK=${RXE_LAB_LOCK:-/var/cache/rxe-lab/interop.lock}   # machine-wide, whatever the cache (lib.sh)
-mkdir -p "$(dirname "$LOCK")"
-exec 7>"$LOCK"
-echo "   waiting for the lab lock" >&2
-timeout 2400 flock 7 || { echo "bench/congestion.sh: $LOCK not acquired" >&2; exit 1; }
-if test/rxelab/vm status > /dev/null 2>&1; then
-  echo "bench/congestion.sh: someone else's lab VM is running: not touching it" >&2
-  exit 1
-fi
-STARTED=0
-cleanup() {
-  [ "$STARTED" = 1 ] && test/rxelab/vm stop >> "$LOG" 2>&1 7>&-
-  flock -u 7
-  rm -rf "$SHARE"
-}
-trap cleanup EXIT
-test/rxelab/setup --no-install >> "$LOG" 2>&1 || { echo "bench/congestion.sh: lab setup failed (see $LOG)" >&2; exit 1; }
-STARTED=1
-RXE_LAB_MEM=${RXE_LAB_MEM:-2048} test/rxelab/vm start --share "$SHARE" --max-life $((300 + ROUNDS * 300)) >> "$LOG" 2>&1 7>&- ||
-  { echo "bench/congestion.sh: VM did not start (see $LOG)" >&2; exit 1; }
+source test/rxelab/session.sh   # lab_session_start, lab_session_end: the lock, the VM
+trap 'lab_session_end; rm -rf "$SHARE"' EXIT
+lab_session_start bench/congestion.sh "$LOG" 2400 --share "$SHARE" --max-life $((300 + ROUNDS * 300)) || exit 1
 G="RED_MIN=${RED_MIN:-40000} RED_MAX=${RED_MAX:-120000} RED_LIMIT=${RED_LIMIT:-400000} RED_P=${RED_P:-0.1} RED_BURST=${RED_BURST:-20} bash /mnt/host/congestion-guest.sh /mnt/host/softroce"
 test/rxelab/vm exec --timeout 120 -c "$G up $FLOWS $RATE" >> "$LOG" 2>&1 7>&- ||
   { echo "bench/congestion.sh: the dumbbell did not come up (see $LOG)" >&2; exit 1; }
@@ -109,9 +91,7 @@ for round in $(seq 1 "$ROUNDS"); do
       echo "bench/congestion.sh: phase $ph failed (see $LOG)" >&2
   done
 done
-test/rxelab/vm stop >> "$LOG" 2>&1 7>&-
-STARTED=0
-flock -u 7
+lab_session_end
 "$SHARE/report" table "$RAW" || exit 1
 "$SHARE/report" svg "$RAW" > "$OUT/congestion-$FLOWS.svg" || exit 1
 echo "raw samples: $RAW, plot: $OUT/congestion-$FLOWS.svg, log: $LOG" >&2

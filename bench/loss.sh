@@ -47,8 +47,7 @@ done
 [ -n "$OUT" ] || OUT=$(mktemp -d /tmp/softroce-loss.XXXXXX)
 mkdir -p "$OUT"
 SHARE=$(mktemp -d /tmp/softroce-loss-share.XXXXXX)
-cleanup_share() { rm -rf "$SHARE"; }
-trap cleanup_share EXIT
+trap 'rm -rf "$SHARE"' EXIT
 CGO_ENABLED=0 go build -trimpath -o "$SHARE/softroce" ./cmd/softroce || exit 1
 go build -o "$SHARE/report" ./bench/loss || exit 1
 cp bench/loss-guest.sh "$SHARE/" || exit 1
@@ -58,26 +57,9 @@ LOG=$OUT/lab.log RAW=$OUT/loss.txt
 SR_OK=1
 "$SHARE/softroce" perf -h 2>&1 | grep -q selective-repeat || SR_OK=0
 
-LOCK=${RXE_LAB_LOCK:-/var/cache/rxe-lab/interop.lock}   # machine-wide, whatever the cache (lib.sh)
-mkdir -p "$(dirname "$LOCK")"
-exec 7>"$LOCK"
-echo "   waiting for the lab lock" >&2
-timeout 2400 flock 7 || { echo "bench/loss.sh: $LOCK not acquired" >&2; exit 1; }
-if test/rxelab/vm status > /dev/null 2>&1; then
-  echo "bench/loss.sh: someone else's lab VM is running: not touching it" >&2
-  exit 1
-fi
-STARTED=0
-cleanup() {
-  [ "$STARTED" = 1 ] && test/rxelab/vm stop >> "$LOG" 2>&1 7>&-
-  flock -u 7
-  rm -rf "$SHARE"
-}
-trap cleanup EXIT
-test/rxelab/setup --no-install >> "$LOG" 2>&1 || { echo "bench/loss.sh: lab setup failed (see $LOG)" >&2; exit 1; }
-STARTED=1
-RXE_LAB_MEM=${RXE_LAB_MEM:-2048} test/rxelab/vm start --share "$SHARE" --max-life $((600 + ROUNDS * 900)) >> "$LOG" 2>&1 7>&- ||
-  { echo "bench/loss.sh: VM did not start (see $LOG)" >&2; exit 1; }
+source test/rxelab/session.sh   # lab_session_start, lab_session_end: the lock, the VM
+trap 'lab_session_end; rm -rf "$SHARE"' EXIT
+lab_session_start bench/loss.sh "$LOG" 2400 --share "$SHARE" --max-life $((600 + ROUNDS * 900)) || exit 1
 G="bash /mnt/host/loss-guest.sh /mnt/host/softroce"
 test/rxelab/vm exec --timeout 120 -c "$G up $RATE" >> "$LOG" 2>&1 7>&- ||
   { echo "bench/loss.sh: the bottleneck did not come up (see $LOG)" >&2; exit 1; }
@@ -96,9 +78,7 @@ for round in $(seq 1 "$ROUNDS"); do
     done
   done
 done
-test/rxelab/vm stop >> "$LOG" 2>&1 7>&-
-STARTED=0
-flock -u 7
+lab_session_end
 "$SHARE/report" table "$RAW" || exit 1
 "$SHARE/report" svg "$RAW" > "$OUT/loss.svg" || exit 1
 echo "raw results: $RAW, plot: $OUT/loss.svg, log: $LOG" >&2

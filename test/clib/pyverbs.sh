@@ -36,27 +36,14 @@ gunzip -f "$work"/tests/*.gz
 # rxe: the lab guest, the suite from the host's root (pyverbs-guest.sh); the log comes back
 # through the share ($work, the guest's /mnt/host)
 run_rxe() {
-  source test/rxelab/lib.sh   # GUEST_IP, LAB_LOCK
-  LOG=$OUT/lab.log STARTED=0
+  source test/rxelab/session.sh   # GUEST_IP; lab_session_start, lab_session_end
+  LOG=$OUT/lab.log
   : > "$LOG"
-  mkdir -p "$(dirname "$LAB_LOCK")"
-  exec 7>"$LAB_LOCK"
-  echo "   waiting for the lab lock" >&2
-  timeout 3600 flock 7 || { echo "pyverbs.sh: $LAB_LOCK not acquired" >&2; exit 1; }
-  if test/rxelab/vm status > /dev/null 2>&1; then
-    echo "pyverbs.sh: someone else's lab VM is running: not touching it" >&2
-    exit 1
-  fi
-  trap '[ "$STARTED" = 0 ] || test/rxelab/vm stop >> "$LOG" 2>&1 7>&-; flock -u 7; rm -rf "$work"' EXIT
-  test/rxelab/setup --no-install >> "$LOG" 2>&1 || { echo "pyverbs.sh: lab setup failed (see $LOG)" >&2; exit 1; }
-  STARTED=1
-  RXE_LAB_MEM=${RXE_LAB_MEM:-2048} test/rxelab/vm start --share "$work" --rootfs / --max-life 2400 >> "$LOG" 2>&1 7>&- ||
-    { echo "pyverbs.sh: VM did not start (see $LOG)" >&2; exit 1; }
+  trap 'lab_session_end; rm -rf "$work"' EXIT
+  lab_session_start pyverbs.sh "$LOG" 3600 --share "$work" --rootfs / --max-life 2400 || exit 1
   test/rxelab/vm exec --timeout 1800 test/clib/pyverbs-guest.sh "$GUEST_IP" /mnt/host >> "$LOG" 2>&1 7>&- ||
     { echo "pyverbs.sh: the guest job failed (see $LOG)" >&2; exit 1; }
-  test/rxelab/vm stop >> "$LOG" 2>&1 7>&-
-  STARTED=0
-  flock -u 7
+  lab_session_end
   cp "$work/pyverbs.log" "$work/pyverbs-sysfs.log" "$OUT/"
 }
 
