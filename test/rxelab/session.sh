@@ -9,7 +9,7 @@
 #       (setup --no-install, output to LOG) and starts the VM with RXE_LAB_MEM (default 2048)
 #       and VM_START_ARGS. Returns non-zero, having said why on stderr, on any failure.
 #   lab_session_end
-#       stops the VM this session started and releases the lock; safe to call again, and from
+#       stops the VM lab_session_start started and releases the lock; safe to call again, and from
 #       the caller's EXIT trap (which must call it: a failed script leaves no VM behind).
 #
 # Commands the caller runs in the VM (test/rxelab/vm exec ...) should close fd 7 (7>&-), so a
