@@ -41,36 +41,12 @@ func init() {
 // test skips without nft.
 func hostCEOn(t *testing.T, lab *rxelab.Lab) func() string {
 	t.Helper()
-	nft := func(script string) (string, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		cmd := lab.NSCommand(ctx, "nft", "-f", "-")
-		cmd.Stdin = strings.NewReader(script)
-		out, err := cmd.CombinedOutput()
-		return string(out), err
+	count, err := nftTable(t, lab, "softroce_ce", " chain pre {\n  type filter hook prerouting priority 0; policy accept;\n"+
+		"  ip saddr "+rxelab.GuestIP+" udp dport 4791 ip ecn set ce counter\n }\n")
+	if err != nil {
+		t.Skipf("nft in the lab netns: %v: cannot mark rxe's packets", err)
 	}
-	rule := "table inet softroce_ce {\n chain pre {\n  type filter hook prerouting priority 0; policy accept;\n" +
-		"  ip saddr " + rxelab.GuestIP + " udp dport 4791 ip ecn set ce counter\n }\n}\n"
-	if out, err := nft(rule); err != nil {
-		t.Skipf("nft in the lab netns: %v %s: cannot mark rxe's packets", err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := nft("delete table inet softroce_ce\n"); err != nil {
-			t.Errorf("nft cleanup: %v %s", err, out)
-		}
-	})
-	return func() string {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		out, err := lab.NSCommand(ctx, "nft", "list", "table", "inet", "softroce_ce").CombinedOutput()
-		if err != nil {
-			return err.Error()
-		}
-		if m := nftCounterRe.FindStringSubmatch(string(out)); m != nil {
-			return m[1]
-		}
-		return strings.TrimSpace(string(out))
-	}
+	return count
 }
 
 // cnpInterop runs the pairing; client tells whether softroce is the client (the WRITE

@@ -127,41 +127,51 @@ func netemOn(t *testing.T, lab *rxelab.Lab) bool {
 // returns a func reading how many datagrams the rule dropped (nil without nft).
 func hostLossOn(t *testing.T, lab *rxelab.Lab) func() string {
 	t.Helper()
-	if _, err := exec.LookPath("nft"); err != nil {
-		t.Logf("no nft on the host: softroce->rxe datagrams are not dropped")
+	count, err := nftTable(t, lab, "softroce_netem", " chain out {\n  type filter hook output priority 0; policy accept;\n"+
+		"  ip saddr "+rxelab.HostIP+" udp dport 4791 numgen random mod 100 < 5 counter drop\n }\n")
+	if err != nil {
+		t.Logf("nft in the lab netns: %v: softroce->rxe datagrams are not dropped", err)
 		return nil
 	}
-	nft := func(script string) (string, error) {
+	return func() string { return count() + " dropped" }
+}
+
+// nftTable adds the nftables table inet NAME with the given chains to the lab netns until the
+// test ends, and returns a func reading its rule's packet counter (nft's own words when it
+// has none). An error: no nft on the host, or nft refused the table.
+func nftTable(t *testing.T, lab *rxelab.Lab, name, chains string) (func() string, error) {
+	t.Helper()
+	if _, err := exec.LookPath("nft"); err != nil {
+		return nil, err
+	}
+	nft := func(stdin string, args ...string) (string, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		cmd := lab.NSCommand(ctx, "nft", "-f", "-")
-		cmd.Stdin = strings.NewReader(script)
+		cmd := lab.NSCommand(ctx, "nft", args...)
+		if stdin != "" {
+			cmd.Stdin = strings.NewReader(stdin)
+		}
 		out, err := cmd.CombinedOutput()
 		return string(out), err
 	}
-	rule := "table inet softroce_netem {\n chain out {\n  type filter hook output priority 0; policy accept;\n" +
-		"  ip saddr " + rxelab.HostIP + " udp dport 4791 numgen random mod 100 < 5 counter drop\n }\n}\n"
-	if out, err := nft(rule); err != nil {
-		t.Logf("nft in the lab netns: %v %s: softroce->rxe datagrams are not dropped", err, out)
-		return nil
+	if out, err := nft("table inet "+name+" {\n"+chains+"}\n", "-f", "-"); err != nil {
+		return nil, fmt.Errorf("%v %s", err, out)
 	}
 	t.Cleanup(func() {
-		if out, err := nft("delete table inet softroce_netem\n"); err != nil {
+		if out, err := nft("delete table inet "+name+"\n", "-f", "-"); err != nil {
 			t.Errorf("nft cleanup: %v %s", err, out)
 		}
 	})
 	return func() string {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		out, err := lab.NSCommand(ctx, "nft", "list", "table", "inet", "softroce_netem").CombinedOutput()
+		out, err := nft("", "list", "table", "inet", name)
 		if err != nil {
 			return err.Error()
 		}
-		if m := nftCounterRe.FindStringSubmatch(string(out)); m != nil {
-			return m[1] + " dropped"
+		if m := nftCounterRe.FindStringSubmatch(out); m != nil {
+			return m[1]
 		}
-		return strings.TrimSpace(string(out))
-	}
+		return strings.TrimSpace(out)
+	}, nil
 }
 
 var nftCounterRe = regexp.MustCompile(`counter packets (\d+)`)
