@@ -441,6 +441,12 @@ func (t *Table) RegMRWith(pd *PD, buf []byte, iova uint64, acc Access, o RegMROp
 	if len(buf) > 0 && uint64(len(buf)-1) > ^uint64(0)-iova {
 		return nil, ErrInvalidArg
 	}
+	return t.register(pd, mapping{buf: buf[:len(buf):len(buf)], size: uint64(len(buf)), iova: iova, acc: acc, persist: o.Persist})
+}
+
+// register adds an MR in pd whose mapping is mp (its memory, size, iova, access; register
+// fills in the key, state, kind, PD and owner): RegMR's and RegMemory's common part.
+func (t *Table) register(pd *PD, mp mapping) (*MR, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if pd == nil || pd.t != t || pd.dead {
@@ -454,10 +460,8 @@ func (t *Table) RegMRWith(pd *PD, buf []byte, iova uint64, acc Access, o RegMROp
 		return nil, err
 	}
 	m := newMR(t, pd, idx)
-	t.publish(t.slotOf(idx), &m.cur, &mapping{
-		key: key, state: KeyValid, kind: kindMR, pd: pd,
-		buf: buf[:len(buf):len(buf)], size: uint64(len(buf)), iova: iova, acc: acc, owner: m, persist: o.Persist,
-	})
+	mp.key, mp.state, mp.kind, mp.pd, mp.owner = key, KeyValid, kindMR, pd, m
+	t.publish(t.slotOf(idx), &m.cur, &mp)
 	t.nMR++
 	pd.objs++
 	return m, nil
@@ -489,26 +493,7 @@ func (t *Table) RegMemory(pd *PD, mem Memory, length, iova uint64, acc Access) (
 	if length > 0 && length-1 > ^uint64(0)-iova {
 		return nil, ErrInvalidArg
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if pd == nil || pd.t != t || pd.dead {
-		return nil, ErrInvalidArg
-	}
-	if t.nMR >= t.o.MaxMR {
-		return nil, ErrLimit
-	}
-	idx, key, err := t.allocIndex()
-	if err != nil {
-		return nil, err
-	}
-	m := newMR(t, pd, idx)
-	t.publish(t.slotOf(idx), &m.cur, &mapping{
-		key: key, state: KeyValid, kind: kindMR, pd: pd,
-		mem: mem, size: length, iova: iova, acc: acc, owner: m,
-	})
-	t.nMR++
-	pd.objs++
-	return m, nil
+	return t.register(pd, mapping{mem: mem, size: length, iova: iova, acc: acc})
 }
 
 // AllocMROptions configures AllocMR.
