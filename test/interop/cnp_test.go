@@ -14,11 +14,9 @@ package interop
 // on the tap capture), and every captured packet's ICRC must verify.
 
 import (
-	"context"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/test/rxelab"
@@ -52,23 +50,9 @@ func hostCEOn(t *testing.T, lab *rxelab.Lab) func() string {
 // cnpInterop runs the pairing; client tells whether softroce is the client (the WRITE
 // requester).
 func cnpInterop(t *testing.T, lab *rxelab.Lab, c nmCase, client bool) {
-	bin := buildSoftroce(t)
 	marked := hostCEOn(t, lab)
-	before := rxeCounters(t, lab)
-	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
-	defer cancel()
-	stopCapture := ppStartCapture(t, lab)
-	guestCmd := c.Guest
-	ourArgs := append([]string(nil), c.Ours...)
-	if client {
-		ourArgs = append(ourArgs, rxelab.GuestIP)
-	} else {
-		guestCmd += " " + rxelab.HostIP
-	}
-	r := runPair(ctx, t, lab, bin, pairSpec{Client: client, Ours: ourArgs, Guest: guestCmd,
-		OurReady: c.Marker, GuestTimeout: 200 * time.Second})
-	after := rxeCounters(t, lab)
-	wire, lost := stopCapture()
+	n := runNM(t, lab, c, client)
+	r, before, after, wire, lost := n.r, n.before, n.after, n.wire, n.lost
 	wantExit0(t, "softroce", r.OurStatus)
 	wantExit0(t, "guest", r.GuestStatus)
 	for who, out := range map[string]string{"softroce": r.OurOut + r.OurErr, "guest": r.GuestOut} {

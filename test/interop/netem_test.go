@@ -286,16 +286,25 @@ func nmWire(t *testing.T, wire []testcap.IPUDP) map[netip.Addr]*wireSide {
 	return out
 }
 
-// nmInterop runs one lossy pairing; client tells whether softroce is the client.
-func nmInterop(t *testing.T, lab *rxelab.Lab, c nmCase, client bool) {
+// nmRun is one run of an nmCase pairing, with rxe's counters around it and the tap capture.
+type nmRun struct {
+	r             pairResult
+	before, after map[string]uint64
+	wire          []testcap.IPUDP
+	lost          bool // tcpdump dropped packets
+	wall          time.Duration
+}
+
+// runNM runs pairing c once over the wire as the caller set it up (netem, nftables); client
+// tells whether softroce is the client.
+func runNM(t *testing.T, lab *rxelab.Lab, c nmCase, client bool) nmRun {
+	t.Helper()
 	bin := buildSoftroce(t)
-	ingress := netemOn(t, lab)
-	hostDrops := hostLossOn(t, lab)
-	before := rxeCounters(t, lab)
+	var n nmRun
+	n.before = rxeCounters(t, lab)
 	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
 	defer cancel()
 	stopCapture := ppStartCapture(t, lab)
-
 	guestCmd := c.Guest
 	ourArgs := append([]string(nil), c.Ours...)
 	if client {
@@ -304,11 +313,20 @@ func nmInterop(t *testing.T, lab *rxelab.Lab, c nmCase, client bool) {
 		guestCmd += " " + rxelab.HostIP
 	}
 	start := time.Now()
-	r := runPair(ctx, t, lab, bin, pairSpec{Client: client, Ours: ourArgs, Guest: guestCmd,
+	n.r = runPair(ctx, t, lab, bin, pairSpec{Client: client, Ours: ourArgs, Guest: guestCmd,
 		OurReady: c.Marker, GuestTimeout: 200 * time.Second})
-	wall := time.Since(start)
-	after := rxeCounters(t, lab)
-	wire, lost := stopCapture()
+	n.wall = time.Since(start)
+	n.after = rxeCounters(t, lab)
+	n.wire, n.lost = stopCapture()
+	return n
+}
+
+// nmInterop runs one lossy pairing; client tells whether softroce is the client.
+func nmInterop(t *testing.T, lab *rxelab.Lab, c nmCase, client bool) {
+	ingress := netemOn(t, lab)
+	hostDrops := hostLossOn(t, lab)
+	n := runNM(t, lab, c, client)
+	r, before, after, wire, lost, wall := n.r, n.before, n.after, n.wire, n.lost, n.wall
 	excused := lastACKRace(t, c, r)
 	if excused != "softroce" {
 		wantExit0(t, "softroce", r.OurStatus)
