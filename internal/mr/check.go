@@ -70,47 +70,81 @@ func (t *Table) resolve(pd *PD, qpn uint32, key uint32, va uint64, length uint32
 	if op > OpRemoteAtomic {
 		return nil, 0, noDone, ErrAccess
 	}
-	m := t.lookup(key)
+	for try := 0; ; try++ {
+		m := t.lookup(key)
+		off, err := m.validate(pd, qpn, key, va, length, op)
+		if err != nil {
+			return nil, 0, noDone, err
+		}
+		if g, ok := t.acquire(key, m); ok {
+			return m, off, g.doneFn, nil
+		} else if try == acquireTries-1 {
+			return nil, 0, noDone, ErrInvalidKey
+		}
+	}
+}
+
+// acquireTries bounds how often a check runs again because the key's mapping changed between
+// its look and its reference (each time a control operation published a new mapping).
+const acquireTries = 4
+
+// acquire takes an in-flight reference on the registration of m, the mapping of key a check
+// validated, and re-loads the key's mapping: if a control operation published another one
+// meanwhile (or, for a window, its MR's mapping changed), the reference is dropped and ok is
+// false: the caller checks again against what is there now. A Dereg or Rereg publishes first
+// and then waits for the references of the registration it replaced, so either it sees this
+// reference or this re-load sees its mapping.
+func (t *Table) acquire(key uint32, m *mapping) (g *gen, ok bool) {
+	g = m.gen
+	if m.ownerM != nil {
+		g = m.ownerM.gen
+	}
+	if g == nil {
+		return nil, false
+	}
+	g.users.Add(1)
+	if t.lookup(key) != m || (m.ownerM != nil && m.owner.cur.Load() != m.ownerM) {
+		g.release()
+		return nil, false
+	}
+	return g, true
+}
+
+// validate applies Check's rules (its order of checks) to m, the mapping key's slot holds (nil
+// if none), for an access of length > 0 bytes at va; it returns the offset of va in m.
+func (m *mapping) validate(pd *PD, qpn uint32, key uint32, va uint64, length uint32, op Op) (uint64, error) {
 	if m == nil || m.key != key {
-		return nil, 0, noDone, ErrBadKey
+		return 0, ErrBadKey
 	}
 	if m.state != KeyValid {
-		return nil, 0, noDone, ErrInvalidKey
+		return 0, ErrInvalidKey
 	}
 	if m.kind == kindMW {
 		if !op.remote() {
-			return nil, 0, noDone, ErrBadKey // a window has no L_Key (IBTA 10.6.7.2)
+			return 0, ErrBadKey // a window has no L_Key (IBTA 10.6.7.2)
 		}
 		if m.mwType == MWType2 && (qpn == NoQPN || qpn != m.qpn) {
-			return nil, 0, noDone, ErrWrongQP
+			return 0, ErrWrongQP
 		}
 	}
 	if m.pd != pd {
-		return nil, 0, noDone, ErrWrongPD
+		return 0, ErrWrongPD
 	}
 	if need := op.need(); need != 0 && m.acc&need == 0 {
-		return nil, 0, noDone, ErrAccess
+		return 0, ErrAccess
 	}
 	// length > 0 here. The last byte va+length-1 must not wrap past 2^64-1.
 	if uint64(length)-1 > ^uint64(0)-va {
-		return nil, 0, noDone, ErrOverflow
+		return 0, ErrOverflow
 	}
 	if va < m.iova {
-		return nil, 0, noDone, ErrBounds
+		return 0, ErrBounds
 	}
 	off := va - m.iova
 	if off > m.size || uint64(length) > m.size-off {
-		return nil, 0, noDone, ErrBounds
+		return 0, ErrBounds
 	}
-	owner := m.owner
-	owner.users.Add(1)
-	// Re-validate after taking the reference: a concurrent Dereg/invalidate/rebind published
-	// a new mapping first, then waits for users; either it sees our reference or we see it.
-	if t.lookup(key) != m || (m.ownerM != nil && owner.cur.Load() != m.ownerM) {
-		owner.release()
-		return nil, 0, noDone, ErrInvalidKey
-	}
-	return m, off, owner.doneFn, nil
+	return off, nil
 }
 
 // Lookup reports the state of key without taking a reference (diagnostics, query verbs).

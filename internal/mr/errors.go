@@ -14,7 +14,10 @@ func (e *Error) Is(target error) bool {
 	return target == error(e) || (e.base != nil && target == error(e.base))
 }
 
-var errBounds = &Error{msg: "mr: address range outside the region (IBTA 10.6.3)"}
+var (
+	errBounds = &Error{msg: "mr: address range outside the region (IBTA 10.6.3)"}
+	errBusy   = &Error{msg: "mr: busy"}
+)
 
 // Errors.
 var (
@@ -37,7 +40,11 @@ var (
 	// ErrAlign: an atomic's address is not 8-byte aligned or its length is not 8 (IBTA 9.4.5).
 	ErrAlign error = &Error{msg: "mr: atomic not 8-byte aligned or not 8 bytes"}
 	// ErrBusy: the object is in use (in-flight accesses, bound windows, objects in a PD).
-	ErrBusy error = &Error{msg: "mr: busy"}
+	ErrBusy error = errBusy
+	// ErrDraining: Rereg published the new registration, which is in effect, but accesses
+	// checked under the previous one were still in flight when its wait ended: the previous
+	// memory may still be touched until they end (Dereg waits for them). Also matches ErrBusy.
+	ErrDraining error = &Error{msg: "mr: re-registered, accesses of the previous registration still in flight", base: errBusy}
 	// ErrLimit: a device limit (max MR, MW, PD, or the 24-bit index space) is reached.
 	ErrLimit error = &Error{msg: "mr: resource limit reached"}
 	// ErrInvalidArg: an argument is invalid (ibverbs EINVAL), e.g. REMOTE_WRITE without

@@ -12,12 +12,15 @@
 //
 // Concurrency. Each slot holds an atomic pointer to an immutable mapping (key, state, PD,
 // buffer, iova, access). Check loads it without a lock, takes an in-flight reference on the
-// MR that owns the memory, then re-loads the mapping: if it changed meanwhile the reference
-// is dropped and the check fails. Control operations (register, deregister, bind, invalidate,
-// fast-register) serialise on Table.mu and publish a new mapping. Dereg first publishes an
-// Invalid mapping, then waits (bounded) for the in-flight count to reach zero: after that no
-// data path can touch the buffer. Check never allocates; done is a method value cached on
-// the MR.
+// registration the mapping belongs to (a gen: an MR has a new one after each Rereg), then
+// re-loads the mapping: if it changed meanwhile the reference is dropped and the check runs
+// again against the new mapping (which refuses a deregistered or invalidated key). Control
+// operations (register, deregister, re-register, bind, invalidate, fast-register) serialise on
+// Table.mu and publish a new mapping. Dereg first publishes an Invalid mapping, then waits
+// (bounded) for the in-flight counts of the MR's registrations to reach zero: after that no
+// data path can touch the buffer. Rereg publishes the new registration, then waits for the
+// accesses of the one it replaced: an access checked under either sees only that one's
+// memory, PD and rights. Check never allocates; done is a method value cached on the gen.
 package mr
 
 import (
@@ -174,6 +177,10 @@ type mapping struct {
 	// persist makes the MR's bytes durable (RegMROptions.Persist); nil for windows, which
 	// use their owner's (ownerM.persist)
 	persist Persister
+	// gen counts the accesses that passed a check of this mapping (an MR's mappings: its
+	// registration at the time; nil for windows, which count on ownerM.gen, and for Free or
+	// Invalid mappings, which no check passes)
+	gen *gen
 }
 
 type slot struct {
@@ -364,24 +371,15 @@ type MR struct {
 	fastReg bool
 	backing []byte // fast-register MRs: the memory FastReg maps by default
 
-	cur      atomic.Pointer[mapping] // last published mapping (readable after Dereg)
-	users    atomic.Int64
-	draining atomic.Bool
-	drain    chan struct{}
-	doneFn   func()
+	cur atomic.Pointer[mapping] // last published mapping (readable after Dereg)
+	// g is the current registration (under t.mu); retired, the registrations Rereg replaced
+	// whose accesses it could not wait out (under t.mu; Dereg waits for them too)
+	g       *gen
+	retired []*gen
 
 	nmw   int  // windows bound to this MR (under t.mu)
-	dereg bool // a Dereg is in progress (under t.mu)
+	dereg bool // a Dereg or Rereg is in progress (under t.mu)
 	dead  bool // deregistered (under t.mu)
-}
-
-func (m *MR) release() {
-	if m.users.Add(-1) == 0 && m.draining.Load() {
-		select {
-		case m.drain <- struct{}{}:
-		default:
-		}
-	}
 }
 
 func (t *Table) publish(s *slot, cur *atomic.Pointer[mapping], mp *mapping) {
@@ -398,9 +396,7 @@ func (t *Table) publish(s *slot, cur *atomic.Pointer[mapping], mp *mapping) {
 }
 
 func newMR(t *Table, pd *PD, idx uint32) *MR {
-	m := &MR{t: t, idx: idx, pd: pd, drain: make(chan struct{}, 1)}
-	m.doneFn = m.release
-	return m
+	return &MR{t: t, idx: idx, pd: pd, g: newGen()}
 }
 
 // RegMR registers buf at iova with access acc (ibv_reg_mr / ibv_reg_mr_iova; IBTA 10.6.3.1).
@@ -460,7 +456,7 @@ func (t *Table) register(pd *PD, mp mapping) (*MR, error) {
 		return nil, err
 	}
 	m := newMR(t, pd, idx)
-	mp.key, mp.state, mp.kind, mp.pd, mp.owner = key, KeyValid, kindMR, pd, m
+	mp.key, mp.state, mp.kind, mp.pd, mp.owner, mp.gen = key, KeyValid, kindMR, pd, m, m.g
 	t.publish(t.slotOf(idx), &m.cur, &mp)
 	t.nMR++
 	pd.objs++
@@ -578,7 +574,7 @@ func (m *MR) FastReg(o FastRegOptions) error {
 	n := int(o.Length)
 	t.publish(s, &m.cur, &mapping{
 		key: MakeKey(m.idx, o.Key), state: KeyValid, kind: kindMR, pd: m.pd,
-		buf: buf[:n:n], size: uint64(n), iova: iova, acc: o.Access, owner: m,
+		buf: buf[:n:n], size: uint64(n), iova: iova, acc: o.Access, owner: m, gen: m.g,
 	})
 	return nil
 }
@@ -598,14 +594,22 @@ func (m *MR) Len() int { return int(m.cur.Load().size) }
 // Access returns the access flags.
 func (m *MR) Access() Access { return m.cur.Load().acc }
 
-// PD returns the protection domain.
-func (m *MR) PD() *PD { return m.pd }
+// PD returns the protection domain (Rereg may change it).
+func (m *MR) PD() *PD { return m.cur.Load().pd }
 
 // State returns the key state.
 func (m *MR) State() KeyState { return m.cur.Load().state }
 
 // InFlight returns the number of accesses that have passed Check and not called done.
-func (m *MR) InFlight() int { return int(m.users.Load()) }
+func (m *MR) InFlight() int {
+	m.t.mu.Lock()
+	defer m.t.mu.Unlock()
+	n := m.g.users.Load()
+	for _, g := range m.retired {
+		n += g.users.Load()
+	}
+	return int(n)
+}
 
 // DeregOptions bounds the wait of DeregWith.
 type DeregOptions struct {
@@ -644,54 +648,24 @@ func (m *MR) DeregWith(o DeregOptions) error {
 	inv.state = KeyInvalid
 	t.publish(s, &m.cur, &inv)
 	m.dereg = true
-	m.draining.Store(true)
+	gens := append([]*gen{m.g}, m.retired...)
 	t.mu.Unlock()
 
-	ok := m.wait(o)
+	ok := waitGens(gens, o)
 
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	m.draining.Store(false)
 	m.dereg = false
 	if !ok {
 		t.publish(s, &m.cur, old)
 		return ErrBusy
 	}
+	m.retired = nil
 	m.dead = true
 	t.releaseIndex(m.idx)
 	t.nMR--
 	m.pd.objs--
 	return nil
-}
-
-func (m *MR) wait(o DeregOptions) bool {
-	if m.users.Load() == 0 {
-		return true
-	}
-	ctx := o.Context
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	var tc <-chan time.Time
-	if o.Timeout >= 0 {
-		d := o.Timeout
-		if d == 0 {
-			d = DefaultDeregTimeout
-		}
-		tm := time.NewTimer(d)
-		defer tm.Stop()
-		tc = tm.C
-	}
-	for m.users.Load() != 0 {
-		select {
-		case <-m.drain:
-		case <-ctx.Done():
-			return m.users.Load() == 0
-		case <-tc:
-			return m.users.Load() == 0
-		}
-	}
-	return true
 }
 
 func nop() {}

@@ -90,54 +90,63 @@ func (pl Place) StoreWord(w *[8]byte, mu *sync.Mutex) error {
 // It returns the target (the whole region with whole) and the done func the caller calls
 // when it has finished touching it. The errors are Check's. It never allocates.
 func (t *Table) CheckPlacementQP(pd *PD, qpn uint32, key uint32, va uint64, length uint32, need Access, whole bool) (pl Place, done func(), err error) {
-	m := t.lookup(key)
+	for try := 0; ; try++ {
+		m := t.lookup(key)
+		off, end, err := m.validatePlacement(pd, qpn, key, va, length, need, whole)
+		if err != nil {
+			return Place{}, noDone, err
+		}
+		g, ok := t.acquire(key, m)
+		if !ok {
+			if try == acquireTries-1 {
+				return Place{}, noDone, ErrInvalidKey
+			}
+			continue // the mapping changed: check the new one, as check does
+		}
+		pl = Place{n: end - off, persist: m.persist}
+		if m.ownerM != nil {
+			pl.persist = m.ownerM.persist
+		}
+		if m.mem != nil {
+			pl.mem, pl.off = m.mem, m.memOff+off
+		} else {
+			pl.b = m.buf[off:end:end]
+		}
+		return pl, g.doneFn, nil
+	}
+}
+
+// validatePlacement applies CheckPlacementQP's rules to m, the mapping key's slot holds (nil
+// if none); it returns the target's range in m.
+func (m *mapping) validatePlacement(pd *PD, qpn uint32, key uint32, va uint64, length uint32, need Access, whole bool) (off, end uint64, err error) {
 	if m == nil || m.key != key {
-		return Place{}, noDone, ErrBadKey
+		return 0, 0, ErrBadKey
 	}
 	if m.state != KeyValid {
-		return Place{}, noDone, ErrInvalidKey
+		return 0, 0, ErrInvalidKey
 	}
 	if m.kind == kindMW && m.mwType == MWType2 && (qpn == NoQPN || qpn != m.qpn) {
-		return Place{}, noDone, ErrWrongQP
+		return 0, 0, ErrWrongQP
 	}
 	if m.pd != pd {
-		return Place{}, noDone, ErrWrongPD
+		return 0, 0, ErrWrongPD
 	}
 	if m.acc&need != need {
-		return Place{}, noDone, ErrAccess
+		return 0, 0, ErrAccess
 	}
-	off, end := uint64(0), m.size
+	off, end = 0, m.size
 	if !whole {
 		if length > 0 && uint64(length)-1 > ^uint64(0)-va {
-			return Place{}, noDone, ErrOverflow
+			return 0, 0, ErrOverflow
 		}
 		if va < m.iova {
-			return Place{}, noDone, ErrBounds
+			return 0, 0, ErrBounds
 		}
 		off = va - m.iova
 		if off > m.size || uint64(length) > m.size-off {
-			return Place{}, noDone, ErrBounds
+			return 0, 0, ErrBounds
 		}
 		end = off + uint64(length)
 	}
-	owner := m.owner
-	if owner == nil {
-		return Place{}, noDone, ErrInvalidKey
-	}
-	owner.users.Add(1)
-	// re-validate after taking the reference, as check does
-	if t.lookup(key) != m || (m.ownerM != nil && owner.cur.Load() != m.ownerM) {
-		owner.release()
-		return Place{}, noDone, ErrInvalidKey
-	}
-	pl = Place{n: end - off, persist: m.persist}
-	if m.ownerM != nil {
-		pl.persist = m.ownerM.persist
-	}
-	if m.mem != nil {
-		pl.mem, pl.off = m.mem, m.memOff+off
-	} else {
-		pl.b = m.buf[off:end:end]
-	}
-	return pl, owner.doneFn, nil
+	return off, end, nil
 }
