@@ -365,7 +365,49 @@ func (c *CQ) PollFunc(f func(wc *WC) bool) int {
 }
 
 // Cap returns the capacity.
-func (c *CQ) Cap() int { return len(c.ring) }
+func (c *CQ) Cap() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.ring)
+}
+
+// Resize changes the capacity to n (ibv_resize_cq; the Resize Completion Queue verb of IBTA
+// chapter 11), keeping every queued completion, in order. n out of 1..MaxCapacity, or fewer
+// than the completions queued, is ErrCapacity (ibverbs EINVAL); ErrClosed once destroyed. The
+// error state of an overrun stays.
+func (c *CQ) Resize(n int) error { return c.ResizeFunc(n, nil) }
+
+// ResizeFunc is Resize with swap, which runs under the CQ's lock first, with the number of
+// completions the CQ keeps: no push hook call, PollFunc or Push runs meanwhile, so a push hook
+// owner swaps its consumer's storage there (the softroce daemon moves a client's ring). An
+// error from swap aborts the resize and is returned. swap must not call back into the CQ.
+func (c *CQ) ResizeFunc(n int, swap func(kept int) error) error {
+	if n < 1 || n > MaxCapacity {
+		return ErrCapacity
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	if n < c.n {
+		return ErrCapacity
+	}
+	if swap != nil {
+		if err := swap(c.n); err != nil {
+			return err
+		}
+	}
+	if n == len(c.ring) {
+		return nil
+	}
+	ring := make([]WC, n)
+	for i := 0; i < c.n; i++ {
+		ring[i] = c.ring[(c.head+i)%len(c.ring)]
+	}
+	c.ring, c.head = ring, 0
+	return nil
+}
 
 // Len returns the number of completions waiting to be polled.
 func (c *CQ) Len() int {
