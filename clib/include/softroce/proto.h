@@ -68,6 +68,8 @@ enum sr_op {
 	SR_OP_QUERY_QP = 29,    /* sr_query_qp_req -> sr_qp_attr */
 	SR_OP_DESTROY_QP = 30,  /* sr_handle */
 	SR_OP_CREATE_AH = 31,   /* sr_create_ah_req -> sr_create_ah_resp */
+	SR_OP_RESIZE_CQ = 34,   /* sr_resize_cq_req -> sr_resize_cq_resp + fd: the new ring memfd */
+	SR_OP_REREG_MR = 35,    /* sr_rereg_mr_req (+ fd: a new SR_MR_MEMFD translation) -> sr_rereg_mr_resp */
 
 	/* work requests: sr_post then the WRs (below) */
 	SR_OP_POST_SEND = 48,       /* -> sr_post_resp */
@@ -351,6 +353,25 @@ struct sr_reg_mr_resp {
 	uint32_t reserved;
 };
 
+/* ibv_rereg_mr: what flags selects changes in place; the keys stay the same. */
+struct sr_rereg_mr_req {
+	uint32_t handle;
+	uint32_t flags;  /* IBV_REREG_MR_CHANGE_TRANSLATION | _PD | _ACCESS */
+	uint32_t pd;     /* _PD: the new PD */
+	uint32_t access; /* _ACCESS: IBV_ACCESS_* */
+	uint64_t addr;   /* _TRANSLATION: the new memory, as sr_reg_mr_req's fields */
+	uint64_t length;
+	uint64_t iova;
+	uint64_t offset;
+	uint32_t source; /* SR_MR_* */
+	uint32_t reserved;
+};
+
+struct sr_rereg_mr_resp {
+	uint32_t lkey;
+	uint32_t rkey;
+};
+
 struct sr_create_cq_req {
 	uint32_t cqe;
 	uint32_t reserved;
@@ -361,6 +382,20 @@ struct sr_create_cq_resp {
 	uint32_t cqe;     /* the CQ's size (ibv_cq.cqe) */
 	uint32_t entries; /* completion ring entries: a power of two >= cqe */
 	uint32_t bytes;   /* size of the ring memfd */
+};
+
+/* ibv_resize_cq: the daemon moves the unpolled completions into a new ring (same counters,
+ * arm and eventfds) and answers with its memfd; the client swaps its mapping. */
+struct sr_resize_cq_req {
+	uint32_t handle;
+	uint32_t cqe; /* the new size: at least the completions the CQ holds (else EINVAL) */
+};
+
+struct sr_resize_cq_resp {
+	uint32_t cqe;     /* the CQ's new size (ibv_cq.cqe) */
+	uint32_t entries; /* the new ring's entries: a power of two >= cqe */
+	uint32_t bytes;   /* size of the new ring memfd */
+	uint32_t reserved;
 };
 
 struct sr_modify_cq_req {
@@ -862,8 +897,12 @@ SR_SIZE(sr_stats, 208);
 SR_SIZE(sr_debug, 496);
 SR_SIZE(sr_reg_mr_req, 48);
 SR_SIZE(sr_reg_mr_resp, 16);
+SR_SIZE(sr_rereg_mr_req, 56);
+SR_SIZE(sr_rereg_mr_resp, 8);
 SR_SIZE(sr_create_cq_req, 8);
 SR_SIZE(sr_create_cq_resp, 16);
+SR_SIZE(sr_resize_cq_req, 8);
+SR_SIZE(sr_resize_cq_resp, 16);
 SR_SIZE(sr_modify_cq_req, 8);
 SR_SIZE(sr_create_srq_req, 16);
 SR_SIZE(sr_create_srq_resp, 16);

@@ -62,6 +62,8 @@ const (
 	OpQueryQP    Op = 29
 	OpDestroyQP  Op = 30
 	OpCreateAH   Op = 31
+	OpResizeCQ   Op = 34
+	OpReregMR    Op = 35
 
 	OpPostSend      Op = 48
 	OpPostRecv      Op = 49
@@ -360,6 +362,26 @@ type RegMRResp struct {
 	_      uint32 `c:"reserved"`
 }
 
+// ReregMRReq is sr_rereg_mr_req.
+type ReregMRReq struct {
+	Handle uint32 `c:"handle"`
+	Flags  uint32 `c:"flags"`
+	PD     uint32 `c:"pd"`
+	Access uint32 `c:"access"`
+	Addr   uint64 `c:"addr"`
+	Length uint64 `c:"length"`
+	IOVA   uint64 `c:"iova"`
+	Offset uint64 `c:"offset"`
+	Source uint32 `c:"source"`
+	_      uint32 `c:"reserved"`
+}
+
+// ReregMRResp is sr_rereg_mr_resp.
+type ReregMRResp struct {
+	LKey uint32 `c:"lkey"`
+	RKey uint32 `c:"rkey"`
+}
+
 // CreateCQReq is sr_create_cq_req.
 type CreateCQReq struct {
 	CQE uint32 `c:"cqe"`
@@ -372,6 +394,20 @@ type CreateCQResp struct {
 	CQE     uint32 `c:"cqe"`
 	Entries uint32 `c:"entries"`
 	Bytes   uint32 `c:"bytes"`
+}
+
+// ResizeCQReq is sr_resize_cq_req.
+type ResizeCQReq struct {
+	Handle uint32 `c:"handle"`
+	CQE    uint32 `c:"cqe"`
+}
+
+// ResizeCQResp is sr_resize_cq_resp.
+type ResizeCQResp struct {
+	CQE     uint32 `c:"cqe"`
+	Entries uint32 `c:"entries"`
+	Bytes   uint32 `c:"bytes"`
+	_       uint32 `c:"reserved"`
 }
 
 // ModifyCQReq is sr_modify_cq_req.
@@ -814,7 +850,7 @@ type AsyncEvent struct {
 type Struct interface {
 	Hdr | Err | Handle | HelloReq | HelloResp | OpenRingsResp | PortReq | DeviceAttr | PortAttr |
 		GIDsResp | GIDEntry | PKeyReq | PKeyResp | Stats | Debug | RegMRReq | RegMRResp |
-		CreateCQReq | CreateCQResp | ModifyCQReq | CreateSRQReq | CreateSRQResp | ModifySRQReq |
+		ReregMRReq | ReregMRResp | CreateCQReq | CreateCQResp | ResizeCQReq | ResizeCQResp | ModifyCQReq | CreateSRQReq | CreateSRQResp | ModifySRQReq |
 		SRQAttr | QPCap | AHAttr | QPAttr | CreateQPReq | CreateQPResp | ModifyQPReq | QueryQPReq |
 		CreateAHReq | CreateAHResp | Post | SGE | SendWR | RecvWR | PostResp | SockAddr | CMRoute |
 		ConnParam | CMCreateIDReq | CMMigrateReq | CMBindReq | CMResolveAddrReq | CMAddrResp |
