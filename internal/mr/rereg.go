@@ -22,16 +22,11 @@ type ReregOptions struct {
 	PD *PD
 	// Access is the new access (ReregAccess), with RegMR's rules.
 	Access Access
-	// The new memory (ReregTranslation), as RegMRWith or RegMemory take it: Buf (mapped; Persist
-	// is its Persister) or Mem with Length (copied); IOVA is where it is addressed (0 with
-	// AccessZeroBased).
+	// Buf is the new memory (ReregTranslation), as RegMRWith takes it: Persist is its
+	// Persister; IOVA is where it is addressed (0 with AccessZeroBased).
 	Buf     []byte
 	Persist Persister
-	Mem     Memory
-	Length  uint64
 	IOVA    uint64
-	// Wait bounds the wait for the previous registration's accesses (Dereg's bounds).
-	Wait DeregOptions
 }
 
 // Rereg changes the MR's memory, protection domain and/or access flags in place (ibv_rereg_mr;
@@ -40,23 +35,27 @@ type ReregOptions struct {
 // holds go on working under the new registration. The change is atomic for the data path:
 // every access is checked and performed under either the old registration (its memory, PD and
 // rights) or the new one, never a mix, and Rereg returns only once no access checked under the
-// old one is in flight (bounded by o.Wait), so the old memory may then be reused or freed.
+// old one is in flight (for up to DefaultDeregTimeout; ReregWith takes a bound), so the old memory may then be reused or freed.
 //
 // Errors, with the MR unchanged: ErrInvalidArg (no flag or an unknown one, a nil, dead or
 // foreign PD, an invalid access combination, a change of AccessZeroBased without a new
-// translation, AccessFlushPersistent without a Persister, both or neither of Buf and Mem, an
-// iova range that wraps), ErrInvalidKey (deregistered), ErrBusy (a Dereg or another Rereg in
+// translation, AccessFlushPersistent without a Persister, an iova range that wraps), ErrInvalidKey (deregistered), ErrBusy (a Dereg or another Rereg in
 // progress, or memory windows bound to the MR: they were bound to the old registration),
 // ErrState (a fast-register MR, which IBV_WR_REG_MR re-maps instead). ErrDraining: the new
 // registration is in effect, but the wait for the old one's accesses ended first.
-func (m *MR) Rereg(o ReregOptions) error {
+func (m *MR) Rereg(o ReregOptions) error { return m.ReregWith(o, nil, 0, DeregOptions{}) }
+
+// ReregWith is Rereg for the softroce daemon: with mem not nil the new memory is length bytes
+// of copied memory (as RegMemory takes it) in place of o.Buf, and wait bounds the wait for the
+// old registration's accesses (DeregWith's bounds).
+func (m *MR) ReregWith(o ReregOptions, mem Memory, length uint64, wait DeregOptions) error {
 	if o.Flags == 0 || o.Flags&^ReregAll != 0 {
 		return ErrInvalidArg
 	}
 	if o.Flags&ReregAccess != 0 && !o.Access.Valid() {
 		return ErrInvalidArg
 	}
-	if o.Flags&ReregTranslation != 0 && (o.Buf != nil) == (o.Mem != nil) {
+	if o.Flags&ReregTranslation != 0 && o.Buf != nil && mem != nil {
 		return ErrInvalidArg
 	}
 	t := m.t
@@ -74,7 +73,7 @@ func (m *MR) Rereg(o ReregOptions) error {
 		return ErrState
 	}
 	old := m.cur.Load()
-	nm, err := old.reregistered(t, o)
+	nm, err := old.reregistered(t, o, mem, length)
 	if err != nil {
 		t.mu.Unlock()
 		return err
@@ -91,7 +90,7 @@ func (m *MR) Rereg(o ReregOptions) error {
 	m.dereg = true // no Dereg or Rereg while this one waits
 	t.mu.Unlock()
 
-	ok := waitGens([]*gen{og}, o.Wait)
+	ok := waitGens([]*gen{og}, wait)
 
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -105,7 +104,7 @@ func (m *MR) Rereg(o ReregOptions) error {
 
 // reregistered is the mapping o makes of old, a Valid MR mapping (t.mu held); its gen is left
 // for the caller.
-func (old *mapping) reregistered(t *Table, o ReregOptions) (*mapping, error) {
+func (old *mapping) reregistered(t *Table, o ReregOptions, mem Memory, length uint64) (*mapping, error) {
 	nm := *old
 	if o.Flags&ReregPD != 0 {
 		if o.PD == nil || o.PD.t != t || o.PD.dead {
@@ -118,8 +117,8 @@ func (old *mapping) reregistered(t *Table, o ReregOptions) (*mapping, error) {
 	}
 	if o.Flags&ReregTranslation != 0 {
 		nm.buf, nm.mem, nm.memOff, nm.persist, nm.iova = nil, nil, 0, nil, o.IOVA
-		if o.Mem != nil {
-			nm.mem, nm.size = o.Mem, o.Length
+		if mem != nil {
+			nm.mem, nm.size = mem, length
 		} else {
 			nm.buf, nm.size, nm.persist = o.Buf[:len(o.Buf):len(o.Buf)], uint64(len(o.Buf)), o.Persist
 		}

@@ -71,8 +71,8 @@ func TestReregKeepsKeys(t *testing.T) {
 	done()
 
 	mem := &sliceMem{b: bytes.Repeat([]byte{'c'}, 16)}
-	if err := m.Rereg(ReregOptions{Flags: ReregAll, PD: pd, Access: AccessLocalWrite | AccessRemoteRead,
-		Mem: mem, Length: 16, IOVA: 0x100}); err != nil {
+	if err := m.ReregWith(ReregOptions{Flags: ReregAll, PD: pd, Access: AccessLocalWrite | AccessRemoteRead,
+		IOVA: 0x100}, mem, 16, DeregOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	var out [4]byte
@@ -111,25 +111,25 @@ func TestReregRefused(t *testing.T) {
 	cases := []struct {
 		name string
 		o    ReregOptions
+		mem  Memory
 		err  error
 	}{
-		{"no flag", ReregOptions{}, ErrInvalidArg},
-		{"unknown flag", ReregOptions{Flags: 8}, ErrInvalidArg},
-		{"remote write without local write", ReregOptions{Flags: ReregAccess, Access: AccessRemoteWrite}, ErrInvalidArg},
-		{"unknown access bit", ReregOptions{Flags: ReregAccess, Access: 1 << 12}, ErrInvalidArg},
-		{"nil PD", ReregOptions{Flags: ReregPD}, ErrInvalidArg},
-		{"dead PD", ReregOptions{Flags: ReregPD, PD: dead}, ErrInvalidArg},
-		{"another table's PD", ReregOptions{Flags: ReregPD, PD: newPD(t, other)}, ErrInvalidArg},
-		{"no memory", ReregOptions{Flags: ReregTranslation, IOVA: 1}, ErrInvalidArg},
-		{"two memories", ReregOptions{Flags: ReregTranslation, Buf: buf, Mem: &sliceMem{}, Length: 1}, ErrInvalidArg},
-		{"wrapping iova", ReregOptions{Flags: ReregTranslation, Buf: buf, IOVA: ^uint64(0) - 8}, ErrInvalidArg},
-		{"zero-based without translation", ReregOptions{Flags: ReregAccess, Access: AccessLocalWrite | AccessZeroBased}, ErrInvalidArg},
-		{"persistent without a persister", ReregOptions{Flags: ReregAccess, Access: AccessLocalWrite | AccessFlushPersistent}, ErrInvalidArg},
+		{"no flag", ReregOptions{}, nil, ErrInvalidArg},
+		{"unknown flag", ReregOptions{Flags: 8}, nil, ErrInvalidArg},
+		{"remote write without local write", ReregOptions{Flags: ReregAccess, Access: AccessRemoteWrite}, nil, ErrInvalidArg},
+		{"unknown access bit", ReregOptions{Flags: ReregAccess, Access: 1 << 12}, nil, ErrInvalidArg},
+		{"nil PD", ReregOptions{Flags: ReregPD}, nil, ErrInvalidArg},
+		{"dead PD", ReregOptions{Flags: ReregPD, PD: dead}, nil, ErrInvalidArg},
+		{"another table's PD", ReregOptions{Flags: ReregPD, PD: newPD(t, other)}, nil, ErrInvalidArg},
+		{"two memories", ReregOptions{Flags: ReregTranslation, Buf: buf}, &sliceMem{}, ErrInvalidArg},
+		{"wrapping iova", ReregOptions{Flags: ReregTranslation, Buf: buf, IOVA: ^uint64(0) - 8}, nil, ErrInvalidArg},
+		{"zero-based without translation", ReregOptions{Flags: ReregAccess, Access: AccessLocalWrite | AccessZeroBased}, nil, ErrInvalidArg},
+		{"persistent without a persister", ReregOptions{Flags: ReregAccess, Access: AccessLocalWrite | AccessFlushPersistent}, nil, ErrInvalidArg},
 		{"persistent copied memory", ReregOptions{Flags: ReregAccess | ReregTranslation,
-			Access: AccessLocalWrite | AccessFlushPersistent, Mem: &sliceMem{}, Length: 1}, ErrInvalidArg},
+			Access: AccessLocalWrite | AccessFlushPersistent}, &sliceMem{}, ErrInvalidArg},
 	}
 	for _, c := range cases {
-		if err := m.Rereg(c.o); !errors.Is(err, c.err) {
+		if err := m.ReregWith(c.o, c.mem, 1, DeregOptions{}); !errors.Is(err, c.err) {
 			t.Errorf("%s: %v, want %v", c.name, err, c.err)
 		}
 	}
@@ -181,7 +181,9 @@ func TestReregWaitsForInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := make(chan error, 1)
-	go func() { res <- m.Rereg(ReregOptions{Flags: ReregTranslation, Buf: b, Wait: DeregOptions{Timeout: -1}}) }()
+	go func() {
+		res <- m.ReregWith(ReregOptions{Flags: ReregTranslation, Buf: b}, nil, 0, DeregOptions{Timeout: -1})
+	}()
 	var nb []byte
 	for { // until Rereg published the new registration
 		got, d, err := tb.Check(pd, k, 0, 64, OpRemoteWrite)
@@ -213,7 +215,7 @@ func TestReregWaitsForInFlight(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	err = m.Rereg(ReregOptions{Flags: ReregAccess, Access: AccessLocalWrite, Wait: DeregOptions{Context: ctx, Timeout: -1}})
+	err = m.ReregWith(ReregOptions{Flags: ReregAccess, Access: AccessLocalWrite}, nil, 0, DeregOptions{Context: ctx, Timeout: -1})
 	if !errors.Is(err, ErrDraining) || !errors.Is(err, ErrBusy) || m.Access() != AccessLocalWrite {
 		t.Fatalf("wait cut short: %v, access %#x (want the new one in effect)", err, m.Access())
 	}
@@ -284,8 +286,8 @@ func TestReregRace(t *testing.T) {
 		}
 		if i%2 == 0 {
 			retiredB.Store(false)
-			err := m.Rereg(ReregOptions{Flags: ReregAll, PD: pdB, Access: AccessLocalWrite | AccessRemoteWrite,
-				Buf: b, IOVA: 0x1000, Wait: DeregOptions{Timeout: -1}})
+			err := m.ReregWith(ReregOptions{Flags: ReregAll, PD: pdB, Access: AccessLocalWrite | AccessRemoteWrite,
+				Buf: b, IOVA: 0x1000}, nil, 0, DeregOptions{Timeout: -1})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -293,8 +295,8 @@ func TestReregRace(t *testing.T) {
 			clear(a[:4]) // the race detector sees any access of A still in flight
 		} else {
 			retiredA.Store(false)
-			err := m.Rereg(ReregOptions{Flags: ReregAll, PD: pdA, Access: AccessLocalWrite | AccessRemoteWrite,
-				Buf: a, IOVA: 0x1000, Wait: DeregOptions{Timeout: -1}})
+			err := m.ReregWith(ReregOptions{Flags: ReregAll, PD: pdA, Access: AccessLocalWrite | AccessRemoteWrite,
+				Buf: a, IOVA: 0x1000}, nil, 0, DeregOptions{Timeout: -1})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -303,6 +303,21 @@ const (
 	AccessZeroBased       = mr.AccessZeroBased
 )
 
+// ReregOptions is mr.ReregOptions: what MR.Rereg changes (ibv_rereg_mr).
+type ReregOptions = mr.ReregOptions
+
+// ReregFlags is mr.ReregFlags: the parts of an MR a re-registration changes
+// (IBV_REREG_MR_CHANGE_*).
+type ReregFlags = mr.ReregFlags
+
+// The ReregFlags values (mr).
+const (
+	ReregAccess      = mr.ReregAccess
+	ReregAll         = mr.ReregAll
+	ReregPD          = mr.ReregPD
+	ReregTranslation = mr.ReregTranslation
+)
+
 // Completions (ibv_cq, ibv_wc).
 
 // CQ is cq.CQ: a completion queue (ibv_cq).

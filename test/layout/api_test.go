@@ -28,6 +28,7 @@ var engineHooks = map[string]string{
 	"cq.CQ.SetOnPush":               "the daemon's hook into completion delivery",
 	"cq.CQ.SetPushHooks":            "the daemon's hook into completion delivery",
 	"mr.MR.DeregWith":               "the daemon's bounded deregistration",
+	"mr.MR.ReregWith":               "the daemon's re-registration over copied memory, bounded",
 	"mr.MR.FastReg":                 "fast registration, posted by the engine",
 	"mr.MR.State":                   "the key state, for the engine",
 	"qp.DeviceAttr.TableOptions":    "the MR table's limits, for the engine",
