@@ -17,9 +17,12 @@ import (
 // cqObj is a client CQ: the engine's cq.CQ plus the shared completion ring
 // its push hook writes completions into as the engine produces them.
 type cqObj struct {
-	c    *cq.CQ
+	c *cq.CQ
+	// ring views mem, the shared ring; a resize replaces both (resizeCQ), under the engine CQ's
+	// lock and modMu, so deliver (under the former) and expire (under the latter) see one ring
 	ring *proto.Ring
 	mem  []byte
+	cqe  int
 	tail atomic.Uint64 // published tail (written under the engine CQ's lock)
 	wake atomic.Bool   // deliver took a sleeping client's arm: signal it outside the lock
 	refs int
@@ -55,8 +58,7 @@ func (ss *session) createCQ(cqe int) (wire.CreateCQResp, []int, error) {
 	}
 	capacity := proto.RingCapacity(cqe)
 	size := proto.RingBytes(capacity)
-	cost := usage{resCQs: 1, resFDs: 2, resMappings: 1, resMappedBytes: int64(size),
-		resEngineBytes: int64(size) + cq.Footprint(cqe)}
+	cost := usage{resCQs: 1, resFDs: 2}.plus(ringCost(cqe))
 	if err := ss.charge(cost); err != nil {
 		return resp, nil, err
 	}
@@ -102,7 +104,7 @@ func (ss *session) createCQ(cqe int) (wire.CreateCQResp, []int, error) {
 		return resp, nil, err
 	}
 	ok = true
-	o := &cqObj{c: c, ring: ring, mem: mem, notifyFD: notify, clock: ss.s.cqClock, cost: cost,
+	o := &cqObj{c: c, ring: ring, mem: mem, cqe: cqe, notifyFD: notify, clock: ss.s.cqClock, cost: cost,
 		spaceFile: proto.EventFile(space, "softroce-cq-space"),
 		spaceDone: make(chan struct{})}
 	c.SetPushHooks(o.onPush, o.afterPush)
@@ -113,6 +115,125 @@ func (ss *session) createCQ(cqe int) (wire.CreateCQResp, []int, error) {
 	ss.s.own(c, owner{ss, h, proto.EventOnCQ})
 	resp = wire.CreateCQResp{Handle: uint32(h), CQE: uint32(cqe), Entries: uint32(capacity), Bytes: uint32(size)}
 	return resp, fdsOut, nil
+}
+
+// handleCQ serves the CQ requests (the session's dispatch, after the OK header): the
+// response body goes to wbuf, the fds to send come back as rights.
+func (ss *session) handleCQ(op wire.Op, body []byte) (rights []byte, err error) {
+	switch op {
+	case wire.OpCreateCQ:
+		var r wire.CreateCQReq
+		if r, err = req[wire.CreateCQReq](body); err != nil {
+			return nil, err
+		}
+		resp, fdsOut, err := ss.createCQ(int(min(r.CQE, 1<<30)))
+		if err != nil {
+			return nil, err
+		}
+		reply(ss, &resp)
+		return proto.Rights(fdsOut...), nil
+	case wire.OpResizeCQ:
+		var r wire.ResizeCQReq
+		if r, err = req[wire.ResizeCQReq](body); err != nil {
+			return nil, err
+		}
+		resp, fdsOut, err := ss.resizeCQ(r)
+		if err != nil {
+			return nil, err
+		}
+		reply(ss, &resp)
+		return proto.Rights(fdsOut...), nil
+	case wire.OpModifyCQ:
+		var r wire.ModifyCQReq
+		if r, err = req[wire.ModifyCQReq](body); err != nil {
+			return nil, err
+		}
+		o, err := get[*cqObj](ss, proto.Handle(r.Handle))
+		if err != nil {
+			return nil, err
+		}
+		return nil, o.setModeration(cq.Moderation{Count: r.CQCount, PeriodUS: r.CQPeriod})
+	default: // OpDestroyCQ
+		var r wire.Handle
+		if r, err = req[wire.Handle](body); err != nil {
+			return nil, err
+		}
+		return nil, ss.destroyCQ(proto.Handle(r.Handle))
+	}
+}
+
+// ringCost is what a CQ of cqe entries maps and allocates: its shared ring (one mapping) and
+// the engine CQ that keeps completions while the ring is full.
+func ringCost(cqe int) usage {
+	size := int64(proto.RingBytes(proto.RingCapacity(cqe)))
+	return usage{resMappings: 1, resMappedBytes: size, resEngineBytes: size + cq.Footprint(cqe)}
+}
+
+// resizeCQ is OpResizeCQ (ibv_resize_cq): a new ring for cqe entries, into which the unpolled
+// completions move, under the engine CQ's lock (cq.CQ.ResizeFunc: no completion is delivered
+// meanwhile) and the moderation lock (the period timer takes arms there): the entries from the
+// client's head to the daemon's tail, at the same counters, and the arm word, so a client
+// blocked on the notify eventfd (which stays the same, as the space eventfd does) is woken by
+// the next completion as before. The completions the engine CQ kept for a full ring follow,
+// in order. cqe below the completions the CQ holds (the ring's unpolled ones and the kept
+// ones), or out of 1..max_cqe, is EINVAL (cq.ErrCapacity). The client holds its CQ's lock from
+// the request until it has swapped its mapping for the returned memfd, so it neither polls nor
+// arms the old ring after the move.
+func (ss *session) resizeCQ(r wire.ResizeCQReq) (wire.ResizeCQResp, []int, error) {
+	var resp wire.ResizeCQResp
+	o, err := get[*cqObj](ss, proto.Handle(r.Handle))
+	if err != nil {
+		return resp, nil, err
+	}
+	cqe := int(min(r.CQE, 1<<30))
+	if cqe < 1 || cqe > ss.s.dev.Attr().MaxCQE {
+		return resp, nil, fmt.Errorf("%w: cqe %d", cq.ErrCapacity, cqe)
+	}
+	capacity := proto.RingCapacity(cqe)
+	size := proto.RingBytes(capacity)
+	cost := ringCost(cqe)
+	if err := ss.charge(cost); err != nil { // both rings, until the old one is unmapped
+		return resp, nil, err
+	}
+	memfd, mem, err := proto.NewMemfd("softroce-cq", size)
+	if err != nil {
+		ss.release(cost)
+		return resp, nil, err
+	}
+	fdOut, err := dupCloexec(memfd)
+	proto.CloseFD(memfd)
+	if err != nil {
+		proto.Unmap(mem)
+		ss.release(cost)
+		return resp, nil, err
+	}
+	ring, _ := proto.NewRing(mem, capacity)
+	err = o.c.ResizeFunc(cqe, func(kept int) error {
+		o.modMu.Lock()
+		defer o.modMu.Unlock()
+		tail := o.tail.Load()
+		if n := o.ring.Used(tail); n > uint64(o.ring.Capacity()) || n+uint64(kept) > uint64(cqe) {
+			return fmt.Errorf("%w: cqe %d, the CQ holds %d completions", cq.ErrCapacity, cqe, n+uint64(kept))
+		}
+		ring.MoveFrom(o.ring, tail)
+		o.ring = ring
+		return nil
+	})
+	if err != nil {
+		proto.CloseFD(fdOut)
+		proto.Unmap(mem)
+		ss.release(cost)
+		return resp, nil, err
+	}
+	old := o.mem
+	o.mem = mem
+	proto.Unmap(old)
+	ss.s.mapped.Add(int64(len(mem) - len(old)))
+	ss.release(ringCost(o.cqe))
+	o.cqe = cqe
+	o.cost = usage{resCQs: 1, resFDs: 2}.plus(cost)
+	o.moveKept() // the kept completions, if the new ring has room (else later, as before)
+	return wire.ResizeCQResp{CQE: uint32(cqe), Entries: uint32(capacity), Bytes: uint32(size)}, []int{fdOut}, nil
 }
 
 func dupAll(fds ...int) ([]int, error) {

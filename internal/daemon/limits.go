@@ -247,6 +247,14 @@ func (a *accounts) refusals() usage {
 }
 
 // one is the cost of one object of kind r.
+// plus is u and v added.
+func (u usage) plus(v usage) usage {
+	for i := range u {
+		u[i] += v[i]
+	}
+	return u
+}
+
 func one(r res) usage {
 	var u usage
 	u[r] = 1

@@ -24,7 +24,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softroce/softroce/internal/daemon/proto"
-	"github.com/softroce/softroce/internal/daemon/proto/wire"
 	"github.com/softroce/softroce/internal/mr"
 )
 
@@ -91,24 +90,24 @@ func (ss *session) attachMem(fds *[]int) error {
 	return nil
 }
 
-// regProcessMR registers SR_MR_PROCESS memory: [addr, addr+length) of the client, reached
-// through its attached /proc/self/mem. The first and last byte must be readable now (EFAULT
-// otherwise, as ibv_reg_mr fails on memory that is not mapped).
-func (ss *session) regProcessMR(pd *pdObj, r wire.RegMRReq) (*mr.MR, error) {
+// processMemory is SR_MR_PROCESS memory: [addr, addr+length) of the client, reached through
+// its attached /proc/self/mem. The first and last byte must be readable now (EFAULT otherwise,
+// as ibv_reg_mr fails on memory that is not mapped).
+func (ss *session) processMemory(addr, length uint64) (*procMem, error) {
 	if !ss.hasMem {
 		return nil, fmt.Errorf("%w: no SR_OP_ATTACH_MEM before an SR_MR_PROCESS registration", proto.ErrNotShareable)
 	}
-	if r.Addr >= maxUserAddr || r.Length > maxUserAddr-r.Addr {
-		return nil, fmt.Errorf("%w: range %#x+%d", mr.ErrFault, r.Addr, r.Length)
+	if addr >= maxUserAddr || length > maxUserAddr-addr {
+		return nil, fmt.Errorf("%w: range %#x+%d", mr.ErrFault, addr, length)
 	}
-	m := &procMem{fd: ss.memFD, base: r.Addr}
-	if r.Length > 0 {
+	m := &procMem{fd: ss.memFD, base: addr}
+	if length > 0 {
 		var b [1]byte
-		if m.ReadAt(b[:], 0) != nil || m.ReadAt(b[:], r.Length-1) != nil {
-			return nil, fmt.Errorf("%w: %#x+%d is not mapped in the client", mr.ErrFault, r.Addr, r.Length)
+		if m.ReadAt(b[:], 0) != nil || m.ReadAt(b[:], length-1) != nil {
+			return nil, fmt.Errorf("%w: %#x+%d is not mapped in the client", mr.ErrFault, addr, length)
 		}
 	}
-	return ss.s.dev.RegMemory(pd.pd, m, r.Length, r.IOVA, mr.Access(r.Access))
+	return m, nil
 }
 
 // releaseMem closes the session's /proc/self/mem once no MR can use it: an MR whose Dereg

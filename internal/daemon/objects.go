@@ -11,24 +11,9 @@ import (
 	"github.com/softroce/softroce/pkg/roce"
 )
 
-// ibv_access_flags the engine does not take: hints (ignored) and on-demand paging (refused).
-const (
-	accessOnDemand = 1 << 6
-	accessHugeTLB  = 1 << 7
-	accessOptional = (1<<30 - 1) &^ (1<<20 - 1) // IBV_ACCESS_OPTIONAL_RANGE
-)
-
 type pdObj struct {
 	pd   *mr.PD
 	refs int // MRs, QPs using it
-}
-
-type mrObj struct {
-	m        *mr.MR
-	pd       *pdObj
-	mapping  []byte // SR_MR_MEMFD: the daemon's mapping of the client's memfd
-	released bool   // deregistered: no access to its memory can follow
-	cost     usage
 }
 
 type srqObj struct {
@@ -72,99 +57,6 @@ func (ss *session) deallocPD(h proto.Handle) error {
 	ss.del(h)
 	ss.s.nPD.Add(-1)
 	ss.release(one(resPDs))
-	return nil
-}
-
-// regMR registers client memory: a memfd passed with the request (mapped here, zero copy; the
-// memfd stays the request's: the request loop closes every descriptor a request came with) or
-// memory of the client's process (SR_MR_PROCESS, mem.go).
-func (ss *session) regMR(r wire.RegMRReq, fds *[]int) (wire.RegMRResp, error) {
-	var resp wire.RegMRResp
-	pd, err := get[*pdObj](ss, proto.Handle(r.PD))
-	if err != nil {
-		return resp, err
-	}
-	if r.Length > 1<<40 {
-		return resp, fmt.Errorf("%w: length %d", mr.ErrInvalidArg, r.Length)
-	}
-	// IBV_ACCESS_HUGETLB and the optional range (IBV_ACCESS_RELAXED_ORDERING, ...) are hints a
-	// device without them ignores, as the kernel does; on-demand paging is not offered.
-	if r.Access&accessOnDemand != 0 {
-		return resp, fmt.Errorf("%w: IBV_ACCESS_ON_DEMAND", proto.ErrUnsupported)
-	}
-	r.Access &^= accessHugeTLB | accessOptional
-	var m *mr.MR
-	o := &mrObj{pd: pd}
-	switch r.Source {
-	case wire.MRMemfd:
-		if len(*fds) != 1 {
-			return resp, fmt.Errorf("%w: SR_MR_MEMFD needs exactly one memfd", proto.ErrProtocol)
-		}
-		span, err := proto.MapSpan(r.Offset, int(r.Length))
-		if err != nil {
-			return resp, err
-		}
-		o.cost = usage{resMRs: 1, resMappings: 1, resMappedBytes: span}
-		if err := ss.charge(o.cost); err != nil {
-			return resp, err
-		}
-		mapping, view, err := proto.MapShared((*fds)[0], r.Offset, int(r.Length))
-		if err != nil {
-			ss.release(o.cost)
-			return resp, err
-		}
-		if m, err = ss.s.dev.RegMR(pd.pd, view, r.IOVA, mr.Access(r.Access)); err != nil {
-			proto.Unmap(mapping)
-			ss.release(o.cost)
-			return resp, err
-		}
-		o.mapping = mapping
-		ss.s.mapped.Add(int64(len(mapping)))
-	case wire.MRProcess:
-		o.cost = one(resMRs)
-		if err := ss.charge(o.cost); err != nil {
-			return resp, err
-		}
-		if m, err = ss.regProcessMR(pd, r); err != nil {
-			ss.release(o.cost)
-			return resp, err
-		}
-	default:
-		return resp, fmt.Errorf("%w: memory source %d", proto.ErrProtocol, r.Source)
-	}
-	o.m = m
-	pd.refs++
-	ss.s.nMR.Add(1)
-	h := ss.add(o)
-	return wire.RegMRResp{Handle: uint32(h), LKey: m.LKey(), RKey: m.RKey()}, nil
-}
-
-func (ss *session) deregMR(h proto.Handle) error {
-	o, err := get[*mrObj](ss, h)
-	if err != nil {
-		return err
-	}
-	if err := ss.releaseMR(o); err != nil {
-		return err
-	}
-	ss.del(h)
-	return nil
-}
-
-// releaseMR deregisters (waiting for in-flight users) and only then unmaps:
-// after a successful Dereg no data path touches the memory.
-func (ss *session) releaseMR(o *mrObj) error {
-	if err := o.m.Dereg(); err != nil {
-		return err
-	}
-	o.released = true
-	if o.mapping != nil {
-		proto.Unmap(o.mapping)
-		ss.s.mapped.Add(-int64(len(o.mapping)))
-	}
-	o.pd.refs--
-	ss.s.nMR.Add(-1)
-	ss.release(o.cost)
 	return nil
 }
 

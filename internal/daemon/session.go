@@ -1,8 +1,3 @@
-// Long file: a session's request dispatch and its object handlers (PD, MR, SRQ, QP, posts)
-// share its handle table, its lock and the per-user accounting, and cleanup at the end undoes
-// the creates in the reverse order of the handlers above it. Split the handlers by object
-// kind when it grows further.
-
 package daemon
 
 import (
@@ -14,7 +9,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/daemon/proto"
 	"github.com/softroce/softroce/internal/daemon/proto/wire"
 	"github.com/softroce/softroce/internal/qp"
@@ -295,42 +289,10 @@ func (ss *session) handle(b []byte, fds *[]int) (rights []byte) {
 		if r, err = req[wire.Handle](body); err == nil {
 			err = ss.deallocPD(proto.Handle(r.Handle))
 		}
-	case wire.OpRegMR:
-		var r wire.RegMRReq
-		if r, err = req[wire.RegMRReq](body); err == nil {
-			var resp wire.RegMRResp
-			if resp, err = ss.regMR(r, fds); err == nil {
-				reply(ss, &resp)
-			}
-		}
-	case wire.OpDeregMR:
-		var r wire.Handle
-		if r, err = req[wire.Handle](body); err == nil {
-			err = ss.deregMR(proto.Handle(r.Handle))
-		}
-	case wire.OpCreateCQ:
-		var r wire.CreateCQReq
-		if r, err = req[wire.CreateCQReq](body); err == nil {
-			var resp wire.CreateCQResp
-			var fdsOut []int
-			if resp, fdsOut, err = ss.createCQ(int(min(r.CQE, 1<<30))); err == nil {
-				reply(ss, &resp)
-				rights = proto.Rights(fdsOut...)
-			}
-		}
-	case wire.OpModifyCQ:
-		var r wire.ModifyCQReq
-		if r, err = req[wire.ModifyCQReq](body); err == nil {
-			var o *cqObj
-			if o, err = get[*cqObj](ss, proto.Handle(r.Handle)); err == nil {
-				err = o.setModeration(cq.Moderation{Count: r.CQCount, PeriodUS: r.CQPeriod})
-			}
-		}
-	case wire.OpDestroyCQ:
-		var r wire.Handle
-		if r, err = req[wire.Handle](body); err == nil {
-			err = ss.destroyCQ(proto.Handle(r.Handle))
-		}
+	case wire.OpRegMR, wire.OpReregMR, wire.OpDeregMR:
+		err = ss.handleMR(op, body, fds)
+	case wire.OpCreateCQ, wire.OpResizeCQ, wire.OpModifyCQ, wire.OpDestroyCQ:
+		rights, err = ss.handleCQ(op, body)
 	case wire.OpCreateSRQ:
 		var r wire.CreateSRQReq
 		if r, err = req[wire.CreateSRQReq](body); err == nil {

@@ -36,7 +36,6 @@ import (
 	"github.com/softroce/softroce/internal/daemon/proto"
 	"github.com/softroce/softroce/internal/daemon/proto/wire"
 	"github.com/softroce/softroce/internal/event"
-	"github.com/softroce/softroce/internal/mr"
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/roce"
 )
@@ -508,89 +507,6 @@ func (c *Conn) handleOf(x any) (proto.Handle, error) {
 		}
 	}
 	return 0, fmt.Errorf("%w: object of another connection or device", roce.ErrInvalidArg)
-}
-
-// mrc is a client MR.
-type mrc struct {
-	c          *Conn
-	h          proto.Handle
-	lkey, rkey uint32
-	iova       uint64
-	n          int
-}
-
-func (m *mrc) LKey() uint32 { return m.lkey }
-func (m *mrc) RKey() uint32 { return m.rkey }
-func (m *mrc) IOVA() uint64 { return m.iova }
-func (m *mrc) Len() int     { return m.n }
-
-// Dereg is ibv_dereg_mr.
-func (m *mrc) Dereg() error { return m.c.handleOp(wire.OpDeregMR, m.h) }
-
-// RegMR is ibv_reg_mr. Memory from AllocBuffer (or a sub-slice of it) is
-// shared with the daemon, which maps it: RDMA lands in it with no copy.
-// Any other memory of the program (a slice from make, memory from a C
-// allocator) is registered where it is: the daemon reaches it by copying
-// through this process's /proc/self/mem (docs/daemon-protocol.md, "Registered
-// memory"), one copy per packet. The program keeps such memory alive (and
-// referenced, for Go memory) until the MR is deregistered.
-func (c *Conn) RegMR(p roce.ProtectionDomain, buf []byte, iova uint64, acc mr.Access) (roce.MemoryRegion, error) {
-	h, err := c.handleOf(p)
-	if err != nil {
-		return nil, err
-	}
-	var addr uint64
-	if len(buf) > 0 {
-		addr = uint64(uintptr(unsafe.Pointer(&buf[0])))
-	}
-	req := wire.RegMRReq{PD: uint32(h), Access: uint32(acc), Addr: addr, Length: uint64(len(buf)), IOVA: iova}
-	var fds []int
-	if bf, off, ok := c.find(buf); ok {
-		if l := c.limit.MappedBytes; l > 0 && int64(len(buf)) > l {
-			return nil, fmt.Errorf("%w: mapped_bytes: %d bytes asked, limit %d per user", proto.ErrQuota, len(buf), l)
-		}
-		// The daemon maps only populated memory (the pages are this process's, as ibv_reg_mr
-		// pins them in the registering process): fault the range's pages in first.
-		first := off &^ uint64(proto.PageSize-1)
-		last := min(uint64(proto.RoundPage(int(off)+len(buf))), uint64(len(bf.mem)))
-		if err := proto.Populate(bf.mem[first:last]); err != nil {
-			return nil, err
-		}
-		req.Source, req.Offset = wire.MRMemfd, off
-		fds = []int{bf.fd}
-	} else {
-		if err := c.attachMem(); err != nil {
-			return nil, err
-		}
-		req.Source = wire.MRProcess
-	}
-	var r wire.RegMRResp
-	got, err := c.call(wire.OpRegMR, wire.Bytes(&req), wire.Bytes(&r), fds...)
-	proto.CloseFDs(got)
-	if err != nil {
-		return nil, err
-	}
-	return &mrc{c: c, h: proto.Handle(r.Handle), lkey: r.LKey, rkey: r.RKey, iova: iova, n: len(buf)}, nil
-}
-
-// attachMem passes the daemon this process's /proc/self/mem once (SR_OP_ATTACH_MEM).
-func (c *Conn) attachMem() error {
-	c.memMu.Lock()
-	defer c.memMu.Unlock()
-	if c.memAttached {
-		return nil
-	}
-	fd, err := unix.Open("/proc/self/mem", unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("%w: /proc/self/mem: %v", proto.ErrNotShareable, err)
-	}
-	_, err = c.call(wire.OpAttachMem, nil, nil, fd)
-	unix.Close(fd)
-	if err != nil {
-		return err
-	}
-	c.memAttached = true
-	return nil
 }
 
 // CreateAH is ibv_create_ah (resolved by the daemon against its GID table).

@@ -20,10 +20,14 @@ import (
 // the notify eventfd in the Go poller; Channel, once used, is fed by a
 // goroutine waiting there instead.
 type cqc struct {
-	c    *Conn
-	h    proto.Handle
-	ring *proto.Ring
-	mem  []byte
+	c *Conn
+	h proto.Handle
+	// ring views mem, the shared ring; ResizeCQ replaces both holding mu and ringMu, so
+	// Poll, ReqNotify and Channel (under mu) and Wait (under ringMu's read side, never
+	// across its block) each see one ring
+	ring   *proto.Ring
+	mem    []byte
+	ringMu sync.RWMutex
 
 	mu   sync.Mutex // consumer side
 	head uint64
@@ -91,7 +95,7 @@ func (c *Conn) CreateCQ(cqe int) (roce.CompletionQueue, error) {
 		proto.CloseFD(fds[2])
 		return nil, err
 	}
-	q.taken = func(uintptr) bool { return q.ring.Taken() || q.lostConn() }
+	q.taken = func(uintptr) bool { return q.armTaken() || q.lostConn() }
 	q.never = func(uintptr) bool { return q.lostConn() }
 	c.bmu.Lock()
 	c.cqs[q] = struct{}{}
@@ -190,17 +194,27 @@ func (q *cqc) Wait() error {
 		}
 		return cq.ErrClosed
 	}
-	if !q.ring.Sleep() {
+	q.ringMu.RLock()
+	sleeping := q.ring.Sleep()
+	q.ringMu.RUnlock()
+	if !sleeping {
 		return nil // taken (or never armed): the completions are in the ring
 	}
 	if err := q.rc.Read(q.taken); err != nil {
 		return cq.ErrClosed
 	}
-	if !q.ring.Taken() && q.lostConn() {
+	if !q.armTaken() && q.lostConn() {
 		return errLost
 	}
 	q.notifies.Add(1)
 	return nil
+}
+
+// armTaken reports whether the daemon took the arm (Wait's readiness check).
+func (q *cqc) armTaken() bool {
+	q.ringMu.RLock()
+	defer q.ringMu.RUnlock()
+	return q.ring.Taken()
 }
 
 // lostConn reports whether the daemon is gone (the connection's watcher saw it).
@@ -298,6 +312,48 @@ func (c *Conn) ModifyCQ(x roce.CompletionQueue, m cq.Moderation) error {
 	}
 	_, err := c.call(wire.OpModifyCQ, wire.Bytes(&wire.ModifyCQReq{Handle: uint32(q.h), CQCount: m.Count, CQPeriod: m.PeriodUS}), nil)
 	return err
+}
+
+// ResizeCQ is ibv_resize_cq: one request; the daemon moves the unpolled completions (and the
+// arm) into a new ring at the same counters and passes its memfd, which replaces the CQ's
+// mapping before anything polls or arms again (the CQ's lock is held from the request on).
+func (c *Conn) ResizeCQ(x roce.CompletionQueue, cqe int) error {
+	q, ok := x.(*cqc)
+	if !ok || q == nil || q.c != c {
+		return roce.ErrInvalidArg
+	}
+	if cqe < 1 {
+		return fmt.Errorf("%w: cqe %d", cq.ErrCapacity, cqe)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.destroyed {
+		return cq.ErrClosed
+	}
+	q.ringMu.Lock()
+	defer q.ringMu.Unlock()
+	var r wire.ResizeCQResp
+	fds, err := c.call(wire.OpResizeCQ, wire.Bytes(&wire.ResizeCQReq{Handle: uint32(q.h), CQE: uint32(min(cqe, 1<<30))}), wire.Bytes(&r))
+	if err != nil {
+		return err
+	}
+	if len(fds) != 1 {
+		proto.CloseFDs(fds)
+		return fmt.Errorf("%w: ResizeCQ: %d fds", proto.ErrProtocol, len(fds))
+	}
+	mem, err := unix.Mmap(fds[0], 0, int(r.Bytes), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	proto.CloseFD(fds[0])
+	if err != nil {
+		return fmt.Errorf("mmap completion ring: %w", err)
+	}
+	ring, ok := proto.NewRing(mem, int(r.Entries))
+	if !ok {
+		proto.Unmap(mem)
+		return fmt.Errorf("%w: ring of %d entries in %d bytes", proto.ErrProtocol, r.Entries, r.Bytes)
+	}
+	old := q.mem
+	q.ring, q.mem = ring, mem
+	return proto.Unmap(old)
 }
 
 // DestroyCQ is ibv_destroy_cq; the ring is unmapped and the eventfds closed.

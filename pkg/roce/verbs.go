@@ -53,6 +53,10 @@ type Verbs interface {
 	// microseconds after the first matching one (Moderation; the zero
 	// value turns moderation off).
 	ModifyCQ(c CompletionQueue, m Moderation) error
+	// ResizeCQ is ibv_resize_cq: c holds cqe completions from now on, every unpolled
+	// completion kept in order; cqe below the completions it holds, or out of 1..max_cqe, is
+	// ErrCapacity (ibverbs EINVAL).
+	ResizeCQ(c CompletionQueue, cqe int) error
 	// DestroyCQ is ibv_destroy_cq.
 	DestroyCQ(c CompletionQueue) error
 	// CreateSRQ is ibv_create_srq (SRQOptions.Events and .Device are
@@ -201,6 +205,17 @@ func (e embedded) ModifyCQ(c CompletionQueue, m cq.Moderation) error {
 		return ErrInvalidArg
 	}
 	return x.SetModeration(m)
+}
+
+func (e embedded) ResizeCQ(c CompletionQueue, cqe int) error {
+	x, ok := c.(*cq.CQ)
+	if !ok || x == nil {
+		return ErrInvalidArg
+	}
+	if cqe > e.d.Attr().MaxCQE {
+		return cq.ErrCapacity
+	}
+	return x.Resize(cqe)
 }
 
 func (e embedded) DestroyCQ(c CompletionQueue) error {

@@ -189,6 +189,38 @@ func (r *Ring) Fire(solicited bool) bool {
 	return atomic.SwapUint32(p, ArmNone)&armKind != ArmNone
 }
 
+// MoveFrom fills r, a new ring, with old's state, tail being the producer's own count (the
+// daemon's, on ibv_resize_cq): the unconsumed entries, old's head to tail, copied as they are
+// to the same positions of r (counters are free-running, so entry i sits at i & (capacity-1)
+// in each), both counters and the arm word (a pending arm and the client's sleeping flag carry
+// over). The wait flag stays 0: the producer sets it again if r fills. The caller keeps the
+// producer and the consumer off both rings. It reports false, changing nothing, if old's head
+// is one the producer cannot believe (Space: more than old's capacity behind tail) or r has
+// fewer entries than tail-head.
+func (r *Ring) MoveFrom(old *Ring, tail uint64) bool {
+	head := old.Head()
+	used := tail - head
+	if used > old.mask+1 || used > r.mask+1 {
+		return false
+	}
+	for i := head; i != tail; i++ {
+		copy(r.entry(i), old.entry(i))
+	}
+	r.Consume(head)
+	r.Publish(tail)
+	atomic.StoreUint32(r.u32(ringArmed), atomic.LoadUint32(old.u32(ringArmed)))
+	return true
+}
+
+// Used is how many entries the consumer has not consumed (tail is the producer's count); a
+// head it cannot believe reads as more than the capacity, as in Space.
+func (r *Ring) Used(tail uint64) uint64 { return tail - r.Head() }
+
+func (r *Ring) entry(pos uint64) []byte {
+	off := RingHeader + int(pos&r.mask)*RingEntrySize
+	return r.mem[off : off+RingEntrySize]
+}
+
 // Armed loads the notification request kind (ArmNone, ArmNext or ArmSolicited).
 func (r *Ring) Armed() uint32 { return atomic.LoadUint32(r.u32(ringArmed)) & armKind }
 
