@@ -101,6 +101,17 @@ func FuzzSessionFDs(f *testing.F) {
 	f.Add([]byte{0, 0, 0, 1, 0, 0, 0, 16, 0, 0, 2, 1, 0, 0, 0, 0, 4, 3, 4, 0, 5, 2, 0, 0, 6, 1, 0})
 	f.Add([]byte{0, 0, 0, 1, 2, 0, 0, 16, 0, 0, 7, 0, 1, 3, 0, 0, 0, 1, 0, 1, 4, 9, 9, 9, 9, 9})
 	f.Add([]byte{0, 2, 0, 0, 0, 1, 6, 0, 8, 0, 0, 3, 1, 0, 0, 0, 4, 0xff, 0xff, 0, 5})
+	// a CQ of 4 holding 6 completions (4 in its ring, 2 kept), resized to 16, to 2 (refused),
+	// to 64
+	f.Add(append(append([]byte{0, 1, 3, 6, 0, 5}, make([]byte, 6*3)...), 8, 1, 16, 8, 1, 2, 8, 1, 64))
+	// two PDs, an MR of PD 1 over a memfd, re-registered onto a new memfd, to PD 2 with remote
+	// write, all three at once, with no flag (refused), with an unknown one (refused)
+	f.Add([]byte{0, 0, 0, 0, 1, 1, 0, 16, 0, 0, 0, 64, 1,
+		9, 1, 0, 16, 3, 1, 0, 1, 0, 0, 0, 128,
+		9, 0, 0, 0, 3, 6, 2, 3, 0, 0, 0, 0,
+		9, 1, 0, 16, 3, 7, 1, 1, 0, 0, 0, 32,
+		9, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0,
+		9, 0, 0, 0, 3, 8, 0, 0, 0, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, prog []byte) {
 		ss := testSession(srv, 1)
 		next := func() byte {
@@ -129,7 +140,7 @@ func FuzzSessionFDs(f *testing.F) {
 			return c
 		}
 		for steps := 0; len(prog) > 0 && steps < 64; steps++ {
-			switch next() % 8 {
+			switch next() % 10 {
 			case 0: // objects: a PD, a CQ, a QP, the post ring
 				switch next() % 4 {
 				case 0:
@@ -195,6 +206,13 @@ func FuzzSessionFDs(f *testing.F) {
 				}
 				o := c[int(next())%len(c)]
 				o.setModeration(cq.Moderation{Count: uint16(next() % 4), PeriodUS: uint16(next() % 2)})
+			case 8: // a resize, of whatever the ring and the engine CQ hold
+				request(msg(wire.OpResizeCQ, wire.Bytes(&wire.ResizeCQReq{Handle: uint32(next() % 8), CQE: uint32(next() % 80)})), nil)
+			case 9: // a re-registration, with descriptors of a kind for a new translation
+				kind, size := next(), u16()*16+1
+				request(msg(wire.OpReregMR, wire.Bytes(&wire.ReregMRReq{Handle: uint32(next() % 8), Flags: uint32(next() % 9),
+					PD: uint32(next() % 4), Access: uint32(next() % 16), Offset: uint64(u16()), Length: uint64(u16()),
+					IOVA: 0x2000, Source: wire.MRMemfd})), fuzzFD(t, kind, size))
 			}
 		}
 		ss.cleanup()

@@ -54,6 +54,20 @@ func FuzzHandle(f *testing.F) {
 	f.Add(join(hello, msg(wire.OpDebug, nil), msg(wire.OpQueryDevice, nil), msg(wire.OpQueryGIDs, wire.Bytes(&wire.PortReq{Port: 1})),
 		msg(wire.OpQueryPKey, wire.Bytes(&wire.PKeyReq{Port: 1})), msg(wire.OpStats, nil)))
 	f.Add(join(msg(wire.OpAllocPD, nil), hello)) // before HELLO: refused
+	// a CQ resized up, to nothing, beyond max_cqe, down; an MR re-registered with each flag
+	// (without its memory attached or a memfd: refused) and with none
+	resize := func(h, cqe uint32) []byte {
+		return msg(wire.OpResizeCQ, wire.Bytes(&wire.ResizeCQReq{Handle: h, CQE: cqe}))
+	}
+	f.Add(join(hello, msg(wire.OpCreateCQ, wire.Bytes(&wire.CreateCQReq{CQE: 4})), resize(1, 64), resize(1, 0),
+		resize(1, 1<<31), resize(1, 1), resize(2, 8), msg(wire.OpDestroyCQ, h(1)), resize(1, 8)))
+	rereg := func(flags, pd, acc, source uint32) []byte {
+		return msg(wire.OpReregMR, wire.Bytes(&wire.ReregMRReq{Handle: 3, Flags: flags, PD: pd, Access: acc, Length: 4096, Source: source}))
+	}
+	f.Add(join(hello, msg(wire.OpAllocPD, nil), msg(wire.OpAllocPD, nil),
+		msg(wire.OpRegMR, wire.Bytes(&wire.RegMRReq{PD: 1, Length: 4096, Source: wire.MRProcess})),
+		rereg(0, 0, 0, 0), rereg(2, 2, 0, 0), rereg(4, 0, 3, 0), rereg(1, 0, 0, wire.MRMemfd), rereg(1, 0, 0, wire.MRProcess),
+		rereg(7, 2, 1, 9), rereg(8, 0, 0, 0), msg(wire.OpDeallocPD, h(2))))
 	// rdma_cm: an ID listening, a second connecting to it through the device's own CM
 	// (loopback), a QP bound, events fetched, a reject, a destroy
 	addr := func(ap string) wire.SockAddr { return proto.AddrPortToWire(netip.MustParseAddrPort(ap)) }
