@@ -309,6 +309,10 @@ func sendWCOpcode(op qp.WROpcode) cq.Opcode {
 		return cq.OpLocalInv
 	case qp.WRBindMW:
 		return cq.OpBindMW
+	case qp.WRAtomicWrite:
+		return cq.OpAtomicWrite
+	case qp.WRFlush:
+		return cq.OpFlush
 	}
 	return cq.OpSend
 }

@@ -49,6 +49,17 @@ func TestClientPlacement(t *testing.T) {
 	if !bytes.Equal(b.buf[:4096], a.buf[:4096]) || !bytes.Equal(b.buf[8192:8200], a.buf[8192:8200]) {
 		t.Fatal("WRITE or ATOMIC WRITE bytes differ in B's memfd")
 	}
+	// The 8 bytes given inline (what ibv_wr_atomic_write copies) on a QP with no inline
+	// capacity: the operand, carried in the post message.
+	word := []byte("operand!")
+	if _, err := a.q.PostSend([]qp.SendWR{{WRID: 9, Opcode: qp.WRAtomicWrite, Flags: qp.SendSignaled | qp.SendInline,
+		Inline: word, RemoteAddr: b.iova + 8208, RKey: b.m.RKey()}}); err != nil {
+		t.Fatal("inline ATOMIC WRITE:", err)
+	}
+	if wc := a.wait(t, 1)[0]; wc.WRID != 9 || wc.Status != cq.StatusSuccess || wc.Opcode != cq.OpAtomicWrite ||
+		!bytes.Equal(b.buf[8208:8216], word) {
+		t.Fatalf("inline ATOMIC WRITE: %+v, B's word %q", wc, b.buf[8208:8216])
+	}
 	if _, err := a.q.PostSend([]qp.SendWR{{WRID: 5, Opcode: qp.WRFlush, Flags: qp.SendSignaled, RemoteAddr: b.iova,
 		RKey: b.m.RKey(), FlushLength: 8, FlushType: qp.FlushPersistent}}); err != nil {
 		t.Fatal(err)

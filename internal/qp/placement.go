@@ -39,7 +39,9 @@ func (q *QP) sendPlacement(w *sendWQE) bool {
 	} else {
 		bth.RETH(buf[h:]).Encode(&bth.RETHFields{VA: w.wr.RemoteAddr, RKey: w.wr.RKey, DMALen: 8})
 		h += bth.RETHSize
-		if !q.gather(w, 0, buf[h:h+8]) {
+		if w.hasOperand {
+			copy(buf[h:h+8], w.operand[:])
+		} else if !q.gather(w, 0, buf[h:h+8]) {
 			return false
 		}
 		n = 8

@@ -100,6 +100,37 @@ func TestAtomicWrite(t *testing.T) {
 	eq(t, "inline ATOMIC WRITE", b.buf[word:word+8], v)
 }
 
+// TestAtomicWriteOperand: on a QP with no inline capacity (max_inline_data 0, pyverbs'
+// default), an ATOMIC WRITE's 8 bytes given inline — by value, as the daemon decodes what
+// ibv_wr_atomic_write copied, or from two SGEs — are its operand, taken at post time, and
+// land as sent (rxe keeps them in the WQE whatever max_inline_data is). A SEND with inline
+// data is still refused on that QP.
+func TestAtomicWriteOperand(t *testing.T) {
+	n := newNet(t)
+	c := Cap{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 2, MaxRecvSGE: 2}
+	a := n.newSide("10.0.0.1", sideOpts{qpn: 0x11, cap: c})
+	b := n.newSide("10.0.0.2", sideOpts{qpn: 0x12, cap: c})
+	n.connect(a, b, connOpts{accessA: allRemote, accessB: allRemote, retry: 3})
+	const word = dstOff + 8*50
+	v := []byte{1, 2, 3, 4, 5, 6, 7, 8}
+	a.postSend(t, SendWR{WRID: 1, Opcode: WRAtomicWrite, Flags: SendSignaled | SendInline, Inline: v,
+		RemoteAddr: b.va(word), RKey: b.mr.RKey()})
+	v[0] = 9 // taken at post time
+	n.pump()
+	expectWC(t, pollAll(a.scq), cq.WC{WRID: 1, Opcode: cq.OpAtomicWrite, ByteLen: 8})
+	eq(t, "ATOMIC WRITE by value", b.buf[word:word+8], []byte{1, 2, 3, 4, 5, 6, 7, 8})
+	copy(a.buf[256:], []byte{8, 7, 6, 5, 4, 3, 2, 1})
+	a.postSend(t, SendWR{WRID: 2, Opcode: WRAtomicWrite, Flags: SendSignaled | SendInline,
+		SGL: []SGE{a.sge(260, 4), a.sge(256, 4)}, RemoteAddr: b.va(word), RKey: b.mr.RKey()})
+	clear(a.buf[256:264])
+	n.pump()
+	expectWC(t, pollAll(a.scq), cq.WC{WRID: 2, Opcode: cq.OpAtomicWrite, ByteLen: 8})
+	eq(t, "ATOMIC WRITE from two SGEs", b.buf[word:word+8], []byte{4, 3, 2, 1, 8, 7, 6, 5})
+	if _, err := a.qp.PostSend([]SendWR{{WRID: 3, Opcode: WRSend, Flags: SendInline, Inline: v}}); !errors.Is(err, ErrWRInlineSize) {
+		t.Fatalf("inline SEND on a QP without inline capacity: %v", err)
+	}
+}
+
 // TestFlush: WRITEs then a FLUSH (global; range and whole region): the FLUSH carries the FETH
 // (placement type bits 3..0, selectivity bits 5..4) and a RETH with the range; it is answered
 // with an empty READ Response Only once the WRITEs before it are placed; the completion is

@@ -168,8 +168,11 @@ type sendWQE struct {
 	// out-of-order READ response, then kept through reset)
 	srr      *srReadBits
 	isInline bool
-	rdAtomic bool // counts against max_rd_atomic while outstanding
-	bind     BindInfo
+	// hasOperand: an inline ATOMIC WRITE, whose 8 bytes are operand (not the SGL's)
+	hasOperand bool
+	operand    [8]byte
+	rdAtomic   bool // counts against max_rd_atomic while outstanding
+	bind       BindInfo
 }
 
 // recvWQE is one receive queue slot.
@@ -659,7 +662,7 @@ func (q *QP) enqueueSend(wr *SendWR) error {
 		return err
 	}
 	k := kindOf(wr.Opcode)
-	inline := wr.Flags&SendInline != 0 && (k == kindSend || k == kindWrite || k == kindAtomicWrite)
+	inline := wr.Flags&SendInline != 0 && (k == kindSend || k == kindWrite)
 	w := q.slot(q.sqTail)
 	w.reset()
 	if q.typ.Datagram() {
@@ -688,7 +691,17 @@ func (q *QP) enqueueSend(wr *SendWR) error {
 	w.wr.AH = nil
 	w.wr.Bind = nil
 	w.wr.Inline = nil // the caller's buffer: copied below
-	if inline {
+	if k == kindAtomicWrite && wr.Flags&SendInline != 0 {
+		// The operand, taken now (IBTA 11.4.1.1) into the WQE's own 8 bytes (ValidateSend).
+		n := copy(w.operand[:], wr.Inline)
+		for _, s := range wr.SGL {
+			if err := q.cfg.MRs.CopyOut(q.cfg.PD, mr.NoQPN, s.LKey, s.Addr, w.operand[n:n+int(s.Length)], mr.OpLocalRead); err != nil {
+				return err
+			}
+			n += int(s.Length)
+		}
+		w.wr.SGL, w.hasOperand = nil, true
+	} else if inline {
 		// IBTA 11.4.1.1 (inline data): the data is copied at post time
 		// from the addresses in the SGL (or given by value: SendWR.Inline).
 		buf := append(w.inline[:0], wr.Inline...)

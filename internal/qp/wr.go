@@ -32,8 +32,9 @@ const (
 	// range (or the whole region) placed with the SendWR's FlushType before it answers. No
 	// payload; RC only.
 	WRFlush WROpcode = 14
-	// WRAtomicWrite is IBV_WR_ATOMIC_WRITE (IBTA 1.5, A19.4.2): the 8 bytes of the SGL (or of
-	// the inline data) are placed at an 8-byte aligned RemoteAddr in one store, after every
+	// WRAtomicWrite is IBV_WR_ATOMIC_WRITE (IBTA 1.5, A19.4.2): the 8 bytes of the SGL (or,
+	// with SendInline, of the SGL or of Inline, taken at post time whatever the QP's
+	// max_inline_data) are placed at an 8-byte aligned RemoteAddr in one store, after every
 	// earlier request of the QP. RC only.
 	WRAtomicWrite WROpcode = 15
 )
@@ -236,7 +237,7 @@ func ValidateSend(t Type, wr *SendWR, lim WRLimits) (uint32, error) {
 	if err := CheckSGL(wr.SGL, lim.MaxSGE); err != nil {
 		return 0, err
 	}
-	if wr.Inline != nil && (len(wr.SGL) > 0 || wr.Flags&SendInline == 0 || !wr.Opcode.carriesData()) {
+	if wr.Inline != nil && (len(wr.SGL) > 0 || wr.Flags&SendInline == 0 || !(wr.Opcode.carriesData() || wr.Opcode == WRAtomicWrite)) {
 		return 0, ErrBadWR
 	}
 	n, ok := TotalLength(wr.SGL)
@@ -246,7 +247,10 @@ func ValidateSend(t Type, wr *SendWR, lim WRLimits) (uint32, error) {
 	if !ok || (lim.MaxMsgSize != 0 && n > lim.MaxMsgSize) {
 		return 0, ErrWRLength
 	}
-	if wr.Flags&SendInline != 0 && int(n) > lim.MaxInlineData {
+	// An ATOMIC WRITE's 8 bytes given inline are its operand (IBTA A19.4.2), kept in the WQE as
+	// an atomic's compare and swap values are (rxe's wqe->dma.atomic_wr, which
+	// ibv_wr_atomic_write fills whatever the QP's max_inline_data): not inline data.
+	if wr.Flags&SendInline != 0 && int(n) > lim.MaxInlineData && wr.Opcode != WRAtomicWrite {
 		return 0, ErrWRInlineSize
 	}
 	switch wr.Opcode {
