@@ -12,8 +12,6 @@ static struct sr_conn *conn_of(struct ibv_context *ctx)
 	return &sr_ctx(ctx)->conn;
 }
 
-// ---------------------------------------------------------------- attributes
-
 // ---------------------------------------------------------------- create, modify, query, destroy
 
 static struct ibv_qp *create_qp(struct ibv_context *context, struct ibv_pd *pd,
@@ -205,6 +203,13 @@ static size_t inline_len(const struct ibv_send_wr *wr)
 	return n;
 }
 
+// atomic_write_operand: w is an ATOMIC WRITE with its 8 bytes inline, its operand, which
+// max_inline_data does not bound (ibv_wr_atomic_write's; the engine's qp.ValidateSend).
+static int atomic_write_operand(struct ibv_send_wr *w)
+{
+	return w->opcode == IBV_WR_ATOMIC_WRITE && (w->send_flags & IBV_SEND_INLINE) && inline_len(w) == 8;
+}
+
 // encode_send writes the post message for the WRs from wr on; it returns
 // the message length, or 0 with *bad and the error set.
 static size_t encode_send(struct sr_qp *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad, int *err)
@@ -221,7 +226,7 @@ static size_t encode_send(struct sr_qp *q, struct ibv_send_wr *wr, struct ibv_se
 		n += sizeof(struct sr_send_wr);
 		if (w->send_flags & IBV_SEND_INLINE) {
 			size_t il = inline_len(w);
-			if (il > q->cap.max_inline_data || il > UINT16_MAX) {
+			if ((il > q->cap.max_inline_data && !atomic_write_operand(w)) || il > UINT16_MAX) {
 				*bad = w;
 				*err = EINVAL;
 				return 0;
@@ -254,6 +259,7 @@ static size_t encode_send(struct sr_qp *q, struct ibv_send_wr *wr, struct ibv_se
 		case IBV_WR_RDMA_WRITE:
 		case IBV_WR_RDMA_WRITE_WITH_IMM:
 		case IBV_WR_RDMA_READ:
+		case IBV_WR_ATOMIC_WRITE:
 			s.remote_addr = w->wr.rdma.remote_addr;
 			s.rkey = w->wr.rdma.rkey;
 			break;
@@ -375,6 +381,10 @@ static int async_send(struct sr_qp *q, struct ibv_send_wr *wr)
 			    (w->wr.atomic.remote_addr & 7))
 				return 0;
 			break;
+		case IBV_WR_ATOMIC_WRITE:
+			if (qp->qp_type != IBV_QPT_RC || inline_len(w) != 8 || (w->wr.rdma.remote_addr & 7))
+				return 0;
+			break;
 		default:
 			return 0;
 		}
@@ -385,7 +395,7 @@ static int async_send(struct sr_qp *q, struct ibv_send_wr *wr)
 			bytes += w->sg_list[i].length;
 		if (bytes > sc->info.port.max_msg_sz)
 			return 0;
-		if ((w->send_flags & IBV_SEND_INLINE) && bytes > q->cap.max_inline_data)
+		if ((w->send_flags & IBV_SEND_INLINE) && bytes > q->cap.max_inline_data && !atomic_write_operand(w))
 			return 0;
 	}
 	return q->sq_posted - atomic_load(&q->sq_done) + n <= q->cap.max_send_wr;

@@ -120,14 +120,6 @@ void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
 
 // ---------------------------------------------------------------- refused
 
-int ibv_resize_cq(struct ibv_cq *cq, int cqe)
-{
-	(void)cq;
-	(void)cqe;
-	// The completion ring's size is fixed when the CQ is created.
-	return EOPNOTSUPP;
-}
-
 struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova,
 				 int fd, int access)
 {
@@ -139,20 +131,6 @@ struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t leng
 	(void)access;
 	// dma-buf exporters are device drivers; the daemon reaches process memory.
 	return sr_fail_null(EOPNOTSUPP);
-}
-
-int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length,
-		 int access)
-{
-	(void)mr;
-	(void)flags;
-	(void)pd;
-	(void)addr;
-	(void)length;
-	(void)access;
-	// Deregister and register again (the daemon has no in-place change).
-	errno = EOPNOTSUPP;
-	return IBV_REREG_MR_ERR_INPUT;
 }
 
 int ibv_query_qp_data_in_order(struct ibv_qp *qp, enum ibv_wr_opcode op, uint32_t flags)
@@ -214,6 +192,5 @@ int ibv_resolve_eth_l2_from_gid(struct ibv_context *context, struct ibv_ah_attr 
 // Default versions of the verbs that have IBVERBS_1.0 compat versions.
 SR_DEFAULT_1_1(ibv_get_cq_event);
 SR_DEFAULT_1_1(ibv_ack_cq_events);
-SR_DEFAULT_1_1(ibv_resize_cq);
 SR_DEFAULT_1_1(ibv_attach_mcast);
 SR_DEFAULT_1_1(ibv_detach_mcast);

@@ -1,9 +1,8 @@
 // The extended post API (ibv_wr_start ... ibv_wr_complete, verbs.h's
 // ibv_qp_ex): the calls build ordinary work requests, which ibv_wr_complete
 // posts as one ibv_post_send would. An operation softroce does not have
-// (memory windows, local invalidate, TSO, XRC, atomic write) makes the
-// batch fail with EOPNOTSUPP at ibv_wr_complete, as a provider reports a
-// bad batch.
+// (memory windows, local invalidate, TSO, XRC) makes the batch fail with
+// EOPNOTSUPP at ibv_wr_complete, as a provider reports a bad batch.
 #include <stdlib.h>
 #include <string.h>
 
@@ -177,12 +176,43 @@ static void wr_set_xrc_srqn(struct ibv_qp_ex *qp, uint32_t srqn)
 	refuse(qp);
 }
 
+// inl_take makes the next n bytes of the batch's inline data w's, growing
+// the buffer; it returns where they go, or NULL (b->err set).
+static char *inl_take(struct sr_wrs *b, struct sr_wr *w, size_t n)
+{
+	if (b->ninl + n > b->inl_cap) {
+		size_t c = b->inl_cap ? b->inl_cap : 4096;
+		while (c < b->ninl + n)
+			c *= 2;
+		char *g = realloc(b->inl, c);
+		if (!g) {
+			b->err = ENOMEM;
+			return NULL;
+		}
+		b->inl = g;
+		b->inl_cap = c;
+	}
+	w->inl_off = (uint32_t)b->ninl;
+	w->inl_len = (uint32_t)n;
+	w->wr.send_flags |= IBV_SEND_INLINE;
+	b->ninl += n;
+	return b->inl + w->inl_off;
+}
+
+// wr_atomic_write is ibv_wr_atomic_write (IBTA 1.5 RDMA ATOMIC WRITE): the 8
+// bytes are the operation's operand, copied now (as rxe's provider copies them
+// into its WQE) whatever the QP's max_inline_data, and posted as the WR's 8
+// bytes of inline data (docs/daemon-protocol.md, "Work requests").
 static void wr_atomic_write(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t addr, const void *data)
 {
-	(void)rkey;
-	(void)addr;
-	(void)data;
-	refuse(qp);
+	struct sr_wr *w = add(qp, IBV_WR_ATOMIC_WRITE);
+	if (!w)
+		return;
+	w->wr.wr.rdma.rkey = rkey;
+	w->wr.wr.rdma.remote_addr = addr;
+	char *p = inl_take(qx(qp)->wr_api, w, 8);
+	if (p)
+		memcpy(p, data, 8);
 }
 
 static void wr_set_ud_addr(struct ibv_qp_ex *qp, struct ibv_ah *ah, uint32_t qpn, uint32_t qkey)
@@ -233,25 +263,9 @@ static void wr_set_inline_data_list(struct ibv_qp_ex *qp, size_t n, const struct
 		b->err = EINVAL;
 		return;
 	}
-	if (b->ninl + total > b->inl_cap) {
-		size_t c = b->inl_cap ? b->inl_cap : 4096;
-		while (c < b->ninl + total)
-			c *= 2;
-		char *g = realloc(b->inl, c);
-		if (!g) {
-			b->err = ENOMEM;
-			return;
-		}
-		b->inl = g;
-		b->inl_cap = c;
-	}
-	w->inl_off = (uint32_t)b->ninl;
-	w->inl_len = (uint32_t)total;
-	for (size_t i = 0; i < n; i++) {
-		memcpy(b->inl + b->ninl, bufs[i].addr, bufs[i].length);
-		b->ninl += bufs[i].length;
-	}
-	w->wr.send_flags |= IBV_SEND_INLINE;
+	char *p = inl_take(b, w, total);
+	for (size_t i = 0; p && i < n; p += bufs[i].length, i++)
+		memcpy(p, bufs[i].addr, bufs[i].length);
 }
 
 static void wr_set_inline_data(struct ibv_qp_ex *qp, void *addr, size_t length)

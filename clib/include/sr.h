@@ -158,9 +158,13 @@ struct sr_cq {
 	struct ibv_cq_ex cq;
 	struct sr_obj obj;
 	uint32_t handle;
-	char *ring;                // the completion ring (ring_bytes, shared with the daemon)
+	// The completion ring (ring_bytes, shared with the daemon) and its mask
+	// (entries - 1): ibv_resize_cq replaces them holding poll_mu and ring_lock
+	// (written), so polls (under poll_mu) and arms (ring_lock read) see one ring.
+	char *ring;
 	size_t ring_bytes;
-	uint64_t mask;             // entries - 1
+	uint64_t mask;
+	pthread_rwlock_t ring_lock;
 	uint64_t head;             // entries consumed (under poll_mu)
 	pthread_mutex_t poll_mu;
 	int notify_fd;             // written by the daemon when an armed completion arrives
@@ -210,7 +214,8 @@ struct sr_qp {
 #define SR_WR_OPS                                                                              \
 	(IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |     \
 	 IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | \
-	 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV)
+	 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV |                        \
+	 IBV_QP_EX_WITH_ATOMIC_WRITE)
 
 // wr.c: the ibv_wr_* API of a QP created with send_ops_flags.
 void sr_wr_init(struct sr_qp *q);
@@ -234,6 +239,10 @@ struct sr_ah {
 	struct ibv_ah ah;
 	struct sr_ah_attr attr; // as the daemon resolved it: sent by value with UD sends
 };
+
+// sr_destroy_handle sends a destroy request (op) for handle; it returns 0 or
+// the errno value.
+int sr_destroy_handle(struct ibv_context *ctx, uint16_t op, uint32_t handle);
 
 // sr_add_obj and sr_del_obj keep the context's list of event targets.
 void sr_add_obj(struct sr_context *sc, struct sr_obj *o, uint32_t handle, int kind, void *ptr);

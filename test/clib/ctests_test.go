@@ -47,6 +47,20 @@ func TestCLoopback(t *testing.T) {
 	t.Log(strings.TrimSpace(runC(t, d, "loopback")))
 }
 
+// TestCModify runs clib/tests/modify.c against a daemon: ibv_resize_cq (refusals, the
+// unpolled completions kept, a blocked waiter woken across resizes, resizes between polls of
+// a stream of WRITEs), ibv_rereg_mr (libibverbs' and the daemon's refusals; access,
+// translation and PD changes with the keys kept and their effect on a peer's WRITEs and
+// SENDs), and ibv_wr_atomic_write on a QP with no inline capacity.
+func TestCModify(t *testing.T) {
+	needMem(t)
+	d := startDaemon(t)
+	t.Log(strings.TrimSpace(runC(t, d, "modify")))
+	if n := d.srv.Debug(); n.QPs != 0 || n.CQs != 0 || n.PDs != 0 || n.MRs != 0 {
+		t.Errorf("the daemon still holds objects: %+v", n)
+	}
+}
+
 // TestCRdmacm runs clib/tests/cm.c's server on one daemon and its client on another, RC, UD
 // (SIDR), and RC for a QP the client's ID does not own (rdma_establish) with the ACK timeout
 // option.
