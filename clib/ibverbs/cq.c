@@ -435,6 +435,73 @@ out:
 	return err;
 }
 
+// sr_create_cq_ex is the verbs_context's create_cq_ex (ibv_create_cq_ex).
+struct ibv_cq_ex *sr_create_cq_ex(struct ibv_context *context, struct ibv_cq_init_attr_ex *a)
+{
+	// The extended poll API reads what a completion ring entry has: the
+	// standard fields; timestamps, VLAN, flow tags and the rest are refused.
+	if (a->comp_mask & ~(uint32_t)IBV_CQ_INIT_ATTR_MASK_FLAGS)
+		return sr_fail_null(EOPNOTSUPP);
+	if ((a->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) && a->flags & ~(uint32_t)IBV_CREATE_CQ_ATTR_SINGLE_THREADED)
+		return sr_fail_null(EOPNOTSUPP);
+	if (a->wc_flags & ~(uint64_t)IBV_WC_STANDARD_FLAGS)
+		return sr_fail_null(EOPNOTSUPP);
+	if (a->comp_vector >= (uint32_t)context->num_comp_vectors || a->cqe > INT32_MAX)
+		return sr_fail_null(EINVAL);
+	struct sr_cq *c = sr_create_cq(context, (int)a->cqe, a->cq_context, a->channel);
+	if (!c)
+		return NULL;
+	sr_cq_ex_init(c);
+	return &c->cq;
+}
+
+// clean removes the unpolled completions of QP qpn from c's ring: the entries
+// from the consumer's head to the tail it loads are compacted towards the
+// tail, in order, and the head moves past the ones freed. The daemon writes
+// only at and beyond the tail (the ring's one producer), so the entries moved
+// are the consumer's alone; the ones it kept behind a full ring are not seen.
+static void clean(struct sr_cq *c, uint32_t qpn)
+{
+	pthread_mutex_lock(&c->poll_mu);
+	uint64_t tail = atomic_load_explicit(cq_u64(c, SR_CQ_TAIL), memory_order_acquire);
+	uint64_t freed = 0;
+	for (uint64_t i = tail; i != c->head;) {
+		i--;
+		char *e = c->ring + SR_CQ_ENTRIES + (i & c->mask) * SR_CQ_ENTRY_SIZE;
+		uint32_t q;
+		memcpy(&q, e + offsetof(struct sr_wc, qp_num), sizeof(q));
+		if (q == qpn)
+			freed++;
+		else if (freed)
+			memcpy(c->ring + SR_CQ_ENTRIES + ((i + freed) & c->mask) * SR_CQ_ENTRY_SIZE, e,
+			       SR_CQ_ENTRY_SIZE);
+	}
+	if (freed) {
+		c->head += freed;
+		atomic_store(cq_u64(c, SR_CQ_HEAD), c->head);
+		if (atomic_exchange(cq_u32(c, SR_CQ_WAIT), 0) != 0) {
+			uint64_t one = 1;
+			if (write(c->space_fd, &one, sizeof(one)) < 0) {
+				// saturated: the daemon is woken anyway
+			}
+		}
+	}
+	pthread_mutex_unlock(&c->poll_mu);
+}
+
+// sr_cq_clean is ibv_modify_qp's move to RESET: the QP's completions still in
+// its CQs go (IBTA 10.3.1: a QP in Reset has no work requests; rdma-core's
+// mlx4 and mlx5 providers clean their CQs of the QP's completions the same
+// way), so a QP restarted from RESET does not poll the flushes of its past.
+void sr_cq_clean(struct ibv_qp *qp)
+{
+	if (*sr_cq(qp->recv_cq)->forked)
+		return;
+	clean(sr_cq(qp->recv_cq), qp->qp_num);
+	if (qp->send_cq != qp->recv_cq)
+		clean(sr_cq(qp->send_cq), qp->qp_num);
+}
+
 int sr_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 {
 	return poll_cq(cq, n, wc);

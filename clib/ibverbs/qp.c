@@ -124,6 +124,8 @@ int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask)
 		return errno;
 	if (attr_mask & IBV_QP_STATE)
 		qp->state = attr->qp_state;
+	if ((attr_mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RESET)
+		sr_cq_clean(qp);
 	return 0;
 }
 
@@ -558,25 +560,6 @@ static int query_device_ex(struct ibv_context *context, const struct ibv_query_d
 	return 0;
 }
 
-static struct ibv_cq_ex *create_cq_ex(struct ibv_context *context, struct ibv_cq_init_attr_ex *a)
-{
-	// The extended poll API reads what a completion ring entry has: the
-	// standard fields; timestamps, VLAN, flow tags and the rest are refused.
-	if (a->comp_mask & ~(uint32_t)IBV_CQ_INIT_ATTR_MASK_FLAGS)
-		return sr_fail_null(EOPNOTSUPP);
-	if ((a->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) && a->flags & ~(uint32_t)IBV_CREATE_CQ_ATTR_SINGLE_THREADED)
-		return sr_fail_null(EOPNOTSUPP);
-	if (a->wc_flags & ~(uint64_t)IBV_WC_STANDARD_FLAGS)
-		return sr_fail_null(EOPNOTSUPP);
-	if (a->comp_vector >= (uint32_t)context->num_comp_vectors || a->cqe > INT32_MAX)
-		return sr_fail_null(EINVAL);
-	struct sr_cq *c = sr_create_cq(context, (int)a->cqe, a->cq_context, a->channel);
-	if (!c)
-		return NULL;
-	sr_cq_ex_init(c);
-	return &c->cq;
-}
-
 void sr_set_ops(struct sr_context *sc)
 {
 	struct ibv_context_ops *ops = &sc->vctx.context.ops;
@@ -588,7 +571,7 @@ void sr_set_ops(struct sr_context *sc)
 	sc->vctx.query_port = sr_query_port;
 	sc->vctx.query_device_ex = query_device_ex;
 	sc->vctx.create_qp_ex = create_qp_ex;
-	sc->vctx.create_cq_ex = create_cq_ex;
+	sc->vctx.create_cq_ex = sr_create_cq_ex;
 	sc->vctx.modify_cq = sr_modify_cq;
 }
 

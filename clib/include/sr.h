@@ -259,6 +259,9 @@ struct sr_cq *sr_create_cq(struct ibv_context *context, int cqe, void *cq_contex
 int sr_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
 int sr_req_notify_cq(struct ibv_cq *cq, int solicited_only);
 int sr_modify_cq(struct ibv_cq *cq, struct ibv_modify_cq_attr *attr);
+struct ibv_cq_ex *sr_create_cq_ex(struct ibv_context *context, struct ibv_cq_init_attr_ex *attr);
+// sr_cq_clean removes a QP's unpolled completions from its CQs (the move to RESET).
+void sr_cq_clean(struct ibv_qp *qp);
 
 // common/attr.c: the verbs structures to and from the protocol's.
 void sr_ah_to_wire(struct sr_ah_attr *w, const struct ibv_ah_attr *a);
