@@ -62,6 +62,8 @@ const (
 	OpQueryQP    Op = 29
 	OpDestroyQP  Op = 30
 	OpCreateAH   Op = 31
+	OpAllocMW    Op = 32
+	OpDeallocMW  Op = 33
 
 	OpPostSend      Op = 48
 	OpPostRecv      Op = 49
@@ -360,6 +362,18 @@ type RegMRResp struct {
 	_      uint32 `c:"reserved"`
 }
 
+// AllocMWReq is sr_alloc_mw_req (ibv_alloc_mw).
+type AllocMWReq struct {
+	PD   uint32 `c:"pd"`
+	Type uint32 `c:"type"` // IBV_MW_TYPE_1 or IBV_MW_TYPE_2
+}
+
+// AllocMWResp is sr_alloc_mw_resp.
+type AllocMWResp struct {
+	Handle uint32 `c:"handle"`
+	RKey   uint32 `c:"rkey"`
+}
+
 // CreateCQReq is sr_create_cq_req.
 type CreateCQReq struct {
 	CQE uint32 `c:"cqe"`
@@ -544,6 +558,11 @@ type SendWR struct {
 	Swap           uint64 `c:"swap"`
 	AH             AHAttr `c:"ah"`
 }
+
+// A BIND_MW SendWR carries no SGEs and no inline data; its fields are the bind's:
+// InvalidateRKey the window's current R_Key, RKey the R_Key the bind gives it, ImmData the MR's
+// lkey (0: none, a type 1 unbind), RemoteAddr and CompareAdd the range, Swap the window's
+// access. LOCAL_INV and SEND_WITH_INV name their R_Key in InvalidateRKey.
 
 // FlushLevelShift places an IBV_WR_FLUSH's selectivity level in SendWR.Swap (bits 15..8; the
 // placement type is bits 7..0; SendWR.CompareAdd is the range's length).
@@ -813,7 +832,7 @@ type AsyncEvent struct {
 // Struct is the set of wire structs: Append and Read take only these.
 type Struct interface {
 	Hdr | Err | Handle | HelloReq | HelloResp | OpenRingsResp | PortReq | DeviceAttr | PortAttr |
-		GIDsResp | GIDEntry | PKeyReq | PKeyResp | Stats | Debug | RegMRReq | RegMRResp |
+		GIDsResp | GIDEntry | PKeyReq | PKeyResp | Stats | Debug | RegMRReq | RegMRResp | AllocMWReq | AllocMWResp |
 		CreateCQReq | CreateCQResp | ModifyCQReq | CreateSRQReq | CreateSRQResp | ModifySRQReq |
 		SRQAttr | QPCap | AHAttr | QPAttr | CreateQPReq | CreateQPResp | ModifyQPReq | QueryQPReq |
 		CreateAHReq | CreateAHResp | Post | SGE | SendWR | RecvWR | PostResp | SockAddr | CMRoute |
