@@ -20,7 +20,7 @@ const (
 
 type pdObj struct {
 	pd   *mr.PD
-	refs int // MRs, QPs using it
+	refs int // MRs, MWs, QPs using it
 }
 
 type mrObj struct {
