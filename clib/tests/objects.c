@@ -232,8 +232,9 @@ int main(void)
 			CHECK(wait_wc(&d, 2) == 2);
 		}
 		if (x) { // an operation softroce does not have fails the batch
+			uint64_t word = 0;
 			ibv_wr_start(x);
-			ibv_wr_local_inv(x, 1);
+			ibv_wr_atomic_write(x, 1, 0, &word);
 			CHECK(ibv_wr_complete(x) == EOPNOTSUPP);
 		}
 		CHECK(ibv_destroy_qp(xa) == 0 && ibv_destroy_qp(xb) == 0);

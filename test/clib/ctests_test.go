@@ -69,3 +69,17 @@ func TestCRdmacm(t *testing.T) {
 		})
 	}
 }
+
+// TestCMemoryWindows runs clib/tests/mw.c against a daemon: type 1 windows (ibv_bind_mw) and
+// type 2 (IBV_WR_BIND_MW, ibv_wr_bind_mw), remote WRITEs through them byte for byte and past
+// their ends, LOCAL_INV and SEND_WITH_INV (the invalidated R_Key in the receive completion,
+// through ibv_poll_cq and the ibv_cq_ex API), unbind and ibv_dealloc_mw of a bound window, each
+// old R_Key then a remote access error; the daemon holds no window afterwards.
+func TestCMemoryWindows(t *testing.T) {
+	needMem(t)
+	d := startDaemon(t)
+	t.Log(strings.TrimSpace(runC(t, d, "mw")))
+	if n := d.srv.Debug(); n.QPs != 0 || n.MRs != 0 || n.PDs != 0 {
+		t.Errorf("the daemon still holds objects: %+v", n)
+	}
+}
