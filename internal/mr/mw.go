@@ -72,7 +72,8 @@ type BindOptions struct {
 	MR     *MR
 	Addr   uint64
 	Length uint64
-	// Access is the window's remote access: AccessRemoteRead/Write/Atomic (and ZeroBased).
+	// Access is the window's remote access: AccessRemoteRead/Write/Atomic (and ZeroBased, for
+	// type 2 windows only).
 	Access Access
 	// Key is the new key byte for a type 2 window; it must differ from the current one.
 	// Type 1 windows get a fresh CSPRNG key byte, unless KeyGiven.
@@ -88,7 +89,8 @@ type BindOptions struct {
 // returns the new rkey. Rules (IBTA 10.6.7.2.2, as rxe_mw.c enforces them): the MR is Valid,
 // has AccessMWBind and is in the window's PD; the range lies inside the MR; remote write or
 // atomic access needs the MR to have AccessLocalWrite; a type 2 window must be Free and the
-// binding QP's PD must be the window's PD, for type 1 windows too when the bind names one.
+// binding QP's PD must be the window's PD, for type 1 windows too when the bind names one; only
+// a type 2 window may be zero-based.
 func (w *MW) Bind(o BindOptions) (uint32, error) {
 	t := w.t
 	t.mu.Lock()
@@ -106,6 +108,11 @@ func (w *MW) Bind(o BindOptions) (uint32, error) {
 			return 0, ErrWrongPD
 		}
 		if o.KeyGiven && o.Key == KeyByte(cur.key) {
+			return 0, ErrInvalidArg
+		}
+		// A type 1 window is not zero-based (IBTA o10-36.2.2, as rxe_check_bind_mw); an
+		// unbind's access is not looked at.
+		if o.MR != nil && o.Length != 0 && o.Access&AccessZeroBased != 0 {
 			return 0, ErrInvalidArg
 		}
 	}

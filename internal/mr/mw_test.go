@@ -406,3 +406,31 @@ func TestMWType1GivenKey(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestMWType1NotZeroBased: a type 1 window is never zero-based (IBTA o10-36.2.2; rxe's
+// rxe_check_bind_mw and mlx5's bind refuse it): a bind asking for it is ErrInvalidArg and
+// leaves the window as it was; an unbind's access bits are not looked at.
+func TestMWType1NotZeroBased(t *testing.T) {
+	tb, pd, _, m := mwSetup(t)
+	w, err := tb.AllocMW(pd, MWType1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := w.Bind(BindOptions{PD: pd, MR: m, Addr: 0x4000, Length: 64, Access: AccessRemoteRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, given := range []bool{false, true} {
+		o := BindOptions{PD: pd, MR: m, Addr: 0x4010, Length: 16, Access: AccessRemoteRead | AccessZeroBased,
+			Key: KeyByte(k) + 1, KeyGiven: given}
+		if _, err := w.Bind(o); !errors.Is(err, ErrInvalidArg) {
+			t.Fatalf("zero-based type 1 bind (key given %v): %v, want ErrInvalidArg", given, err)
+		}
+		if w.RKey() != k || w.State() != KeyValid {
+			t.Fatalf("a refused bind changed the window: %#x %v", w.RKey(), w.State())
+		}
+	}
+	if _, err := w.Bind(BindOptions{PD: pd, Access: AccessZeroBased}); err != nil || w.State() != KeyFree {
+		t.Fatalf("unbind with stray access bits: %v %v", err, w.State())
+	}
+}
