@@ -203,6 +203,45 @@ func TestMWType1(t *testing.T) {
 	}
 }
 
+// TestMWType1FailedBind: a type 1 bind that completes in error (MW_BIND_ERR: a range outside
+// the MR) leaves the window's R_Key as it was, while Bind already gave the program the new one;
+// SetRKey puts the previous one back (a C program assigns ibv_mw.rkey), and the window binds
+// again. A zero-based bind is refused at once (as ibv_bind_mw refuses it), the R_Key unchanged.
+func TestMWType1FailedBind(t *testing.T) {
+	a, b, cb, _ := mwPair(t)
+	w, err := cb.AllocMW(b.pd, roce.MWType1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bind := func(wrid, off, n uint64, want cq.Status) uint32 {
+		t.Helper()
+		k, err := w.Bind(b.q, wrid, qp.SendSignaled, b.m, b.iova+off, n, mr.AccessRemoteWrite)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if wc := b.wait(t, 1)[0]; wc.Status != want || wc.WRID != wrid {
+			t.Fatalf("bind completion %+v, want %v", wc, want)
+		}
+		return k
+	}
+	k1 := bind(1, 0, 4096, cq.StatusSuccess)
+	if k2 := bind(2, 1<<30, 64, cq.StatusMWBindErr); w.RKey() != k2 || k2 == k1 {
+		t.Fatalf("after a posted bind: RKey %#x, want the bind's %#x", w.RKey(), k2)
+	}
+	a.reconnect(t, b)
+	if s := writeStatus(t, a, b, 3, 64, k1); s != cq.StatusSuccess {
+		t.Fatalf("WRITE through the R_Key the failed bind left: %v", s)
+	}
+	w.SetRKey(k1)
+	if _, err := w.Bind(b.q, 4, qp.SendSignaled, b.m, b.iova, 64, mr.AccessRemoteWrite|mr.AccessZeroBased); !errors.Is(err, roce.ErrInvalidArg) || w.RKey() != k1 {
+		t.Fatalf("zero-based type 1 bind: %v (R_Key %#x), want roce.ErrInvalidArg and %#x", err, w.RKey(), k1)
+	}
+	k3 := bind(5, 0, 4096, cq.StatusSuccess)
+	if s := writeStatus(t, a, b, 6, 64, k3); s != cq.StatusSuccess || k3 == k1 {
+		t.Fatalf("WRITE through the window bound again (%#x): %v", k3, s)
+	}
+}
+
 // TestMWType2 through the daemon: BIND_MW work requests (the client's new R_Key), LOCAL_INV,
 // a peer's SEND_WITH_INV (the receive completion names the R_Key, IBV_WC_WITH_INV), each
 // leaving the R_Key refused; a bind whose new R_Key is not the window's is refused at post

@@ -39,9 +39,16 @@ func (c *Conn) AllocMW(p roce.ProtectionDomain, typ roce.MWType) (*MW, error) {
 	return w, nil
 }
 
-// RKey is the window's R_Key: the one it was allocated with, or the one the last Bind posted.
-// (A type 2 window's binds are work requests of the program's own: it knows their keys.)
+// RKey is the window's R_Key: the one it was allocated with, the one the last Bind posted, or
+// the one SetRKey set. (A type 2 window's binds are work requests of the program's own: it
+// knows their keys.)
 func (w *MW) RKey() uint32 { return w.rkey.Load() }
+
+// SetRKey sets the R_Key the next Bind names the window by, as a C program assigns ibv_mw.rkey:
+// after a bind that completed in error (MW_BIND_ERR, or WR_FLUSH_ERR), the window still has the
+// R_Key it had before that Bind, and the program puts it back; otherwise every later Bind would
+// name the window by a key it never took, and fail.
+func (w *MW) SetRKey(rkey uint32) { w.rkey.Store(rkey) }
 
 // Type is the window's type.
 func (w *MW) Type() roce.MWType { return w.typ }
@@ -54,10 +61,15 @@ func (w *MW) Dealloc() error { return w.c.handleOp(wire.OpDeallocMW, w.h) }
 // acc, under a new R_Key of a fresh random key byte, and returns that R_Key, the window's
 // RKey from now on. The bind runs in send queue order and completes (roce.OpBindMW) as q's
 // other work requests; if it completes in error (MW_BIND_ERR) the window keeps its previous
-// R_Key, which the program then uses again, as with ibverbs. A nil m (or length 0) unbinds.
+// R_Key, which the program then uses again (SetRKey), as with ibverbs. A nil m (or length 0)
+// unbinds. A type 1 window is not zero-based (IBTA o10-36.2.2): roce.AccessZeroBased is
+// refused at once, as ibv_bind_mw refuses it.
 func (w *MW) Bind(q roce.QueuePair, wrID uint64, flags roce.SendFlags, m roce.MemoryRegion, addr, length uint64, acc roce.Access) (uint32, error) {
 	if w.typ != mr.MWType1 {
 		return 0, fmt.Errorf("%w: Bind is for type 1 windows (type 2: a WRBindMW work request)", roce.ErrInvalidArg)
+	}
+	if m != nil && length > 0 && acc&roce.AccessZeroBased != 0 {
+		return 0, fmt.Errorf("%w: a type 1 window is not zero-based", roce.ErrInvalidArg)
 	}
 	cur := w.rkey.Load()
 	var b [1]byte
