@@ -1,10 +1,12 @@
 package clib
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -81,5 +83,13 @@ func TestCMemoryWindows(t *testing.T) {
 	t.Log(strings.TrimSpace(runC(t, d, "mw")))
 	if n := d.srv.Debug(); n.QPs != 0 || n.MRs != 0 || n.PDs != 0 {
 		t.Errorf("the daemon still holds objects: %+v", n)
+	}
+	// Windows are not in Debug: the mws gauge counts them.
+	var m bytes.Buffer
+	if err := d.srv.WriteMetrics(&m); err != nil {
+		t.Fatal(err)
+	}
+	if g := regexp.MustCompile(`(?m)^softroce_daemon_mws\{[^}]*\} (\d+)$`).FindSubmatch(m.Bytes()); g == nil || string(g[1]) != "0" {
+		t.Errorf("the daemon's memory windows afterwards: %q, want 0", g)
 	}
 }
