@@ -220,7 +220,7 @@ static size_t encode_send(struct sr_qp *q, struct ibv_send_wr *wr, struct ibv_se
 	size_t n = sizeof(struct sr_post);
 	uint32_t count = 0;
 	for (struct ibv_send_wr *w = wr; w; w = w->next) {
-		if (w->num_sge < 0 || w->num_sge > 255) {
+		if (w->num_sge < 0 || w->num_sge > 255 || (w->opcode == IBV_WR_BIND_MW && w->num_sge)) {
 			*bad = w;
 			*err = EINVAL;
 			return 0;
@@ -253,7 +253,7 @@ static size_t encode_send(struct sr_qp *q, struct ibv_send_wr *wr, struct ibv_se
 		s.wr_id = w->wr_id;
 		s.opcode = (uint8_t)w->opcode;
 		s.send_flags = w->send_flags;
-		if (w->opcode == IBV_WR_SEND_WITH_INV)
+		if (w->opcode == IBV_WR_SEND_WITH_INV || w->opcode == IBV_WR_LOCAL_INV)
 			s.invalidate_rkey = w->invalidate_rkey;
 		else if (w->opcode == IBV_WR_SEND_WITH_IMM || w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
 			s.imm_data = be32toh(w->imm_data);
@@ -271,6 +271,9 @@ static size_t encode_send(struct sr_qp *q, struct ibv_send_wr *wr, struct ibv_se
 			s.rkey = w->wr.atomic.rkey;
 			s.compare_add = w->wr.atomic.compare_add;
 			s.swap = w->wr.atomic.swap;
+			break;
+		case IBV_WR_BIND_MW:
+			sr_bind_to_wire(&s, w);
 			break;
 		default:
 			break;
@@ -337,11 +340,14 @@ static int signaled(const struct sr_qp *q, const struct ibv_send_wr *w)
 	return q->sq_sig_all || (w->send_flags & IBV_SEND_SIGNALED);
 }
 
-// count_sends counts the first k WRs of a post as posted (under post_mu).
+// count_sends counts the first k WRs of a post as posted (under post_mu); a
+// posted bind's window takes its new R_Key (mw.c).
 static void count_sends(struct sr_qp *q, struct ibv_send_wr *wr, uint32_t k)
 {
 	for (struct ibv_send_wr *w = wr; w && k; w = w->next, k--) {
 		q->sq_posted++;
+		if (w->opcode == IBV_WR_BIND_MW && w->bind_mw.mw)
+			w->bind_mw.mw->rkey = w->bind_mw.rkey;
 		if (!signaled(q, w))
 			continue;
 		uint32_t t = atomic_load(&q->sig_tail);
@@ -573,6 +579,7 @@ void sr_set_ops(struct sr_context *sc)
 	sc->vctx.create_qp_ex = create_qp_ex;
 	sc->vctx.create_cq_ex = sr_create_cq_ex;
 	sc->vctx.modify_cq = sr_modify_cq;
+	sr_set_mw_ops(sc);
 }
 
 // Default versions of the verbs that have IBVERBS_1.0 compat versions.

@@ -1,8 +1,8 @@
 // The extended post API (ibv_wr_start ... ibv_wr_complete, verbs.h's
 // ibv_qp_ex): the calls build ordinary work requests, which ibv_wr_complete
 // posts as one ibv_post_send would. An operation softroce does not have
-// (memory windows, local invalidate, TSO, XRC) makes the batch fail with
-// EOPNOTSUPP at ibv_wr_complete, as a provider reports a bad batch.
+// (TSO, XRC) makes the batch fail with EOPNOTSUPP at ibv_wr_complete, as a
+// provider reports a bad batch.
 #include <stdlib.h>
 #include <string.h>
 
@@ -148,18 +148,22 @@ static void wr_fetch_add(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t addr, uin
 	}
 }
 
+// wr_bind_mw binds a type 2 window under the program's new R_Key (rkey).
 static void wr_bind_mw(struct ibv_qp_ex *qp, struct ibv_mw *mw, uint32_t rkey, const struct ibv_mw_bind_info *i)
 {
-	(void)mw;
-	(void)rkey;
-	(void)i;
-	refuse(qp);
+	struct sr_wr *w = add(qp, IBV_WR_BIND_MW);
+	if (w) {
+		w->wr.bind_mw.mw = mw;
+		w->wr.bind_mw.rkey = rkey;
+		w->wr.bind_mw.bind_info = *i;
+	}
 }
 
 static void wr_local_inv(struct ibv_qp_ex *qp, uint32_t rkey)
 {
-	(void)rkey;
-	refuse(qp);
+	struct sr_wr *w = add(qp, IBV_WR_LOCAL_INV);
+	if (w)
+		w->wr.invalidate_rkey = rkey;
 }
 
 static void wr_send_tso(struct ibv_qp_ex *qp, void *hdr, uint16_t hdr_sz, uint16_t mss)

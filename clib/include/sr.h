@@ -214,8 +214,8 @@ struct sr_qp {
 #define SR_WR_OPS                                                                              \
 	(IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |     \
 	 IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | \
-	 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV |                        \
-	 IBV_QP_EX_WITH_ATOMIC_WRITE)
+	 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_BIND_MW |     \
+	 IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_ATOMIC_WRITE)
 
 // wr.c: the ibv_wr_* API of a QP created with send_ops_flags.
 void sr_wr_init(struct sr_qp *q);
@@ -278,8 +278,13 @@ int sr_ring_post(struct sr_context *sc, uint16_t op, const void *body, size_t le
 int sr_cq_attach(struct sr_cq *c, struct sr_qp *q);
 void sr_cq_detach(struct sr_cq *c, struct sr_qp *q);
 
-// sr_set_ops fills a new context's ops and verbs_context operations.
+// sr_set_ops fills a new context's ops and verbs_context operations;
+// sr_set_mw_ops (mw.c) its memory window ops.
 void sr_set_ops(struct sr_context *sc);
+void sr_set_mw_ops(struct sr_context *sc);
+
+// sr_bind_to_wire puts an IBV_WR_BIND_MW's bind in its protocol fields (mw.c).
+void sr_bind_to_wire(struct sr_send_wr *s, const struct ibv_send_wr *w);
 
 // sr_query_port is the verbs_context's query_port (port_attr_len bytes of
 // the caller's ibv_port_attr).

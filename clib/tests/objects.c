@@ -232,8 +232,9 @@ int main(void)
 			CHECK(wait_wc(&d, 2) == 2);
 		}
 		if (x) { // an operation softroce does not have fails the batch
+			uint8_t hdr[64] = {0};
 			ibv_wr_start(x);
-			ibv_wr_local_inv(x, 1);
+			ibv_wr_send_tso(x, hdr, sizeof(hdr), 1024);
 			CHECK(ibv_wr_complete(x) == EOPNOTSUPP);
 		}
 		CHECK(ibv_destroy_qp(xa) == 0 && ibv_destroy_qp(xb) == 0);

@@ -24,3 +24,6 @@ func (s *Server) LockPosts(qpn uint32) (unlock func()) {
 	o.ss.postMu.Lock()
 	return o.ss.postMu.Unlock
 }
+
+// LiveMWs is the count of clients' memory windows (the mws metric).
+func (s *Server) LiveMWs() int64 { return s.nMW.Load() }

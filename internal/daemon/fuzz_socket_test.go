@@ -116,6 +116,10 @@ func FuzzSocket(f *testing.F) {
 	f.Add(join(hello, m(2, wire.OpAttachMem, nil), m(3, wire.OpAttachMem, nil), m(5, wire.OpAttachMem, nil),
 		m(200, wire.OpRegMR, wire.Bytes(&regfd)), m(1, wire.OpQueryGIDs, wire.Bytes(&wire.PortReq{Port: 1}))))
 	f.Add(join(m(1, wire.OpAllocPD, nil), []byte{0, 1, 2, 3}, hello, m(0, 0xFFFF, nil)))
+	// memory windows, with a descriptor each (which the daemon closes)
+	f.Add(join(hello, m(0, wire.OpAllocPD, nil), m(1, wire.OpAllocMW, wire.Bytes(&wire.AllocMWReq{PD: 1, Type: 1})),
+		m(2, wire.OpAllocMW, wire.Bytes(&wire.AllocMWReq{PD: 1, Type: 2})), m(0, wire.OpDeallocMW, wire.Bytes(&wire.Handle{Handle: 2})),
+		m(0, wire.OpDeallocPD, wire.Bytes(&wire.Handle{Handle: 1}))))
 	f.Fuzz(func(t *testing.T, stream []byte) {
 		c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: d.sock, Net: "unixpacket"})
 		if err != nil {
@@ -167,7 +171,7 @@ func FuzzSocket(f *testing.F) {
 		waitNoClients(t, d)
 		got := d.srv.Debug()
 		if got.PDs != 0 || got.MRs != 0 || got.CQs != 0 || got.SRQs != 0 || got.QPs != 0 || got.CMIDs != 0 ||
-			got.CMChannels != 0 || got.MappedBytes != base.MappedBytes || got.FDs != base.FDs {
+			got.CMChannels != 0 || got.MappedBytes != base.MappedBytes || got.FDs != base.FDs || d.srv.LiveMWs() != 0 {
 			t.Fatalf("after the client left: %+v, baseline %+v", got, base)
 		}
 	})

@@ -68,6 +68,18 @@ func FuzzHandle(f *testing.F) {
 		msg(wire.OpRegMR, wire.Bytes(&wire.RegMRReq{PD: 1, Length: 4096, Source: wire.MRProcess})),
 		rereg(0, 0, 0, 0), rereg(2, 2, 0, 0), rereg(4, 0, 3, 0), rereg(1, 0, 0, wire.MRMemfd), rereg(1, 0, 0, wire.MRProcess),
 		rereg(7, 2, 1, 9), rereg(8, 0, 0, 0), msg(wire.OpDeallocPD, h(2))))
+	// memory windows: both types and a refused one, a QP's binds (one naming no window, one of
+	// the wrong index), LOCAL_INV and SEND_WITH_INV, a busy PD, deallocs (one bound to nothing)
+	mwReq := func(typ uint32) []byte { return wire.Bytes(&wire.AllocMWReq{PD: 1, Type: typ}) }
+	binds, _ := proto.AppendPostSend(nil, wire.OpPostSend, 3, []qp.SendWR{
+		{WRID: 1, Opcode: qp.WRBindMW, Flags: qp.SendSignaled, Bind: &qp.BindInfo{MWRKey: 0x100, NewRKey: 0x101, Length: 8, Access: 2}},
+		{WRID: 2, Opcode: qp.WRLocalInv, InvRKey: 0x101}, {WRID: 3, Opcode: qp.WRSendWithInv, InvRKey: 0x201}})
+	badBind, _ := proto.AppendPostSend(nil, wire.OpPostSendAsync, 3, []qp.SendWR{
+		{WRID: 4, Opcode: qp.WRBindMW, Bind: &qp.BindInfo{MWRKey: 0x100, NewRKey: 0x201}}})
+	f.Add(join(hello, msg(wire.OpAllocPD, nil), msg(wire.OpCreateCQ, wire.Bytes(&wire.CreateCQReq{CQE: 4})),
+		msg(wire.OpCreateQP, qpReq), msg(wire.OpAllocMW, mwReq(1)), msg(wire.OpAllocMW, mwReq(2)),
+		msg(wire.OpAllocMW, mwReq(3)), msg(wire.OpModifyQP, toInit), binds, badBind,
+		msg(wire.OpDeallocPD, h(1)), msg(wire.OpDeallocMW, h(4)), msg(wire.OpDeallocMW, h(4)), msg(wire.OpDeallocMW, h(2))))
 	// rdma_cm: an ID listening, a second connecting to it through the device's own CM
 	// (loopback), a QP bound, events fetched, a reject, a destroy
 	addr := func(ap string) wire.SockAddr { return proto.AddrPortToWire(netip.MustParseAddrPort(ap)) }
@@ -127,6 +139,9 @@ func FuzzHandle(f *testing.F) {
 		ss.cleanup()
 		if d := srv.Debug(); d.PDs != 0 || d.MRs != 0 || d.CQs != 0 || d.SRQs != 0 || d.QPs != 0 || d.CMIDs != 0 || d.CMChannels != 0 || d.MappedBytes != 0 {
 			t.Fatalf("objects left after cleanup: %+v", d)
+		}
+		if n := srv.nMW.Load(); n != 0 {
+			t.Fatalf("%d memory windows left after cleanup", n)
 		}
 		if u := srv.acct.usedBy(ss.ten); u != (usage{}) {
 			t.Fatalf("charges left after cleanup: %+v", u.proto())

@@ -30,6 +30,7 @@ type Limits struct {
 	FDs int `json:"fds,omitempty"`
 	// PDs, MRs, CQs, SRQs, QPs, CMIDs (rdma_cm IDs the user creates; the IDs of incoming
 	// connection requests are counted once the user took them, but never refused): objects.
+	// MRs counts memory windows too: each holds one key of the device's key table, as an MR.
 	PDs   int `json:"pds,omitempty"`
 	MRs   int `json:"mrs,omitempty"`
 	CQs   int `json:"cqs,omitempty"`

@@ -35,6 +35,7 @@ func (s *Server) WriteMetrics(w io.Writer) error {
 		{"clients", "connected clients", int64(d.Clients)},
 		{"pds", "live protection domains of clients", int64(d.PDs)},
 		{"mrs", "live memory regions of clients", int64(d.MRs)},
+		{"mws", "live memory windows of clients", s.nMW.Load()},
 		{"cqs", "live completion queues of clients", int64(d.CQs)},
 		{"srqs", "live shared receive queues of clients", int64(d.SRQs)},
 		{"qps", "live queue pairs of clients", int64(d.QPs)},

@@ -13,7 +13,7 @@ import (
 
 type pdObj struct {
 	pd   *mr.PD
-	refs int // MRs, QPs using it
+	refs int // MRs, MWs, QPs using it
 }
 
 type srqObj struct {

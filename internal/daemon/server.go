@@ -76,6 +76,7 @@ type Server struct {
 
 	// live object counts over all sessions (Debug, metrics)
 	nPD, nMR, nCQ, nSRQ, nQP atomic.Int64
+	nMW                      atomic.Int64 // memory windows (mw.go; metrics only: not in proto.Debug)
 	nCMID                    atomic.Int64 // rdma_cm IDs (cm.go)
 	nCMChan                  atomic.Int64 // rdma_cm event channels (cm.go)
 	nCMListen                atomic.Int64 // rdma_cm IDs listening (cm.go)

@@ -359,6 +359,19 @@ func (ss *session) handle(b []byte, fds *[]int) (rights []byte) {
 		if r, err = req[wire.Handle](body); err == nil {
 			err = ss.destroyQP(proto.Handle(r.Handle))
 		}
+	case wire.OpAllocMW:
+		var r wire.AllocMWReq
+		if r, err = req[wire.AllocMWReq](body); err == nil {
+			var resp wire.AllocMWResp
+			if resp, err = ss.allocMW(r); err == nil {
+				reply(ss, &resp)
+			}
+		}
+	case wire.OpDeallocMW:
+		var r wire.Handle
+		if r, err = req[wire.Handle](body); err == nil {
+			err = ss.deallocMW(proto.Handle(r.Handle))
+		}
 	case wire.OpCreateAH:
 		var r wire.CreateAHReq
 		if r, err = req[wire.CreateAHReq](body); err == nil {
@@ -476,93 +489,5 @@ func (ss *session) addLocked(o any) proto.Handle {
 func (ss *session) del(h proto.Handle) {
 	ss.mu.Lock()
 	delete(ss.objs, h)
-	ss.mu.Unlock()
-}
-
-// snapshot returns the session's objects by kind (for flush, cleanup, metrics).
-func (ss *session) snapshot() (qps []*qpObj, cqs []*cqObj, srqs []*srqObj, mrs []*mrObj, pds []*pdObj) {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	for _, o := range ss.objs {
-		switch x := o.(type) {
-		case *qpObj:
-			qps = append(qps, x)
-		case *cqObj:
-			cqs = append(cqs, x)
-		case *srqObj:
-			srqs = append(srqs, x)
-		case *mrObj:
-			mrs = append(mrs, x)
-		case *pdObj:
-			pds = append(pds, x)
-		}
-	}
-	return
-}
-
-// flush moves every QP of the session to ERR: the engine completes their
-// outstanding work requests with WR_FLUSH_ERR (IBTA 10.3.1).
-func (ss *session) flush() {
-	qps, _, _, _, _ := ss.snapshot()
-	for _, o := range qps {
-		_ = o.q.Modify(&qp.Attr{State: qp.StateErr}, qp.AttrState)
-	}
-}
-
-// waitDrained waits until every CQ's pending completions reached its ring
-// (or the ring is full, or the deadline passes).
-func (ss *session) waitDrained(deadline time.Time) {
-	_, cqs, _, _, _ := ss.snapshot()
-	for _, c := range cqs {
-		for c.c.Len() > 0 && time.Now().Before(deadline) {
-			if c.ring.Space(c.tail.Load()) == 0 {
-				break
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
-}
-
-// cleanup releases everything the client created: QPs to ERR and destroyed,
-// SRQs and CQs destroyed (ring unmapped, eventfds closed), MRs deregistered
-// and their memory unmapped, PDs deallocated.
-func (ss *session) cleanup() {
-	if ss.conn != nil {
-		ss.conn.Close()
-	}
-	ss.stopRing(false)
-	ss.cleanupCM() // before the QPs: connections are DREQ'd, not just dropped
-	qps, cqs, srqs, mrs, pds := ss.snapshot()
-	for _, o := range qps {
-		_ = o.q.Modify(&qp.Attr{State: qp.StateErr}, qp.AttrState)
-		ss.releaseQP(o)
-	}
-	for _, o := range srqs {
-		ss.s.verb.DestroySRQ(o.s)
-		ss.s.disown(o.s)
-		ss.s.nSRQ.Add(-1)
-		ss.release(o.cost)
-	}
-	for _, o := range cqs {
-		ss.releaseCQ(o)
-	}
-	for _, o := range mrs {
-		if err := ss.releaseMR(o); err != nil {
-			// Still in use after the bounded wait: keep the mapping (a leak
-			// is safe, unmapping memory the engine touches is not).
-			ss.s.log.Error("MR dereg failed; memory kept mapped", "client", ss.id, "err", err)
-		}
-	}
-	for _, o := range pds {
-		if err := o.pd.Dealloc(); err != nil {
-			ss.s.log.Error("PD dealloc failed", "client", ss.id, "err", err)
-			continue
-		}
-		ss.s.nPD.Add(-1)
-		ss.release(one(resPDs))
-	}
-	ss.releaseMem()
-	ss.mu.Lock()
-	ss.objs = map[proto.Handle]any{}
 	ss.mu.Unlock()
 }

@@ -62,8 +62,8 @@ func (w *MW) Type() MWType { return w.typ }
 
 // BindOptions describes a bind (ibv_bind_mw / IBV_WR_BIND_MW; IBTA 10.6.7.2.2).
 type BindOptions struct {
-	// PD is the binding QP's PD; for type 2 windows it must equal the window's PD. Nil skips
-	// the check (type 1 binds through the verb).
+	// PD is the binding QP's PD; it must equal the window's PD. Nil skips the check (a type 1
+	// bind not made by a QP).
 	PD *PD
 	// QPN is the QP a type 2 window is bound to (only that QP may use it).
 	QPN uint32
@@ -72,18 +72,25 @@ type BindOptions struct {
 	MR     *MR
 	Addr   uint64
 	Length uint64
-	// Access is the window's remote access: AccessRemoteRead/Write/Atomic (and ZeroBased).
+	// Access is the window's remote access: AccessRemoteRead/Write/Atomic (and ZeroBased, for
+	// type 2 windows only).
 	Access Access
 	// Key is the new key byte for a type 2 window; it must differ from the current one.
-	// Type 1 windows get a fresh CSPRNG key byte.
+	// Type 1 windows get a fresh CSPRNG key byte, unless KeyGiven.
 	Key uint8
+	// KeyGiven makes a type 1 bind take Key (it must differ from the current key byte) instead
+	// of drawing one: ibv_bind_mw returns the window's new R_Key when it posts the bind, before
+	// the bind runs, so the library that posts it picks the key (as rdma-core's rxe provider
+	// does), and through the daemon the client does.
+	KeyGiven bool
 }
 
 // Bind binds the window to [Addr, Addr+Length) of MR with Access, making its key Valid, and
 // returns the new rkey. Rules (IBTA 10.6.7.2.2, as rxe_mw.c enforces them): the MR is Valid,
 // has AccessMWBind and is in the window's PD; the range lies inside the MR; remote write or
 // atomic access needs the MR to have AccessLocalWrite; a type 2 window must be Free and the
-// binding QP's PD must be the window's PD.
+// binding QP's PD must be the window's PD, for type 1 windows too when the bind names one; only
+// a type 2 window may be zero-based.
 func (w *MW) Bind(o BindOptions) (uint32, error) {
 	t := w.t
 	t.mu.Lock()
@@ -93,6 +100,22 @@ func (w *MW) Bind(o BindOptions) (uint32, error) {
 	}
 	cur := w.cur.Load()
 	s := t.slotOf(w.idx)
+	if w.typ == MWType1 {
+		// The binding QP's PD must be the window's: IBTA 10.6.7.2.2 asks it of type 2 binds,
+		// softroce of type 1 binds too, so no QP binds a window of another PD (through the
+		// daemon, another tenant's: a type 1 bind names the window by its R_Key alone).
+		if o.PD != nil && o.PD != w.pd {
+			return 0, ErrWrongPD
+		}
+		if o.KeyGiven && o.Key == KeyByte(cur.key) {
+			return 0, ErrInvalidArg
+		}
+		// A type 1 window is not zero-based (IBTA o10-36.2.2, as rxe_check_bind_mw); an
+		// unbind's access is not looked at.
+		if o.MR != nil && o.Length != 0 && o.Access&AccessZeroBased != 0 {
+			return 0, ErrInvalidArg
+		}
+	}
 	if w.typ == MWType2 {
 		if cur.state != KeyFree {
 			return 0, ErrState
@@ -108,7 +131,7 @@ func (w *MW) Bind(o BindOptions) (uint32, error) {
 		}
 	} else if o.MR == nil || o.Length == 0 {
 		// Type 1 zero-length bind: unbind.
-		b, err := t.drawKey(s)
+		b, err := t.type1Key(s, o)
 		if err != nil {
 			return 0, err
 		}
@@ -143,7 +166,7 @@ func (w *MW) Bind(o BindOptions) (uint32, error) {
 		setKeyByte(s, b)
 	} else {
 		var err error
-		if b, err = t.drawKey(s); err != nil {
+		if b, err = t.type1Key(s, o); err != nil {
 			return 0, err
 		}
 	}
@@ -168,6 +191,16 @@ func (w *MW) Bind(o BindOptions) (uint32, error) {
 	}
 	t.publish(s, &w.cur, mp)
 	return w.cur.Load().key, nil
+}
+
+// type1Key is a type 1 bind's new key byte: the binder's (KeyGiven) or a fresh one. Caller
+// holds t.mu.
+func (t *Table) type1Key(s *slot, o BindOptions) (uint8, error) {
+	if o.KeyGiven {
+		setKeyByte(s, o.Key)
+		return o.Key, nil
+	}
+	return t.drawKey(s)
 }
 
 func (w *MW) unbindLocked() {

@@ -364,3 +364,73 @@ func TestMWRebindRace(t *testing.T) {
 		t.Fatalf("leaked %d in-flight references", m.InFlight())
 	}
 }
+
+// TestMWType1GivenKey: a type 1 bind with KeyGiven takes the binder's key byte (bind, rebind,
+// unbind), refuses the current one, and a bind naming a PD other than the window's fails.
+func TestMWType1GivenKey(t *testing.T) {
+	tb, pd, _, m := mwSetup(t)
+	pd2 := newPD(t, tb)
+	w, err := tb.AllocMW(pd, MWType1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := w.RKey()
+	if _, err := w.Bind(BindOptions{MR: m, Addr: 0x4000, Length: 8, Access: AccessRemoteRead, Key: KeyByte(old), KeyGiven: true}); !errors.Is(err, ErrInvalidArg) {
+		t.Fatalf("given key equal to the current one: %v", err)
+	}
+	if _, err := w.Bind(BindOptions{PD: pd2, MR: m, Addr: 0x4000, Length: 8, Access: AccessRemoteRead}); !errors.Is(err, ErrWrongPD) {
+		t.Fatalf("bind by a QP of another PD: %v", err)
+	}
+	if _, err := w.Bind(BindOptions{PD: pd2, MR: m}); !errors.Is(err, ErrWrongPD) {
+		t.Fatalf("unbind by a QP of another PD: %v", err)
+	}
+	if w.RKey() != old || w.State() != KeyFree {
+		t.Fatal("a refused bind changed the window")
+	}
+	for i, b := range []uint8{KeyByte(old) + 1, KeyByte(old) + 2} {
+		k, err := w.Bind(BindOptions{PD: pd, MR: m, Addr: 0x4000, Length: 8, Access: AccessRemoteRead, Key: b, KeyGiven: true})
+		if err != nil || k != MakeKey(KeyIndex(old), b) || w.RKey() != k || w.State() != KeyValid {
+			t.Fatalf("bind %d: %#x %v, want key byte %#x", i, k, err, b)
+		}
+		if _, done, err := tb.Check(pd, k, 0x4000, 8, OpRemoteRead); err != nil {
+			t.Fatalf("bind %d: access: %v", i, err)
+		} else {
+			done()
+		}
+	}
+	k, err := w.Bind(BindOptions{PD: pd, MR: m, Key: 0x77, KeyGiven: true})
+	if err != nil || k != MakeKey(KeyIndex(old), 0x77) || w.State() != KeyFree {
+		t.Fatalf("unbind with a given key: %#x %v", k, err)
+	}
+	if err := w.Dealloc(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMWType1NotZeroBased: a type 1 window is never zero-based (IBTA o10-36.2.2; rxe's
+// rxe_check_bind_mw and mlx5's bind refuse it): a bind asking for it is ErrInvalidArg and
+// leaves the window as it was; an unbind's access bits are not looked at.
+func TestMWType1NotZeroBased(t *testing.T) {
+	tb, pd, _, m := mwSetup(t)
+	w, err := tb.AllocMW(pd, MWType1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := w.Bind(BindOptions{PD: pd, MR: m, Addr: 0x4000, Length: 64, Access: AccessRemoteRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, given := range []bool{false, true} {
+		o := BindOptions{PD: pd, MR: m, Addr: 0x4010, Length: 16, Access: AccessRemoteRead | AccessZeroBased,
+			Key: KeyByte(k) + 1, KeyGiven: given}
+		if _, err := w.Bind(o); !errors.Is(err, ErrInvalidArg) {
+			t.Fatalf("zero-based type 1 bind (key given %v): %v, want ErrInvalidArg", given, err)
+		}
+		if w.RKey() != k || w.State() != KeyValid {
+			t.Fatalf("a refused bind changed the window: %#x %v", w.RKey(), w.State())
+		}
+	}
+	if _, err := w.Bind(BindOptions{PD: pd, Access: AccessZeroBased}); err != nil || w.State() != KeyFree {
+		t.Fatalf("unbind with stray access bits: %v %v", err, w.State())
+	}
+}

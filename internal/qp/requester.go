@@ -581,7 +581,7 @@ func (q *QP) localOp(w *sendWQE) bool {
 			break
 		}
 		if _, err := win.Bind(mr.BindOptions{PD: q.cfg.PD, QPN: q.num, MR: region, Addr: b.Addr,
-			Length: b.Length, Access: mr.Access(b.Access), Key: uint8(b.NewRKey)}); err != nil {
+			Length: b.Length, Access: mr.Access(b.Access), Key: uint8(b.NewRKey), KeyGiven: b.NewRKey != 0}); err != nil {
 			w.status = cq.StatusMWBindErr
 		}
 	}

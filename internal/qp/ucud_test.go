@@ -217,6 +217,45 @@ func TestLocalOps(t *testing.T) {
 		cq.WC{WRID: 6, Status: cq.StatusWRFlushErr, Opcode: cq.OpSend})
 }
 
+// TestBindType1WR: a type 1 window bound by a BIND_MW work request takes the WR's new key (the
+// library picked it when it posted the bind: ibv_bind_mw returns it), a remote WRITE through
+// it lands; a window of another PD is refused with MW_BIND_ERR.
+func TestBindType1WR(t *testing.T) {
+	n, a, b := rcPair(t, connOpts{})
+	win, err := b.tbl.AllocMW(b.pd, mr.MWType1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	region, err := b.tbl.RegMR(b.pd, b.buf[8192:16384], 0x6000_0000, mr.AccessLocalWrite|mr.AccessMWBind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newKey := win.RKey()&^0xFF | uint32(uint8(win.RKey())+1)
+	b.postSend(t, SendWR{WRID: 1, Opcode: WRBindMW, Flags: SendSignaled, Bind: &BindInfo{
+		MWRKey: win.RKey(), NewRKey: newKey, MRLKey: region.LKey(), Addr: 0x6000_0000, Length: 4096,
+		Access: uint32(mr.AccessRemoteWrite)}})
+	expectWC(t, pollAll(b.scq), cq.WC{WRID: 1, Opcode: cq.OpBindMW})
+	if win.RKey() != newKey {
+		t.Fatalf("window key %#x, want the WR's %#x", win.RKey(), newKey)
+	}
+	a.fill(0, 64, 3)
+	a.postSend(t, SendWR{WRID: 2, Opcode: WRRDMAWrite, SGL: []SGE{a.sge(0, 64)}, Flags: SendSignaled, RemoteAddr: 0x6000_0010, RKey: newKey})
+	n.pump()
+	expectWC(t, pollAll(a.scq), cq.WC{WRID: 2, Opcode: cq.OpRDMAWrite, ByteLen: 64})
+	eq(t, "through type 1 window", b.buf[8192+16:8192+80], a.buf[:64])
+	pd2, err := b.tbl.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := b.tbl.AllocMW(pd2, mr.MWType1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.postSend(t, SendWR{WRID: 3, Opcode: WRBindMW, Flags: SendSignaled, Bind: &BindInfo{
+		MWRKey: other.RKey(), NewRKey: other.RKey() ^ 1}})
+	expectWC(t, pollAll(b.scq), cq.WC{WRID: 3, Status: cq.StatusMWBindErr, Opcode: cq.OpBindMW})
+}
+
 // TestEvents: COMM_EST when the first request reaches a QP in RTR;
 // SQ_DRAINED once SQD has nothing outstanding; SQD holds new WQEs until
 // RTS again.

@@ -116,7 +116,9 @@ type AH struct {
 
 // BindInfo describes a memory window bind (ibv_mw_bind_info) for WRBindMW.
 type BindInfo struct {
-	// MWRKey is the window's current rkey; for a type 2 window NewRKey carries the new key.
+	// MWRKey is the window's current rkey. NewRKey is the rkey the bind gives it (only its key
+	// byte counts): a type 2 window's always; a type 1 window's when not 0 (0: the device
+	// draws a key byte; ibv_bind_mw's library picks one, as it returns the new rkey at post).
 	MWRKey  uint32
 	NewRKey uint32
 	// MRLKey names the MR the window is bound to.

@@ -318,6 +318,15 @@ const (
 	ReregTranslation = mr.ReregTranslation
 )
 
+// MWType is mr.MWType: a memory window's type (ibv_mw_type).
+type MWType = mr.MWType
+
+// The MWType values (mr).
+const (
+	MWType1 = mr.MWType1
+	MWType2 = mr.MWType2
+)
+
 // Completions (ibv_cq, ibv_wc).
 
 // CQ is cq.CQ: a completion queue (ibv_cq).

@@ -216,7 +216,7 @@ func pair(t *testing.T, server, client tool, port int, timeout time.Duration) (s
 // pairCM is pair for programs whose exchange is rdma_cm: the client starts once the server's
 // daemon holds a listening rdma_cm ID (Debug.CMListens: an ID that exists but does not listen
 // yet would have the client's REQ rejected, invalid service ID). A client whose connect the
-// peer's CM still rejected for want of a listener (REJ reason 8) is run again, up to 20 times.
+// peer's CM still rejected for want of a listener (REJ reason 8) is run again, up to ten runs.
 func pairCM(t *testing.T, server, client tool, timeout time.Duration) (sout, cout string) {
 	t.Helper()
 	for try := 0; ; try++ {
@@ -242,8 +242,8 @@ func pairCM(t *testing.T, server, client tool, timeout time.Duration) (sout, cou
 		// server listens again; the REQ is rejected (reason 8), as on any CM. perftest 4.5's
 		// retry after such a reject reuses the IDs and event channel it has just destroyed
 		// (later perftest releases allocate them again), so that attempt proves nothing about
-		// softroce: run the pair again, a few times at most.
-		if n := server.d.dev.CM().Stats().NoListener; n != rejected && try < 3 {
+		// softroce: run the pair again, up to ten runs.
+		if n := server.d.dev.CM().Stats().NoListener; n != rejected && try < 9 {
 			t.Logf("a connect beat the server's listen (%d REQs rejected for no listener); running the pair again", n-rejected)
 			continue
 		}

@@ -244,16 +244,21 @@ func pfInterop(t *testing.T, lab *rxelab.Lab, c pfCase, client bool) {
 			stopCapture = ppStartCapture(t, lab) // snaplen 9000, 32 MiB buffer: BW bursts fit
 		}
 		actx, acancel := context.WithTimeout(ctx, attempt)
-		spec.GuestKilledOK = c.Lib && c.CM && try < pfAttempts
+		spec.GuestKilledOK = c.Lib && c.CM
 		r = runPair(actx, t, lab, bin, spec)
 		acancel()
 		// perftest -R connects its test QPs after the exchange over the first connection, to
 		// a listener the server makes only then: a REQ that beats it is rejected (reason 8,
 		// as on any CM), and perftest 4.5's retry reuses the IDs and event channel it has
 		// just destroyed, so the client fails or hangs. That attempt proves nothing about
-		// softroce: run the pair again (test/clib does the same between two daemons).
+		// softroce: run the pair again (test/clib does the same between two daemons). The
+		// guest's server is slow under TCG, so the race is lost often (about two attempts in
+		// five here): the bound is generous, and the guest is killed at once every time.
 		if spec.GuestKilledOK && (noListener.MatchString(r.OurErr) || noListener.MatchString(r.GuestOut)) {
 			stopCapture()
+			if try == pfAttempts {
+				t.Fatalf("all %d attempts lost perftest's listen race (REJ reason 8): nothing was tested", try)
+			}
 			t.Logf("attempt %d: a test QP's connect beat the server's second listen (REJ reason 8); running the pair again", try)
 			continue
 		}
@@ -296,7 +301,7 @@ func pfInterop(t *testing.T, lab *rxelab.Lab, c pfCase, client bool) {
 }
 
 // pfAttempts bounds the runs of a perftest -R pairing through the libraries (pfInterop).
-const pfAttempts = 5
+const pfAttempts = 10
 
 // noListener matches what librdmacm's programs print when their connect was rejected with
 // reason 8 (no listener on the port).

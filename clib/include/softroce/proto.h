@@ -68,6 +68,8 @@ enum sr_op {
 	SR_OP_QUERY_QP = 29,    /* sr_query_qp_req -> sr_qp_attr */
 	SR_OP_DESTROY_QP = 30,  /* sr_handle */
 	SR_OP_CREATE_AH = 31,   /* sr_create_ah_req -> sr_create_ah_resp */
+	SR_OP_ALLOC_MW = 32,    /* sr_alloc_mw_req -> sr_alloc_mw_resp */
+	SR_OP_DEALLOC_MW = 33,  /* sr_handle */
 	SR_OP_RESIZE_CQ = 34,   /* sr_resize_cq_req -> sr_resize_cq_resp + fd: the new ring memfd */
 	SR_OP_REREG_MR = 35,    /* sr_rereg_mr_req (+ fd: a new SR_MR_MEMFD translation) -> sr_rereg_mr_resp */
 
@@ -372,6 +374,17 @@ struct sr_rereg_mr_resp {
 	uint32_t rkey;
 };
 
+/* a memory window: ibv_alloc_mw */
+struct sr_alloc_mw_req {
+	uint32_t pd;
+	uint32_t type; /* IBV_MW_TYPE_1 (1) or IBV_MW_TYPE_2 (2) */
+};
+
+struct sr_alloc_mw_resp {
+	uint32_t handle;
+	uint32_t rkey; /* the window's R_Key (Free until bound) */
+};
+
 struct sr_create_cq_req {
 	uint32_t cqe;
 	uint32_t reserved;
@@ -544,7 +557,7 @@ struct sr_sge {
 
 struct sr_send_wr {
 	uint64_t wr_id;
-	uint8_t opcode;      /* IBV_WR_* (IBV_WR_BIND_MW is refused) */
+	uint8_t opcode;      /* IBV_WR_* */
 	uint8_t num_sge;     /* sr_sge entries that follow (0 with SR_SEND_INLINE data) */
 	uint16_t inline_len; /* IBV_SEND_INLINE: bytes of data that follow (then padding to 8) */
 	uint32_t send_flags; /* IBV_SEND_* */
@@ -559,6 +572,13 @@ struct sr_send_wr {
 	uint64_t swap;        /* IBV_WR_FLUSH: type | level << SR_FLUSH_LEVEL_SHIFT */
 	struct sr_ah_attr ah; /* UD: the address handle's attributes, by value */
 };
+
+/* An IBV_WR_BIND_MW (ibv_bind_mw, ibv_wr_bind_mw) has no SGEs and no inline data; its fields
+ * carry the bind: invalidate_rkey the window's current R_Key (ibv_mw.rkey), rkey the R_Key the
+ * bind gives it (ibv_send_wr.bind_mw.rkey: the same index, a new key byte), imm_data the MR's
+ * lkey (0: none, a type 1 unbind), remote_addr and compare_add the bound range (addr, length),
+ * swap the window's access (mw_access_flags). IBV_WR_LOCAL_INV and IBV_WR_SEND_WITH_INV carry
+ * the R_Key to invalidate in invalidate_rkey, as is (not byte-swapped). */
 
 /* sr_send_wr.swap of an IBV_WR_FLUSH: the placement type (ibv_placement_type) in bits 7..0, the
  * selectivity level (ibv_selectivity_level) in bits 15..8. An IBV_WR_ATOMIC_WRITE's 8 bytes are
@@ -899,6 +919,8 @@ SR_SIZE(sr_reg_mr_req, 48);
 SR_SIZE(sr_reg_mr_resp, 16);
 SR_SIZE(sr_rereg_mr_req, 56);
 SR_SIZE(sr_rereg_mr_resp, 8);
+SR_SIZE(sr_alloc_mw_req, 8);
+SR_SIZE(sr_alloc_mw_resp, 8);
 SR_SIZE(sr_create_cq_req, 8);
 SR_SIZE(sr_create_cq_resp, 16);
 SR_SIZE(sr_resize_cq_req, 8);

@@ -19,7 +19,7 @@ var (
 	ErrNoObject = errors.New("softroce daemon: no such object")
 	// ErrProtocol: a malformed message.
 	ErrProtocol = errors.New("softroce daemon: protocol error")
-	// ErrUnsupported: an operation the daemon does not offer (e.g. BIND_MW work requests).
+	// ErrUnsupported: an operation the daemon does not offer (e.g. on-demand paging).
 	ErrUnsupported = errors.New("softroce daemon: operation not supported through the daemon")
 	// ErrDisconnected: the daemon closed the connection (shutdown or protocol error).
 	ErrDisconnected = errors.New("softroce daemon: disconnected")

@@ -12,10 +12,12 @@
 package proto
 
 import (
+	"fmt"
 	"net/netip"
 	"syscall"
 
 	"github.com/softroce/softroce/internal/daemon/proto/wire"
+	"github.com/softroce/softroce/internal/mr"
 	"github.com/softroce/softroce/internal/qp"
 )
 
@@ -100,8 +102,8 @@ func AppendPostSend(dst []byte, op wire.Op, h Handle, wrs []qp.SendWR) ([]byte, 
 		if len(w.SGL) > 255 {
 			return dst, qp.ErrWRTooManySGE
 		}
-		if w.Bind != nil || w.Opcode == qp.WRBindMW {
-			return dst, ErrUnsupported
+		if w.Opcode == qp.WRBindMW && w.Bind == nil {
+			return dst, qp.ErrWRNoBind
 		}
 		if len(w.Inline) > 0xFFFF || (w.Inline != nil && len(w.SGL) > 0) {
 			return dst, qp.ErrWRInlineSize
@@ -112,6 +114,14 @@ func AppendPostSend(dst []byte, op wire.Op, h Handle, wrs []qp.SendWR) ([]byte, 
 			RemoteQKey: w.RemoteQKey, CompareAdd: w.CompareAdd, Swap: w.Swap}
 		if w.Opcode == qp.WRFlush { // compare_add: the range length; swap: type | level << SR_FLUSH_LEVEL_SHIFT
 			sw.CompareAdd, sw.Swap = uint64(w.FlushLength), uint64(w.FlushType)|uint64(w.FlushLevel)<<wire.FlushLevelShift
+		}
+		if w.Opcode == qp.WRBindMW { // the bind in the WR's fields (wire.SendWR); no SGEs, no data
+			if len(w.SGL) > 0 || w.Inline != nil {
+				return dst, fmt.Errorf("%w: a BIND_MW carries no data", qp.ErrWRTooManySGE)
+			}
+			b := w.Bind
+			sw.InvalidateRKey, sw.RKey, sw.ImmData = b.MWRKey, b.NewRKey, b.MRLKey
+			sw.RemoteAddr, sw.CompareAdd, sw.Swap = b.Addr, b.Length, uint64(b.Access)
 		}
 		if w.AH != nil {
 			sw.HasAH = 1
@@ -175,9 +185,10 @@ func PostHeader(b []byte) (op wire.Op, h Handle, n int, rest []byte, err error) 
 // once its buffers have grown to the batch and SGE counts). Inline data is
 // not copied: the WRs alias the message.
 type SendDecoder struct {
-	WRs []qp.SendWR
-	AHs []qp.AH
-	sge []qp.SGE
+	WRs   []qp.SendWR
+	AHs   []qp.AH
+	Binds []qp.BindInfo
+	sge   []qp.SGE
 }
 
 // Decode decodes n WRs from b. UD address handles are returned with an
@@ -189,6 +200,7 @@ func (d *SendDecoder) Decode(b []byte, n int) ([]qp.SendWR, error) {
 	if cap(d.WRs) < n {
 		d.WRs = make([]qp.SendWR, n)
 		d.AHs = make([]qp.AH, n)
+		d.Binds = make([]qp.BindInfo, n)
 	}
 	// First pass: check the sizes and count SGEs to size the shared SGE buffer.
 	var sw wire.SendWR
@@ -220,7 +232,7 @@ func (d *SendDecoder) Decode(b []byte, n int) ([]qp.SendWR, error) {
 		d.sge = make([]qp.SGE, total)
 	}
 	sges := d.sge[:total]
-	wrs, ahs := d.WRs[:n], d.AHs[:n]
+	wrs, ahs, binds := d.WRs[:n], d.AHs[:n], d.Binds[:n]
 	p = b
 	for i := 0; i < n; i++ {
 		p, _ = wire.Read(p, &sw)
@@ -229,7 +241,9 @@ func (d *SendDecoder) Decode(b []byte, n int) ([]qp.SendWR, error) {
 			Imm: sw.ImmData, InvRKey: sw.InvalidateRKey, RemoteAddr: sw.RemoteAddr, RKey: sw.RKey,
 			RemoteQPN: sw.RemoteQPN, RemoteQKey: sw.RemoteQKey, CompareAdd: sw.CompareAdd, Swap: sw.Swap}
 		if w.Opcode == qp.WRBindMW {
-			return nil, ErrUnsupported
+			if err := decodeBind(w, &sw, &binds[i]); err != nil {
+				return nil, err
+			}
 		}
 		if w.Opcode == qp.WRFlush {
 			w.FlushLength, w.FlushType, w.FlushLevel = uint32(sw.CompareAdd), qp.FlushType(sw.Swap), qp.FlushLevel(sw.Swap>>wire.FlushLevelShift)
@@ -250,6 +264,23 @@ func (d *SendDecoder) Decode(b []byte, n int) ([]qp.SendWR, error) {
 		p = p[ns*sgeSize:]
 	}
 	return wrs, nil
+}
+
+// decodeBind reads a BIND_MW's bind out of its fields (wire.SendWR). The new R_Key names the
+// same window as the current one (a client always picks the new key byte: type 1 windows too,
+// ibv_bind_mw returns it), so a new R_Key of 0 is refused here, never drawn by the device.
+func decodeBind(w *qp.SendWR, sw *wire.SendWR, b *qp.BindInfo) error {
+	if sw.NumSGE != 0 || sw.InlineLen != 0 || sw.Swap > 0xFFFFFFFF {
+		return fmt.Errorf("%w: BIND_MW with data or access bits beyond 32", ErrProtocol)
+	}
+	*b = qp.BindInfo{MWRKey: sw.InvalidateRKey, NewRKey: sw.RKey, MRLKey: sw.ImmData, Addr: sw.RemoteAddr,
+		Length: sw.CompareAdd, Access: uint32(sw.Swap)}
+	if mr.KeyIndex(b.NewRKey) != mr.KeyIndex(b.MWRKey) {
+		return fmt.Errorf("%w: BIND_MW's new R_Key %#x is not one of the window's (%#x)", mr.ErrInvalidArg, b.NewRKey, b.MWRKey)
+	}
+	w.Bind = b
+	w.InvRKey, w.RKey, w.Imm, w.RemoteAddr, w.CompareAdd, w.Swap = 0, 0, 0, 0, 0, 0
+	return nil
 }
 
 func decodeSGL(dst []qp.SGE, p []byte) []qp.SGE {

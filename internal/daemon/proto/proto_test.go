@@ -11,6 +11,7 @@ import (
 
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/daemon/proto/wire"
+	"github.com/softroce/softroce/internal/mr"
 	"github.com/softroce/softroce/internal/qp"
 )
 
@@ -24,6 +25,10 @@ func TestPostSendRoundTrip(t *testing.T) {
 		{WRID: 4, Opcode: qp.WRFlush, RemoteAddr: 0x2000, RKey: 10, FlushLength: 0xfedcba98, FlushType: qp.FlushPersistent | qp.FlushGlobal,
 			FlushLevel: qp.FlushMR},
 		{WRID: 5, Opcode: qp.WRAtomicWrite, RemoteAddr: 0x3008, RKey: 11, SGL: []qp.SGE{{Addr: 16, Length: 8, LKey: 1}}},
+		{WRID: 6, Opcode: qp.WRBindMW, Flags: qp.SendSignaled, Bind: &qp.BindInfo{MWRKey: 0x1234_56, NewRKey: 0x1234_57,
+			MRLKey: 0xabcd_ef, Addr: 0x4000, Length: 1 << 33, Access: 0x2e}},
+		{WRID: 7, Opcode: qp.WRLocalInv, InvRKey: 0x1234_57},
+		{WRID: 8, Opcode: qp.WRSendWithInv, InvRKey: 0x99_01, SGL: []qp.SGE{{Addr: 24, Length: 4, LKey: 1}}},
 	}
 	b, err := AppendPostSend(nil, wire.OpPostSend, 42, in)
 	if err != nil {
@@ -43,7 +48,8 @@ func TestPostSendRoundTrip(t *testing.T) {
 		if g.WRID != w.WRID || g.Opcode != w.Opcode || g.Flags != w.Flags || g.Imm != w.Imm || g.RemoteAddr != w.RemoteAddr ||
 			g.RKey != w.RKey || g.CompareAdd != w.CompareAdd || g.Swap != w.Swap || g.RemoteQPN != w.RemoteQPN ||
 			g.RemoteQKey != w.RemoteQKey || len(g.SGL) != len(w.SGL) || g.FlushLength != w.FlushLength ||
-			g.FlushType != w.FlushType || g.FlushLevel != w.FlushLevel {
+			g.FlushType != w.FlushType || g.FlushLevel != w.FlushLevel || g.InvRKey != w.InvRKey ||
+			(w.Bind == nil) != (g.Bind == nil) || (w.Bind != nil && *g.Bind != *w.Bind) {
 			t.Fatalf("WR %d: %+v, want %+v", i, g, w)
 		}
 		for j := range w.SGL {
@@ -56,8 +62,12 @@ func TestPostSendRoundTrip(t *testing.T) {
 			t.Fatalf("WR %d AH %+v", i, g.AH)
 		}
 	}
-	if _, err := AppendPostSend(nil, wire.OpPostSend, 1, []qp.SendWR{{Opcode: qp.WRBindMW}}); !errors.Is(err, ErrUnsupported) {
-		t.Fatalf("BIND_MW: %v", err)
+	if _, err := AppendPostSend(nil, wire.OpPostSend, 1, []qp.SendWR{{Opcode: qp.WRBindMW}}); !errors.Is(err, qp.ErrWRNoBind) {
+		t.Fatalf("BIND_MW without bind: %v", err)
+	}
+	bind := qp.SendWR{Opcode: qp.WRBindMW, Bind: &qp.BindInfo{MWRKey: 0x100, NewRKey: 0x101}, SGL: []qp.SGE{{Length: 1}}}
+	if _, err := AppendPostSend(nil, wire.OpPostSend, 1, []qp.SendWR{bind}); !errors.Is(err, qp.ErrWRTooManySGE) {
+		t.Fatalf("BIND_MW with an SGE: %v", err)
 	}
 	// Zero allocations once the decoder's buffers have grown.
 	if a := testing.AllocsPerRun(100, func() { d.Decode(rest, n) }); a != 0 {
@@ -132,6 +142,10 @@ func FuzzDecode(f *testing.F) {
 	r, _ := AppendPostRecv(nil, wire.OpPostRecv, 1, []qp.RecvWR{{WRID: 1, SGL: []qp.SGE{{Addr: 1}}}})
 	f.Add(r)
 	f.Add(AppendRequest(nil, wire.OpPostSend, []byte{1, 0, 0, 0, 0xff, 0xff, 0xff, 0x7f}))
+	bind, _ := AppendPostSend(nil, wire.OpPostSend, 1, []qp.SendWR{{WRID: 1, Opcode: qp.WRBindMW,
+		Bind: &qp.BindInfo{MWRKey: 0x100, NewRKey: 0x1ff, MRLKey: 0x300, Addr: 8, Length: 8, Access: 2}},
+		{WRID: 2, Opcode: qp.WRLocalInv, InvRKey: 0x1ff}})
+	f.Add(bind)
 	f.Fuzz(func(t *testing.T, msg []byte) {
 		op, h, n, rest, err := PostHeader(msg)
 		if err != nil {
@@ -150,7 +164,8 @@ func FuzzDecode(f *testing.F) {
 				t.Fatalf("re-decode: %v", err)
 			}
 			for i := range wrs {
-				if w2[i].WRID != wrs[i].WRID || len(w2[i].SGL) != len(wrs[i].SGL) || !bytes.Equal(w2[i].Inline, wrs[i].Inline) {
+				if w2[i].WRID != wrs[i].WRID || len(w2[i].SGL) != len(wrs[i].SGL) || !bytes.Equal(w2[i].Inline, wrs[i].Inline) ||
+					(w2[i].Bind == nil) != (wrs[i].Bind == nil) || (w2[i].Bind != nil && *w2[i].Bind != *wrs[i].Bind) {
 					t.Fatalf("WR %d: %+v, then %+v", i, wrs[i], w2[i])
 				}
 			}
@@ -221,5 +236,35 @@ func TestErrors(t *testing.T) {
 	if h.Op != wire.OpCreateQP || h.Status != int32(syscall.EDQUOT) || bad != 3 || !errors.Is(err, ErrQuota) ||
 		!errors.Is(err, syscall.EDQUOT) || err.Error() != "softroce daemon: limit reached: too many" {
 		t.Fatalf("%+v %v %d", h, err, bad)
+	}
+}
+
+// TestDecodeBindRefusals: a BIND_MW whose new R_Key is not of the window (another index, or 0:
+// the client always picks the key byte), with SGEs, or with access bits beyond 32, is refused.
+func TestDecodeBindRefusals(t *testing.T) {
+	enc := func(sw wire.SendWR, extra ...wire.SGE) []byte {
+		b := wire.Append(nil, &sw)
+		for i := range extra {
+			b = wire.Append(b, &extra[i])
+		}
+		return b
+	}
+	ok := wire.SendWR{Opcode: uint8(qp.WRBindMW), InvalidateRKey: 0x500, RKey: 0x5ff, ImmData: 0x700, CompareAdd: 8, Swap: 2}
+	var d SendDecoder
+	if wrs, err := d.Decode(enc(ok), 1); err != nil || wrs[0].Bind == nil || wrs[0].Bind.NewRKey != 0x5ff || wrs[0].RKey != 0 {
+		t.Fatalf("valid bind: %v %+v", err, wrs)
+	}
+	for name, c := range map[string]struct {
+		b    []byte
+		want error
+	}{
+		"new key of another index": {enc(func() wire.SendWR { w := ok; w.RKey = 0x601; return w }()), mr.ErrInvalidArg},
+		"no new key":               {enc(func() wire.SendWR { w := ok; w.RKey = 0; return w }()), mr.ErrInvalidArg},
+		"an SGE":                   {enc(func() wire.SendWR { w := ok; w.NumSGE = 1; return w }(), wire.SGE{Length: 1}), ErrProtocol},
+		"access beyond 32 bits":    {enc(func() wire.SendWR { w := ok; w.Swap = 1 << 32; return w }()), ErrProtocol},
+	} {
+		if _, err := d.Decode(c.b, 1); !errors.Is(err, c.want) {
+			t.Errorf("%s: %v, want %v", name, err, c.want)
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -365,6 +366,13 @@ func perfPairInProcess(t *testing.T, args ...string) (srvStatus, cliStatus int, 
 	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 	common := append(append([]string{}, args...), "-p", port, "--roce-port", strconv.Itoa(int(tooltest.FreeUDPPort(t))),
 		"--timeout", "20s", "--run-timeout", "20s")
+	// -u 17 (0.5 s per try) unless the case sets it: both ends share this process, and on a
+	// busy test machine (the race detector, other packages' tests) a scheduling stall can
+	// outlast perftest's default ACK timeout (14: 67 ms) times 7 retries; no case here loses
+	// packets on purpose
+	if !slices.Contains(args, "-u") && !slices.Contains(args, "--qp-timeout") {
+		common = append(common, "-u", "17")
+	}
 	var so, se, co, ce bytes.Buffer
 	var wg sync.WaitGroup
 	wg.Add(1)

@@ -62,6 +62,8 @@ const (
 	OpQueryQP    Op = 29
 	OpDestroyQP  Op = 30
 	OpCreateAH   Op = 31
+	OpAllocMW    Op = 32
+	OpDeallocMW  Op = 33
 	OpResizeCQ   Op = 34
 	OpReregMR    Op = 35
 
@@ -382,6 +384,18 @@ type ReregMRResp struct {
 	RKey uint32 `c:"rkey"`
 }
 
+// AllocMWReq is sr_alloc_mw_req (ibv_alloc_mw).
+type AllocMWReq struct {
+	PD   uint32 `c:"pd"`
+	Type uint32 `c:"type"` // IBV_MW_TYPE_1 or IBV_MW_TYPE_2
+}
+
+// AllocMWResp is sr_alloc_mw_resp.
+type AllocMWResp struct {
+	Handle uint32 `c:"handle"`
+	RKey   uint32 `c:"rkey"`
+}
+
 // CreateCQReq is sr_create_cq_req.
 type CreateCQReq struct {
 	CQE uint32 `c:"cqe"`
@@ -580,6 +594,11 @@ type SendWR struct {
 	Swap           uint64 `c:"swap"`
 	AH             AHAttr `c:"ah"`
 }
+
+// A BIND_MW SendWR carries no SGEs and no inline data; its fields are the bind's:
+// InvalidateRKey the window's current R_Key, RKey the R_Key the bind gives it, ImmData the MR's
+// lkey (0: none, a type 1 unbind), RemoteAddr and CompareAdd the range, Swap the window's
+// access. LOCAL_INV and SEND_WITH_INV name their R_Key in InvalidateRKey.
 
 // FlushLevelShift places an IBV_WR_FLUSH's selectivity level in SendWR.Swap (bits 15..8; the
 // placement type is bits 7..0; SendWR.CompareAdd is the range's length).
@@ -849,8 +868,9 @@ type AsyncEvent struct {
 // Struct is the set of wire structs: Append and Read take only these.
 type Struct interface {
 	Hdr | Err | Handle | HelloReq | HelloResp | OpenRingsResp | PortReq | DeviceAttr | PortAttr |
-		GIDsResp | GIDEntry | PKeyReq | PKeyResp | Stats | Debug | RegMRReq | RegMRResp |
-		ReregMRReq | ReregMRResp | CreateCQReq | CreateCQResp | ResizeCQReq | ResizeCQResp | ModifyCQReq | CreateSRQReq | CreateSRQResp | ModifySRQReq |
+		GIDsResp | GIDEntry | PKeyReq | PKeyResp | Stats | Debug | RegMRReq | RegMRResp | ReregMRReq | ReregMRResp |
+		AllocMWReq | AllocMWResp | CreateCQReq | CreateCQResp | ResizeCQReq | ResizeCQResp | ModifyCQReq |
+		CreateSRQReq | CreateSRQResp | ModifySRQReq |
 		SRQAttr | QPCap | AHAttr | QPAttr | CreateQPReq | CreateQPResp | ModifyQPReq | QueryQPReq |
 		CreateAHReq | CreateAHResp | Post | SGE | SendWR | RecvWR | PostResp | SockAddr | CMRoute |
 		ConnParam | CMCreateIDReq | CMMigrateReq | CMBindReq | CMResolveAddrReq | CMAddrResp |
