@@ -173,7 +173,8 @@ func (ss *session) regMR(r wire.RegMRReq, fds *[]int) (wire.RegMRResp, error) {
 // change returns once no access of the old one is in flight, so the old memory may be freed).
 // Flags beyond IBV_REREG_MR_FLAGS_SUPPORTED, or none, are EINVAL, as the kernel answers them.
 // If the wait for the old registration's accesses ends first (EBUSY, code BUSY), the new one
-// is in effect and the old memory stays mapped here until the MR is deregistered.
+// is in effect and the old memory stays mapped here until the MR is deregistered; memory
+// windows bound to the MR are EBUSY too, with nothing changed (mr.MR.Rereg).
 func (ss *session) reregMR(r wire.ReregMRReq, fds *[]int) (wire.ReregMRResp, error) {
 	var resp wire.ReregMRResp
 	o, err := get[*mrObj](ss, proto.Handle(r.Handle))

@@ -123,8 +123,8 @@ func TestReregMRUnderTraffic(t *testing.T) {
 // changes keep the keys and take effect for the next access (a peer's WRITE is refused once
 // remote write is gone: a remote access error, as ibv_rereg_mr's users expect; a receive
 // into a region moved to another PD fails with the peer seeing a remote operation error);
-// bad flags, an unknown PD, on-demand paging and a PD in use are refused with the errnos
-// ibverbs gives.
+// bad flags, an unknown PD, on-demand paging, a bound window and a PD in use are refused with
+// the errnos ibverbs gives.
 func TestReregMRProtocol(t *testing.T) {
 	da, db := memPair(t)
 	ca, cb := da.dial(t), db.dial(t)
@@ -152,6 +152,34 @@ func TestReregMRProtocol(t *testing.T) {
 	}
 	if err := cb.ReregMR(b.m, client.Rereg{Flags: roce.ReregPD, PD: a.pd}); !errors.Is(err, roce.ErrInvalidArg) {
 		t.Errorf("a PD of another connection: %v", err)
+	}
+	// A window bound to the MR was bound to its registration: EBUSY, nothing changed.
+	bm, err := cb.RegMR(b.pd, b.buf, 0x900000, rcAccess|mr.AccessMWBind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := cb.AllocMW(b.pd, roce.MWType1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Bind(b.q, 9, qp.SendSignaled, bm, 0x900000, 64, mr.AccessRemoteWrite); err != nil {
+		t.Fatal(err)
+	}
+	if wc := b.wait(t, 1)[0]; wc.Status != cq.StatusSuccess || wc.Opcode != cq.OpBindMW {
+		t.Fatalf("bind: %+v", wc)
+	}
+	err = cb.ReregMR(bm, client.Rereg{Flags: roce.ReregAccess, Access: mr.AccessLocalWrite})
+	if !errors.Is(err, syscall.EBUSY) || proto.CodeOf(err) != wire.CodeBusy {
+		t.Fatalf("a bound window: %v", err)
+	}
+	if err := w.Dealloc(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cb.ReregMR(bm, client.Rereg{Flags: roce.ReregAccess, Access: mr.AccessLocalWrite}); err != nil {
+		t.Fatal("once the window is gone:", err)
+	}
+	if err := bm.Dereg(); err != nil {
+		t.Fatal(err)
 	}
 
 	// Remote write taken away: A's WRITE gets a remote access error; given back, it works.

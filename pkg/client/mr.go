@@ -1,7 +1,6 @@
 package client
 
 import (
-	"errors"
 	"fmt"
 	"sync/atomic"
 	"unsafe"
@@ -106,8 +105,10 @@ type Rereg struct {
 // o.IOVA), the protection domain, the access flags — changes in place; the keys stay the
 // same. Every access the daemon makes sees the old registration or the new one, and ReregMR
 // returns once none of the old one is in flight: the old memory may then be reused.
-// mr.ErrBusy means the wait for the old registration's accesses ended first: the new one is
-// in effect, the old memory may still be touched until the MR is deregistered.
+// mr.ErrBusy is memory windows bound to the MR (nothing changed), or the wait for the old
+// registration's accesses ended first (the new one is in effect, the old memory may still be
+// touched until the MR is deregistered): as after ibv_rereg_mr's IBV_REREG_MR_ERR_CMD, the MR
+// is then only deregistered.
 func (c *Conn) ReregMR(x roce.MemoryRegion, o Rereg) error {
 	m, ok := x.(*mrc)
 	if !ok || m == nil || m.c != c {
@@ -132,13 +133,11 @@ func (c *Conn) ReregMR(x roce.MemoryRegion, o Rereg) error {
 	var r wire.ReregMRResp
 	got, err := c.call(wire.OpReregMR, wire.Bytes(&req), wire.Bytes(&r), fds...)
 	proto.CloseFDs(got)
-	if err != nil && !errors.Is(err, mr.ErrBusy) {
+	if err != nil {
 		return err
 	}
-	if err == nil {
-		m.lkey.Store(r.LKey)
-		m.rkey.Store(r.RKey)
-	}
+	m.lkey.Store(r.LKey)
+	m.rkey.Store(r.RKey)
 	if o.Flags&mr.ReregTranslation != 0 {
 		iova := o.IOVA
 		if o.Flags&mr.ReregAccess != 0 && o.Access&mr.AccessZeroBased != 0 {
@@ -147,7 +146,7 @@ func (c *Conn) ReregMR(x roce.MemoryRegion, o Rereg) error {
 		m.iova.Store(iova)
 		m.n.Store(int64(len(o.Buf)))
 	}
-	return err
+	return nil
 }
 
 // attachMem passes the daemon this process's /proc/self/mem once (SR_OP_ATTACH_MEM).
