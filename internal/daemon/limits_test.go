@@ -119,7 +119,9 @@ func TestLimitFDs(t *testing.T) {
 		_, err := c.CreateCQ(4)
 		wantLimit(t, "CQ past the descriptor limit", err, "fds")
 	}
-	if after := da.srv.Debug().FDs; after != before {
+	// the count is the whole test process's: an earlier test's session may still be closing
+	// its descriptors meanwhile, so only a rise is a leak of the refused CQs
+	if after := da.srv.Debug().FDs; after > before {
 		t.Fatalf("the daemon's descriptors went from %d to %d over refused CQs", before, after)
 	}
 }
