@@ -86,11 +86,17 @@ func (c *Conn) lose() {
 		return
 	}
 	close(c.lostCh)
+	// wake the CQs outside bmu: Poll holds a CQ's lock while it takes bmu (account), so
+	// taking a CQ's lock under bmu here could deadlock with a Poll
 	c.bmu.Lock()
+	cqs := make([]*cqc, 0, len(c.cqs))
 	for q := range c.cqs {
-		q.wakeLost()
+		cqs = append(cqs, q)
 	}
 	c.bmu.Unlock()
+	for _, q := range cqs {
+		q.wakeLost()
+	}
 	select {
 	case c.events <- event.Event{Type: event.DeviceFatal, Port: 1}:
 	default:
