@@ -7,7 +7,6 @@
 // Go test test/clib runs it against an in-test daemon); without a daemon it
 // exits 77 (skipped).
 #include <errno.h>
-#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -16,7 +15,7 @@
 
 #include <infiniband/verbs.h>
 
-#include "check.h"
+#include "daemon.h"
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
@@ -39,69 +38,15 @@ static struct ibv_qp *make_qp(void)
 
 static int connect_qp(struct ibv_qp *q, uint32_t remote)
 {
-	union ibv_gid gid;
-	if (ibv_query_gid(ctx, 1, 1, &gid))
-		return -1;
-	struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1,
-				.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-						   IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_LOCAL_WRITE};
-	if (ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-		return -1;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = remote;
-	a.rq_psn = 0;
-	a.max_dest_rd_atomic = 4;
-	a.min_rnr_timer = 12;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = gid;
-	a.ah_attr.grh.sgid_index = 1;
-	a.ah_attr.grh.hop_limit = 64;
-	a.ah_attr.port_num = 1;
-	if (ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-					 IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		return -1;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.sq_psn = 0;
-	a.max_rd_atomic = 4;
-	return ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-					    IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+	unsigned int access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+			      IBV_ACCESS_LOCAL_WRITE;
+	return connect_rc(ctx, q, remote, access, 4);
 }
 
 // wait_wc waits (through the completion channel) for n completions.
 static int wait_wc(struct ibv_wc *wc, int n)
 {
-	int got = 0;
-	while (got < n) {
-		int k = ibv_poll_cq(cq, n - got, wc + got);
-		if (k < 0)
-			return -1;
-		got += k;
-		if (got == n)
-			break;
-		if (ibv_req_notify_cq(cq, 0))
-			return -1;
-		k = ibv_poll_cq(cq, n - got, wc + got);
-		if (k < 0)
-			return -1;
-		got += k;
-		if (got == n)
-			break;
-		struct pollfd p = {.fd = ch->fd, .events = POLLIN};
-		if (poll(&p, 1, 10000) != 1)
-			return -1;
-		struct ibv_cq *ecq;
-		void *ectx;
-		if (ibv_get_cq_event(ch, &ecq, &ectx) || ecq != cq)
-			return -1;
-		ibv_ack_cq_events(cq, 1);
-	}
-	return got;
+	return wait_channel(cq, ch, wc, n);
 }
 
 static void fill(uint8_t *p, size_t n, uint8_t seed)
@@ -157,23 +102,10 @@ static void transfer(const char *what, uint8_t *src, struct ibv_mr *smr, uint8_t
 
 int main(void)
 {
-	const char *sock = getenv("SOFTROCE_SOCKET");
-	if (!sock || !*sock) {
-		printf("loopback: no SOFTROCE_SOCKET, skipped\n");
-		return 77;
-	}
-	int n = 0;
-	struct ibv_device **list = ibv_get_device_list(&n);
-	CHECK(list && n == 1);
-	if (!list || n < 1) {
-		ibv_free_device_list(list);
-		return check_done("loopback");
-	}
-	ctx = ibv_open_device(list[0]);
-	ibv_free_device_list(list);
-	CHECK(ctx != NULL);
+	int rc;
+	ctx = open_device("loopback", &rc);
 	if (!ctx)
-		return check_done("loopback");
+		return rc;
 	pd = ibv_alloc_pd(ctx);
 	ch = ibv_create_comp_channel(ctx);
 	cq = ibv_create_cq(ctx, 128, NULL, ch, 0);

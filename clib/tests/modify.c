@@ -20,7 +20,7 @@
 
 #include <infiniband/verbs.h>
 
-#include "check.h"
+#include "daemon.h"
 
 // IB_UVERBS_DEVICE_ATOMIC_WRITE: rdma-core 44's headers predate the name.
 #define DEVICE_ATOMIC_WRITE (1ULL << 40)
@@ -48,30 +48,10 @@ static struct ibv_qp *make_qp(uint64_t send_ops)
 // connect_qp moves q from any state to RTS towards remote (RESET first).
 static int connect_qp(struct ibv_qp *q, uint32_t remote)
 {
-	union ibv_gid gid;
-	if (ibv_query_gid(ctx, 1, 1, &gid))
-		return -1;
 	struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
 	if (ibv_modify_qp(q, &a, IBV_QP_STATE))
 		return -1;
-	a = (struct ibv_qp_attr){.qp_state = IBV_QPS_INIT, .port_num = 1,
-				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE};
-	if (ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-		return -1;
-	a = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = remote,
-				 .max_dest_rd_atomic = 4, .min_rnr_timer = 12};
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = gid;
-	a.ah_attr.grh.sgid_index = 1;
-	a.ah_attr.grh.hop_limit = 64;
-	a.ah_attr.port_num = 1;
-	if (ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-					 IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		return -1;
-	a = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7, .rnr_retry = 7,
-				 .max_rd_atomic = 4};
-	return ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-					    IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+	return connect_rc(ctx, q, remote, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE, 4);
 }
 
 static int reconnect(void)
@@ -82,29 +62,7 @@ static int reconnect(void)
 // wait_wc waits (through the completion channel, 10 s at most) for n completions.
 static int wait_wc(struct ibv_wc *wc, int n)
 {
-	int got = 0;
-	while (got < n) {
-		int k = ibv_poll_cq(cq, n - got, wc + got);
-		if (k < 0)
-			return -1;
-		if ((got += k) == n)
-			break;
-		if (ibv_req_notify_cq(cq, 0))
-			return -1;
-		if ((k = ibv_poll_cq(cq, n - got, wc + got)) < 0)
-			return -1;
-		if ((got += k) == n)
-			break;
-		struct pollfd p = {.fd = ch->fd, .events = POLLIN};
-		if (poll(&p, 1, 10000) != 1)
-			return -1;
-		struct ibv_cq *ecq;
-		void *ectx;
-		if (ibv_get_cq_event(ch, &ecq, &ectx) || ecq != cq)
-			return -1;
-		ibv_ack_cq_events(cq, 1);
-	}
-	return got;
+	return wait_channel(cq, ch, wc, n);
 }
 
 // post_write posts a signaled WRITE of n bytes from src (mr sm) to raddr/rkey on qa.
@@ -326,23 +284,10 @@ static void atomic_write(void)
 
 int main(void)
 {
-	const char *sock = getenv("SOFTROCE_SOCKET");
-	if (!sock || !*sock) {
-		printf("modify: no SOFTROCE_SOCKET, skipped\n");
-		return 77;
-	}
-	int n = 0;
-	struct ibv_device **list = ibv_get_device_list(&n);
-	CHECK(list && n == 1);
-	if (!list || n < 1) {
-		ibv_free_device_list(list);
-		return check_done("modify");
-	}
-	ctx = ibv_open_device(list[0]);
-	ibv_free_device_list(list);
-	CHECK(ctx != NULL);
+	int rc;
+	ctx = open_device("modify", &rc);
 	if (!ctx)
-		return check_done("modify");
+		return rc;
 	pd = ibv_alloc_pd(ctx);
 	ch = ibv_create_comp_channel(ctx);
 	cq = ibv_create_cq(ctx, 4, NULL, ch, 0);

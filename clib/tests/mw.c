@@ -15,7 +15,7 @@
 
 #include <infiniband/verbs.h>
 
-#include "check.h"
+#include "daemon.h"
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
@@ -43,35 +43,7 @@ static struct ibv_qp *make_qp(void)
 
 static int connect_qp(struct ibv_qp *q, uint32_t remote)
 {
-	union ibv_gid gid;
-	if (ibv_query_gid(ctx, 1, 1, &gid))
-		return -1;
-	struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1,
-				.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE};
-	if (ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-		return -1;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = remote;
-	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 12;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = gid;
-	a.ah_attr.grh.sgid_index = 1;
-	a.ah_attr.grh.hop_limit = 64;
-	a.ah_attr.port_num = 1;
-	if (ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-					 IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		return -1;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.max_rd_atomic = 1;
-	return ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-					    IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+	return connect_rc(ctx, q, remote, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE, 1);
 }
 
 // fresh_pair replaces both QPs with a new connected pair (a remote access
@@ -315,23 +287,10 @@ static void type2(void)
 
 int main(void)
 {
-	const char *sock = getenv("SOFTROCE_SOCKET");
-	if (!sock || !*sock) {
-		printf("mw: no SOFTROCE_SOCKET, skipped\n");
-		return 77;
-	}
-	int n = 0;
-	struct ibv_device **list = ibv_get_device_list(&n);
-	CHECK(list && n == 1);
-	if (!list || n < 1) {
-		ibv_free_device_list(list);
-		return check_done("mw");
-	}
-	ctx = ibv_open_device(list[0]);
-	ibv_free_device_list(list);
-	CHECK(ctx != NULL);
+	int rc;
+	ctx = open_device("mw", &rc);
 	if (!ctx)
-		return check_done("mw");
+		return rc;
 	struct ibv_device_attr da;
 	CHECK(ibv_query_device(ctx, &da) == 0);
 	CHECK(da.max_mw > 0 && (da.device_cap_flags & IBV_DEVICE_MEM_WINDOW) &&
