@@ -633,14 +633,8 @@ func (m *MR) Dereg() error { return m.DeregWith(DeregOptions{}) }
 // ErrBusy while memory windows are bound to the MR (rxe refuses that too).
 func (m *MR) DeregWith(o DeregOptions) error {
 	t := m.t
-	t.mu.Lock()
-	if m.dead {
-		t.mu.Unlock()
-		return ErrInvalidKey
-	}
-	if m.dereg || m.nmw > 0 {
-		t.mu.Unlock()
-		return ErrBusy
+	if err := m.lockReplaceable(); err != nil {
+		return err
 	}
 	s := t.slotOf(m.idx)
 	old := m.cur.Load()

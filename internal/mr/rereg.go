@@ -59,14 +59,8 @@ func (m *MR) ReregWith(o ReregOptions, mem Memory, length uint64, wait DeregOpti
 		return ErrInvalidArg
 	}
 	t := m.t
-	t.mu.Lock()
-	if m.dead {
-		t.mu.Unlock()
-		return ErrInvalidKey
-	}
-	if m.dereg || m.nmw > 0 {
-		t.mu.Unlock()
-		return ErrBusy
+	if err := m.lockReplaceable(); err != nil {
+		return err
 	}
 	if m.fastReg {
 		t.mu.Unlock()
@@ -137,4 +131,22 @@ func (old *mapping) reregistered(t *Table, o ReregOptions, mem Memory, length ui
 		return nil, ErrInvalidArg // nothing makes the memory durable (RegMRWith)
 	}
 	return &nm, nil
+}
+
+// lockReplaceable locks the MR's table and, holding the lock, returns nil if the registration
+// may be replaced (DeregWith, ReregWith): ErrInvalidKey once deregistered, ErrBusy while a
+// Dereg or Rereg is in progress or memory windows are bound to the MR, each with the lock let
+// go.
+func (m *MR) lockReplaceable() error {
+	t := m.t
+	t.mu.Lock()
+	if m.dead {
+		t.mu.Unlock()
+		return ErrInvalidKey
+	}
+	if m.dereg || m.nmw > 0 {
+		t.mu.Unlock()
+		return ErrBusy
+	}
+	return nil
 }
