@@ -215,7 +215,11 @@ func (ss *session) resizeCQ(r wire.ResizeCQReq) (wire.ResizeCQResp, []int, error
 		if n := o.ring.Used(tail); n > uint64(o.ring.Capacity()) || n+uint64(kept) > uint64(cqe) {
 			return fmt.Errorf("%w: cqe %d, the CQ holds %d completions", cq.ErrCapacity, cqe, n+uint64(kept))
 		}
-		ring.MoveFrom(o.ring, tail)
+		// the client writes the head: one moved since the check above (or not believable)
+		// leaves the old ring in place, as if the resize was never asked
+		if !ring.MoveFrom(o.ring, tail) {
+			return fmt.Errorf("%w: the CQ's head moved during the resize", proto.ErrProtocol)
+		}
 		o.ring = ring
 		return nil
 	})

@@ -82,9 +82,14 @@ func (m *MR) ReregWith(o ReregOptions, mem Memory, length uint64, wait DeregOpti
 		m.pd = nm.pd
 	}
 	m.dereg = true // no Dereg or Rereg while this one waits
+	// The registrations an earlier Rereg could not wait out may still touch the memory this one
+	// replaces (one that changed only the PD or the access kept it): "returned, so the old
+	// memory may be reused" holds only once none of their accesses is in flight either.
+	// m.retired cannot change while m.dereg is set.
+	gens := append([]*gen{og}, m.retired...)
 	t.mu.Unlock()
 
-	ok := waitGens([]*gen{og}, wait)
+	ok := waitGens(gens, wait)
 
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -93,6 +98,7 @@ func (m *MR) ReregWith(o ReregOptions, mem Memory, length uint64, wait DeregOpti
 		m.retired = append(m.retired, og)
 		return ErrDraining
 	}
+	m.retired = nil
 	return nil
 }
 

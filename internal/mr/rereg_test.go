@@ -231,6 +231,38 @@ func TestReregWaitsForInFlight(t *testing.T) {
 	}
 }
 
+// TestReregWaitsForRetired: a Rereg whose wait ended first (ErrDraining) leaves the old
+// registration's access in flight over the same memory when it changed only the access; a
+// later Rereg that replaces that memory must wait for that access too, not only for the
+// registration it replaces, before it says the memory may be reused.
+func TestReregWaitsForRetired(t *testing.T) {
+	tb := NewTable(TableOptions{})
+	pd := newPD(t, tb)
+	a, b := make([]byte, 64), make([]byte, 64)
+	m := reg(t, tb, pd, a, 0, AccessLocalWrite|AccessRemoteWrite)
+	_, done, err := tb.Check(pd, m.RKey(), 0, 64, OpRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err = m.ReregWith(ReregOptions{Flags: ReregAccess, Access: AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead}, nil, 0, DeregOptions{Context: ctx, Timeout: -1})
+	if !errors.Is(err, ErrDraining) {
+		t.Fatalf("access change with an access in flight and no wait: %v, want ErrDraining", err)
+	}
+	err = m.ReregWith(ReregOptions{Flags: ReregTranslation, Buf: b}, nil, 0, DeregOptions{Context: ctx, Timeout: -1})
+	if !errors.Is(err, ErrDraining) {
+		t.Fatalf("translation change while the first registration's access is in flight over a: %v, want ErrDraining", err)
+	}
+	done()
+	if err := m.Rereg(ReregOptions{Flags: ReregAccess, Access: AccessLocalWrite}); err != nil {
+		t.Fatalf("Rereg once the access ended: %v", err)
+	}
+	if n := m.InFlight(); n != 0 {
+		t.Fatalf("in flight %d after a Rereg that waited for every registration", n)
+	}
+}
+
 // TestReregRace: checkers (local and remote, mapped and copied, windows of another MR) race
 // re-registrations that flip between two buffers with different rights, PDs and lengths.
 // Every access sees exactly one registration: bytes of the buffer whose PD and rights it was
