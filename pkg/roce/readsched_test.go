@@ -206,7 +206,8 @@ func TestDuplicateReadsBounded(t *testing.T) {
 
 // TestReadResponsesRoundRobin: two QPs of one device answering large READs at once share the
 // responder scheduler evenly: after the first qp.ReadInline responses each (built when the
-// request arrives), their responses alternate a burst (qp.ReadBudget packets) at a time. Both
+// request arrives), their responses alternate a burst (qp.ReadBudget packets) at a time; a
+// run that began before both were past their inline responses is counted from that point. Both
 // READs answer the same requester address, whose queue keeps their order.
 func TestReadResponsesRoundRobin(t *testing.T) {
 	rg := newReadRig(t, 8<<20)
@@ -254,15 +255,20 @@ func TestReadResponsesRoundRobin(t *testing.T) {
 				t.Fatal(err)
 			}
 			dqp := p.BTH.DestQP()
+			// runs are counted only while both QPs are past the responses built on the
+			// receive goroutine and both have responses to send: a QP's inline responses may
+			// go out right before its first burst, as one run
+			both := got[0] > qp.ReadInline && got[1] > qp.ReadInline && got[0] < n && got[1] < n
 			got[dqp-0x77]++
-			if dqp == last {
+			switch {
+			case !both:
+				run, last = 0, dqp
+			case dqp == last:
 				run++
-			} else {
+			default:
 				run, last = 1, dqp
 			}
-			if got[0] > qp.ReadInline && got[1] > qp.ReadInline && got[0] < n && got[1] < n {
-				longest = max(longest, run) // both have responses to send
-			}
+			longest = max(longest, run)
 		}
 	}
 	t.Logf("two READs of %d responses: longest run of one QP's responses %d", n, longest)
