@@ -182,24 +182,8 @@ func TestSendWithInvalidate(t *testing.T) {
 // then makes the same WRITE fail with REM_ACCESS_ERR; completions in order.
 func TestLocalOps(t *testing.T) {
 	n, a, b := rcPair(t, connOpts{})
-	win, err := b.tbl.AllocMW(b.pd, mr.MWType2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	region, err := b.tbl.RegMR(b.pd, b.buf[8192:16384], 0x6000_0000, mr.AccessLocalWrite|mr.AccessMWBind)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// b binds the window on its own QP (the one a's requests arrive on)
-	newKey := win.RKey()&^0xFF | uint32(uint8(win.RKey())+1)
-	b.postSend(t, SendWR{WRID: 1, Opcode: WRBindMW, Flags: SendSignaled, Bind: &BindInfo{
-		MWRKey: win.RKey(), NewRKey: newKey, MRLKey: region.LKey(), Addr: 0x6000_0000, Length: 4096,
-		Access: uint32(mr.AccessRemoteWrite)}})
-	expectWC(t, pollAll(b.scq), cq.WC{WRID: 1, Opcode: cq.OpBindMW})
-	key := win.RKey()
-	if key != newKey {
-		t.Fatalf("window key %#x, want %#x", key, newKey)
-	}
+	key := bindWindowWR(t, b, mr.MWType2)
 	a.fill(0, 100, 7)
 	a.postSend(t, SendWR{WRID: 2, Opcode: WRRDMAWrite, SGL: []SGE{a.sge(0, 100)}, Flags: SendSignaled, RemoteAddr: 0x6000_0000, RKey: key})
 	n.pump()
@@ -217,27 +201,37 @@ func TestLocalOps(t *testing.T) {
 		cq.WC{WRID: 6, Status: cq.StatusWRFlushErr, Opcode: cq.OpSend})
 }
 
+// bindWindowWR allocates a window of typ in s's PD and binds it with a BIND_MW work request on
+// s's QP, with a new key byte, to 4 KiB of a region over s.buf[8192:16384] at 0x6000_0000
+// (remote write); it checks the completion and that the window took the WR's key, and returns
+// that key.
+func bindWindowWR(t *testing.T, s *side, typ mr.MWType) uint32 {
+	t.Helper()
+	win, err := s.tbl.AllocMW(s.pd, typ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	region, err := s.tbl.RegMR(s.pd, s.buf[8192:16384], 0x6000_0000, mr.AccessLocalWrite|mr.AccessMWBind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newKey := win.RKey()&^0xFF | uint32(uint8(win.RKey())+1)
+	s.postSend(t, SendWR{WRID: 1, Opcode: WRBindMW, Flags: SendSignaled, Bind: &BindInfo{
+		MWRKey: win.RKey(), NewRKey: newKey, MRLKey: region.LKey(), Addr: 0x6000_0000, Length: 4096,
+		Access: uint32(mr.AccessRemoteWrite)}})
+	expectWC(t, pollAll(s.scq), cq.WC{WRID: 1, Opcode: cq.OpBindMW})
+	if win.RKey() != newKey {
+		t.Fatalf("window key %#x, want the WR's %#x", win.RKey(), newKey)
+	}
+	return newKey
+}
+
 // TestBindType1WR: a type 1 window bound by a BIND_MW work request takes the WR's new key (the
 // library picked it when it posted the bind: ibv_bind_mw returns it), a remote WRITE through
 // it lands; a window of another PD is refused with MW_BIND_ERR.
 func TestBindType1WR(t *testing.T) {
 	n, a, b := rcPair(t, connOpts{})
-	win, err := b.tbl.AllocMW(b.pd, mr.MWType1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	region, err := b.tbl.RegMR(b.pd, b.buf[8192:16384], 0x6000_0000, mr.AccessLocalWrite|mr.AccessMWBind)
-	if err != nil {
-		t.Fatal(err)
-	}
-	newKey := win.RKey()&^0xFF | uint32(uint8(win.RKey())+1)
-	b.postSend(t, SendWR{WRID: 1, Opcode: WRBindMW, Flags: SendSignaled, Bind: &BindInfo{
-		MWRKey: win.RKey(), NewRKey: newKey, MRLKey: region.LKey(), Addr: 0x6000_0000, Length: 4096,
-		Access: uint32(mr.AccessRemoteWrite)}})
-	expectWC(t, pollAll(b.scq), cq.WC{WRID: 1, Opcode: cq.OpBindMW})
-	if win.RKey() != newKey {
-		t.Fatalf("window key %#x, want the WR's %#x", win.RKey(), newKey)
-	}
+	newKey := bindWindowWR(t, b, mr.MWType1)
 	a.fill(0, 64, 3)
 	a.postSend(t, SendWR{WRID: 2, Opcode: WRRDMAWrite, SGL: []SGE{a.sge(0, 64)}, Flags: SendSignaled, RemoteAddr: 0x6000_0010, RKey: newKey})
 	n.pump()
