@@ -2,9 +2,7 @@ package rdmacm
 
 import (
 	"errors"
-	"net/netip"
 	"testing"
-	"time"
 
 	"github.com/softroce/softroce/internal/cm"
 	"github.com/softroce/softroce/internal/cq"
@@ -48,14 +46,7 @@ func TestExternalQPEstablish(t *testing.T) {
 	a, b, _ := pair(t, nil, nil)
 	srv, cli := newSide(t, b, cm.PSTCP), newSide(t, a, cm.PSTCP)
 	listen(t, srv, 4711)
-	if err := cli.id.ResolveAddr(netip.Addr{}, netip.AddrPortFrom(addrB, 4711), time.Second); err != nil {
-		t.Fatal(err)
-	}
-	next(t, cli.ch, EventAddrResolved)
-	if err := cli.id.ResolveRoute(time.Second); err != nil {
-		t.Fatal(err)
-	}
-	next(t, cli.ch, EventRouteResolved)
+	resolveTo(t, cli, 4711)
 	qa := extQP(t, a, cli)
 	moveQP(t, cli.id, qa, qp.StateInit)
 	if err := cli.id.Establish(); !errors.Is(err, ErrState) {

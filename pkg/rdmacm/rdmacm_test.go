@@ -143,8 +143,8 @@ func (s *side) wc(t *testing.T) cq.WC {
 	return wc[0]
 }
 
-// connectTo resolves and connects the client to addrB:port.
-func connectTo(t *testing.T, c *side, port uint16, p ConnParam) *roce.QP {
+// resolveTo resolves the client's address and route to addrB:port.
+func resolveTo(t *testing.T, c *side, port uint16) {
 	t.Helper()
 	if err := c.id.ResolveAddr(netip.Addr{}, netip.AddrPortFrom(addrB, port), time.Second); err != nil {
 		t.Fatal(err)
@@ -154,12 +154,13 @@ func connectTo(t *testing.T, c *side, port uint16, p ConnParam) *roce.QP {
 		t.Fatal(err)
 	}
 	next(t, c.ch, EventRouteResolved)
-	var q *roce.QP
-	if c.id.PortSpace() == cm.PSTCP {
-		q = c.createQP(t, c.id)
-	} else {
-		q = c.createQP(t, c.id)
-	}
+}
+
+// connectTo resolves and connects the client to addrB:port.
+func connectTo(t *testing.T, c *side, port uint16, p ConnParam) *roce.QP {
+	t.Helper()
+	resolveTo(t, c, port)
+	q := c.createQP(t, c.id)
 	if err := c.id.Connect(p); err != nil {
 		t.Fatal(err)
 	}

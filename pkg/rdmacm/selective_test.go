@@ -2,9 +2,7 @@ package rdmacm
 
 import (
 	"errors"
-	"net/netip"
 	"testing"
-	"time"
 
 	"github.com/softroce/softroce/internal/cm"
 	"github.com/softroce/softroce/internal/cq"
@@ -93,14 +91,7 @@ func TestSelectiveRepeatExternalQP(t *testing.T) {
 	if err := cli.id.SetOption(OptionSelectiveRepeat, 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := cli.id.ResolveAddr(netip.Addr{}, netip.AddrPortFrom(addrB, 4790), time.Second); err != nil {
-		t.Fatal(err)
-	}
-	next(t, cli.ch, EventAddrResolved)
-	if err := cli.id.ResolveRoute(time.Second); err != nil {
-		t.Fatal(err)
-	}
-	next(t, cli.ch, EventRouteResolved)
+	resolveTo(t, cli, 4790)
 	qa := extQP(t, a, cli)
 	moveQP(t, cli.id, qa, qp.StateInit)
 	if err := cli.id.Connect(ConnParam{QPNum: qa.Num(), RetryCount: 7, RNRRetryCount: 7}); err != nil {
