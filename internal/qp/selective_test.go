@@ -313,16 +313,22 @@ func TestSelectiveRepeatWindow(t *testing.T) {
 	}
 }
 
+// srRings connects two RC QPs with selective repeat on both ends whose Outputs are ringOuts
+// (ra, rb), and returns them with two more rings (sa, sb) for drain to send through.
+func srRings(t *testing.T) (a, b *side, ra, rb, sa, sb *ringOut) {
+	n := newNet(t)
+	a = n.newSide("10.0.0.1", sideOpts{qpn: 0x11})
+	b = n.newSide("10.0.0.2", sideOpts{qpn: 0x12})
+	ra, rb = newRingOut(512), newRingOut(512)
+	a.qp.cfg.Out, b.qp.cfg.Out = ra, rb
+	n.connect(a, b, connOpts{srA: true, srB: true})
+	return a, b, ra, rb, newRingOut(512), newRingOut(512)
+}
+
 // TestSelectiveRepeatZeroAlloc: once the reorder buffer and the resend record exist, reordered
 // packets, SACKs, drains and selective resends allocate nothing.
 func TestSelectiveRepeatZeroAlloc(t *testing.T) {
-	n := newNet(t)
-	a := n.newSide("10.0.0.1", sideOpts{qpn: 0x11})
-	b := n.newSide("10.0.0.2", sideOpts{qpn: 0x12})
-	ra, rb := newRingOut(512), newRingOut(512)
-	a.qp.cfg.Out, b.qp.cfg.Out = ra, rb
-	n.connect(a, b, connOpts{srA: true, srB: true})
-	sa, sb := newRingOut(512), newRingOut(512)
+	a, b, ra, rb, sa, sb := srRings(t)
 	wr := []SendWR{{WRID: 1, Opcode: WRRDMAWrite, SGL: []SGE{a.sge(0, 64<<10)}, Flags: SendSignaled,
 		RemoteAddr: b.va(dstOff), RKey: b.mr.RKey()}}
 	wcs := make([]cq.WC, 4)

@@ -157,14 +157,8 @@ func TestSRReadSoak(t *testing.T) {
 // TestSRReadZeroAlloc: once the placement records exist, a 64 KiB READ whose responses arrive
 // out of order (one late: placed ahead, asked again, the copy ignored) allocates nothing.
 func TestSRReadZeroAlloc(t *testing.T) {
-	n := newNet(t)
-	a := n.newSide("10.0.0.1", sideOpts{qpn: 0x11})
-	b := n.newSide("10.0.0.2", sideOpts{qpn: 0x12})
-	ra, rb := newRingOut(512), newRingOut(512)
-	a.qp.cfg.Out, b.qp.cfg.Out = ra, rb
+	a, b, ra, rb, sa, sb := srRings(t)
 	b.qp.cfg.Schedule = nil // all responses at once
-	n.connect(a, b, connOpts{srA: true, srB: true})
-	sa, sb := newRingOut(512), newRingOut(512)
 	wr := []SendWR{{WRID: 1, Opcode: WRRDMARead, SGL: []SGE{a.sge(0, 64<<10)}, Flags: SendSignaled,
 		RemoteAddr: b.va(dstOff), RKey: b.mr.RKey()}}
 	wcs := make([]cq.WC, 4)
