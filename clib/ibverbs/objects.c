@@ -1,5 +1,6 @@
 // PDs, MRs, SRQs and AHs: each one lives in the daemon, named by a handle of
 // the context's session (docs/daemon-protocol.md). CQs are in cq.c.
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,28 +50,60 @@ int ibv_dealloc_pd(struct ibv_pd *pd)
 
 // ---------------------------------------------------------------- MR
 
-struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
-				unsigned int access)
+// reg_mr registers [addr, addr+length) as memory of the given source (for
+// SR_MR_MEMFD: fd at offset).
+static int reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, unsigned int access,
+		  int fd, uint64_t offset, struct sr_reg_mr_resp *resp)
 {
-	// Optional access flags (relaxed ordering, ...) are hints a device may
-	// ignore; rdma-core drops them for devices that do not take them.
-	access &= ~(unsigned int)IBV_ACCESS_OPTIONAL_RANGE;
 	struct sr_reg_mr_req req = {
 		.pd = pd->handle,
 		.access = access,
 		.addr = (uintptr_t)addr,
 		.length = length,
 		.iova = iova,
-		.source = SR_MR_PROCESS,
+		.offset = offset,
+		.source = fd >= 0 ? SR_MR_MEMFD : SR_MR_PROCESS,
 	};
+	struct sr_call call = {.op = SR_OP_REG_MR, .req = &req, .reqlen = sizeof(req),
+			       .fds = fd >= 0 ? &fd : NULL, .nfds = fd >= 0 ? 1 : 0,
+			       .resp = resp, .respcap = sizeof(*resp)};
+	if (sr_call(conn_of(pd->context), &call) < 0)
+		return -1;
+	if (call.resplen < sizeof(*resp)) {
+		errno = EPROTO;
+		return -1;
+	}
+	return 0;
+}
+
+// ibv_reg_mr_iova2: whole pages of private anonymous memory (64 KiB or more)
+// are registered zero-copy (zcopy.c), anything else, or what the daemon does
+// not map (its mapping limits), as copied memory.
+struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
+				unsigned int access)
+{
+	// Optional access flags (relaxed ordering, ...) are hints a device may
+	// ignore; rdma-core drops them for devices that do not take them.
+	access &= ~(unsigned int)IBV_ACCESS_OPTIONAL_RANGE;
 	struct sr_reg_mr_resp resp;
-	if (sr_simple(conn_of(pd->context), SR_OP_REG_MR, &req, sizeof(req), &resp, sizeof(resp)) < 0)
+	struct sr_zc *zc;
+	uint64_t off = 0;
+	int fd = sr_zc_get(addr, length, &zc, &off);
+	if (fd >= 0 && reg_mr(pd, addr, length, iova, access, fd, off, &resp) < 0) {
+		sr_zc_put(zc);
+		zc = NULL;
+		fd = -1;
+	}
+	if (fd < 0 && reg_mr(pd, addr, length, iova, access, -1, 0, &resp) < 0)
 		return NULL;
-	struct ibv_mr *mr = calloc(1, sizeof(*mr));
-	if (!mr) {
+	struct sr_mr *m = calloc(1, sizeof(*m));
+	if (!m) {
 		sr_destroy_handle(pd->context, SR_OP_DEREG_MR, resp.handle);
+		sr_zc_put(zc);
 		return sr_fail_null(ENOMEM);
 	}
+	m->zc = zc;
+	struct ibv_mr *mr = &m->mr;
 	mr->context = pd->context;
 	mr->pd = pd;
 	mr->addr = addr;
@@ -97,7 +130,9 @@ int ibv_dereg_mr(struct ibv_mr *mr)
 	int err = sr_destroy_handle(mr->context, SR_OP_DEREG_MR, mr->handle);
 	if (err)
 		return err;
-	free(mr);
+	struct sr_mr *m = (struct sr_mr *)(void *)mr;
+	sr_zc_put(m->zc); // the daemon no longer reaches the pages
+	free(m);
 	return 0;
 }
 
@@ -136,6 +171,11 @@ int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, si
 	if (flags & IBV_REREG_MR_CHANGE_PD)
 		mr->pd = pd;
 	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+		// The new memory is copied memory; the old, no longer reached, is
+		// the program's again.
+		struct sr_mr *m = (struct sr_mr *)(void *)mr;
+		sr_zc_put(m->zc);
+		m->zc = NULL;
 		mr->addr = addr;
 		mr->length = length;
 	}

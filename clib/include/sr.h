@@ -305,4 +305,19 @@ static inline void *sr_fail_null(int err)
 	return NULL;
 }
 
+// Zero-copy registration (ibverbs/zcopy.c): sr_zc_get moves a registration's
+// whole pages of private anonymous memory onto a memfd and returns that
+// memfd, to send with an SR_MR_MEMFD registration at *offset, holding a
+// reference in *zp that sr_zc_put drops (the last one moves the pages back);
+// -1: nothing moved, register the memory as SR_MR_PROCESS.
+struct sr_zc;
+int sr_zc_get(void *addr, size_t length, struct sr_zc **zp, uint64_t *offset);
+void sr_zc_put(struct sr_zc *z);
+
+// sr_mr is an ibv_mr with the zero-copy range it uses (NULL: copied memory).
+struct sr_mr {
+	struct ibv_mr mr;
+	struct sr_zc *zc;
+};
+
 #endif

@@ -16,10 +16,16 @@ import (
 // runC runs one of the C tests (clib/tests, ASan/UBSan) against daemon d.
 func runC(t *testing.T, d daemon, name string, args ...string) string {
 	t.Helper()
+	return runCEnv(t, d, nil, name, args...)
+}
+
+// runCEnv is runC with more environment variables.
+func runCEnv(t *testing.T, d daemon, env []string, name string, args ...string) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(asanTests, name), args...)
-	cmd.Env = append(os.Environ(), "SOFTROCE_SOCKET="+d.sock)
+	cmd.Env = append(append(os.Environ(), "SOFTROCE_SOCKET="+d.sock), env...)
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), " 0 failed") {
 		t.Fatalf("%s: %v\n%s", name, err, out)
@@ -47,6 +53,22 @@ func TestCLoopback(t *testing.T) {
 	needMem(t)
 	d := startDaemon(t)
 	t.Log(strings.TrimSpace(runC(t, d, "loopback")))
+}
+
+// TestCZeroCopy runs clib/tests/zcopy.c against a daemon: whole pages of private anonymous
+// memory move onto a memfd the daemon maps (contents and neighbours kept), RDMA through them,
+// a registration inside a moved range and one across its edge, a fork whose child gets private
+// pages, the pages moved back by the last deregistration; then again with
+// SOFTROCE_ZERO_COPY=0, where nothing moves. The daemon holds no MR and no mapping after
+// either.
+func TestCZeroCopy(t *testing.T) {
+	needMem(t)
+	d := startDaemon(t)
+	t.Log(strings.TrimSpace(runC(t, d, "zcopy")))
+	t.Log(strings.TrimSpace(runCEnv(t, d, []string{"SOFTROCE_ZERO_COPY=0"}, "zcopy", "off")))
+	if n := d.srv.Debug(); n.QPs != 0 || n.PDs != 0 || n.MRs != 0 {
+		t.Errorf("the daemon still holds objects: %+v", n)
+	}
 }
 
 // TestCModify runs clib/tests/modify.c against a daemon: ibv_resize_cq (refusals, the
