@@ -76,9 +76,9 @@ static int reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, u
 	return 0;
 }
 
-// ibv_reg_mr_iova2: whole pages of private anonymous memory (64 KiB or more)
-// are registered zero-copy (zcopy.c), anything else, or what the daemon does
-// not map (its mapping limits), as copied memory.
+// ibv_reg_mr_iova2: whole pages of private anonymous memory are registered
+// zero-copy (zcopy.c), anything else, or what the daemon does not map (its
+// mapping limits), as copied memory.
 struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
 				unsigned int access)
 {
@@ -87,12 +87,13 @@ struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, ui
 	access &= ~(unsigned int)IBV_ACCESS_OPTIONAL_RANGE;
 	struct sr_reg_mr_resp resp;
 	struct sr_zc *zc;
-	uint64_t off = 0;
-	int fd = sr_zc_get(addr, length, &zc, &off);
-	if (fd >= 0 && reg_mr(pd, addr, length, iova, access, fd, off, &resp) < 0) {
+	int fd = sr_zc_get(addr, length, &zc);
+	if (fd >= 0 && reg_mr(pd, addr, length, iova, access, fd, 0, &resp) < 0) {
 		sr_zc_put(zc);
 		zc = NULL;
 		fd = -1;
+	} else if (fd >= 0) {
+		sr_zc_registered(zc);
 	}
 	if (fd < 0 && reg_mr(pd, addr, length, iova, access, -1, 0, &resp) < 0)
 		return NULL;

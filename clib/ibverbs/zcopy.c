@@ -7,24 +7,26 @@
 // with it (SR_MR_MEMFD: the engine reads and writes the pages themselves).
 // Go programs register memfd buffers; C programs register the memory they
 // have: malloc, stack, static and mmap memory, private to the process. A
-// registration of whole pages of private anonymous memory, at least
-// SR_ZC_MIN bytes, is moved onto a memfd here: its pages are copied into a
-// new sealed memfd, which is mapped MAP_SHARED|MAP_FIXED over them (the same
-// address, contents and protection), and the memfd is what the daemon maps.
-// When the last registration of the range goes (ibv_dereg_mr, or a rereg to
-// other memory) the range moves back onto private anonymous memory, and in
-// a child after fork() every moved range does (pthread_atfork): after
-// deregistration, and in a child, the program has private memory as before,
-// and a child never shares pages with its parent (with rdma-core the child
-// gets a copy of registered pages too).
+// registration of whole pages of private anonymous memory is moved onto a
+// memfd here: its pages are copied into a new sealed memfd, which is mapped
+// MAP_SHARED|MAP_FIXED over them (the same address, contents and
+// protection), and the memfd is what the daemon maps (the library closes its
+// own descriptor once the daemon has it). When the registration goes
+// (ibv_dereg_mr, or a rereg to other memory) the range moves back onto
+// private anonymous memory, and in a child after fork() every moved range
+// does (pthread_atfork): after deregistration, and in a child, the program
+// has private memory as before, and a child never shares pages with its
+// parent (with rdma-core the child gets a copy of registered pages too).
 //
-// Anything else, or any step that fails, leaves the memory as it is and the
-// registration takes the copied path. SOFTROCE_ZERO_COPY=0 turns moving off.
-// What it cannot keep (docs/clib.md): a write that another thread makes to
-// the range while ibv_reg_mr or ibv_dereg_mr copies it can be lost, so the
-// move is skipped for processes that hold locked memory (mlock: the new
-// mapping would not be locked) and never done to a range that is not
-// exactly the registered pages.
+// Anything else (a range that overlaps a moved one included), or any step
+// that fails, leaves the memory as it is and the registration takes the
+// copied path. SOFTROCE_ZERO_COPY=0 turns moving off. What it cannot keep
+// (docs/clib.md): a write that another thread makes to the range while
+// ibv_reg_mr or ibv_dereg_mr copies it can be lost. The move is never done
+// to a range that is not exactly the registered pages, nor in a process
+// that holds locked memory (mlock: the new mapping would not be locked), nor
+// once the process uses half its mapping budget (vm.max_map_count: a move
+// can split a mapping in three, and the program's own mmaps come first).
 //
 // Nothing here allocates or calls into stdio between fork() and the child's
 // handler's end: /proc/self/maps is read with read(2) into fixed buffers.
@@ -40,17 +42,12 @@
 
 #include "sr.h"
 
-// SR_ZC_MIN: smaller registrations keep the copied path; their copies are
-// cheap next to a move's system calls, and small buffers share pages with
-// other data more often.
-#define SR_ZC_MIN (64 * 1024)
 #define SR_ZC_NAME "softroce-mr"
 
 struct sr_zc {
 	uintptr_t start, end; // the moved pages
-	int fd;               // the memfd, sealed; sent with each registration in it
+	int fd;               // the memfd, sealed, until the daemon has it; then -1
 	uint64_t ino;         // its inode, to tell its mappings in /proc/self/maps
-	int refs;             // registrations in it
 	struct sr_zc *next;
 };
 
@@ -235,7 +232,7 @@ static int movable(uintptr_t s, uintptr_t e)
 	}
 	close(l.fd);
 	// Replacing the middle of a mapping splits it in three.
-	return ok && c >= e && count + 8 < zc_max_maps;
+	return ok && c >= e && count < zc_max_maps / 2;
 }
 
 // zc_move moves [s, e) onto a new sealed memfd; NULL (memory unchanged) if
@@ -273,7 +270,6 @@ static struct sr_zc *zc_move(uintptr_t s, uintptr_t e)
 	z->end = e;
 	z->fd = fd;
 	z->ino = (uint64_t)st.st_ino;
-	z->refs = 1;
 	return z;
 fail:
 	if (fd >= 0)
@@ -326,7 +322,8 @@ static void zc_unmove(struct sr_zc *z)
 			break;
 		}
 	}
-	close(z->fd);
+	if (z->fd >= 0)
+		close(z->fd);
 	z->fd = -1;
 }
 
@@ -359,25 +356,20 @@ static void zc_child(void)
 
 // ---------------------------------------------------------------- registrations
 
-int sr_zc_get(void *addr, size_t length, struct sr_zc **zp, uint64_t *offset)
+int sr_zc_get(void *addr, size_t length, struct sr_zc **zp)
 {
 	*zp = NULL;
 	pthread_once(&zc_once, zc_init);
 	uintptr_t s = (uintptr_t)addr, e = s + length;
-	if (!zc_on || length < SR_ZC_MIN || e < s || (s | length) & (zc_page - 1))
+	if (!zc_on || !length || e < s || (s | length) & (zc_page - 1))
 		return -1;
 	pthread_mutex_lock(&zc_mu);
 	struct sr_zc *z;
-	for (z = zcs; z; z = z->next) {
-		if (s >= z->start && e <= z->end)
-			break; // inside a moved range: the same memfd
-		if (s < z->end && e > z->start) {
-			pthread_mutex_unlock(&zc_mu);
-			return -1; // across one's edge: copied
-		}
-	}
+	for (z = zcs; z; z = z->next)
+		if (s < z->end && e > z->start)
+			break;
 	if (z) {
-		z->refs++;
+		z = NULL; // overlaps a moved range: copied memory (the pages are the memfd's)
 	} else if (!locked_memory() && movable(s, e) && (z = zc_move(s, e))) {
 		z->next = zcs;
 		zcs = z;
@@ -386,8 +378,16 @@ int sr_zc_get(void *addr, size_t length, struct sr_zc **zp, uint64_t *offset)
 	if (!z)
 		return -1;
 	*zp = z;
-	*offset = s - z->start;
 	return z->fd;
+}
+
+void sr_zc_registered(struct sr_zc *z)
+{
+	pthread_mutex_lock(&zc_mu);
+	if (z->fd >= 0)
+		close(z->fd);
+	z->fd = -1;
+	pthread_mutex_unlock(&zc_mu);
 }
 
 void sr_zc_put(struct sr_zc *z)
@@ -395,15 +395,13 @@ void sr_zc_put(struct sr_zc *z)
 	if (!z)
 		return;
 	pthread_mutex_lock(&zc_mu);
-	if (--z->refs == 0) {
-		for (struct sr_zc **p = &zcs; *p; p = &(*p)->next) {
-			if (*p == z) {
-				*p = z->next;
-				break;
-			}
+	for (struct sr_zc **p = &zcs; *p; p = &(*p)->next) {
+		if (*p == z) {
+			*p = z->next;
+			break;
 		}
-		zc_unmove(z);
-		free(z);
 	}
+	zc_unmove(z);
+	free(z);
 	pthread_mutex_unlock(&zc_mu);
 }

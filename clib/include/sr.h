@@ -307,11 +307,13 @@ static inline void *sr_fail_null(int err)
 
 // Zero-copy registration (ibverbs/zcopy.c): sr_zc_get moves a registration's
 // whole pages of private anonymous memory onto a memfd and returns that
-// memfd, to send with an SR_MR_MEMFD registration at *offset, holding a
-// reference in *zp that sr_zc_put drops (the last one moves the pages back);
+// memfd, to send with an SR_MR_MEMFD registration at offset 0, and the moved
+// range in *zp; sr_zc_registered closes the memfd once the daemon has it;
+// sr_zc_put moves the pages back (deregistration, or a refused registration).
 // -1: nothing moved, register the memory as SR_MR_PROCESS.
 struct sr_zc;
-int sr_zc_get(void *addr, size_t length, struct sr_zc **zp, uint64_t *offset);
+int sr_zc_get(void *addr, size_t length, struct sr_zc **zp);
+void sr_zc_registered(struct sr_zc *z);
 void sr_zc_put(struct sr_zc *z);
 
 // sr_mr is an ibv_mr with the zero-copy range it uses (NULL: copied memory).

@@ -2,10 +2,10 @@
 // ASan/UBSan: whole pages of private anonymous memory registered with
 // ibv_reg_mr move onto a memfd the daemon maps, with their contents and
 // their neighbours untouched; RDMA through them is checked byte for byte; a
-// registration inside a moved range shares it; the last deregistration moves
-// the pages back onto private memory with what RDMA wrote; a child after
-// fork() gets private memory of its own; memory that does not qualify is not
-// moved. With the argument "off" (run with SOFTROCE_ZERO_COPY=0) it checks
+// registration overlapping a moved range is copied memory; deregistration
+// moves the pages back onto private memory with what RDMA wrote; a child
+// after fork() gets private memory of its own; memory that does not qualify
+// is not moved. With the argument "off" (run with SOFTROCE_ZERO_COPY=0) it checks
 // that nothing moves. Needs $SOFTROCE_SOCKET; without it exits 77 (skipped).
 #include <errno.h>
 #include <stdlib.h>
@@ -129,9 +129,20 @@ static void moved(void)
 	CHECK(rdma(IBV_WR_RDMA_READ, src, ms->lkey, dst, md->rkey, n));
 	CHECK(same(src, n, 3));
 
-	// A registration inside a moved range: the same pages, no second move.
+	// A registration inside a moved range: copied memory, no second move.
 	struct ibv_mr *inner = ibv_reg_mr(pd, dst + 16 * pg, 16 * pg, ACCESS);
 	CHECK(inner != NULL && backing_of(dst + 16 * pg) == MOVED);
+	// One page on its own moves.
+	uint8_t *one = map(pg);
+	struct ibv_mr *mone = one ? ibv_reg_mr(pd, one, pg, ACCESS) : NULL;
+	CHECK(mone != NULL && backing_of(one) == MOVED);
+	if (mone) {
+		CHECK(rdma(IBV_WR_RDMA_WRITE, src, ms->lkey, one, mone->rkey, pg));
+		CHECK(!memcmp(one, src, pg));
+		CHECK(ibv_dereg_mr(mone) == 0);
+		CHECK(backing_of(one) == PRIVATE_ANON && !memcmp(one, src, pg));
+		munmap(one, pg);
+	}
 	// One across a moved range's edge is copied memory, and moves nothing.
 	struct ibv_mr *edge = ibv_reg_mr(pd, all, 2 * pg, ACCESS);
 	CHECK(edge != NULL && backing_of(all) == PRIVATE_ANON && backing_of(src) == MOVED);
@@ -164,11 +175,12 @@ static void moved(void)
 	CHECK(rdma(IBV_WR_RDMA_WRITE, src, ms->lkey, dst, md->rkey, n));
 	CHECK(same(dst, n, 4));
 
-	// The last registration of a range moves it back, with its contents.
+	// Deregistration moves a range back, with its contents; a copied
+	// registration inside it goes on working on the private pages.
 	CHECK(ibv_dereg_mr(ms) == 0);
 	CHECK(backing_of(src) == PRIVATE_ANON && same(src, n, 4));
 	CHECK(ibv_dereg_mr(md) == 0);
-	CHECK(backing_of(dst) == MOVED); // inner still holds it
+	CHECK(backing_of(dst) == PRIVATE_ANON && same(dst, n, 4));
 	if (inner) {
 		fill(src, 16 * pg, 5);
 		struct ibv_mr *m2 = ibv_reg_mr(pd, src, 16 * pg, ACCESS);
@@ -197,10 +209,11 @@ static void not_moved(int zero_copy)
 {
 	const size_t n = 256 * 1024;
 	uint8_t *heap = malloc(n + 123), *small = map(4096), *whole = map(n);
+	// Not whole pages: an address inside a page (heap + 1), a length short of one.
 	CHECK(heap && small && whole);
 	if (!heap || !small || !whole)
 		return;
-	struct ibv_mr *mh = ibv_reg_mr(pd, heap + 1, n, ACCESS), *ms = ibv_reg_mr(pd, small, 4096, ACCESS),
+	struct ibv_mr *mh = ibv_reg_mr(pd, heap + 1, n, ACCESS), *ms = ibv_reg_mr(pd, small, 4000, ACCESS),
 		      *mw = ibv_reg_mr(pd, whole, n, ACCESS);
 	CHECK(mh && ms && mw);
 	CHECK(backing_of(heap + 4096) != MOVED && backing_of(small) == PRIVATE_ANON);
