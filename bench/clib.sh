@@ -4,7 +4,8 @@
 # (docs/performance.md, "What bounds the figures"; docs/clib.md, "Speed"):
 #   - ib_write_bw -s 65536   vs  softroce perf write -s 65536 --daemon    (bandwidth; the C
 #     pair also with SOFTROCE_ZERO_COPY=0, its buffers then copied memory)
-#   - ib_send_lat -s 8       vs  softroce perf send --lat -s 8 --daemon   (typical latency)
+#   - ib_send_lat -s 8       vs  softroce perf send --lat -s 8 --daemon   (typical latency;
+#     the C pair also with SOFTROCE_ZERO_COPY=0)
 # Each pair alternates C and Go RUNS times (default 3) and compares the best of each.
 # Two daemons on loopback (127.0.0.1 and 127.0.0.2, sockets in a temporary directory);
 # nothing leaves the host.
@@ -69,8 +70,9 @@ gbw() {
 }
 clat() {
   port=$((port + 1))
-  run_pair clat env SOFTROCE_SOCKET="$work/A.sock" LD_LIBRARY_PATH="$LIB" ib_send_lat -d softroce0 -x 1 -F -s 8 -n "$LAT_ITERS" -p $port -- \
-    env SOFTROCE_SOCKET="$work/B.sock" LD_LIBRARY_PATH="$LIB" ib_send_lat -d softroce0 -x 1 -F -s 8 -n "$LAT_ITERS" -p $port 127.0.0.1
+  local zc=${1:-1}
+  run_pair clat env SOFTROCE_ZERO_COPY="$zc" SOFTROCE_SOCKET="$work/A.sock" LD_LIBRARY_PATH="$LIB" ib_send_lat -d softroce0 -x 1 -F -s 8 -n "$LAT_ITERS" -p $port -- \
+    env SOFTROCE_ZERO_COPY="$zc" SOFTROCE_SOCKET="$work/B.sock" LD_LIBRARY_PATH="$LIB" ib_send_lat -d softroce0 -x 1 -F -s 8 -n "$LAT_ITERS" -p $port 127.0.0.1
   col 5 "$work/clat.c"
 }
 glat() {
@@ -82,13 +84,13 @@ glat() {
 
 best_max() { printf '%s\n' "$@" | sort -g | tail -1; }
 best_min() { printf '%s\n' "$@" | sort -g | head -1; }
-c_bw=() cc_bw=() g_bw=() c_lat=() g_lat=()
+c_bw=() cc_bw=() g_bw=() c_lat=() cc_lat=() g_lat=()
 for _ in $(seq "$RUNS"); do
   c_bw+=("$(cbw)"); cc_bw+=("$(cbw 0)"); g_bw+=("$(gbw)")
-  c_lat+=("$(clat)"); g_lat+=("$(glat)")
+  c_lat+=("$(clat)"); cc_lat+=("$(clat 0)"); g_lat+=("$(glat)")
 done
 cb=$(best_max "${c_bw[@]}") ccb=$(best_max "${cc_bw[@]}") gb=$(best_max "${g_bw[@]}")
-cl=$(best_min "${c_lat[@]}") gl=$(best_min "${g_lat[@]}")
+cl=$(best_min "${c_lat[@]}") ccl=$(best_min "${cc_lat[@]}") gl=$(best_min "${g_lat[@]}")
 echo "runs: $RUNS (best of each); BW iterations $BW_ITERS, latency iterations $LAT_ITERS"
 echo "ib_write_bw -s 65536 (C, libraries)      ${c_bw[*]} MB/s -> $cb"
 echo "ib_write_bw, SOFTROCE_ZERO_COPY=0        ${cc_bw[*]} MB/s -> $ccb"
@@ -96,8 +98,10 @@ echo "softroce perf write -s 65536 (Go)        ${g_bw[*]} MB/s -> $gb"
 awk -v c="$cb" -v g="$gb" 'BEGIN {printf "write BW ratio C/Go: %.2f (target >= 0.80)\n", c / g}'
 awk -v c="$ccb" -v g="$gb" 'BEGIN {printf "write BW ratio C/Go, copied memory: %.2f\n", c / g}'
 echo "ib_send_lat -s 8 (C, libraries)          ${c_lat[*]} us typical -> $cl"
+echo "ib_send_lat, SOFTROCE_ZERO_COPY=0        ${cc_lat[*]} us typical -> $ccl"
 echo "softroce perf send --lat -s 8 (Go)       ${g_lat[*]} us typical -> $gl"
 awk -v c="$cl" -v g="$gl" 'BEGIN {printf "send latency ratio C/Go: %.2f (target <= 1.30)\n", c / g}'
+awk -v c="$ccl" -v g="$gl" 'BEGIN {printf "send latency ratio C/Go, copied memory: %.2f\n", c / g}'
 
 if [ "$update" = 1 ]; then
   table=$work/table.md
@@ -107,6 +111,7 @@ if [ "$update" = 1 ]; then
     awk -v c="$cb" -v g="$gb" 'BEGIN {printf "| `ib_write_bw -s 65536` vs `perf write -s 65536` | %.0f MB/s | %.0f MB/s | %.2f | >= 0.80 |\n", c, g, c / g}'
     awk -v c="$ccb" -v g="$gb" 'BEGIN {printf "| the same, copied memory (`SOFTROCE_ZERO_COPY=0`) | %.0f MB/s | %.0f MB/s | %.2f | |\n", c, g, c / g}'
     awk -v c="$cl" -v g="$gl" 'BEGIN {printf "| `ib_send_lat -s 8` vs `perf send --lat -s 8` (typical) | %.1f us | %.1f us | %.2f | <= 1.30 |\n", c, g, c / g}'
+    awk -v c="$ccl" -v g="$gl" 'BEGIN {printf "| the same, copied memory (`SOFTROCE_ZERO_COPY=0`) | %.1f us | %.1f us | %.2f | |\n", c, g, c / g}'
     echo
     echo "Runs: each side $RUNS times, alternating, best of each ($BW_ITERS bandwidth and $LAT_ITERS latency iterations)."
   } > "$table"
