@@ -89,14 +89,19 @@ struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, ui
 	struct sr_zc *zc;
 	int fd = sr_zc_get(addr, length, &zc);
 	if (fd >= 0 && reg_mr(pd, addr, length, iova, access, fd, 0, &resp) < 0) {
+		// Refused as a memfd (the daemon's mapping limits): moved back, copied.
 		sr_zc_put(zc);
-		zc = NULL;
 		fd = -1;
+		zc = sr_zc_track(addr, length);
 	} else if (fd >= 0) {
 		sr_zc_registered(zc);
 	}
-	if (fd < 0 && reg_mr(pd, addr, length, iova, access, -1, 0, &resp) < 0)
+	if (!zc)
+		return sr_fail_null(ENOMEM);
+	if (fd < 0 && reg_mr(pd, addr, length, iova, access, -1, 0, &resp) < 0) {
+		sr_zc_put(zc);
 		return NULL;
+	}
 	struct sr_mr *m = calloc(1, sizeof(*m));
 	if (!m) {
 		sr_destroy_handle(pd->context, SR_OP_DEREG_MR, resp.handle);
@@ -165,18 +170,25 @@ int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, si
 		.source = SR_MR_PROCESS,
 	};
 	struct sr_rereg_mr_resp resp;
-	if (sr_simple(conn_of(mr->context), SR_OP_REREG_MR, &req, sizeof(req), &resp, sizeof(resp)) < 0)
+	// New memory is copied memory, recorded before the daemon may reach it.
+	struct sr_zc *nz = NULL;
+	if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && !(nz = sr_zc_track(addr, length))) {
+		errno = ENOMEM;
 		return IBV_REREG_MR_ERR_CMD;
+	}
+	if (sr_simple(conn_of(mr->context), SR_OP_REREG_MR, &req, sizeof(req), &resp, sizeof(resp)) < 0) {
+		sr_zc_put(nz);
+		return IBV_REREG_MR_ERR_CMD;
+	}
 	mr->lkey = resp.lkey;
 	mr->rkey = resp.rkey;
 	if (flags & IBV_REREG_MR_CHANGE_PD)
 		mr->pd = pd;
 	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
-		// The new memory is copied memory; the old, no longer reached, is
-		// the program's again.
+		// The old memory, no longer reached, is the program's again.
 		struct sr_mr *m = (struct sr_mr *)(void *)mr;
 		sr_zc_put(m->zc);
-		m->zc = NULL;
+		m->zc = nz;
 		mr->addr = addr;
 		mr->length = length;
 	}

@@ -7,29 +7,30 @@
 // with it (SR_MR_MEMFD: the engine reads and writes the pages themselves).
 // Go programs register memfd buffers; C programs register the memory they
 // have: malloc, stack, static and mmap memory, private to the process. A
-// registration of whole pages of private anonymous memory is moved onto a
-// memfd here: its pages are copied into a new sealed memfd, which is mapped
-// MAP_SHARED|MAP_FIXED over them (the same address, contents and
-// protection), and the memfd is what the daemon maps (the library closes its
-// own descriptor once the daemon has it). When the registration goes
+// registration of whole pages of plain private anonymous memory is moved onto
+// a memfd here: its pages are copied into a new sealed memfd, which is mapped
+// MAP_SHARED|MAP_FIXED over them (the same address, contents and protection),
+// and the memfd is what the daemon maps (the library closes its own
+// descriptor once the daemon has it). When the registration goes
 // (ibv_dereg_mr, or a rereg to other memory) the range moves back onto
 // private anonymous memory, and in a child after fork() every moved range
 // does (pthread_atfork): after deregistration, and in a child, the program
 // has private memory as before, and a child never shares pages with its
 // parent (with rdma-core the child gets a copy of registered pages too).
 //
-// Anything else (a range that overlaps a moved one included), or any step
-// that fails, leaves the memory as it is and the registration takes the
-// copied path. SOFTROCE_ZERO_COPY=0 turns moving off. What it cannot keep
-// (docs/clib.md): a write that another thread makes to the range while
-// ibv_reg_mr or ibv_dereg_mr copies it can be lost. The move is never done
-// to a range that is not exactly the registered pages, nor in a process
-// that holds locked memory (mlock: the new mapping would not be locked), nor
-// once the process uses half its mapping budget (vm.max_map_count: a move
-// can split a mapping in three, and the program's own mmaps come first).
+// Every registration's range is recorded here, moved or copied, so that no
+// page moves while the daemon may write it through another registration: a
+// range overlapping any recorded one is copied memory, and a moved range
+// whose registration went moves back only once no copied registration
+// overlaps it. Anything that does not qualify, or a step that fails, leaves
+// the memory as it is and the registration takes the copied path.
+// SOFTROCE_ZERO_COPY=0 turns moving off. What it cannot keep
+// (docs/clib.md): a write that another thread of the program makes to the
+// range while ibv_reg_mr or ibv_dereg_mr copies it can be lost.
 //
-// Nothing here allocates or calls into stdio between fork() and the child's
-// handler's end: /proc/self/maps is read with read(2) into fixed buffers.
+// The child's fork handler calls nothing that allocates or takes a lock
+// (free aside, which glibc allows there): /proc/self/maps is read with
+// read(2) into fixed buffers.
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -44,15 +45,19 @@
 
 #define SR_ZC_NAME "softroce-mr"
 
+// sr_zc is the range of one registration: moved pages, or a copied
+// registration's bytes.
 struct sr_zc {
-	uintptr_t start, end; // the moved pages
-	int fd;               // the memfd, sealed, until the daemon has it; then -1
-	uint64_t ino;         // its inode, to tell its mappings in /proc/self/maps
+	uintptr_t start, end;
+	int moved;    // the pages are on the memfd (ino)
+	int live;     // its registration exists (a moved range may outlive it: see sr_zc_put)
+	int fd;       // a moved range's memfd until the daemon has it; then -1
+	uint64_t ino; // a moved range's memfd's inode, to tell its mappings in /proc/self/maps
 	struct sr_zc *next;
 };
 
 static pthread_mutex_t zc_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct sr_zc *zcs;
+static struct sr_zc *zcs; // every range, under zc_mu
 static pthread_once_t zc_once = PTHREAD_ONCE_INIT;
 static int zc_on;
 static long zc_max_maps;
@@ -171,22 +176,24 @@ static long read_long(const char *path)
 	return v;
 }
 
-// locked_memory: the process holds mlock'd memory (VmLck in /proc/self/status),
-// or that cannot be told.
-static int locked_memory(void)
+// held_memory: the process holds locked (mlock) or pinned (io_uring fixed
+// buffers, VFIO, ...) memory, by VmLck and VmPin in /proc/self/status, or
+// that cannot be told. A moved page would be neither: the new mapping is
+// not locked, and a pinned page's device would go on using the old page.
+static int held_memory(void)
 {
 	struct lines l;
 	if (lines_open(&l, "/proc/self/status") < 0)
 		return 1;
-	int locked = 1;
+	int held = 0, seen = 0;
 	while (lines_next(&l) > 0) {
-		if (!strncmp(l.line, "VmLck:", 6)) {
-			locked = strtol(l.line + 6, NULL, 10) != 0;
-			break;
+		if (!strncmp(l.line, "VmLck:", 6) || !strncmp(l.line, "VmPin:", 6)) {
+			seen++;
+			held |= strtol(l.line + 6, NULL, 10) != 0;
 		}
 	}
 	close(l.fd);
-	return locked;
+	return held || seen != 2;
 }
 
 static void zc_prepare(void);
@@ -207,75 +214,141 @@ static void zc_init(void)
 
 // ---------------------------------------------------------------- moving
 
-// movable: [s, e) lies wholly in private anonymous read-write mappings
-// (the heap or unnamed mmap memory: not a file, a stack, hugetlbfs or a
-// shared mapping), and the process has room for the mappings a move adds.
+// plain_flags: a mapping's VmFlags (/proc/self/smaps) say nothing a move
+// would lose or break: readable and writable, and not locked (lo),
+// don't-fork (dc), wipe-on-fork (wf), don't-dump (dd), userfaultfd (um, uw),
+// hugetlb (ht), sealed (sl), I/O or PFN memory (io, pf).
+static int plain_flags(const char *f)
+{
+	static const char *const refused[] = {"lo", "dc", "wf", "dd", "um", "uw", "ht", "sl", "io", "pf"};
+	int rd = 0, wr = 0;
+	while (*f) {
+		while (*f == ' ')
+			f++;
+		if (!f[0] || !f[1])
+			break;
+		if (!strncmp(f, "rd", 2))
+			rd = 1;
+		if (!strncmp(f, "wr", 2))
+			wr = 1;
+		for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++)
+			if (!strncmp(f, refused[i], 2))
+				return 0;
+		f += 2;
+	}
+	return rd && wr;
+}
+
+// movable: [s, e) lies wholly in plain private anonymous read-write
+// mappings (the heap or unnamed mmap memory: not a file, a stack, hugetlbfs
+// or a shared mapping; no protection key; plain_flags), and the process
+// uses less than half its mapping budget (a move can split a mapping in
+// three; the program's own mmaps come first). Read from /proc/self/smaps.
 static int movable(uintptr_t s, uintptr_t e)
 {
 	struct lines l;
-	if (lines_open(&l, "/proc/self/maps") < 0)
+	if (lines_open(&l, "/proc/self/smaps") < 0)
 		return 0;
 	uintptr_t c = s;
 	long count = 0;
-	int ok = 1;
+	int ok = 1, in = 0, flags_seen = 0;
 	struct maps_ent m;
 	while (lines_next(&l) > 0) {
-		count++;
-		if (c >= e || parse_maps_line(l.line, &m) < 0 || m.end <= c)
-			continue;
-		if (m.start > c || strcmp(m.perms, "rw-p") || m.ino != 0 ||
-		    (m.path[0] && strcmp(m.path, "[heap]")))
-			ok = 0;
-		c = m.end < e ? m.end : e;
-		if (!ok)
-			c = e;
+		char ch = l.line[0];
+		if ((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f')) {
+			// A mapping's first line: check the previous one's fields, then this one.
+			count++;
+			if (in && !flags_seen)
+				ok = 0;
+			in = flags_seen = 0;
+			if (c >= e || parse_maps_line(l.line, &m) < 0 || m.end <= c)
+				continue;
+			if (m.start > c || strcmp(m.perms, "rw-p") || m.ino != 0 ||
+			    (m.path[0] && strcmp(m.path, "[heap]")))
+				ok = 0;
+			in = 1;
+			c = m.end < e ? m.end : e;
+		} else if (in && !strncmp(l.line, "ProtectionKey:", 14)) {
+			ok &= strtol(l.line + 14, NULL, 10) == 0;
+		} else if (in && !strncmp(l.line, "VmFlags:", 8)) {
+			flags_seen = 1;
+			ok &= plain_flags(l.line + 8);
+		}
 	}
 	close(l.fd);
-	// Replacing the middle of a mapping splits it in three.
+	if (in && !flags_seen)
+		ok = 0;
 	return ok && c >= e && count < zc_max_maps / 2;
 }
 
-// zc_move moves [s, e) onto a new sealed memfd; NULL (memory unchanged) if
-// any step fails.
-static struct sr_zc *zc_move(uintptr_t s, uintptr_t e)
+// is_hole: nothing is mapped at [a, a+len) any more (msync's ENOMEM).
+static int is_hole(uintptr_t a, size_t len)
+{
+	return msync((void *)a, len, MS_ASYNC) < 0 && errno == ENOMEM;
+}
+
+// put_back puts the copy at n (len bytes, protection prot) at a, where a
+// failed MAP_FIXED or mremap may have left a hole: mremap, else a fresh
+// private mapping and a copy. 0: a holds the copy and n is gone.
+static int put_back(void *n, uintptr_t a, size_t len, int prot)
+{
+	if (mremap(n, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)a) != MAP_FAILED)
+		return 0;
+	if (mmap((void *)a, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
+	    MAP_FAILED)
+		return -1; // the copy stays at n: lost to the program, but not freed
+	memcpy((void *)a, n, len);
+	munmap(n, len);
+	if (prot != (PROT_READ | PROT_WRITE))
+		mprotect((void *)a, len, prot);
+	return 0;
+}
+
+// zc_move moves [s, e) onto a new sealed memfd (z's fields set); -1 (the
+// memory as it was) if a step fails.
+static int zc_move(struct sr_zc *z, uintptr_t s, uintptr_t e)
 {
 	size_t len = e - s;
-	struct sr_zc *z = calloc(1, sizeof(*z));
-	if (!z)
-		return NULL;
 	int fd = memfd_create(SR_ZC_NAME, MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	struct stat st;
 	if (fd < 0)
-		goto fail;
+		return -1;
 	if (ftruncate(fd, (off_t)len) < 0 ||
-	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0 || fstat(fd, &st) < 0)
-		goto fail;
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0 || fstat(fd, &st) < 0) {
+		close(fd);
+		return -1;
+	}
 	void *tmp = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (tmp == MAP_FAILED)
-		goto fail;
+	if (tmp == MAP_FAILED) {
+		close(fd);
+		return -1;
+	}
 	// The copy writes every page of the memfd: the range has no hole, as the
 	// daemon wants it (pages the program never touched read as zeros, and
 	// become the program's memory, as ibv_reg_mr pins them on an RNIC).
 	memcpy(tmp, (void *)s, len);
 	if (mmap((void *)s, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
-		// A kernel that unmapped the range before failing: put the copy there.
-		if (msync((void *)s, len, MS_ASYNC) < 0 && errno == ENOMEM)
-			mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)s);
-		else
-			munmap(tmp, len);
-		goto fail;
+		// A kernel that unmapped the range before failing: the copy goes there
+		// (shared: the range is then recorded as moved, to move back later).
+		if (is_hole(s, len) && put_back(tmp, s, len, PROT_READ | PROT_WRITE) == 0) {
+			z->start = s;
+			z->end = e;
+			z->moved = 1;
+			z->fd = fd;
+			z->ino = (uint64_t)st.st_ino;
+			return 0;
+		}
+		munmap(tmp, len);
+		close(fd);
+		return -1;
 	}
 	munmap(tmp, len);
 	z->start = s;
 	z->end = e;
+	z->moved = 1;
 	z->fd = fd;
 	z->ino = (uint64_t)st.st_ino;
-	return z;
-fail:
-	if (fd >= 0)
-		close(fd);
-	free(z);
-	return NULL;
+	return 0;
 }
 
 // ours_first finds the first mapping of z's memfd in [z->start, z->end).
@@ -289,7 +362,7 @@ static int ours_first(const struct sr_zc *z, struct maps_ent *out)
 	while (!found && lines_next(&l) > 0) {
 		if (parse_maps_line(l.line, &m) < 0 || m.end <= z->start || m.start >= z->end)
 			continue;
-		if (m.ino == z->ino && m.perms[3] == 's' && m.perms[0] == 'r' &&
+		if (m.ino == z->ino && m.perms[3] == 's' &&
 		    !strncmp(m.path, "/memfd:" SR_ZC_NAME, sizeof("/memfd:" SR_ZC_NAME) - 1)) {
 			*out = m;
 			found = 1;
@@ -301,30 +374,57 @@ static int ours_first(const struct sr_zc *z, struct maps_ent *out)
 
 // zc_unmove moves what is still z's in its range back onto private
 // anonymous memory (the program may have unmapped or remapped parts of it:
-// those stay as they are), then closes the memfd.
-static void zc_unmove(struct sr_zc *z)
+// those stay as they are) and closes the memfd if still open. 0: nothing of
+// the memfd is left mapped there; -1: some is (unreadable, or a step failed).
+static int zc_unmove(struct sr_zc *z)
 {
-	struct maps_ent m;
-	// Each pass turns one mapping of the memfd back; one that cannot be is
-	// left shared, and the walk stops (a bound: no endless retry).
-	for (int i = 0; i < 64 && ours_first(z, &m); i++) {
-		uintptr_t a = m.start > z->start ? m.start : z->start;
-		uintptr_t b = m.end < z->end ? m.end : z->end;
-		size_t len = b - a;
-		void *n = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-		if (n == MAP_FAILED)
-			break;
-		memcpy(n, (void *)a, len);
-		int prot = PROT_READ | (m.perms[1] == 'w' ? PROT_WRITE : 0) | (m.perms[2] == 'x' ? PROT_EXEC : 0);
-		if ((prot != (PROT_READ | PROT_WRITE) && mprotect(n, len, prot) < 0) ||
-		    mremap(n, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)a) == MAP_FAILED) {
-			munmap(n, len);
-			break;
-		}
-	}
 	if (z->fd >= 0)
 		close(z->fd);
 	z->fd = -1;
+	struct maps_ent m;
+	// Each pass turns one mapping of the memfd back (bounded: no endless retry).
+	for (int i = 0; i < 1024; i++) {
+		if (!ours_first(z, &m))
+			return 0;
+		uintptr_t a = m.start > z->start ? m.start : z->start;
+		uintptr_t b = m.end < z->end ? m.end : z->end;
+		size_t len = b - a;
+		if (m.perms[0] != 'r')
+			return -1;
+		void *n = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (n == MAP_FAILED)
+			return -1;
+		memcpy(n, (void *)a, len);
+		int prot = PROT_READ | (m.perms[1] == 'w' ? PROT_WRITE : 0) | (m.perms[2] == 'x' ? PROT_EXEC : 0);
+		if (prot != (PROT_READ | PROT_WRITE) && mprotect(n, len, prot) < 0) {
+			munmap(n, len);
+			return -1;
+		}
+		if (mremap(n, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)a) == MAP_FAILED) {
+			// Never drop the copy while a may be a hole.
+			if (!is_hole(a, len)) {
+				munmap(n, len);
+				return -1;
+			}
+			if (put_back(n, a, len, prot) < 0)
+				return -1;
+		}
+	}
+	return -1;
+}
+
+// seal_off makes what is still z's memfd in its range inaccessible: in a
+// child whose move back failed, a fault is better than writing the
+// parent's pages.
+static void seal_off(struct sr_zc *z)
+{
+	struct maps_ent m;
+	for (int i = 0; i < 1024 && ours_first(z, &m); i++) {
+		uintptr_t a = m.start > z->start ? m.start : z->start;
+		uintptr_t b = m.end < z->end ? m.end : z->end;
+		if (mmap((void *)a, b - a, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED)
+			break;
+	}
 }
 
 // ---------------------------------------------------------------- fork
@@ -340,14 +440,17 @@ static void zc_parent(void)
 }
 
 // zc_child: the child inherited the moved ranges as shared mappings of the
-// parent's memfds; each becomes private memory of the child's own.
+// parent's memfds; each becomes private memory of the child's own. The
+// child's registrations are the parent's (its verbs on them fail), so every
+// record goes.
 static void zc_child(void)
 {
 	struct sr_zc *z = zcs;
 	zcs = NULL;
 	while (z) {
 		struct sr_zc *next = z->next;
-		zc_unmove(z);
+		if (z->moved && zc_unmove(z) < 0)
+			seal_off(z);
 		free(z);
 		z = next;
 	}
@@ -356,29 +459,72 @@ static void zc_child(void)
 
 // ---------------------------------------------------------------- registrations
 
+static int overlaps(const struct sr_zc *z, uintptr_t s, uintptr_t e)
+{
+	return s < z->end && e > z->start;
+}
+
+// copied_over: a live copied registration overlaps z (zc_mu held).
+static int copied_over(const struct sr_zc *z)
+{
+	for (struct sr_zc *c = zcs; c; c = c->next)
+		if (!c->moved && c->live && overlaps(c, z->start, z->end))
+			return 1;
+	return 0;
+}
+
+static void unlink_zc(struct sr_zc *z)
+{
+	for (struct sr_zc **p = &zcs; *p; p = &(*p)->next) {
+		if (*p == z) {
+			*p = z->next;
+			return;
+		}
+	}
+}
+
 int sr_zc_get(void *addr, size_t length, struct sr_zc **zp)
 {
 	*zp = NULL;
 	pthread_once(&zc_once, zc_init);
 	uintptr_t s = (uintptr_t)addr, e = s + length;
-	if (!zc_on || !length || e < s || (s | length) & (zc_page - 1))
-		return -1;
-	pthread_mutex_lock(&zc_mu);
-	struct sr_zc *z;
-	for (z = zcs; z; z = z->next)
-		if (s < z->end && e > z->start)
-			break;
-	if (z) {
-		z = NULL; // overlaps a moved range: copied memory (the pages are the memfd's)
-	} else if (!locked_memory() && movable(s, e) && (z = zc_move(s, e))) {
-		z->next = zcs;
-		zcs = z;
-	}
-	pthread_mutex_unlock(&zc_mu);
+	struct sr_zc *z = calloc(1, sizeof(*z));
 	if (!z)
 		return -1;
+	z->start = s;
+	z->end = e < s ? UINTPTR_MAX : e;
+	z->live = 1;
+	z->fd = -1;
+	pthread_mutex_lock(&zc_mu);
+	int any = 0;
+	for (struct sr_zc *o = zcs; o && !any; o = o->next)
+		any = overlaps(o, z->start, z->end);
+	if (zc_on && !any && length && e > s && !((s | length) & (zc_page - 1)) && !held_memory() &&
+	    movable(s, e))
+		zc_move(z, s, e); // on failure z stays a copied range
+	z->next = zcs;
+	zcs = z;
+	pthread_mutex_unlock(&zc_mu);
 	*zp = z;
-	return z->fd;
+	return z->moved ? z->fd : -1;
+}
+
+struct sr_zc *sr_zc_track(void *addr, size_t length)
+{
+	pthread_once(&zc_once, zc_init);
+	struct sr_zc *z = calloc(1, sizeof(*z));
+	if (!z)
+		return NULL;
+	uintptr_t s = (uintptr_t)addr, e = s + length;
+	z->start = s;
+	z->end = e < s ? UINTPTR_MAX : e;
+	z->live = 1;
+	z->fd = -1;
+	pthread_mutex_lock(&zc_mu);
+	z->next = zcs;
+	zcs = z;
+	pthread_mutex_unlock(&zc_mu);
+	return z;
 }
 
 void sr_zc_registered(struct sr_zc *z)
@@ -390,18 +536,30 @@ void sr_zc_registered(struct sr_zc *z)
 	pthread_mutex_unlock(&zc_mu);
 }
 
+// sr_zc_put: z's registration is gone (the daemon no longer reaches it). A
+// moved range moves back unless a copied registration overlaps it (the
+// daemon may write those bytes through it at any time; the range waits for
+// the last such registration); a range whose move back fails stays
+// recorded (no new move overlaps it; a child seals it off). A copied
+// range's going may let waiting moved ranges move back.
 void sr_zc_put(struct sr_zc *z)
 {
 	if (!z)
 		return;
+	int saved = errno;
 	pthread_mutex_lock(&zc_mu);
-	for (struct sr_zc **p = &zcs; *p; p = &(*p)->next) {
-		if (*p == z) {
-			*p = z->next;
-			break;
+	z->live = 0;
+	if (!z->moved) {
+		unlink_zc(z);
+		free(z);
+	}
+	for (struct sr_zc *w = zcs, *next; w; w = next) {
+		next = w->next;
+		if (w->moved && !w->live && !copied_over(w) && zc_unmove(w) == 0) {
+			unlink_zc(w);
+			free(w);
 		}
 	}
-	zc_unmove(z);
-	free(z);
 	pthread_mutex_unlock(&zc_mu);
+	errno = saved;
 }

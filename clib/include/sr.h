@@ -305,14 +305,18 @@ static inline void *sr_fail_null(int err)
 	return NULL;
 }
 
-// Zero-copy registration (ibverbs/zcopy.c): sr_zc_get moves a registration's
-// whole pages of private anonymous memory onto a memfd and returns that
-// memfd, to send with an SR_MR_MEMFD registration at offset 0, and the moved
-// range in *zp; sr_zc_registered closes the memfd once the daemon has it;
-// sr_zc_put moves the pages back (deregistration, or a refused registration).
-// -1: nothing moved, register the memory as SR_MR_PROCESS.
+// Zero-copy registration (ibverbs/zcopy.c). Every MR's range is recorded
+// (struct sr_zc). sr_zc_get records [addr, addr+length) and, where the range
+// is whole pages of plain private anonymous memory overlapping no other
+// record, moves it onto a memfd and returns that memfd, to send with an
+// SR_MR_MEMFD registration at offset 0; -1: register it as SR_MR_PROCESS
+// (*zp NULL: out of memory). sr_zc_registered closes the memfd once the
+// daemon has it. sr_zc_track records a copied range (NULL: out of memory).
+// sr_zc_put drops a record once its registration is gone (moving pages back
+// as soon as no copied registration overlaps them); it keeps errno.
 struct sr_zc;
 int sr_zc_get(void *addr, size_t length, struct sr_zc **zp);
+struct sr_zc *sr_zc_track(void *addr, size_t length);
 void sr_zc_registered(struct sr_zc *z);
 void sr_zc_put(struct sr_zc *z);
 

@@ -20,7 +20,14 @@ import (
 // and dev is closed.
 func Serve(t testing.TB, dev *roce.Device) (sock string, srv *daemon.Server) {
 	t.Helper()
-	srv, err := daemon.New(daemon.Options{Device: dev, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	return ServeLimited(t, dev, daemon.Limits{})
+}
+
+// ServeLimited is Serve with per-user limits (daemon.Options.Limits; zero fields: the
+// defaults).
+func ServeLimited(t testing.TB, dev *roce.Device, limits daemon.Limits) (sock string, srv *daemon.Server) {
+	t.Helper()
+	srv, err := daemon.New(daemon.Options{Device: dev, Limits: limits, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		dev.Close()
 		t.Fatal(err)

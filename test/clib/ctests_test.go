@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	daemonpkg "github.com/softroce/softroce/internal/daemon"
 )
 
 // runC runs one of the C tests (clib/tests, ASan/UBSan) against daemon d.
@@ -57,17 +59,34 @@ func TestCLoopback(t *testing.T) {
 
 // TestCZeroCopy runs clib/tests/zcopy.c against a daemon: whole pages of private anonymous
 // memory move onto a memfd the daemon maps (contents and neighbours kept), RDMA through them,
-// a registration inside a moved range and one across its edge, a fork whose child gets private
-// pages, the pages moved back by the last deregistration; then again with
-// SOFTROCE_ZERO_COPY=0, where nothing moves. The daemon holds no MR and no mapping after
-// either.
+// a single page, copied registrations inside a moved range and across its edge (the range
+// moves back only after the last of them), ibv_rereg_mr of a moved MR, a fork whose child gets
+// private pages, the pages moved back at deregistration; then again with
+// SOFTROCE_ZERO_COPY=0, where nothing moves; then against a daemon whose mapped_bytes limit
+// refuses the memfds, where the library moves the pages back and registers them as copied
+// memory. The daemons hold no MR and no mapping after each.
 func TestCZeroCopy(t *testing.T) {
 	needMem(t)
+	idle := func(d daemon) {
+		t.Helper()
+		if n := d.srv.Debug(); n.QPs != 0 || n.PDs != 0 || n.MRs != 0 || n.MappedBytes != 0 {
+			t.Errorf("the daemon still holds objects or mappings: %+v", n)
+		}
+	}
 	d := startDaemon(t)
 	t.Log(strings.TrimSpace(runC(t, d, "zcopy")))
 	t.Log(strings.TrimSpace(runCEnv(t, d, []string{"SOFTROCE_ZERO_COPY=0"}, "zcopy", "off")))
-	if n := d.srv.Debug(); n.QPs != 0 || n.PDs != 0 || n.MRs != 0 {
-		t.Errorf("the daemon still holds objects: %+v", n)
+	idle(d)
+	if n := d.srv.Debug(); n.Refused.MappedBytes != 0 {
+		t.Errorf("refusals over mapped_bytes: %d", n.Refused.MappedBytes)
+	}
+	// 384 KiB: the session's rings (264 KiB) and the CQ's fit, a 256 KiB registration
+	// beside them does not.
+	lim := startDaemonLimited(t, daemonpkg.Limits{MappedBytes: 384 << 10})
+	t.Log(strings.TrimSpace(runC(t, lim, "zcopy", "off")))
+	idle(lim)
+	if n := lim.srv.Debug(); n.Refused.MappedBytes == 0 {
+		t.Error("the limited daemon refused no memfd: the library did not try to move the pages")
 	}
 }
 

@@ -160,12 +160,18 @@ func loopbackAddr() netip.Addr {
 // t.TempDir().
 func startDaemon(t *testing.T) daemon {
 	t.Helper()
+	return startDaemonLimited(t, daemonpkg.Limits{})
+}
+
+// startDaemonLimited is startDaemon with per-user limits (zero fields: the defaults).
+func startDaemonLimited(t *testing.T, limits daemonpkg.Limits) daemon {
+	t.Helper()
 	a := loopbackAddr()
 	dev, err := roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{a}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sock, srv := daemontest.Serve(t, dev)
+	sock, srv := daemontest.ServeLimited(t, dev, limits)
 	return daemon{sock: sock, addr: a, srv: srv, dev: dev}
 }
 
