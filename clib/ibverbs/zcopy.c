@@ -327,22 +327,24 @@ static int zc_move(struct sr_zc *z, uintptr_t s, uintptr_t e)
 	// daemon wants it (pages the program never touched read as zeros, and
 	// become the program's memory, as ibv_reg_mr pins them on an RNIC).
 	memcpy(tmp, (void *)s, len);
-	if (mmap((void *)s, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
-		// A kernel that unmapped the range before failing: the copy goes there
-		// (shared: the range is then recorded as moved, to move back later).
-		if (is_hole(s, len) && put_back(tmp, s, len, PROT_READ | PROT_WRITE) == 0) {
-			z->start = s;
-			z->end = e;
-			z->moved = 1;
-			z->fd = fd;
-			z->ino = (uint64_t)st.st_ino;
-			return 0;
-		}
+	if (mmap((void *)s, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) != MAP_FAILED) {
 		munmap(tmp, len);
+	} else if (!is_hole(s, len)) {
+		munmap(tmp, len); // the memory as it was
 		close(fd);
 		return -1;
-	}
-	munmap(tmp, len);
+	} else if (mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)s) == MAP_FAILED) {
+		// A kernel that unmapped the range before failing, and no room to
+		// put the shared copy there: a private one, else the copy stays at
+		// tmp rather than dropped.
+		if (mmap((void *)s, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) !=
+		    MAP_FAILED) {
+			memcpy((void *)s, tmp, len);
+			munmap(tmp, len);
+		}
+		close(fd);
+		return -1;
+	} // else: the shared copy is there, the range moved all the same
 	z->start = s;
 	z->end = e;
 	z->moved = 1;
@@ -483,33 +485,8 @@ static void unlink_zc(struct sr_zc *z)
 	}
 }
 
-int sr_zc_get(void *addr, size_t length, struct sr_zc **zp)
-{
-	*zp = NULL;
-	pthread_once(&zc_once, zc_init);
-	uintptr_t s = (uintptr_t)addr, e = s + length;
-	struct sr_zc *z = calloc(1, sizeof(*z));
-	if (!z)
-		return -1;
-	z->start = s;
-	z->end = e < s ? UINTPTR_MAX : e;
-	z->live = 1;
-	z->fd = -1;
-	pthread_mutex_lock(&zc_mu);
-	int any = 0;
-	for (struct sr_zc *o = zcs; o && !any; o = o->next)
-		any = overlaps(o, z->start, z->end);
-	if (zc_on && !any && length && e > s && !((s | length) & (zc_page - 1)) && !held_memory() &&
-	    movable(s, e))
-		zc_move(z, s, e); // on failure z stays a copied range
-	z->next = zcs;
-	zcs = z;
-	pthread_mutex_unlock(&zc_mu);
-	*zp = z;
-	return z->moved ? z->fd : -1;
-}
-
-struct sr_zc *sr_zc_track(void *addr, size_t length)
+// new_range is a live copied range's record for [addr, addr+length).
+static struct sr_zc *new_range(void *addr, size_t length)
 {
 	pthread_once(&zc_once, zc_init);
 	struct sr_zc *z = calloc(1, sizeof(*z));
@@ -520,6 +497,33 @@ struct sr_zc *sr_zc_track(void *addr, size_t length)
 	z->end = e < s ? UINTPTR_MAX : e;
 	z->live = 1;
 	z->fd = -1;
+	return z;
+}
+
+int sr_zc_get(void *addr, size_t length, struct sr_zc **zp)
+{
+	uintptr_t s = (uintptr_t)addr, e = s + length;
+	struct sr_zc *z = *zp = new_range(addr, length);
+	if (!z)
+		return -1;
+	pthread_mutex_lock(&zc_mu);
+	int any = 0;
+	for (struct sr_zc *o = zcs; o && !any; o = o->next)
+		any = overlaps(o, z->start, z->end);
+	if (zc_on && !any && length && e > s && !((s | length) & (zc_page - 1)) && !held_memory() &&
+	    movable(s, e))
+		zc_move(z, s, e); // on failure z stays a copied range
+	z->next = zcs;
+	zcs = z;
+	pthread_mutex_unlock(&zc_mu);
+	return z->moved ? z->fd : -1;
+}
+
+struct sr_zc *sr_zc_track(void *addr, size_t length)
+{
+	struct sr_zc *z = new_range(addr, length);
+	if (!z)
+		return NULL;
 	pthread_mutex_lock(&zc_mu);
 	z->next = zcs;
 	zcs = z;
