@@ -138,6 +138,7 @@ int ibv_dereg_mr(struct ibv_mr *mr)
 		return err;
 	struct sr_mr *m = (struct sr_mr *)(void *)mr;
 	sr_zc_put(m->zc); // the daemon no longer reaches the pages
+	sr_zc_put(m->stale);
 	free(m);
 	return 0;
 }
@@ -177,7 +178,14 @@ int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, si
 		return IBV_REREG_MR_ERR_CMD;
 	}
 	if (sr_simple(conn_of(mr->context), SR_OP_REREG_MR, &req, sizeof(req), &resp, sizeof(resp)) < 0) {
-		sr_zc_put(nz);
+		// EBUSY: the change may have been made with old accesses still
+		// running, so both ranges stay recorded until ibv_dereg_mr (a
+		// second such answer's range stays recorded for the process's life).
+		struct sr_mr *m = (struct sr_mr *)(void *)mr;
+		if (errno == EBUSY && nz && !m->stale)
+			m->stale = nz;
+		else if (errno != EBUSY)
+			sr_zc_put(nz);
 		return IBV_REREG_MR_ERR_CMD;
 	}
 	mr->lkey = resp.lkey;

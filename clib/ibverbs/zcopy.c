@@ -209,31 +209,45 @@ static void zc_init(void)
 	zc_page = pg > 0 ? (uintptr_t)pg : 4096;
 	if (zc_max_maps <= 0)
 		zc_on = 0;
+}
+
+// The fork handlers are registered when the library loads, before any the
+// program registers. Prepare handlers run in the reverse order, so a fork
+// takes the program's locks before zc_mu, and a thread holding zc_mu (a
+// registration) never waits for a program's lock: no deadlock between
+// them.
+__attribute__((constructor)) static void zc_register_fork_handlers(void)
+{
 	pthread_atfork(zc_prepare, zc_parent, zc_child);
 }
 
 // ---------------------------------------------------------------- moving
 
-// plain_flags: a mapping's VmFlags (/proc/self/smaps) say nothing a move
-// would lose or break: readable and writable, and not locked (lo),
-// don't-fork (dc), wipe-on-fork (wf), don't-dump (dd), userfaultfd (um, uw),
-// hugetlb (ht), sealed (sl), I/O or PFN memory (io, pf).
+// plain_flags: a mapping's VmFlags (/proc/self/smaps) are those of plain
+// read-write anonymous memory and nothing else: readable and writable (rd,
+// wr, mr, mw, me), accountable (ac), soft-dirty (sd). Any other flag is
+// something a move onto a memfd, or back onto fresh anonymous memory,
+// would lose or break (mlock, MADV_DONTFORK, WIPEONFORK, DONTDUMP,
+// HUGEPAGE, userfaultfd, grows-down, memory tagging, sealing, ...), or one
+// this library does not know; such memory stays where it is.
 static int plain_flags(const char *f)
 {
-	static const char *const refused[] = {"lo", "dc", "wf", "dd", "um", "uw", "ht", "sl", "io", "pf"};
+	static const char *const plain[] = {"rd", "wr", "mr", "mw", "me", "ac", "sd"};
 	int rd = 0, wr = 0;
-	while (*f) {
+	for (;;) {
 		while (*f == ' ')
 			f++;
-		if (!f[0] || !f[1])
+		if (!*f)
 			break;
-		if (!strncmp(f, "rd", 2))
-			rd = 1;
-		if (!strncmp(f, "wr", 2))
-			wr = 1;
-		for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++)
-			if (!strncmp(f, refused[i], 2))
-				return 0;
+		if (!f[1] || (f[2] && f[2] != ' '))
+			return 0; // not a two-letter flag
+		int known = 0;
+		for (size_t i = 0; i < sizeof(plain) / sizeof(plain[0]); i++)
+			known |= !strncmp(f, plain[i], 2);
+		if (!known)
+			return 0;
+		rd |= !strncmp(f, "rd", 2);
+		wr |= !strncmp(f, "wr", 2);
 		f += 2;
 	}
 	return rd && wr;
@@ -313,7 +327,9 @@ static int zc_move(struct sr_zc *z, uintptr_t s, uintptr_t e)
 	struct stat st;
 	if (fd < 0)
 		return -1;
-	if (ftruncate(fd, (off_t)len) < 0 ||
+	// fallocate: no memory for the pages is a failed step here, not a
+	// fault in the copy below.
+	if (ftruncate(fd, (off_t)len) < 0 || fallocate(fd, 0, 0, (off_t)len) < 0 ||
 	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0 || fstat(fd, &st) < 0) {
 		close(fd);
 		return -1;
@@ -353,15 +369,21 @@ static int zc_move(struct sr_zc *z, uintptr_t s, uintptr_t e)
 	return 0;
 }
 
-// ours_first finds the first mapping of z's memfd in [z->start, z->end).
+// ours_first finds the first mapping of z's memfd in [z->start, z->end):
+// 1 found, 0 none, -1 /proc/self/maps could not be read (which is never
+// taken for "none").
 static int ours_first(const struct sr_zc *z, struct maps_ent *out)
 {
 	struct lines l;
 	if (lines_open(&l, "/proc/self/maps") < 0)
-		return 0;
-	int found = 0;
+		return -1;
+	int found = 0, r;
 	struct maps_ent m;
-	while (!found && lines_next(&l) > 0) {
+	while (!found && (r = lines_next(&l)) != 0) {
+		if (r < 0) {
+			found = -1;
+			break;
+		}
 		if (parse_maps_line(l.line, &m) < 0 || m.end <= z->start || m.start >= z->end)
 			continue;
 		if (m.ino == z->ino && m.perms[3] == 's' &&
@@ -386,20 +408,34 @@ static int zc_unmove(struct sr_zc *z)
 	struct maps_ent m;
 	// Each pass turns one mapping of the memfd back (bounded: no endless retry).
 	for (int i = 0; i < 1024; i++) {
-		if (!ours_first(z, &m))
-			return 0;
+		int r = ours_first(z, &m);
+		if (r <= 0)
+			return r;
 		uintptr_t a = m.start > z->start ? m.start : z->start;
 		uintptr_t b = m.end < z->end ? m.end : z->end;
 		size_t len = b - a;
-		if (m.perms[0] != 'r')
+		int prot = (m.perms[0] == 'r' ? PROT_READ : 0) | (m.perms[1] == 'w' ? PROT_WRITE : 0) |
+			   (m.perms[2] == 'x' ? PROT_EXEC : 0);
+		// A part the program made unreadable is read all the same.
+		if (!(prot & PROT_READ) && mprotect((void *)a, len, prot | PROT_READ) < 0)
 			return -1;
 		void *n = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-		if (n == MAP_FAILED)
+		// The copy's pages first: no memory for them is a failed step, not a
+		// fault in memcpy (MADV_POPULATE_WRITE: Linux 5.14; before, not asked).
+		if (n != MAP_FAILED && madvise(n, len, MADV_POPULATE_WRITE) < 0 && errno != EINVAL) {
+			munmap(n, len);
+			n = MAP_FAILED;
+		}
+		if (n == MAP_FAILED) {
+			if (!(prot & PROT_READ))
+				mprotect((void *)a, len, prot);
 			return -1;
+		}
 		memcpy(n, (void *)a, len);
-		int prot = PROT_READ | (m.perms[1] == 'w' ? PROT_WRITE : 0) | (m.perms[2] == 'x' ? PROT_EXEC : 0);
 		if (prot != (PROT_READ | PROT_WRITE) && mprotect(n, len, prot) < 0) {
 			munmap(n, len);
+			if (!(prot & PROT_READ))
+				mprotect((void *)a, len, prot);
 			return -1;
 		}
 		if (mremap(n, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)a) == MAP_FAILED) {
@@ -417,16 +453,19 @@ static int zc_unmove(struct sr_zc *z)
 
 // seal_off makes what is still z's memfd in its range inaccessible: in a
 // child whose move back failed, a fault is better than writing the
-// parent's pages.
+// parent's pages. Where /proc/self/maps cannot be read, the whole range.
 static void seal_off(struct sr_zc *z)
 {
 	struct maps_ent m;
-	for (int i = 0; i < 1024 && ours_first(z, &m); i++) {
+	int r = 0;
+	for (int i = 0; i < 1024 && (r = ours_first(z, &m)) > 0; i++) {
 		uintptr_t a = m.start > z->start ? m.start : z->start;
 		uintptr_t b = m.end < z->end ? m.end : z->end;
 		if (mmap((void *)a, b - a, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED)
 			break;
 	}
+	if (r < 0)
+		mmap((void *)z->start, z->end - z->start, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
 }
 
 // ---------------------------------------------------------------- fork

@@ -320,10 +320,11 @@ struct sr_zc *sr_zc_track(void *addr, size_t length);
 void sr_zc_registered(struct sr_zc *z);
 void sr_zc_put(struct sr_zc *z);
 
-// sr_mr is an ibv_mr with the zero-copy range it uses (NULL: copied memory).
+// sr_mr is an ibv_mr with its range's record (zcopy.c); stale: the range a
+// translation change answered EBUSY left the daemon possibly still reaching.
 struct sr_mr {
 	struct ibv_mr mr;
-	struct sr_zc *zc;
+	struct sr_zc *zc, *stale;
 };
 
 #endif

@@ -7,10 +7,12 @@
 // after fork() gets private memory of its own; memory that does not qualify
 // is not moved. With the argument "off" (run with SOFTROCE_ZERO_COPY=0, or
 // against a daemon that refuses the memfds) it checks that nothing stays moved. Needs $SOFTROCE_SOCKET; without it exits 77 (skipped).
+#include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -53,6 +55,19 @@ static enum backing backing_of(const void *p)
 	}
 	fclose(f);
 	return b;
+}
+
+// nfds counts this process's open descriptors.
+static int nfds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	if (!d)
+		return -1;
+	int n = 0;
+	while (readdir(d))
+		n++;
+	closedir(d);
+	return n;
 }
 
 static void fill(uint8_t *p, size_t n, uint8_t seed)
@@ -112,8 +127,10 @@ static void moved(void)
 		return;
 	uint8_t *src = all + pg;
 	fill(all, n + 2 * pg, 1);
+	int fds = nfds();
 	struct ibv_mr *ms = ibv_reg_mr(pd, src, n, ACCESS), *md = ibv_reg_mr(pd, dst, n, ACCESS);
 	CHECK(ms && md);
+	CHECK(fds > 0 && nfds() == fds); // a moved range holds no descriptor
 	if (!ms || !md)
 		return;
 	CHECK(backing_of(src) == MOVED && backing_of(src + n - 1) == MOVED && backing_of(dst) == MOVED);
@@ -252,6 +269,20 @@ static void not_moved(int zero_copy)
 		CHECK(rdma(IBV_WR_RDMA_WRITE, heap + 1, mh->lkey, whole, mw->rkey, n));
 		CHECK(same(whole, n, 6));
 	}
+	// A process holding locked memory moves nothing (the new mapping would
+	// not be locked). The system call itself: ASan's mlock does nothing.
+	uint8_t *locked = map(4096), *p = map(2 * 4096);
+	CHECK(locked && p && syscall(SYS_mlock, locked, 4096) == 0);
+	struct ibv_mr *mp = p ? ibv_reg_mr(pd, p, 2 * 4096, ACCESS) : NULL;
+	CHECK(mp != NULL && backing_of(p) == PRIVATE_ANON);
+	if (mp)
+		CHECK(ibv_dereg_mr(mp) == 0);
+	if (locked) {
+		syscall(SYS_munlock, locked, 4096);
+		munmap(locked, 4096);
+	}
+	if (p)
+		munmap(p, 2 * 4096);
 	struct ibv_mr *mrs[] = {mh, ms, mw};
 	for (unsigned i = 0; i < 3; i++)
 		if (mrs[i])
