@@ -614,6 +614,8 @@ type qpc struct {
 	sigAll bool
 	srq    bool
 	lim    qp.WRLimits
+	// sendCQ, recvCQ: cleaned of the QP's completions when it moves to RESET
+	sendCQ, recvCQ *cqc
 
 	sendOK, recvOK atomic.Bool  // states by the client's own Modify calls
 	sqOut, rqOut   atomic.Int64 // posted minus completions polled
@@ -648,7 +650,8 @@ func (c *Conn) CreateQP(in roce.VerbsQPInit) (roce.QueuePair, error) {
 		return nil, err
 	}
 	q := &qpc{c: c, h: proto.Handle(r.Handle), num: r.QPN, typ: in.Type, caps: in.Cap, sigAll: in.SigAll, srq: in.SRQ != nil,
-		lim: qp.WRLimits{MaxSGE: int(in.Cap.MaxSendSGE), MaxInlineData: int(in.Cap.MaxInlineData), MaxMsgSize: c.attr.MaxMsgSize}}
+		lim:    qp.WRLimits{MaxSGE: int(in.Cap.MaxSendSGE), MaxInlineData: int(in.Cap.MaxInlineData), MaxMsgSize: c.attr.MaxMsgSize},
+		sendCQ: in.SendCQ.(*cqc), recvCQ: in.RecvCQ.(*cqc)}
 	c.bmu.Lock()
 	c.qps[q.num] = q
 	c.bmu.Unlock()
@@ -704,6 +707,17 @@ func (q *qpc) Modify(a *qp.Attr, mask qp.AttrMask) error {
 	if err == nil && mask&qp.AttrState != 0 && !q.typ.Datagram() {
 		q.sendOK.Store(a.State == qp.StateRTS)
 		q.recvOK.Store(a.State == qp.StateInit || a.State == qp.StateRTR || a.State == qp.StateRTS)
+	}
+	if err == nil && mask&qp.AttrState != 0 && a.State == qp.StateReset {
+		// IBTA 10.3.1: a QP in Reset has no work requests; its completions still in its CQs
+		// go too (as rdma-core's mlx4 and mlx5 providers and softroce's libibverbs do), so a
+		// QP restarted from RESET does not poll the flushes of its past.
+		q.recvCQ.clean(q.num)
+		if q.sendCQ != q.recvCQ {
+			q.sendCQ.clean(q.num)
+		}
+		q.sqOut.Store(0)
+		q.rqOut.Store(0)
 	}
 	return err
 }

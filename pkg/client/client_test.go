@@ -101,6 +101,73 @@ func (s *side) rts(t *testing.T, peer netip.Addr, qpn uint32, timeout uint8) {
 	}
 }
 
+// TestResetCleansCQ: a QP moved to RESET takes its unpolled completions out of its CQ (IBTA
+// 10.3.1), and another QP's on the same CQ stay, in order; the QP's outstanding counts are 0.
+func TestResetCleansCQ(t *testing.T) {
+	l, _ := mem.NewNetwork(mem.Options{}).Attach(netip.MustParseAddr("10.8.0.1"))
+	s := open(t, serve(t, l), 4)
+	pd, err := s.c.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := s.c.CreateQP(roce.VerbsQPInit{Type: qp.TypeRC, PD: pd, SendCQ: s.cq, RecvCQ: s.cq,
+		Cap: qp.Cap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := x.(*qpc)
+	init := qp.Attr{State: qp.StateInit, Port: 1}
+	for _, q := range []*qpc{s.q, other} {
+		if err := q.Modify(&init, qp.AttrState|qp.AttrPKeyIndex|qp.AttrPort|qp.AttrAccessFlags); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Interleaved receives of both QPs, flushed by ERR: the CQ holds s.q's, other's, s.q's.
+	recv := func(q *qpc, id uint64) {
+		t.Helper()
+		if _, err := q.PostRecv([]qp.RecvWR{{WRID: id}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	errState := qp.Attr{State: qp.StateErr}
+	recv(s.q, 1)
+	recv(s.q, 2)
+	recv(other, 10)
+	recv(other, 11)
+	if err := s.q.Modify(&errState, qp.AttrState); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Modify(&errState, qp.AttrState); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until all four are in the ring (the flushes are delivered asynchronously): each
+	// arm fires at the next completion.
+	timer := time.NewTimer(10 * time.Second)
+	defer timer.Stop()
+	for s.cq.ring.Tail()-s.cq.head < 4 {
+		s.cq.ReqNotify(false)
+		if s.cq.ring.Tail()-s.cq.head >= 4 {
+			break
+		}
+		select {
+		case <-s.cq.Channel():
+		case <-timer.C:
+			t.Fatalf("%d completions in the ring, want 4", s.cq.ring.Tail()-s.cq.head)
+		}
+	}
+	if err := s.q.Modify(&qp.Attr{State: qp.StateReset}, qp.AttrState); err != nil {
+		t.Fatal(err)
+	}
+	wcs := make([]cq.WC, 8)
+	n := s.cq.Poll(wcs)
+	if n != 2 || wcs[0].WRID != 10 || wcs[1].WRID != 11 || wcs[0].QPNum != other.num {
+		t.Fatalf("after RESET polled %d: %+v", n, wcs[:n])
+	}
+	if s.q.sqOut.Load() != 0 || s.q.rqOut.Load() != 0 {
+		t.Fatalf("counts after RESET: send %d recv %d", s.q.sqOut.Load(), s.q.rqOut.Load())
+	}
+}
+
 // TestAsyncPostRefused: a post the client believed valid but the engine
 // refuses (here: the QP is in RESET, with the client's state forced) still
 // yields one completion per WR, LOC_QP_OP_ERR with the error's code.

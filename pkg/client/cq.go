@@ -128,6 +128,23 @@ func (q *cqc) Poll(dst []cq.WC) int {
 	return n
 }
 
+// clean takes QP qpn's unpolled completions out of the ring (proto.Ring.Clean): the QP moved
+// to RESET.
+func (q *cqc) clean(qpn uint32) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.destroyed {
+		return
+	}
+	if head := q.ring.Clean(q.head, q.ring.Tail(), qpn); head != q.head {
+		q.head = head
+		q.ring.Consume(head)
+		if q.ring.TakeWaiting() {
+			proto.Signal(q.spaceFD)
+		}
+	}
+}
+
 // ReqNotify arms the CQ: the next completion (solicitedOnly: the next
 // receive or error completion) sends one event on Channel. Poll after
 // arming to close the race, as with ibverbs. No system call.

@@ -131,6 +131,42 @@ func TestRingCorruptHead(t *testing.T) {
 	}
 }
 
+// TestRingClean: Clean takes one QP's entries out of the unconsumed ones, across the ring's
+// wrap, keeps the others in order, and leaves a corrupt count alone.
+func TestRingClean(t *testing.T) {
+	mem := make([]byte, RingBytes(8))
+	r, ok := NewRing(mem, 8)
+	if !ok {
+		t.Fatal("ring")
+	}
+	qpns := []uint32{7, 1, 2, 1, 3, 1, 1} // entries 5..11: across the wrap at 8
+	head, tail := uint64(5), uint64(5+len(qpns))
+	for i, n := range qpns {
+		r.Put(head+uint64(i), &cq.WC{WRID: uint64(i), QPNum: n})
+	}
+	r.Publish(tail)
+	r.Consume(head)
+	h := r.Clean(head, tail, 1)
+	if h != head+4 {
+		t.Fatalf("head %d, want %d", h, head+4)
+	}
+	var wc cq.WC
+	var got []uint64
+	for i := h; i != tail; i++ {
+		r.Get(i, &wc)
+		got = append(got, wc.WRID)
+	}
+	if fmt.Sprint(got) != "[0 2 4]" {
+		t.Fatalf("kept %v, want the WRIDs of QPs 7, 2 and 3 in order", got)
+	}
+	if r.Clean(h, tail, 9) != h {
+		t.Fatal("cleaning a QP with no entries moved the head")
+	}
+	if r.Clean(0, 1<<40, 7) != 0 {
+		t.Fatal("a corrupt count was cleaned")
+	}
+}
+
 // FuzzDecode: arbitrary post messages (from a client) never panic the
 // daemon's decoders, and what decodes re-encodes to a message that decodes to
 // the same WRs.

@@ -123,6 +123,30 @@ func (r *Ring) Get(pos uint64, wc *cq.WC) {
 // Consume publishes the consumer counter.
 func (r *Ring) Consume(head uint64) { atomic.StoreUint64(r.u64(ringHead), head) }
 
+// Clean takes the completions of QP qpn out of the entries the consumer has not consumed, from
+// head to tail (the consumer's own counter and its load of the producer's): the others are
+// moved towards tail, in order, and Clean returns the head past the ones freed, for the
+// consumer to publish (Consume). The producer writes only at and beyond tail, so the entries
+// moved are the consumer's alone. A QP moved to RESET has its CQs cleaned so (IBTA 10.3.1: a QP
+// in Reset has no work requests; rdma-core's mlx4 and mlx5 providers do the same).
+func (r *Ring) Clean(head, tail uint64, qpn uint32) uint64 {
+	if tail-head > r.mask+1 {
+		return head // a count the consumer cannot believe: nothing moved
+	}
+	var wc cq.WC
+	freed := uint64(0)
+	for i := tail; i != head; {
+		i--
+		r.Get(i, &wc)
+		if wc.QPNum == qpn {
+			freed++
+		} else if freed > 0 {
+			copy(r.entry(i+freed), r.entry(i))
+		}
+	}
+	return head + freed
+}
+
 // Arm sets the notification request kind (ArmNext or ArmSolicited;
 // ArmNext upgrades ArmSolicited, IBTA 11.4.2.2), sleeping or awake
 // (client). An awake arm must be followed by Sleep (or by watching Taken).
