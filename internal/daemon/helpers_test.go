@@ -34,8 +34,9 @@ type end struct {
 	q    roce.QueuePair
 	wc   []cq.WC
 	iova uint64
-	// timeout is the ACK timeout code connect uses (0 = infinite).
-	timeout uint8
+	// timeout is the ACK timeout code connect uses (0 = infinite); retry its retry count
+	// (newEnd: 3).
+	timeout, retry uint8
 }
 
 const rcAccess = mr.AccessLocalWrite | mr.AccessRemoteWrite | mr.AccessRemoteRead | mr.AccessRemoteAtomic
@@ -53,7 +54,7 @@ func newEnd(t testing.TB, v roce.Verbs, size int, depth uint32, acc mr.Access) *
 // memory of the program (registered where it is, reached by the daemon through copies).
 func newEndBuf(t testing.TB, v roce.Verbs, buf []byte, depth uint32, acc mr.Access) *end {
 	t.Helper()
-	e := &end{v: v, iova: 0x10000, wc: make([]cq.WC, 64), timeout: 12, buf: buf}
+	e := &end{v: v, iova: 0x10000, wc: make([]cq.WC, 64), timeout: 12, retry: 3, buf: buf}
 	var err error
 	if e.pd, err = v.AllocPD(); err != nil {
 		t.Fatal("AllocPD:", err)
@@ -72,7 +73,7 @@ func newEndBuf(t testing.TB, v roce.Verbs, buf []byte, depth uint32, acc mr.Acce
 }
 
 // connect moves e's QP to RTS towards the peer (timeout code 12 = 16.8 ms,
-// 3 retries: a dead peer is detected in well under a second).
+// 3 retries unless e.retry says otherwise: a dead peer is detected in well under a second).
 func (e *end) connect(t testing.TB, peer netip.Addr, peerQPN uint32, sgid uint8) {
 	t.Helper()
 	if err := e.q.Modify(&qp.Attr{State: qp.StateInit, Port: 1, AccessFlags: rcAccess},
@@ -84,7 +85,7 @@ func (e *end) connect(t testing.TB, peer netip.Addr, peerQPN uint32, sgid uint8)
 		qp.AttrState|qp.AttrAV|qp.AttrPathMTU|qp.AttrDestQPN|qp.AttrRQPSN|qp.AttrMaxDestRDAtomic|qp.AttrMinRNRTimer); err != nil {
 		t.Fatal("RTR:", err)
 	}
-	if err := e.q.Modify(&qp.Attr{State: qp.StateRTS, SQPSN: 0, Timeout: e.timeout, RetryCnt: 3, RNRRetry: 7, MaxRDAtomic: 4},
+	if err := e.q.Modify(&qp.Attr{State: qp.StateRTS, SQPSN: 0, Timeout: e.timeout, RetryCnt: e.retry, RNRRetry: 7, MaxRDAtomic: 4},
 		qp.AttrState|qp.AttrSQPSN|qp.AttrTimeout|qp.AttrRetryCnt|qp.AttrRNRRetry|qp.AttrMaxQPRDAtomic); err != nil {
 		t.Fatal("RTS:", err)
 	}
