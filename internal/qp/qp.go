@@ -91,6 +91,10 @@ type Config struct {
 	// DstPort is the UDP destination port of every packet (4791; tests
 	// may use another).
 	DstPort uint16
+	// RxeFlushICRC sends RC FLUSHes with the ICRC kernel rxe computes for them (the headers
+	// covered twice) instead of the one IBTA A17.3.3 defines: rxe (6.2 up to at least 6.12)
+	// drops the spec's. Every other packet keeps the spec's ICRC.
+	RxeFlushICRC bool
 	// Device holds the limits for CheckModify (nil = DefaultDeviceAttr()).
 	Device *DeviceAttr
 	// Counters is the device-wide counter set (nil = private).

@@ -1,6 +1,7 @@
 package qp
 
 import (
+	"hash/crc32"
 	"net/netip"
 
 	"github.com/softroce/softroce/internal/cq"
@@ -537,7 +538,12 @@ func (q *QP) finishTC(buf []byte, op bth.Opcode, se, ackReq bool, dqpn uint32, p
 		// segment k of a GSO run carries IPv4 ID k (fastpath.go)
 		state = t.runICRCState(&ph.ep, end, k)
 	}
-	bth.SetICRC(pkt, bth.ICRCContinue(state, pkt))
+	icrc := bth.ICRCContinue(state, pkt)
+	if op == bth.OpRCFlush && q.cfg.RxeFlushICRC {
+		// kernel rxe's FLUSH ICRC: BTH, FETH and RETH once more (pkg/roce, rxeflush.go)
+		icrc = crc32.Update(icrc, crc32.IEEETable, pkt[:end-bth.ICRCSize])
+	}
+	bth.SetICRC(pkt, icrc)
 	t.batch = append(t.batch, link.Datagram{Buf: pkt, Src: src, Dst: dst, TClass: tclass})
 }
 

@@ -250,3 +250,27 @@ func ICRCFromIP(ip []byte) (computed uint32, err error) {
 	state := crcSmall(lrhMaskCRC, hdr[:hl+udpHdrSize])
 	return ICRCContinue(state, ip[hl+udpHdrSize:hl+ulen]), nil
 }
+
+// crcTopIndex maps the top byte of an IEEE CRC32 table entry to its index: the 256 entries'
+// top bytes are distinct, which makes CRC32's byte step invertible.
+var crcTopIndex = func() (t [256]uint8) {
+	for i, v := range crc32.IEEETable {
+		t[v>>24] = uint8(i)
+	}
+	return t
+}()
+
+// ICRCUnwind undoes crc32.Update (IEEE) over p: it returns the one v for which
+// crc32.Update(v, crc32.IEEETable, p) == crc. A CRC register's step over a byte is a bijection,
+// so the register before p follows from the register after it, byte by byte from the end.
+// Kernel rxe's FLUSH ICRC is the A17.3.3 ICRC continued over the packet's headers a second
+// time (pkg/roce, rxeflush.go): unwinding those headers gives the ICRC to check.
+func ICRCUnwind(crc uint32, p []byte) uint32 {
+	tab := crc32.IEEETable
+	r := ^crc
+	for i := len(p) - 1; i >= 0; i-- {
+		idx := crcTopIndex[r>>24]
+		r = (r^tab[idx])<<8 | uint32(idx^p[i])
+	}
+	return ^r
+}

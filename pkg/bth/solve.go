@@ -179,13 +179,18 @@ func basisFor(udpPayloadLen int) *idBasis {
 // packet is accepted with probability about 2^-16 (versus 2^-32 for a full
 // check). For IPv6 (no ID) it returns (0, VerifyICRC(ep, udpPayload)).
 func SolveIPv4ID(ep *Endpoints, udpPayload []byte) (id uint16, ok bool) {
+	return SolveIPv4IDFor(ep, udpPayload, GetICRC(udpPayload))
+}
+
+// SolveIPv4IDFor is SolveIPv4ID against the ICRC want instead of the one udpPayload stores
+// (e.g. a sender's variant ICRC unwound to the one A17.3.3 defines, pkg/roce).
+func SolveIPv4IDFor(ep *Endpoints, udpPayload []byte, want uint32) (id uint16, ok bool) {
 	if len(udpPayload) < BTHSize+ICRCSize {
 		return 0, false
 	}
 	e := *ep
 	e.IPID = 0
 	got := ICRC(&e, udpPayload)
-	want := GetICRC(udpPayload)
 	if got == want {
 		return 0, true
 	}

@@ -89,7 +89,7 @@ func flushMR(c *Case, size int, acc mr.Access, seed byte) MRInfo {
 	return c.adoptMR(m, acc, seed)
 }
 
-const softroceFlushICRC = "checks a FLUSH's ICRC as A17.3.3 defines it, like every packet's: a FLUSH carrying rxe's variant fails the check and is dropped"
+const softroceFlushICRC = "checks a FLUSH's ICRC as A17.3.3 defines it, like every packet's, and also accepts kernel rxe's variant (the headers covered twice) on an RC FLUSH alone, so that rxe's FLUSHes are served (pkg/roce, rxeflush.go)"
 
 const rxeFlushICRC = "kernel rxe's opcode table gives RC FLUSH no payload offset, so its ICRC covers BTH, FETH and RETH twice and it drops a FLUSH with the A17.3.3 ICRC uncounted; the bench sends rxe's variant (rocetest.RxeFlushICRC) to check the rest"
 
@@ -169,7 +169,7 @@ var placementScenarios = []Scenario{
 		Name: "rc-flush-icrc", Section: "A17.3.3, A19.4.1", Needs: CapFlushGlobal,
 		Summary:      "FLUSH (global, range) carrying the ICRC A17.3.3 defines: an empty RDMA READ Response Only at its PSN with an ACK AETH",
 		RxeDeviation: "the FLUSH with the A17.3.3 ICRC is dropped without an answer; the same FLUSH carrying rxe's ICRC (BTH, FETH and RETH covered twice) is answered",
-		Softroce:     softroceFlushICRC,
+		Softroce:     softroceFlushICRC + "; the next FLUSH, carrying rxe's ICRC, is answered too (MSN 2)",
 		Run: func(c *Case) {
 			setupFlush(c)
 			m := flushMR(c, 1024, flushAccess, 0x85)
@@ -183,6 +183,13 @@ var placementScenarios = []Scenario{
 				c.Send(s)
 			}
 			expectPlacementAck(c, psn, 1)
+			if c.B.Softroce {
+				psn = c.Next()
+				s = flushReq(c, psn, bth.FlushRange, m.VA+100, m.RKey, 300)
+				s.ICRC = rocetest.RxeFlushICRC
+				c.Send(s)
+				expectPlacementAck(c, psn, 2)
+			}
 		},
 	},
 	{

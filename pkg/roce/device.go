@@ -124,6 +124,11 @@ type Options struct {
 	// LineRate is the device's line rate in bit/s, DCQCN's maximum rate
 	// (0 = 100 Gbit/s; OpenUDP reads an interface's speed).
 	LineRate float64
+	// RxeFlushICRC makes the device's QPs send RC FLUSHes with the ICRC kernel rxe computes
+	// for them (BTH, FETH and RETH covered twice), which rxe 6.2 up to at least 6.12 needs
+	// to answer a FLUSH; a hardware RNIC drops such a FLUSH. Received FLUSHes pass with
+	// either ICRC regardless (rxeflush.go).
+	RxeFlushICRC bool
 
 	// mac is the hardware address of the interface OpenUDP's addresses are on: with GIDs
 	// nil it derives the index-0 GID and the GUIDs, as for a table built from the interface.
@@ -175,6 +180,8 @@ type Device struct {
 	// cc is Options.CC (the QPs' default), line Options.LineRate
 	cc   CCParams
 	line float64
+	// rxeFlush: Options.RxeFlushICRC
+	rxeFlush bool
 	// dm is the device memory and the XDP write responder (devmem.go); nil without
 	dm *devMem
 }
@@ -226,6 +233,7 @@ func Open(o Options) (*Device, error) {
 		d.cc = *o.CC
 	}
 	d.line = o.LineRate
+	d.rxeFlush = o.RxeFlushICRC
 	to := d.attr.TableOptions()
 	to.Rand = o.KeyRand
 	if d.dm = newDevMem(o.Link); d.dm != nil {
@@ -524,7 +532,7 @@ func (d *Device) CreateQP(in QPInit) (*QP, error) {
 		Resolve: d.resolve, DstPort: d.port, Device: &d.attr, Counters: &d.cnt,
 		AtomicMu: &d.atomicMu, Events: d.sink, MTU: d.mtu, RecvRefill: refill,
 		Writes: d.writesFor(qpn), Schedule: d.scheds[qpn%uint32(len(d.scheds))].add,
-		CC: d.ccFor(in.CC), LineRate: d.line,
+		CC: d.ccFor(in.CC), LineRate: d.line, RxeFlushICRC: d.rxeFlush,
 	})
 	if err != nil {
 		return nil, err
@@ -767,7 +775,7 @@ func (d *Device) handleChecked(rx *rxState, dg *link.Datagram, verified bool) {
 	if !verified { // a segment of a split message had its ICRC checked with its ID (splitGSO)
 		diff = rx.icrcWithID(&ep, dg.Buf, id) ^ bth.GetICRC(dg.Buf)
 	}
-	if diff != 0 {
+	if diff != 0 && !rx.rxeFlushICRC(p, &ep, dg) { // kernel rxe's FLUSH ICRC passes (rxeflush.go)
 		if !src.Addr().Is4() {
 			d.cnt.RcvdDropped.Add(1)
 			return

@@ -42,16 +42,17 @@ type UDPOptions struct {
 	// Polled opens the device in polled mode (Options.Polled, poll.go):
 	// no receive goroutine; the application calls Device.Poll.
 	Polled bool
-	// Clock, MTU, Attr, Events, Name, CC and LineRate as in Options; a
+	// Clock, MTU, Attr, Events, Name, CC, LineRate and RxeFlushICRC as in Options; a
 	// LineRate of 0 with an Interface is the interface's speed
 	// (/sys/class/net/NAME/speed) when it reports one.
-	Clock    qp.Clock
-	MTU      qp.MTU
-	Attr     *qp.DeviceAttr
-	Events   event.Sink
-	Name     string
-	CC       *CCParams
-	LineRate float64
+	Clock        qp.Clock
+	MTU          qp.MTU
+	Attr         *qp.DeviceAttr
+	Events       event.Sink
+	Name         string
+	CC           *CCParams
+	LineRate     float64
+	RxeFlushICRC bool
 }
 
 // OpenUDP opens UDP sockets (udp.Listen, or afxdp.Open) for the given addresses or
@@ -116,7 +117,7 @@ func OpenUDP(o UDPOptions) (*Device, error) {
 		mac = gid.InterfaceMAC(addrs[0])
 	}
 	d, err := Open(Options{Link: l, Shards: shards, Pin: o.FastPath.Pin, Clock: o.Clock, Port: o.Port, MTU: o.MTU,
-		Attr: o.Attr, Events: o.Events, Name: o.Name, GIDs: table, Polled: o.Polled, CC: o.CC, LineRate: line,
+		Attr: o.Attr, Events: o.Events, Name: o.Name, GIDs: table, Polled: o.Polled, CC: o.CC, LineRate: line, RxeFlushICRC: o.RxeFlushICRC,
 		mac: mac})
 	if err != nil {
 		l.Close()

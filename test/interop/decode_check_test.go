@@ -24,12 +24,13 @@ import (
 )
 
 // decodeSummary is the last line of `softroce decode`: "# N RoCE packets (ICRC ok A, bad B),
-// M malformed, K other frames".
+// M malformed, K other frames", with ", rxe FLUSH ICRC C" after B when a FLUSH carried kernel
+// rxe's ICRC (docs/decode.md).
 type decodeSummary struct {
-	RoCE, OK, Bad, Malformed, Other int
+	RoCE, OK, Bad, Malformed, Other, RxeFlush int
 }
 
-var decodeSummaryRe = regexp.MustCompile(`(?m)^# (\d+) RoCE packets \(ICRC ok (\d+), bad (\d+)\), (\d+) malformed, (\d+) other frames$`)
+var decodeSummaryRe = regexp.MustCompile(`(?m)^# (\d+) RoCE packets \(ICRC ok (\d+), bad (\d+)(?:, rxe FLUSH ICRC (\d+))?\), (\d+) malformed, (\d+) other frames$`)
 
 // runDecode runs `softroce decode path` (bin: the CLI the pairings use) and parses its
 // summary line; an exit status other than 0 or a missing summary is an error.
@@ -46,11 +47,11 @@ func runDecode(bin, path string) (decodeSummary, string, error) {
 	if m == nil {
 		return decodeSummary{}, out.String(), fmt.Errorf("softroce decode %s: no summary line", path)
 	}
-	var n [5]int
+	var n [6]int
 	for i := range n {
-		n[i], _ = strconv.Atoi(m[i+1])
+		n[i], _ = strconv.Atoi(m[i+1]) // the absent rxe FLUSH count: 0
 	}
-	return decodeSummary{RoCE: n[0], OK: n[1], Bad: n[2], Malformed: n[3], Other: n[4]}, out.String(), nil
+	return decodeSummary{RoCE: n[0], OK: n[1], Bad: n[2], RxeFlush: n[3], Malformed: n[4], Other: n[5]}, out.String(), nil
 }
 
 // decodeClean is the capture check through `softroce decode`: exit 0, want RoCE packets

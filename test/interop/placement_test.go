@@ -7,25 +7,24 @@ package interop
 // kernel rxe, through the libibverbs peer test/interop/placement (built on the host into the
 // lab share, run in the guest on rxe0):
 //
-//   - softroce->rxe: the peer serves a 4096-byte region registered with
-//     IBV_ACCESS_FLUSH_GLOBAL; softroce's requester places a WRITE, ATOMIC WRITEs and global
-//     FLUSHes of both selectivity levels into it, reads back a placed word, and ends with a
-//     range FLUSH outside the region that rxe must refuse (remote access error) where the
-//     same request at the Memory Region level succeeded. The region the peer prints is then
-//     compared byte for byte with what the sequence placed.
+//   - softroce->rxe: the peer (Debian 12's rdma-core 44) serves a 4096-byte region registered
+//     with IBV_ACCESS_FLUSH_GLOBAL; softroce's requester places a WRITE, ATOMIC WRITEs and
+//     global FLUSHes of both selectivity levels into it, reads back a placed word, and ends
+//     with a range FLUSH outside the region that rxe must refuse (remote access error) where
+//     the same request at the Memory Region level succeeded. The region the peer prints is
+//     then compared byte for byte with what the sequence placed.
 //   - rxe->softroce: softroce serves the same region (AccessFlushGlobal on the MR and the QP)
-//     to the peer's client, whose WRITE, ATOMIC WRITEs and READs must all complete
-//     successfully; the region is compared byte for byte.
+//     to the peer's client, built against Debian 13's rdma-core 56 (the first with
+//     ibv_wr_flush; placementFlushPeer), whose WRITE, FLUSHes of both levels, ATOMIC WRITEs
+//     and READs must all complete successfully; the region is compared byte for byte.
 //
-// rdma-core 44 has no ibv_wr_flush (docs/interop.md), so FLUSH travels softroce -> rxe only.
-// rxe up to at least 6.12 computes a FLUSH's ICRC over its headers twice (rocetest.RxeFlushICRC) and
-// drops a FLUSH whose ICRC is the one IBTA A17.3.3 defines: when softroce's first FLUSH goes
-// unanswered (retries exhausted), the pairing checks on the wire that rxe never answered it,
-// and sends the FLUSHes as raw packets carrying rxe's ICRC instead, so that rxe's FLUSH
-// responder (selectivity levels, the remote access error) is still checked.
-// The tap capture is checked packet by packet (ICRC over the real IP header; each ATOMIC
-// WRITE and FLUSH answered by an RDMA READ Response Only with an ACK AETH and no payload at
-// its PSN, IBTA A19.4.1-A19.4.2) and through `softroce decode`.
+// rxe up to at least 6.12 computes a FLUSH's ICRC over its headers twice (rocetest.RxeFlushICRC)
+// and drops a FLUSH carrying the one IBTA A17.3.3 defines (the conformance scenario
+// rc-flush-icrc shows it). softroce accepts either on receive, and sends rxe's with
+// roce.Options.RxeFlushICRC, which the softroce->rxe pairing sets.
+// The tap capture is checked packet by packet (ICRC over the real IP header, rxe's variant
+// on every FLUSH; each ATOMIC WRITE and FLUSH answered by an RDMA READ Response Only with an
+// ACK AETH and no payload at its PSN, IBTA A19.4.1-A19.4.2) and through `softroce decode`.
 //
 // The lab's reference kernel (6.1) predates both operations: the pairings skip unless rxe0
 // reports ATOMIC_WRITE and FLUSH_GLOBAL (device_cap_flags_ex bits 40 and 38), i.e. they run
@@ -53,7 +52,6 @@ import (
 	"github.com/softroce/softroce/internal/cq"
 	"github.com/softroce/softroce/internal/mr"
 	"github.com/softroce/softroce/internal/qp"
-	"github.com/softroce/softroce/internal/rocetest"
 	"github.com/softroce/softroce/pkg/bth"
 	"github.com/softroce/softroce/pkg/roce"
 	conformlab "github.com/softroce/softroce/test/conform"
@@ -131,7 +129,7 @@ func placementReady(t *testing.T, lab *rxelab.Lab) string {
 			return
 		}
 		plBuildE = os.Rename(out2+".tmp", out2)
-		plBuilt = "/mnt/host/" + plBin
+		plBuilt = "stdbuf -oL /mnt/host/" + plBin
 	})
 	if plCapErr != "" {
 		t.Skip(plCapErr)
@@ -140,6 +138,40 @@ func placementReady(t *testing.T, lab *rxelab.Lab) string {
 		t.Fatal(plBuildE)
 	}
 	return plBuilt
+}
+
+var (
+	plFlushOnce sync.Once
+	plFlushCmd  string
+	plFlushErr  error
+)
+
+// plTrixieRoot is the FLUSH-capable peer's root in the lab share (build-flush).
+const plTrixieRoot = "softroce-trixie"
+
+// placementFlushPeer builds the FLUSH-capable peer (test/interop/placement/build-flush:
+// placement.c with -DPLACEMENT_FLUSH against Debian 13's rdma-core 56, in a minimal trixie
+// root) into the lab share, once per test binary, and returns the guest command that runs it:
+// in a private mount namespace, the root gets the guest's /dev, /sys and /proc and the peer
+// runs chrooted there, so that trixie's libibverbs and rxe provider drive the guest's rxe0.
+func placementFlushPeer(t *testing.T) string {
+	t.Helper()
+	plFlushOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		root := filepath.Join(conformlab.ShareDir(), plTrixieRoot)
+		b, err := exec.CommandContext(ctx, filepath.Join("placement", "build-flush"), root).CombinedOutput()
+		if err != nil {
+			plFlushErr = fmt.Errorf("build the FLUSH-capable placement peer (needs deb.debian.org once, then its cache): %v: %s", err, b)
+			return
+		}
+		r := "/mnt/host/" + plTrixieRoot
+		plFlushCmd = fmt.Sprintf(`unshare -m sh -c 'mount -o bind /dev %[1]s/dev && mount -o bind /sys %[1]s/sys && mount -t proc proc %[1]s/proc && exec chroot %[1]s /placement "$@"' placement`, r)
+	})
+	if plFlushErr != nil {
+		t.Fatal(plFlushErr)
+	}
+	return plFlushCmd
 }
 
 // plPeer is one side's line of the peer's TCP exchange: "QPN PSN GID VA RKEY" (hex, the GID
@@ -190,12 +222,14 @@ type plSide struct {
 
 const plIOVA = 0x7f0000100000 // our region's iova (what we tell the peer as VA)
 
-func openPlSide(t *testing.T, lab *rxelab.Lab, size int, access mr.Access) *plSide {
+// openPlSide opens softroce's end; rxeFlush: its FLUSHes carry kernel rxe's ICRC
+// (roce.Options.RxeFlushICRC), which rxe needs to answer them.
+func openPlSide(t *testing.T, lab *rxelab.Lab, size int, access mr.Access, rxeFlush bool) *plSide {
 	t.Helper()
 	s := &plSide{t: t, buf: make([]byte, size)}
 	if err := lab.InNetns(func() error {
 		var err error
-		s.dev, err = roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{hostIP}, MTU: qp.MTU1024, Name: "softroce0"})
+		s.dev, err = roce.OpenUDP(roce.UDPOptions{Addrs: []netip.Addr{hostIP}, MTU: qp.MTU1024, Name: "softroce0", RxeFlushICRC: rxeFlush})
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -270,11 +304,12 @@ func (s *plSide) sge(off, n int) []qp.SGE {
 	return []qp.SGE{{Addr: s.m.IOVA() + uint64(off), Length: uint32(n), LKey: s.m.LKey()}}
 }
 
-// plStartPeer starts the peer in the guest (args after -d/-g/-p) and, for the server, waits
-// for its listening line. The job is killed on cleanup unless waited for.
-func plStartPeer(t *testing.T, lab *rxelab.Lab, bin, args, ready string) *guestJob {
+// plStartPeer starts the peer in the guest (run: the command up to its options, as
+// placementReady or placementFlushPeer return it; args after -d/-g/-p) and, for the server,
+// waits for its listening line. The job is killed on cleanup unless waited for.
+func plStartPeer(t *testing.T, lab *rxelab.Lab, run, args, ready string) *guestJob {
 	t.Helper()
-	cmd := fmt.Sprintf("exec stdbuf -oL %s -d %s -g %d -p %d %s", bin, rxelab.GuestDev, rxelab.GuestGIDIndex, plPort, args)
+	cmd := fmt.Sprintf("exec %s -d %s -g %d -p %d %s", run, rxelab.GuestDev, rxelab.GuestGIDIndex, plPort, args)
 	job, err := lab.ExecBG(context.Background(), cmd, rxelab.ExecOptions{Timeout: 90 * time.Second})
 	if err != nil {
 		t.Fatalf("guest: %v", err)
@@ -359,9 +394,6 @@ const (
 	plW3 = 0xdeadbeefcafef00d
 )
 
-// plProbePort is the source port of the raw FLUSH probes (our device holds 4791).
-const plProbePort = 50791
-
 // placementToRxe: softroce's requester against rxe's responder (see the file comment).
 func placementToRxe(t *testing.T, lab *rxelab.Lab) {
 	bin := placementReady(t, lab)
@@ -369,16 +401,7 @@ func placementToRxe(t *testing.T, lab *rxelab.Lab) {
 	deadline := time.Now().Add(120 * time.Second)
 	// our buffer: [0, 300) the WRITE's data, [512, 536) the ATOMIC WRITE words, [1024, 1040)
 	// the READ's landing area
-	s := openPlSide(t, lab, 4096, mr.AccessLocalWrite)
-	var probe *rocetest.Peer
-	if err := lab.InNetns(func() error {
-		var err error
-		probe, err = rocetest.ListenPeer(rocetest.PeerOptions{Local: netip.AddrPortFrom(hostIP, plProbePort)})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer probe.Close()
+	s := openPlSide(t, lab, 4096, mr.AccessLocalWrite, true)
 	g := plStartPeer(t, lab, bin, "", "placement: listening")
 	conn := dialInNetns(t, lab, net.JoinHostPort(rxelab.GuestIP, strconv.Itoa(plPort)), deadline)
 	defer conn.Close()
@@ -418,7 +441,6 @@ func placementToRxe(t *testing.T, lab *rxelab.Lab) {
 		status cq.Status
 		what   string
 	}
-	// one packet each: the FLUSH of step 6 has PSN mine.PSN+5
 	steps := []step{
 		{qp.SendWR{Opcode: qp.WRRDMAWrite, SGL: s.sge(0, 300), RemoteAddr: va(100), RKey: theirs.RKey},
 			cq.OpRDMAWrite, cq.StatusSuccess, "WRITE 300 bytes at 100"},
@@ -439,9 +461,7 @@ func placementToRxe(t *testing.T, lab *rxelab.Lab) {
 		{qp.SendWR{Opcode: qp.WRFlush, RemoteAddr: outside, RKey: theirs.RKey, FlushLength: plRegion, FlushType: qp.FlushGlobal, FlushLevel: qp.FlushRange},
 			cq.OpFlush, cq.StatusRemAccessErr, "FLUSH global, range outside the region"},
 	}
-	flushPSN := bth.PSN(mine.PSN).Add(5)
 	before := rxeCounters(t, lab)
-	rxeDropsFlush := false
 	for i, st := range steps {
 		st.wr.WRID = uint64(i + 1)
 		wc, ok := s.post(st.wr, deadline)
@@ -449,12 +469,6 @@ func placementToRxe(t *testing.T, lab *rxelab.Lab) {
 			break
 		}
 		t.Logf("%-48s wc wr_id=%d opcode=%v status=%v byte_len=%d", st.what, wc.WRID, wc.Opcode, wc.Status, wc.ByteLen)
-		if i == 5 && wc.Status == cq.StatusRetryExcErr {
-			// rxe's FLUSH ICRC (rocetest.RxeFlushICRC): the rest of the FLUSHes go as raw packets with
-			// rxe's ICRC, and the capture must show rxe never answered ours
-			rxeDropsFlush = true
-			break
-		}
 		if wc.WRID != st.wr.WRID || wc.Status != st.status || (wc.Status == cq.StatusSuccess && wc.Opcode != st.op) {
 			t.Errorf("%s: completion %+v, want opcode %v status %v", st.what, wc, st.op, st.status)
 			break
@@ -463,18 +477,6 @@ func placementToRxe(t *testing.T, lab *rxelab.Lab) {
 			exp := append(append([]byte(nil), plPattern()[plRegion-16:plRegion-8]...), s.buf[520:528]...)
 			if got := s.buf[1024:1040]; !bytes.Equal(got, exp) {
 				t.Errorf("READ after ATOMIC WRITE: % x, want % x", got, exp)
-			}
-		}
-	}
-	if rxeDropsFlush {
-		ep := probe.Endpoints(guestEP)
-		for i, f := range []struct {
-			level qp.FlushLevel
-			va    uint64
-			n     uint32
-		}{{qp.FlushRange, va(100), 300}, {qp.FlushMR, outside, plRegion}, {qp.FlushRange, outside, plRegion}} {
-			if _, err := probe.Conn.WriteToUDPAddrPort(plFlushPacket(&ep, theirs.QPN, flushPSN.Add(uint32(i)), f.level, f.va, theirs.RKey, f.n), guestEP); err != nil {
-				t.Fatal(err)
 			}
 		}
 	}
@@ -494,43 +496,19 @@ func placementToRxe(t *testing.T, lab *rxelab.Lab) {
 	} else {
 		plCompare(t, "rxe's region", got, want)
 	}
-	probes := 0
-	if rxeDropsFlush {
-		probes = 3
-	}
-	wire, lost := stopCapture(probes)
+	wire, lost := stopCapture()
 	plCheckWire(t, wire, lost, hostIP, []bth.Opcode{bth.OpRCWriteOnly, bth.OpRCAtomicWrite, bth.OpRCAtomicWrite,
 		bth.OpRCReadRequest, bth.OpRCAtomicWrite, bth.OpRCFlush, bth.OpRCFlush, bth.OpRCFlush}, true)
-	if rxeDropsFlush && !lost {
-		// rxe answered nothing at the FLUSH's PSN before the first probe with its own ICRC
-		sent, answered := 0, false
-		for _, d := range wire {
-			p, err := bth.Parse(d.Payload)
-			if err != nil || p.BTH.PSN() != flushPSN {
-				continue
-			}
-			if d.Src == hostIP && d.SrcPort == plProbePort {
-				break
-			}
-			if d.Src == hostIP {
-				sent++
-			} else {
-				answered = true
-			}
-		}
-		if answered || sent < 2 {
-			t.Errorf("FLUSH PSN %v: sent %d times by softroce, answered %v before the rxe-ICRC probe; want resends and no answer", flushPSN, sent, answered)
-		}
-		t.Logf("KNOWN RXE DEFECT: rxe dropped softroce's FLUSH (the IBTA A17.3.3 ICRC; %d sends) and answered the same FLUSH carrying rxe's own ICRC (headers covered twice); the FLUSH checks above ran on those probes", sent)
-	}
 }
 
-// placementFromRxe: rxe's requester (the peer's client) against softroce's responder.
+// placementFromRxe: rxe's requester (the peer's client, built with FLUSH against Debian 13's
+// rdma-core: placementFlushPeer) against softroce's responder.
 func placementFromRxe(t *testing.T, lab *rxelab.Lab) {
-	bin := placementReady(t, lab)
+	placementReady(t, lab) // the capability check
+	bin := placementFlushPeer(t)
 	stopCapture := plStartCapture(t, lab)
 	deadline := time.Now().Add(120 * time.Second)
-	s := openPlSide(t, lab, plRegion, mr.AccessLocalWrite|mr.AccessRemoteWrite|mr.AccessRemoteRead|mr.AccessFlushGlobal)
+	s := openPlSide(t, lab, plRegion, mr.AccessLocalWrite|mr.AccessRemoteWrite|mr.AccessRemoteRead|mr.AccessFlushGlobal, false)
 	copy(s.buf, plPattern())
 	var ln net.Listener
 	if err := lab.InNetns(func() error {
@@ -568,9 +546,10 @@ func placementFromRxe(t *testing.T, lab *rxelab.Lab) {
 	if l, err := rd.ReadString('\n'); err != nil || l != "done\n" {
 		t.Fatalf("the peer's done line %q, %v", l, err)
 	}
-	// placement.c's client sequence: WRITE 256 bytes (0xa5 ^ k) at 512, ATOMIC WRITE
-	// 0x1122334455667788 at 8, 0x0102030405060708 at 4088, then 0x8877665544332211 at 8
-	// (each stored as its little-endian bytes)
+	// placement.c's client sequence: WRITE 256 bytes (0xa5 ^ k) at 512, FLUSH of that range,
+	// ATOMIC WRITE 0x1122334455667788 at 8, 0x0102030405060708 at 4088, then
+	// 0x8877665544332211 at 8 (each stored as its little-endian bytes), and a FLUSH of the
+	// whole region (a range outside it, Memory Region level)
 	want := plPattern()
 	for k := 0; k < 256; k++ {
 		want[512+k] = byte(0xa5 ^ k)
@@ -588,13 +567,15 @@ func placementFromRxe(t *testing.T, lab *rxelab.Lab) {
 	}
 	out := plWaitPeer(t, g)
 	plCompare(t, "softroce's region", got, want)
-	if n := strings.Count(out, " status=0 (success)"); n != 6 || !strings.Contains(out, "placement: client ok") {
-		t.Errorf("the peer's client: %d successful completions (want 6), or no \"client ok\"", n)
+	// IBV_WC_FLUSH is 8 in rdma-core 56 (IBV_WC_TSO + 1)
+	if n, f := strings.Count(out, " status=0 (success)"), strings.Count(out, "opcode=8 status=0 (success)"); n != 8 || f != 2 ||
+		!strings.Contains(out, "placement: client ok (8 operations)") {
+		t.Errorf("the peer's client: %d successful completions (want 8), %d of them FLUSH (want 2), or no \"client ok (8 operations)\"", n, f)
 	}
 	if counters["resp_remote_access_errors"] != 0 {
 		t.Errorf("softroce counters: %v", counters)
 	}
-	wire, lost := stopCapture(0)
-	plCheckWire(t, wire, lost, guestIP, []bth.Opcode{bth.OpRCWriteOnly, bth.OpRCAtomicWrite, bth.OpRCAtomicWrite,
-		bth.OpRCReadRequest, bth.OpRCAtomicWrite, bth.OpRCReadRequest}, false)
+	wire, lost := stopCapture()
+	plCheckWire(t, wire, lost, guestIP, []bth.Opcode{bth.OpRCWriteOnly, bth.OpRCFlush, bth.OpRCAtomicWrite, bth.OpRCAtomicWrite,
+		bth.OpRCReadRequest, bth.OpRCAtomicWrite, bth.OpRCReadRequest, bth.OpRCFlush}, false)
 }

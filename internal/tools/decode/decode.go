@@ -147,7 +147,7 @@ func decodeRawIP(data []byte, p gopacket.PacketBuilder) error {
 
 // decodeSummary counts what decodeStream saw.
 type decodeSummary struct {
-	roce, icrcOK, icrcBad, malformed, other int
+	roce, icrcOK, icrcBad, icrcRxeFlush, malformed, other int
 }
 
 func decodeStream(r io.Reader, w io.Writer, o decodeOptions) error {
@@ -191,6 +191,8 @@ func decodeStream(r io.Reader, w io.Writer, o decodeOptions) error {
 		sum.roce++
 		if rec.ICRCOK {
 			sum.icrcOK++
+		} else if rec.ICRCVariant != "" {
+			sum.icrcRxeFlush++
 		} else {
 			sum.icrcBad++
 		}
@@ -203,8 +205,12 @@ func decodeStream(r io.Reader, w io.Writer, o decodeOptions) error {
 		}
 	}
 	if !o.JSON {
-		fmt.Fprintf(w, "# %d RoCE packets (ICRC ok %d, bad %d), %d malformed, %d other frames\n",
-			sum.roce, sum.icrcOK, sum.icrcBad, sum.malformed, sum.other)
+		variant := ""
+		if sum.icrcRxeFlush > 0 {
+			variant = fmt.Sprintf(", rxe FLUSH ICRC %d", sum.icrcRxeFlush)
+		}
+		fmt.Fprintf(w, "# %d RoCE packets (ICRC ok %d, bad %d%s), %d malformed, %d other frames\n",
+			sum.roce, sum.icrcOK, sum.icrcBad, variant, sum.malformed, sum.other)
 	}
 	return nil
 }

@@ -61,7 +61,7 @@ func TestDecodeGolden(t *testing.T) {
 // keys, the mandatory ones always present, numbers as numbers.
 func TestDecodeJSONSchema(t *testing.T) {
 	allowed := map[string]bool{}
-	for _, k := range strings.Split("frame src dst sport dport opcode opname se m pad tver pkey fecn becn dqpn ackreq psn reth aeth atomiceth atomicack imm ieth deth payload_len icrc icrc_ok", " ") {
+	for _, k := range strings.Split("frame src dst sport dport opcode opname se m pad tver pkey fecn becn dqpn ackreq psn feth reth aeth atomiceth atomicack imm ieth deth payload_len icrc icrc_ok icrc_variant", " ") {
 		allowed[k] = true
 	}
 	mandatory := strings.Split("frame src dst sport dport opcode opname se m pad tver pkey fecn becn dqpn ackreq psn payload_len icrc icrc_ok", " ")

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"net/netip"
 	"strings"
@@ -36,6 +37,7 @@ type decodedPacket struct {
 	DQPN       uint32         `json:"dqpn"`
 	AckReq     uint8          `json:"ackreq"`
 	PSN        uint32         `json:"psn"`
+	FETH       *fethJSON      `json:"feth,omitempty"`
 	RETH       *rethJSON      `json:"reth,omitempty"`
 	AETH       *aethJSON      `json:"aeth,omitempty"`
 	AtomicETH  *atomicETHJSON `json:"atomiceth,omitempty"`
@@ -47,6 +49,16 @@ type decodedPacket struct {
 	PayloadLen int            `json:"payload_len"`
 	ICRC       uint32         `json:"icrc"`
 	ICRCOK     bool           `json:"icrc_ok"`
+	// ICRCVariant names a known non-standard ICRC the packet carries instead of A17.3.3's
+	// ("rxe-flush": kernel rxe's FLUSH ICRC, its headers covered twice); icrc_ok stays false.
+	ICRCVariant string `json:"icrc_variant,omitempty"`
+}
+
+// fethJSON is a FLUSH's FETH (IBTA A19.4.1): the placement type (1 global visibility, 2
+// persistence) and the selectivity level (0 Memory Region Range, 1 Memory Region).
+type fethJSON struct {
+	Placement   uint8 `json:"placement"`
+	Selectivity uint8 `json:"selectivity"`
 }
 
 type rethJSON struct {
@@ -209,6 +221,10 @@ func decodeFrame(pkt gopacket.Packet, frame int) (*decodedPacket, error) {
 	d.SE, d.M, d.Pad, d.TVer = b01(f.SE), b01(f.MigReq), f.PadCnt, f.TVer
 	d.PKey, d.FECN, d.BECN, d.DQPN = f.PKey, b01(f.FECN), b01(f.BECN), f.DestQP
 	d.AckReq, d.PSN = b01(f.AckReq), uint32(f.PSN)
+	if p.FETH != nil {
+		x := p.FETH.Fields()
+		d.FETH = &fethJSON{Placement: x.Placement, Selectivity: x.Selectivity}
+	}
 	if p.RETH != nil {
 		x := p.RETH.Fields()
 		d.RETH = &rethJSON{VA: x.VA, RKey: x.RKey, Len: x.DMALen}
@@ -242,7 +258,14 @@ func decodeFrame(pkt gopacket.Packet, frame int) (*decodedPacket, error) {
 		d.ICRC = binary.BigEndian.Uint32(p.ICRC)
 		ipb := append(append([]byte(nil), netl.LayerContents()...), netl.LayerPayload()...)
 		computed, err := bth.ICRCFromIP(ipb)
-		d.ICRCOK = err == nil && computed == binary.LittleEndian.Uint32(p.ICRC)
+		stored := binary.LittleEndian.Uint32(p.ICRC)
+		d.ICRCOK = err == nil && computed == stored
+		// kernel rxe (6.2 up to at least 6.12) continues a FLUSH's ICRC over its BTH, FETH and
+		// RETH a second time (pkg/roce, rxeflush.go)
+		if udp := netl.LayerPayload(); !d.ICRCOK && err == nil && f.Opcode == bth.OpRCFlush && len(p.Payload) == 0 &&
+			len(udp) >= 8+bth.ICRCSize && crc32.Update(computed, crc32.IEEETable, udp[8:len(udp)-bth.ICRCSize]) == stored {
+			d.ICRCVariant = "rxe-flush"
+		}
 	}
 	return d, nil
 }
@@ -286,6 +309,9 @@ func writeText(w io.Writer, d *decodedPacket) {
 	if d.DETH != nil {
 		fmt.Fprintf(&sb, " deth[qkey=0x%08x srcqp=0x%06x]", d.DETH.QKey, d.DETH.SrcQP)
 	}
+	if d.FETH != nil {
+		fmt.Fprintf(&sb, " feth[placement=%d selectivity=%d]", d.FETH.Placement, d.FETH.Selectivity)
+	}
 	if d.RETH != nil {
 		fmt.Fprintf(&sb, " reth[va=0x%x rkey=0x%08x len=%d]", d.RETH.VA, d.RETH.RKey, d.RETH.Len)
 	}
@@ -309,7 +335,9 @@ func writeText(w io.Writer, d *decodedPacket) {
 		sb.WriteString(d.CM.text())
 	}
 	icrc := "ok"
-	if !d.ICRCOK {
+	if d.ICRCVariant != "" {
+		icrc = d.ICRCVariant
+	} else if !d.ICRCOK {
 		icrc = "BAD"
 	}
 	fmt.Fprintf(&sb, " len=%d pad=%d icrc=0x%08x %s\n", d.PayloadLen, d.Pad, d.ICRC, icrc)

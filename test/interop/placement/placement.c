@@ -1,8 +1,10 @@
 // placement: an RC peer for the IBTA 1.5 memory placement operations (RDMA ATOMIC WRITE,
 // FLUSH) over libibverbs, for the interop pairings against kernel rxe 6.2+ (docs/interop.md,
 // "IBTA 1.5 memory placement"). Debian 12's rdma-core 44 has ibv_wr_atomic_write but no
-// ibv_wr_flush (no wr_flush in its struct ibv_qp_ex), so this side issues ATOMIC WRITE and
-// answers FLUSH; FLUSH requests come from the other side.
+// ibv_wr_flush (no wr_flush in its struct ibv_qp_ex): built against it (build), this side
+// issues ATOMIC WRITE and answers FLUSH. Built with -DPLACEMENT_FLUSH against a libibverbs
+// that has ibv_wr_flush (build-flush: Debian 13's rdma-core 56), the client also sends
+// FLUSHes (steps marked F below).
 //
 // usage: placement -d DEVICE [-g GID_INDEX] [-p TCP_PORT] [SERVER_ADDR]
 //   server (no SERVER_ADDR): the responder. A 4096-byte region filled with pattern(i) =
@@ -13,11 +15,15 @@
 //     "wc ..." line per completion; exits 0 only if every completion has its opcode and
 //     IBV_WC_SUCCESS and the READs return what the ATOMIC WRITEs placed.
 //       1. RDMA WRITE   256 bytes, byte k = 0xa5 ^ k, at offset 512
-//       2. ATOMIC WRITE 0x1122334455667788 at offset 8
-//       3. ATOMIC WRITE 0x0102030405060708 at offset 4088 (the region's last word)
-//       4. RDMA READ    8 bytes at offset 8      (must see step 2)
-//       5. ATOMIC WRITE 0x8877665544332211 at offset 8 (over step 2)
-//       6. RDMA READ    16 bytes at offset 4080  (must see step 3)
+//    F  2. FLUSH        global visibility, Memory Region Range level, [512, 768)
+//       3. ATOMIC WRITE 0x1122334455667788 at offset 8
+//       4. ATOMIC WRITE 0x0102030405060708 at offset 4088 (the region's last word)
+//       5. RDMA READ    8 bytes at offset 8      (must see step 3)
+//       6. ATOMIC WRITE 0x8877665544332211 at offset 8 (over step 3)
+//       7. RDMA READ    16 bytes at offset 4080  (must see step 4)
+//    F  8. FLUSH        global visibility, Memory Region level, with a range wholly past the
+//                       region (IBTA A19.4.1: the range is not used at that level)
+//     The client prints "placement: client ok (N operations)" at the end, N = 6 or 8.
 // The out-of-band exchange is one TCP connection: each side sends one line
 // "QPN PSN GID VA RKEY" (hex; the GID as 32 hex digits), the client first; then the client
 // sends "done" and the server answers "bye" after printing its region.
@@ -213,7 +219,11 @@ int main(int argc, char **argv)
 		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
 		.pd = pd,
 		.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_READ |
-				  IBV_QP_EX_WITH_ATOMIC_WRITE,
+				  IBV_QP_EX_WITH_ATOMIC_WRITE
+#ifdef PLACEMENT_FLUSH
+				  | IBV_QP_EX_WITH_FLUSH
+#endif
+		,
 	};
 	struct ibv_qp *qp = ibv_create_qp_ex(ctx, &init);
 	if (!qp)
@@ -294,20 +304,27 @@ int main(int argc, char **argv)
 	// responder stores them unchanged), so the region's bytes are these values' LE bytes
 	uint64_t p1 = htole64(w1), p2 = htole64(w2), p3 = htole64(w3);
 	struct {
-		int op; // 0 write, 1 atomic write, 2 read
+		int op; // 0 write, 1 atomic write, 2 read, 3 flush (range), 4 flush (whole region)
 		uint64_t off, len;
 		const uint64_t *word;
 		size_t local;
 		enum ibv_wc_opcode wc;
 	} seq[] = {
 		{0, 512, 256, NULL, 0, IBV_WC_RDMA_WRITE},
+#ifdef PLACEMENT_FLUSH
+		{3, 512, 256, NULL, 0, IBV_WC_FLUSH},
+#endif
 		{1, 8, 8, &p1, 0, IBV_WC_ATOMIC_WRITE},
 		{1, 4088, 8, &p2, 0, IBV_WC_ATOMIC_WRITE},
 		{2, 8, 8, NULL, 1024, IBV_WC_RDMA_READ},
 		{1, 8, 8, &p3, 0, IBV_WC_ATOMIC_WRITE},
 		{2, 4080, 16, NULL, 1040, IBV_WC_RDMA_READ},
+#ifdef PLACEMENT_FLUSH
+		{4, 2 * REGION, REGION, NULL, 0, IBV_WC_FLUSH},
+#endif
 	};
-	for (size_t i = 0; i < sizeof(seq) / sizeof(seq[0]); i++) {
+	const size_t nseq = sizeof(seq) / sizeof(seq[0]);
+	for (size_t i = 0; i < nseq; i++) {
 		ibv_wr_start(qx);
 		qx->wr_id = i + 1;
 		qx->wr_flags = IBV_SEND_SIGNALED;
@@ -319,6 +336,13 @@ int main(int argc, char **argv)
 		case 1:
 			ibv_wr_atomic_write(qx, remote.rkey, remote.va + seq[i].off, seq[i].word);
 			break;
+#ifdef PLACEMENT_FLUSH
+		case 3:
+		case 4:
+			ibv_wr_flush(qx, remote.rkey, remote.va + seq[i].off, (size_t)seq[i].len, IBV_FLUSH_GLOBAL,
+				     seq[i].op == 3 ? IBV_FLUSH_RANGE : IBV_FLUSH_MR);
+			break;
+#endif
 		default:
 			ibv_wr_rdma_read(qx, remote.rkey, remote.va + seq[i].off);
 			ibv_wr_set_sge(qx, mr->lkey, (uintptr_t)(buf + seq[i].local), (uint32_t)seq[i].len);
@@ -344,6 +368,9 @@ int main(int argc, char **argv)
 	if (send_line(fd, "done\n") || read_line(fd, line, sizeof(line)) || strcmp(line, "bye"))
 		die("finish");
 	close(fd);
-	printf("placement: client %s\n", bad ? "FAILED" : "ok");
+	if (bad)
+		printf("placement: client FAILED\n");
+	else
+		printf("placement: client ok (%zu operations)\n", nseq);
 	return bad;
 }
