@@ -126,6 +126,12 @@ type Config struct {
 	// of go-back-N (qp.Attr.SelectiveRepeat); the peer must be softroce given the same flag
 	// (the exchange's fixed format has no room to negotiate it).
 	SelectiveRepeat bool
+	// Linger is --linger: after the last iteration, keep the QPs (and the device) answering
+	// for this long before tearing down. The tools' exchange has no closing handshake: when
+	// the ACK of the peer's last SEND is lost, the peer's retransmission then still finds the
+	// QP and is acknowledged again (IBTA 9.7.5.1.2), instead of ending in RETRY_EXC_ERR, or in
+	// a hang for a peer that retries forever (kernel rxe with retry_cnt 7).
+	Linger time.Duration
 
 	// Test seams.
 	// Listener, if set, is used by the server instead of listening on -p.
@@ -204,6 +210,7 @@ func newFlagSet(f *flags, t oobpp.Tool) *pflag.FlagSet {
 	fs.UintVar(&f.rocePort, "roce-port", 4791, "softroce: RoCE UDP port")
 	fs.BoolVar(&f.Portable, "portable", false, "softroce: plain UDP sockets instead of sendmmsg/recvmmsg")
 	fs.StringVar(&f.Daemon, "daemon", "", "softroce: run through the softroce daemon on this unix `socket` (-d picks one of its addresses)")
+	fs.DurationVar(&f.Linger, "linger", 0, "softroce: after the last iteration keep the QPs answering a peer's retransmissions this long (its last SEND's ACK lost), then exit")
 	fs.BoolVar(&f.SelectiveRepeat, "selective-repeat", false, "softroce (rc, srq): selective repeat instead of go-back-N (docs/reliability.md); give it on both sides: the peer must be softroce with the same flag, as the tools' exchange cannot negotiate it (not with --daemon)")
 	return fs
 }
@@ -279,6 +286,8 @@ func ParseArgs(args []string) (Config, error) {
 		return c, fmt.Errorf("%w: --roce-port %d", errPPUsage, f.rocePort)
 	case c.Timeout <= 0:
 		return c, fmt.Errorf("%w: --timeout must be positive", errPPUsage)
+	case c.Linger < 0:
+		return c, fmt.Errorf("%w: --linger must not be negative", errPPUsage)
 	case c.SelectiveRepeat && (t == oobpp.ToolUC || t == oobpp.ToolUD || c.Daemon != ""):
 		return c, fmt.Errorf("--selective-repeat with uc, ud or --daemon is %w: RC QPs of an embedded device only", ErrUnsupported)
 	case c.Daemon != "" && (fs.Changed("roce-port") || fs.Changed("portable")):

@@ -679,3 +679,45 @@ func TestPingpongSelectiveRepeatFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestPingpongLinger: a server given --linger stays up after its last iteration, its QP still
+// answering: a client that wants one exchange more than the server's -n gets its extra SEND
+// acknowledged (6 of its SENDs complete, none fails), then times out waiting for the echo; the
+// server has not returned by then, and returns 0 once its context ends. A negative --linger is
+// a usage error.
+func TestPingpongLinger(t *testing.T) {
+	if _, err := ParseArgs([]string{"rc", "--linger", "-1s"}); !errors.Is(err, errPPUsage) {
+		t.Fatalf("--linger -1s: %v, want a usage error", err)
+	}
+	if c, err := ParseArgs([]string{"rc", "--linger", "250ms"}); err != nil || c.Linger != 250*time.Millisecond {
+		t.Fatalf("--linger 250ms: %v %v", c.Linger, err)
+	}
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	roce := strconv.Itoa(int(tooltest.FreeUDPPort(t)))
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var sOut, sErr, cOut, cErr bytes.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- main(ctx, []string{"rc", "-d", "127.0.0.1", "-n", "5", "-s", "100", "--linger", "1h", "--roce-port", roce, "-p", port},
+			&sOut, &sErr, func(c *Config) { c.Listener = ln })
+	}()
+	cst := pingpongMain([]string{"rc", "-d", "127.0.0.2", "-n", "6", "-s", "100", "--timeout", "1s", "--roce-port", roce, "-p", port, "127.0.0.1"},
+		&ppEnv{Stdout: &cOut, Stderr: &cErr})
+	if want := "(6 of 6 SENDs and 5 of 6 RECVs completed)"; cst != 1 || !strings.Contains(cErr.String(), want) || strings.Contains(cErr.String(), "Failed status") {
+		t.Errorf("client exit %d, stderr %q; want a timeout with %s", cst, cErr.String(), want)
+	}
+	select {
+	case st := <-done:
+		t.Fatalf("the server returned (exit %d) before its linger ended: %s", st, sErr.String())
+	default:
+	}
+	cancel()
+	if st := <-done; st != 0 || !strings.Contains(sOut.String(), "5 iters in") {
+		t.Errorf("server exit %d, stdout %q, stderr %q", st, sOut.String(), sErr.String())
+	}
+}

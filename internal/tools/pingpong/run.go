@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
+	"time"
 
 	"github.com/softroce/softroce/internal/oob"
 	oobpp "github.com/softroce/softroce/internal/oob/pingpong"
@@ -124,6 +125,14 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (err error) {
 	fmt.Fprint(out, oobpp.ResultLines(c.Size, c.Iters, el))
 	if c.Server != "" && c.Validate {
 		ppCheckPages(out, p.finalBuf())
+	}
+	if c.Linger > 0 { // the QPs stay up: the device answers a retransmitted last SEND (Config.Linger)
+		t := time.NewTimer(c.Linger)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
 	}
 	return nil
 }
