@@ -276,6 +276,12 @@ static size_t encode_send(struct sr_qp *q, struct ibv_send_wr *wr, struct ibv_se
 			sr_bind_to_wire(&s, w);
 			break;
 		default:
+			if ((unsigned)w->opcode == SR_WR_FLUSH) { // ibv_wr_flush's range, type, level (wr.c)
+				s.remote_addr = w->wr.atomic.remote_addr;
+				s.rkey = w->wr.atomic.rkey;
+				s.compare_add = w->wr.atomic.compare_add;
+				s.swap = w->wr.atomic.swap;
+			}
 			break;
 		}
 		if (qp->qp_type == IBV_QPT_UD && w->wr.ud.ah) {

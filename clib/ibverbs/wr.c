@@ -219,6 +219,21 @@ static void wr_atomic_write(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t addr, 
 		memcpy(p, data, 8);
 }
 
+// wr_flush is ibv_wr_flush (rdma-core 45+; IBTA 1.5 FLUSH, A19.4.1): the range, placement
+// type and selectivity level travel in the WR's atomic fields as the wire's send WR carries
+// them (compare_add the length, swap type | level << SR_FLUSH_LEVEL_SHIFT); the engine checks
+// them (qp.ValidateSend).
+static void wr_flush(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t addr, size_t len, uint8_t type, uint8_t level)
+{
+	struct sr_wr *w = add(qp, (enum ibv_wr_opcode)SR_WR_FLUSH);
+	if (!w)
+		return;
+	w->wr.wr.atomic.rkey = rkey;
+	w->wr.wr.atomic.remote_addr = addr;
+	w->wr.wr.atomic.compare_add = len;
+	w->wr.wr.atomic.swap = type | (uint64_t)level << SR_FLUSH_LEVEL_SHIFT;
+}
+
 static void wr_set_ud_addr(struct ibv_qp_ex *qp, struct ibv_ah *ah, uint32_t qpn, uint32_t qkey)
 {
 	struct sr_wr *w = cur(qp);
@@ -364,6 +379,7 @@ void sr_wr_init(struct sr_qp *q)
 	x->wr_complete = wr_complete;
 	x->wr_abort = wr_abort;
 	x->wr_atomic_write = wr_atomic_write;
+	q->wr_flush = wr_flush;
 }
 
 void sr_wr_free(struct sr_qp *q)

@@ -195,6 +195,11 @@ static inline struct sr_cq *sr_cq(struct ibv_cq *cq)
 // the send count at that WR.
 struct sr_qp {
 	struct ibv_qp_ex qpx;
+	// wr_flush is where rdma-core 45+'s struct ibv_qp_ex has its wr_flush member, right after
+	// wr_atomic_write, which ends Debian 12's (44) struct: a program built against newer
+	// headers calls ibv_wr_flush through it (wr.c). Nothing may come between.
+	void (*wr_flush)(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr, size_t len,
+			 uint8_t type, uint8_t level);
 	struct sr_obj obj;
 	struct ibv_qp_cap cap;   // as granted
 	int sq_sig_all;
@@ -210,12 +215,21 @@ struct sr_qp {
 	struct sr_wrs *wr_api;   // the ibv_wr_* API's work requests (wr.c); NULL: not enabled
 };
 
+_Static_assert(offsetof(struct sr_qp, wr_flush) == sizeof(struct ibv_qp_ex),
+	       "wr_flush must directly follow struct ibv_qp_ex, as in rdma-core 45+");
+
+// IBTA 1.5 FLUSH in the values rdma-core 45+ gives them (verbs.h: IBV_WR_FLUSH,
+// IBV_QP_EX_WITH_FLUSH, IBV_FLUSH_GLOBAL/PERSISTENT, IBV_FLUSH_RANGE/MR); the 44 headers the
+// library is built against lack the names, a program built against newer ones passes these.
+#define SR_WR_FLUSH 14u
+#define SR_QP_EX_WITH_FLUSH (1ull << 11)
+
 // SR_WR_OPS are the ibv_wr_* operations softroce has (send_ops_flags).
 #define SR_WR_OPS                                                                              \
 	(IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |     \
 	 IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | \
 	 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_BIND_MW |     \
-	 IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_ATOMIC_WRITE)
+	 IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_ATOMIC_WRITE | SR_QP_EX_WITH_FLUSH)
 
 // wr.c: the ibv_wr_* API of a QP created with send_ops_flags.
 void sr_wr_init(struct sr_qp *q);

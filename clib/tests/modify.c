@@ -6,8 +6,9 @@
 // daemon's refusals, access, translation and PD changes with the keys kept,
 // a peer's WRITE refused once remote write is gone, a receive into a region
 // moved to another PD failing, its flushes cleaned from the CQ by the move to
-// RESET), and ibv_wr_atomic_write on a QP with no
-// inline capacity, with the device's IB_UVERBS_DEVICE_ATOMIC_WRITE. Two RC
+// RESET), ibv_wr_atomic_write on a QP with no
+// inline capacity, with the device's IB_UVERBS_DEVICE_ATOMIC_WRITE, and
+// ibv_wr_flush as a program built against rdma-core 45+ calls it. Two RC
 // QPs of one context connected to each other through the daemon's device (GID
 // 1). Needs $SOFTROCE_SOCKET (the Go test test/clib runs it); without a
 // daemon it exits 77 (skipped).
@@ -24,6 +25,22 @@
 
 // IB_UVERBS_DEVICE_ATOMIC_WRITE: rdma-core 44's headers predate the name.
 #define DEVICE_ATOMIC_WRITE (1ULL << 40)
+
+// FLUSH as rdma-core 45+ defines it (44's headers, which this test builds with, have none of
+// it): IB_UVERBS_DEVICE_FLUSH_GLOBAL, IBV_QP_EX_WITH_FLUSH, IBV_WC_FLUSH,
+// IBV_ACCESS_FLUSH_GLOBAL, IBV_FLUSH_GLOBAL, IBV_FLUSH_RANGE, IBV_FLUSH_MR; and struct
+// ibv_qp_ex, whose member after wr_atomic_write (44's last) is wr_flush, so that ibv_wr_flush
+// here is the call a program built against the newer headers makes.
+#define DEVICE_FLUSH_GLOBAL (1ULL << 38)
+#define QP_EX_WITH_FLUSH (1ULL << 11)
+#define WC_FLUSH 8
+#define ACCESS_FLUSH_GLOBAL (1 << 8)
+enum { FLUSH_GLOBAL = 1, FLUSH_RANGE = 0, FLUSH_MR = 1 };
+struct qp_ex_45 {
+	struct ibv_qp_ex x;
+	void (*wr_flush)(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr, size_t len,
+			 uint8_t type, uint8_t level);
+};
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
@@ -282,6 +299,64 @@ static void atomic_write(void)
 	CHECK(reconnect() == 0);
 }
 
+// flush posts ibv_wr_flush (rdma-core 45+) from qa to qb, whose QP has
+// IBV_ACCESS_FLUSH_GLOBAL: a WRITE and a global FLUSH of its range complete
+// (IBV_WC_FLUSH) with the bytes placed; the Memory Region level ignores the
+// range (IBTA A19.4.1); a FLUSH of a region without the FLUSH access is a
+// remote access error.
+static void flush(void)
+{
+	struct ibv_device_attr_ex dx;
+	CHECK(ibv_query_device_ex(ctx, NULL, &dx) == 0 && (dx.device_cap_flags_ex & DEVICE_FLUSH_GLOBAL));
+	struct ibv_qp *saved = qa;
+	qa = make_qp(QP_EX_WITH_FLUSH | IBV_QP_EX_WITH_RDMA_WRITE);
+	CHECK(qa != NULL);
+	if (!qa) {
+		qa = saved;
+		return;
+	}
+	struct ibv_qp_attr ra = {.qp_state = IBV_QPS_RESET};
+	CHECK(connect_qp(qa, qb->qp_num) == 0 && ibv_modify_qp(qb, &ra, IBV_QP_STATE) == 0 &&
+	      connect_rc(ctx, qb, qa->qp_num, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE | ACCESS_FLUSH_GLOBAL, 4) == 0);
+	struct qp_ex_45 *x = (struct qp_ex_45 *)(void *)ibv_qp_to_qp_ex(qa);
+	uint8_t *target = aligned_alloc(64, 4096), *plain = aligned_alloc(64, 64), src[64];
+	memset(target, 0, 4096);
+	memset(src, 0x5c, sizeof(src));
+	struct ibv_mr *tm = ibv_reg_mr(pd, target, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | ACCESS_FLUSH_GLOBAL);
+	struct ibv_mr *pm = ibv_reg_mr(pd, plain, 64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	struct ibv_mr *sm = ibv_reg_mr(pd, src, sizeof(src), IBV_ACCESS_LOCAL_WRITE);
+	CHECK(x && x->wr_flush && tm && pm && sm);
+	if (!x || !x->wr_flush || !tm || !pm || !sm)
+		return;
+	ibv_wr_start(&x->x);
+	x->x.wr_id = 40;
+	x->x.wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_write(&x->x, tm->rkey, (uintptr_t)target + 128);
+	ibv_wr_set_sge(&x->x, sm->lkey, (uintptr_t)src, sizeof(src));
+	x->x.wr_id = 41;
+	x->wr_flush(&x->x, tm->rkey, (uintptr_t)target + 128, sizeof(src), FLUSH_GLOBAL, FLUSH_RANGE);
+	x->x.wr_id = 42; // the whole region: the range (wholly past it) is not used
+	x->wr_flush(&x->x, tm->rkey, (uintptr_t)target + 8192, 4096, FLUSH_GLOBAL, FLUSH_MR);
+	CHECK(ibv_wr_complete(&x->x) == 0);
+	struct ibv_wc wc[3];
+	CHECK(wait_wc(wc, 3) == 3 && wc[0].wr_id == 40 && wc[0].status == IBV_WC_SUCCESS &&
+	      wc[1].wr_id == 41 && wc[1].status == IBV_WC_SUCCESS && (int)wc[1].opcode == WC_FLUSH &&
+	      wc[2].wr_id == 42 && wc[2].status == IBV_WC_SUCCESS && (int)wc[2].opcode == WC_FLUSH);
+	CHECK(memcmp(target + 128, src, sizeof(src)) == 0 && target[127] == 0 && target[128 + sizeof(src)] == 0);
+	// a region registered without IBV_ACCESS_FLUSH_GLOBAL: remote access error
+	ibv_wr_start(&x->x);
+	x->x.wr_id = 43;
+	x->wr_flush(&x->x, pm->rkey, (uintptr_t)plain, 64, FLUSH_GLOBAL, FLUSH_RANGE);
+	CHECK(ibv_wr_complete(&x->x) == 0);
+	CHECK(wait_wc(wc, 1) == 1 && wc[0].wr_id == 43 && wc[0].status == IBV_WC_REM_ACCESS_ERR);
+	CHECK(ibv_dereg_mr(tm) == 0 && ibv_dereg_mr(pm) == 0 && ibv_dereg_mr(sm) == 0);
+	free(target);
+	free(plain);
+	CHECK(ibv_destroy_qp(qa) == 0);
+	qa = saved;
+	CHECK(reconnect() == 0);
+}
+
 int main(void)
 {
 	int rc;
@@ -307,6 +382,7 @@ int main(void)
 		resize_cq(src, sm, dst, dm);
 		rereg_mr(src, sm);
 		atomic_write();
+		flush();
 	}
 	CHECK(ibv_dereg_mr(sm) == 0 && ibv_dereg_mr(dm) == 0);
 	free(src);

@@ -94,7 +94,8 @@ func TestCZeroCopy(t *testing.T) {
 // unpolled completions kept, a blocked waiter woken across resizes, resizes between polls of
 // a stream of WRITEs), ibv_rereg_mr (libibverbs' and the daemon's refusals; access,
 // translation and PD changes with the keys kept and their effect on a peer's WRITEs and
-// SENDs), and ibv_wr_atomic_write on a QP with no inline capacity.
+// SENDs), ibv_wr_atomic_write on a QP with no inline capacity, and ibv_wr_flush as a
+// program built against rdma-core 45+ calls it.
 func TestCModify(t *testing.T) {
 	needMem(t)
 	d := startDaemon(t)
