@@ -155,8 +155,8 @@ run() {
 }
 st() { sed -n "s/^stats: $1 \([0-9]*\)$/\1/p" "$2" | head -1; }
 
-RED_MIN=${RED_MIN:-40000} RED_MAX=${RED_MAX:-120000} RED_LIMIT=${RED_LIMIT:-400000}
-RED_P=${RED_P:-0.1} RED_BURST=${RED_BURST:-20}
+RED_MIN=${RED_MIN:-40000} RED_MAX=${RED_MAX:-160000} RED_LIMIT=${RED_LIMIT:-500000}
+RED_P=${RED_P:-0.1} RED_BURST=${RED_BURST:-11}
 case "$CMD" in
 up) up "$@" ;;
 run) run "$@" ;;

@@ -47,11 +47,12 @@ done
 # DCQCN's defaults are a 40-100 Gbit/s NIC's with microseconds of feedback delay (a CNP per
 # 50 us, a cut per CNP, an increase every 300 us). The lab's feedback delay is milliseconds
 # (the RED queue at 20 Mbit/s, RED's averaging, TCG's scheduling), so the periods are scaled
-# to it keeping their order: a CNP per 4 ms, each one cutting (monitor period 1 ms), alpha
-# updated per CNP interval with DCTCP's gain (g 1/16: rp_dce_tcp_g 960), an increase of
-# 1 Mbit/s (5% of the bottleneck) every 20 ms, the target rate clamped at each cut, no byte
-# counter.
-CC_PARAMS=${CC_PARAMS:-rp_clamp_tgt_rate=1,rp_ai_rate=1,rp_hai_rate=2,rp_time_reset=20000,rp_byte_reset=0,rp_dce_tcp_g=960,rp_dce_tcp_rtt=4000,np_min_time_between_cnps=4000,rp_rate_reduce_monitor_period=1000}
+# to it keeping their order: a CNP per 4 ms, a cut at most per CNP interval (monitor period
+# 4 ms), alpha updated per CNP interval with DCTCP's gain (g 1/16: rp_dce_tcp_g 960), an
+# increase of 1 Mbit/s (5% of the bottleneck) every 20 ms, the target rate clamped at each cut,
+# no byte counter; the first CNP sets a QP to 5 Mbit/s, the fair share of four flows (a QP
+# starts at line rate, as on a NIC: without it the start overflowed the queue).
+CC_PARAMS=${CC_PARAMS:-rp_clamp_tgt_rate=1,rp_ai_rate=1,rp_hai_rate=2,rp_time_reset=20000,rp_byte_reset=0,rp_dce_tcp_g=960,rp_dce_tcp_rtt=4000,np_min_time_between_cnps=4000,rp_rate_reduce_monitor_period=4000,rp_rate_to_set_on_first_cnp=5}
 [ -n "$OUT" ] || OUT=$(mktemp -d /tmp/softroce-congestion.XXXXXX)
 mkdir -p "$OUT"
 SHARE=$(mktemp -d /tmp/softroce-congestion-share.XXXXXX)
@@ -68,7 +69,7 @@ SR_OK=1
 source test/rxelab/session.sh   # lab_session_start, lab_session_end: the lock, the VM
 trap 'lab_session_end; rm -rf "$SHARE"' EXIT
 lab_session_start bench/congestion.sh "$LOG" 2400 --share "$SHARE" --max-life $((300 + ROUNDS * 300)) || exit 1
-G="RED_MIN=${RED_MIN:-40000} RED_MAX=${RED_MAX:-120000} RED_LIMIT=${RED_LIMIT:-400000} RED_P=${RED_P:-0.1} RED_BURST=${RED_BURST:-20} bash /mnt/host/congestion-guest.sh /mnt/host/softroce"
+G="RED_MIN=${RED_MIN:-40000} RED_MAX=${RED_MAX:-160000} RED_LIMIT=${RED_LIMIT:-500000} RED_P=${RED_P:-0.1} RED_BURST=${RED_BURST:-11} bash /mnt/host/congestion-guest.sh /mnt/host/softroce"
 test/rxelab/vm exec --timeout 120 -c "$G up $FLOWS $RATE" >> "$LOG" 2>&1 7>&- ||
   { echo "bench/congestion.sh: the dumbbell did not come up (see $LOG)" >&2; exit 1; }
 for round in $(seq 1 "$ROUNDS"); do
