@@ -1,7 +1,6 @@
 package qp
 
 import (
-	"hash/crc32"
 	"net/netip"
 
 	"github.com/softroce/softroce/internal/cq"
@@ -541,7 +540,7 @@ func (q *QP) finishTC(buf []byte, op bth.Opcode, se, ackReq bool, dqpn uint32, p
 	icrc := bth.ICRCContinue(state, pkt)
 	if op == bth.OpRCFlush && q.cfg.RxeFlushICRC {
 		// kernel rxe's FLUSH ICRC: BTH, FETH and RETH once more (pkg/roce, rxeflush.go)
-		icrc = crc32.Update(icrc, crc32.IEEETable, pkt[:end-bth.ICRCSize])
+		icrc = bth.RxeFlushICRC(icrc, pkt)
 	}
 	bth.SetICRC(pkt, icrc)
 	t.batch = append(t.batch, link.Datagram{Buf: pkt, Src: src, Dst: dst, TClass: tclass})

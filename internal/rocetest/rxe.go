@@ -1,8 +1,6 @@
 package rocetest
 
 import (
-	"hash/crc32"
-
 	"github.com/softroce/softroce/pkg/bth"
 )
 
@@ -13,5 +11,5 @@ import (
 // defines fails rxe's check and is dropped before any counter sees it. pkt is the packet
 // from the BTH to the ICRC (its last 4 bytes, not read).
 func RxeFlushICRC(ep *bth.Endpoints, pkt []byte) uint32 {
-	return crc32.Update(bth.ICRC(ep, pkt), crc32.IEEETable, pkt[:len(pkt)-bth.ICRCSize])
+	return bth.RxeFlushICRC(bth.ICRC(ep, pkt), pkt)
 }

@@ -251,6 +251,17 @@ func ICRCFromIP(ip []byte) (computed uint32, err error) {
 	return ICRCContinue(state, ip[hl+udpHdrSize:hl+ulen]), nil
 }
 
+// RxeFlushICRC is the ICRC kernel rxe (6.2 up to at least 6.12) puts on, and expects of, an RC
+// FLUSH whose A17.3.3 ICRC is icrc: rxe's opcode table gives the FLUSH no payload offset, so
+// its CRC goes on over the packet's headers (udpPayload up to, not including, the ICRC field)
+// a second time, unmasked. ICRCUnwind over the same bytes undoes it (pkg/roce, rxeflush.go).
+func RxeFlushICRC(icrc uint32, udpPayload []byte) uint32 {
+	if len(udpPayload) < ICRCSize {
+		return icrc
+	}
+	return crc32.Update(icrc, crc32.IEEETable, udpPayload[:len(udpPayload)-ICRCSize])
+}
+
 // crcTopIndex maps the top byte of an IEEE CRC32 table entry to its index: the 256 entries'
 // top bytes are distinct, which makes CRC32's byte step invertible.
 var crcTopIndex = func() (t [256]uint8) {

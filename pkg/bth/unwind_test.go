@@ -35,3 +35,17 @@ func FuzzICRCUnwind(f *testing.F) {
 		}
 	})
 }
+
+// TestRxeFlushICRC: rxe's FLUSH ICRC is the given ICRC continued over the headers, and
+// ICRCUnwind over the same bytes gives the given ICRC back.
+func TestRxeFlushICRC(t *testing.T) {
+	pkt := make([]byte, BTHSize+FETHSize+RETHSize+ICRCSize)
+	BTH(pkt).Encode(&BTHFields{Opcode: OpRCFlush, PKey: 0xffff, DestQP: 0x11, PSN: 5})
+	hdrs := pkt[:len(pkt)-ICRCSize]
+	if got, want := RxeFlushICRC(0xcafe, pkt), crc32.Update(0xcafe, crc32.IEEETable, hdrs); got != want {
+		t.Fatalf("RxeFlushICRC %#x, want %#x", got, want)
+	}
+	if got := ICRCUnwind(RxeFlushICRC(0xcafe, pkt), hdrs); got != 0xcafe {
+		t.Fatalf("unwound %#x", got)
+	}
+}

@@ -3,7 +3,6 @@ package roce
 import (
 	"bytes"
 	"errors"
-	"hash/crc32"
 	"net/netip"
 	"sync"
 	"testing"
@@ -22,7 +21,7 @@ import (
 // FLUSH, rxeflush.go), whatever the opcode.
 func rxeICRC(src netip.AddrPort, dst *end, pkt []byte, id uint16) uint32 {
 	ep := bth.Endpoints{Src: src.Addr(), Dst: dst.addr, SrcPort: src.Port(), DstPort: 4791, IPID: id}
-	return crc32.Update(bth.ICRC(&ep, pkt), crc32.IEEETable, pkt[:len(pkt)-bth.ICRCSize])
+	return bth.RxeFlushICRC(bth.ICRC(&ep, pkt), pkt)
 }
 
 // flushPkt is a global FLUSH of dst's region range [off, off+n) at psn with the given ICRC
@@ -215,7 +214,7 @@ func TestRxeFlushICRCSend(t *testing.T) {
 			isFlush := bth.BTH(d.Buf).Opcode() == bth.OpRCFlush
 			if isFlush {
 				flushes++
-				if variant := bth.GetICRC(d.Buf) == crc32.Update(bth.ICRC(&ep, d.Buf), crc32.IEEETable, d.Buf[:len(d.Buf)-bth.ICRCSize]); variant != rxe || spec == rxe {
+				if variant := bth.GetICRC(d.Buf) == bth.RxeFlushICRC(bth.ICRC(&ep, d.Buf), d.Buf); variant != rxe || spec == rxe {
 					t.Errorf("RxeFlushICRC %v: a FLUSH with rxe's ICRC %v, the A17.3.3 one %v", rxe, variant, spec)
 				}
 			} else if !spec {

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"net/netip"
 	"strings"
@@ -263,7 +262,7 @@ func decodeFrame(pkt gopacket.Packet, frame int) (*decodedPacket, error) {
 		// kernel rxe (6.2 up to at least 6.12) continues a FLUSH's ICRC over its BTH, FETH and
 		// RETH a second time (pkg/roce, rxeflush.go)
 		if udp := netl.LayerPayload(); !d.ICRCOK && err == nil && f.Opcode == bth.OpRCFlush && len(p.Payload) == 0 &&
-			len(udp) >= 8+bth.ICRCSize && crc32.Update(computed, crc32.IEEETable, udp[8:len(udp)-bth.ICRCSize]) == stored {
+			len(udp) >= 8+bth.ICRCSize && bth.RxeFlushICRC(computed, udp[8:]) == stored {
 			d.ICRCVariant = "rxe-flush"
 		}
 	}

@@ -2,7 +2,6 @@ package decode
 
 import (
 	"encoding/binary"
-	"hash/crc32"
 	"strings"
 	"testing"
 
@@ -31,7 +30,7 @@ func roceFrame(t *testing.T, udpPayload []byte, rxe bool) []byte {
 	}
 	if rxe {
 		u := ip[28:]
-		bth.SetICRC(u, crc32.Update(bth.GetICRC(u), crc32.IEEETable, u[:len(u)-bth.ICRCSize]))
+		bth.SetICRC(u, bth.RxeFlushICRC(bth.GetICRC(u), u))
 	}
 	return f
 }
