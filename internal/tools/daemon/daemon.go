@@ -29,6 +29,7 @@ import (
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/internal/tools/cli"
 	"github.com/softroce/softroce/pkg/client"
+	"github.com/softroce/softroce/pkg/link/udp"
 	"github.com/softroce/softroce/pkg/roce"
 )
 
@@ -48,6 +49,7 @@ type fileConfig struct {
 	Name    string   `json:"name"`
 	Port    uint16   `json:"port"`
 	MTU     int      `json:"mtu"`
+	Workers int      `json:"workers"`
 	Log     string   `json:"log"` // "text" (default) or "json"
 	// Limits are the per-user limits ({"qps": 64, "mapped_bytes": 1073741824, ...}; a key
 	// left out keeps its default, -1 = none; docs/daemon.md).
@@ -86,7 +88,7 @@ type flags struct {
 	logFmt                                string
 	limits                                []string
 	port                                  uint
-	mtu                                   int
+	mtu, workers                          int
 	cc                                    []string
 }
 
@@ -95,11 +97,12 @@ func newFlagSet(f *flags) *pflag.FlagSet {
 	fs.StringArrayVarP(&f.listen, "listen", "l", nil, "local `address` or interface to bind UDP 4791 on (repeatable; default: every address of every up interface)")
 	fs.StringVarP(&f.socket, "socket", "s", client.DefaultSocket, "unix `socket` path for local clients (mode 0660)")
 	fs.StringVarP(&f.group, "group", "g", "", "`group` owning the socket (name or gid)")
-	fs.StringVarP(&f.cfgPath, "config", "c", "", "JSON config `file` (keys: listen, socket, group, metrics, name, port, mtu, log, limits, cc)")
+	fs.StringVarP(&f.cfgPath, "config", "c", "", "JSON config `file` (keys: listen, socket, group, metrics, name, port, mtu, workers, log, limits, cc)")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus text metrics on this loopback `ADDR:PORT` (opt-in)")
 	fs.StringVar(&f.name, "name", "softroce0", "device `name`")
 	fs.UintVar(&f.port, "port", 4791, "RoCE UDP `port` (tests only; peers must use the same)")
 	fs.IntVar(&f.mtu, "mtu", 0, "active MTU in `bytes` (256..4096; 0 = from the interface MTU)")
+	fs.IntVar(&f.workers, "workers", 0, fmt.Sprintf("receive `workers`: SO_REUSEPORT sockets, each packet steered to worker destination QP mod N, so N busy QPs use up to N cores (0 or 1: one; at most %d)", udp.MaxShards))
 	fs.StringVar(&f.logFmt, "log", "text", "log `format`: text or json")
 	fs.StringVar(&f.CPUProfile, "cpuprofile", "", "write a CPU profile of the daemon's run to this `file` (diagnostics)")
 	fs.StringArrayVar(&f.limits, "limit", nil, "per-user limit `NAME=VALUE` (repeatable; names: conns, fds, pds, mrs, cqs, srqs, qps, cm_ids, mapped_bytes, mappings, engine_bytes; VALUE a count with an optional K/M/G/T suffix, or none)")
@@ -155,6 +158,9 @@ func ParseArgs(args []string) (Config, error) {
 		if !fs.Changed("mtu") && c.MTU != 0 {
 			f.mtu = c.MTU
 		}
+		if !fs.Changed("workers") && c.Workers != 0 {
+			f.workers = c.Workers
+		}
 		f.Limits = c.Limits
 		if c.CC != "" {
 			f.cc = append([]string{c.CC}, f.cc...)
@@ -193,6 +199,10 @@ func ParseArgs(args []string) (Config, error) {
 		return c, fmt.Errorf("%w: --port %d", cli.ErrUsage, f.port)
 	}
 	c.Device.Port, c.Device.Name = uint16(f.port), f.name
+	if f.workers < 0 || f.workers > udp.MaxShards {
+		return c, fmt.Errorf("%w: --workers %d: 0..%d", cli.ErrUsage, f.workers, udp.MaxShards)
+	}
+	c.Device.FastPath.Workers = f.workers
 	if f.mtu != 0 {
 		if c.Device.MTU = qp.MTUFromBytes(f.mtu); !c.Device.MTU.Valid() || c.Device.MTU.Bytes() != f.mtu {
 			return c, fmt.Errorf("%w: --mtu %d", cli.ErrUsage, f.mtu)
@@ -307,7 +317,7 @@ func Run(ctx context.Context, c Config, log io.Writer) error {
 		addrs = append(addrs, a.String())
 	}
 	lg.Info("softroce daemon ready", "device", dev.Name(), "addrs", strings.Join(addrs, ","),
-		"port", uo.Port, "mtu", dev.PortAttr().ActiveMTU.Bytes(), "socket", c.Socket, "pid", os.Getpid())
+		"port", uo.Port, "mtu", dev.PortAttr().ActiveMTU.Bytes(), "workers", max(uo.FastPath.Workers, 1), "socket", c.Socket, "pid", os.Getpid())
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()

@@ -44,6 +44,8 @@ func TestDaemonFlags(t *testing.T) {
 		{[]string{"--listen", "127.0.0.1", "extra"}, 2},
 		{[]string{"--listen", "127.0.0.1", "--cc", "rp_ai_rate=0"}, 2},
 		{[]string{"--listen", "127.0.0.1", "--cc", "rp_bogus=1"}, 2},
+		{[]string{"--listen", "127.0.0.1", "--workers", "-1"}, 2},
+		{[]string{"--listen", "127.0.0.1", "--workers", "65"}, 2},
 	} {
 		var errb bytes.Buffer
 		if rc := Main(context.Background(), tc.args, io.Discard, &errb); rc != tc.status {
@@ -51,21 +53,26 @@ func TestDaemonFlags(t *testing.T) {
 		}
 	}
 	good := filepath.Join(t.TempDir(), "g.json")
-	os.WriteFile(good, []byte(`{"listen": ["127.0.0.2"], "socket": "/tmp/x.sock", "mtu": 2048, "log": "json", "limits": {"qps": 9, "cqs": 7}, "cc": "rp_ai_rate=2,rp_hai_rate=20"}`), 0o600)
+	os.WriteFile(good, []byte(`{"listen": ["127.0.0.2"], "socket": "/tmp/x.sock", "mtu": 2048, "log": "json", "limits": {"qps": 9, "cqs": 7}, "cc": "rp_ai_rate=2,rp_hai_rate=20", "workers": 3}`), 0o600)
 	c, err := ParseArgs([]string{"-c", good, "-s/tmp/y.sock", "--port=14791", "--limit", "qps=4", "--limit=mapped_bytes=2G", "--post-spin=2us",
 		"--cc", "rp_ai_rate=1"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(c.Device.Addrs) != 1 || c.Device.Addrs[0] != netip.MustParseAddr("127.0.0.2") || c.Socket != "/tmp/y.sock" ||
-		c.Device.Port != 14791 || c.Device.MTU != qp.MTU2048 || !c.JSONLog || c.Limits.QPs != 4 || c.Limits.MappedBytes != 2<<30 || c.Limits.CQs != 7 || c.PostSpin != 2*time.Microsecond {
+		c.Device.Port != 14791 || c.Device.MTU != qp.MTU2048 || !c.JSONLog || c.Limits.QPs != 4 || c.Limits.MappedBytes != 2<<30 || c.Limits.CQs != 7 || c.PostSpin != 2*time.Microsecond ||
+		c.Device.FastPath.Workers != 3 {
 		t.Errorf("config %+v", c)
 	}
 	if p := c.Device.CC; p == nil || p.AIRate != 1 || p.HAIRate != 20 || p.TimeReset != 300 || !p.Enabled {
 		t.Errorf("--cc over the file's cc: %+v", p)
 	}
+	if c, err := ParseArgs([]string{"-c", good, "--workers", "2"}); err != nil || c.Device.FastPath.Workers != 2 {
+		t.Errorf("--workers over the file's workers: %v %+v", err, c.Device.FastPath)
+	}
 	c, err = ParseArgs([]string{"-l", "127.0.0.1", "-l127.0.0.2", "--mtu", "1024"})
-	if err != nil || len(c.Device.Addrs) != 2 || c.Device.MTU != qp.MTU1024 || c.Socket != client.DefaultSocket || c.GID != -1 || c.Device.CC != nil {
+	if err != nil || len(c.Device.Addrs) != 2 || c.Device.MTU != qp.MTU1024 || c.Socket != client.DefaultSocket || c.GID != -1 || c.Device.CC != nil ||
+		c.Device.FastPath.Workers != 0 {
 		t.Errorf("-l twice: %+v %v", c, err)
 	}
 	if _, err := ParseArgs([]string{"--nonsense"}); !errors.Is(err, cli.ErrUsage) {
@@ -74,11 +81,11 @@ func TestDaemonFlags(t *testing.T) {
 }
 
 // TestDaemonRun: Run serves a device on a socket until its context ends; a client sees the
-// device the options describe.
+// device the options describe (with two receive workers: the device opens both).
 func TestDaemonRun(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "d.sock")
 	port := tooltest.FreeUDPPort(t)
-	c, err := ParseArgs([]string{"--listen", "127.0.0.1", "--socket", sock, "--port", fmt.Sprintf("%#x", port), "--name", "softrocerun"})
+	c, err := ParseArgs([]string{"--listen", "127.0.0.1", "--socket", sock, "--port", fmt.Sprintf("%#x", port), "--name", "softrocerun", "--workers", "2"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +110,8 @@ func TestDaemonRun(t *testing.T) {
 	}
 	cl.Close()
 	cancel()
-	if err := <-done; err != nil || !strings.Contains(log.String(), "softroce daemon ready") || !strings.Contains(log.String(), fmt.Sprintf("port=%d", port)) {
+	if err := <-done; err != nil || !strings.Contains(log.String(), "softroce daemon ready") || !strings.Contains(log.String(), fmt.Sprintf("port=%d", port)) ||
+		!strings.Contains(log.String(), "workers=2") {
 		t.Errorf("Run: %v\n%s", err, log.String())
 	}
 }

@@ -2,6 +2,7 @@ package perf
 
 import (
 	"bytes"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -44,6 +45,8 @@ type perfDaemonSides struct {
 	NoDev bool
 	// Extra are flags for the daemon side only.
 	Extra []string
+	// Workers is the daemon device's receive workers (roce.FastPathOptions.Workers).
+	Workers int
 }
 
 // perfPairDaemon runs a perf server on 127.0.0.1 and a client on 127.0.0.2 in this process,
@@ -57,7 +60,8 @@ func perfPairDaemon(t *testing.T, s perfDaemonSides, args ...string) (srvOut, cl
 	if s.Server {
 		daddr = netip.MustParseAddr("127.0.0.1")
 	}
-	sock, srv := daemontest.ServeUDP(t, roce.UDPOptions{Addrs: []netip.Addr{daddr}, Port: port, Portable: true, Name: "softroce0"})
+	sock, srv := daemontest.ServeUDP(t, roce.UDPOptions{Addrs: []netip.Addr{daddr}, Port: port, Portable: true, Name: "softroce0",
+		FastPath: roce.FastPathOptions{Workers: s.Workers}})
 	common := append(append([]string{}, args...), "--timeout", "20s", "--run-timeout", "20s")
 	var ln net.Listener
 	if s.RDMACM {
@@ -163,6 +167,30 @@ func TestPerfDaemon(t *testing.T) {
 				if t.Failed() {
 					t.Logf("server:\n%s\nclient:\n%s", so, co)
 				}
+			})
+		}
+	}
+}
+
+// TestPerfDaemonWorkers: a daemon whose device has two receive workers (softroce daemon
+// --workers 2) carries four QPs of 64 KiB WRITEs and of SENDs, as sender and as receiver (the
+// kernel steers each packet to worker QPN mod 2), and every run passes TestPerfPairs' checks.
+func TestPerfDaemonWorkers(t *testing.T) {
+	for _, args := range [][]string{
+		{"write", "-s", "65536", "-n", "40", "-q", "4", "--report_gbits"},
+		{"send", "-s", "3000", "-n", "100", "-q", "4", "-m", "1024"},
+	} {
+		for _, server := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/server-through-daemon=%v", strings.Join(args, "_"), server), func(t *testing.T) {
+				cfg, err := parsePerf(args, new(bytes.Buffer))
+				if err != nil {
+					t.Fatal(err)
+				}
+				so, co, se, ce := perfPairDaemon(t, perfDaemonSides{Server: server, NoDev: server, Workers: 2}, args...)
+				if se != "" || ce != "" {
+					t.Errorf("stderr: server %q client %q", se, ce)
+				}
+				checkPerfPair(t, so, co, cfg.Test, []int{cfg.Size}, cfg.Iters, 4, cfg.Gbits)
 			})
 		}
 	}
