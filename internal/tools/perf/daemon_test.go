@@ -119,7 +119,9 @@ func perfPairDaemon(t *testing.T, s perfDaemonSides, args ...string) (srvOut, cl
 // exchange and -R: the outputs pass the checks of TestPerfPairs (each side's remote
 // addresses are the other's local ones, perftest's frame and banner, plausible rows; the
 // write/read/atomic server prints the client's report), nothing on stderr, and the daemon
-// holds nothing afterwards.
+// holds nothing afterwards. The workers rows run through a daemon whose device has two
+// receive workers (softroce daemon --workers 2): four QPs, each packet steered to worker
+// QPN mod 2.
 func TestPerfDaemon(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	for _, c := range []struct {
@@ -127,6 +129,7 @@ func TestPerfDaemon(t *testing.T) {
 		sizes      []int
 		iters, qps int
 		cm         bool
+		workers    int
 	}{
 		{args: []string{"write", "-s", "3000", "-n", "100", "-m", "1024"}, sizes: []int{3000}, iters: 100, qps: 1},
 		{args: []string{"write", "-s", "65536", "-n", "40", "-q", "2", "--report_gbits"}, sizes: []int{65536}, iters: 40, qps: 2},
@@ -143,11 +146,16 @@ func TestPerfDaemon(t *testing.T) {
 		{args: []string{"write", "-s", "3000", "-n", "100"}, sizes: []int{3000}, iters: 100, qps: 1, cm: true},
 		{args: []string{"send", "-s", "64", "-n", "150", "-q", "2", "-r", "16"}, sizes: []int{64}, iters: 150, qps: 2, cm: true},
 		{args: []string{"read", "-s", "3000", "-n", "100", "-q", "2", "-o", "4"}, sizes: []int{3000}, iters: 100, qps: 2, cm: true},
+		{args: []string{"write", "-s", "65536", "-n", "40", "-q", "4", "--report_gbits"}, sizes: []int{65536}, iters: 40, qps: 4, workers: 2},
+		{args: []string{"send", "-s", "3000", "-n", "100", "-q", "4", "-m", "1024"}, sizes: []int{3000}, iters: 100, qps: 4, workers: 2},
 	} {
 		for _, server := range []bool{true, false} {
 			name := strings.Join(c.args, "_")
 			if c.cm {
 				name += "_-R"
+			}
+			if c.workers > 1 {
+				name += fmt.Sprintf("_workers=%d", c.workers)
 			}
 			if server {
 				name += "/server-through-daemon"
@@ -159,7 +167,7 @@ func TestPerfDaemon(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				so, co, se, ce := perfPairDaemon(t, perfDaemonSides{Server: server, RDMACM: c.cm, NoDev: server}, c.args...)
+				so, co, se, ce := perfPairDaemon(t, perfDaemonSides{Server: server, RDMACM: c.cm, NoDev: server, Workers: c.workers}, c.args...)
 				if se != "" || ce != "" {
 					t.Errorf("stderr: server %q client %q", se, ce)
 				}
@@ -167,30 +175,6 @@ func TestPerfDaemon(t *testing.T) {
 				if t.Failed() {
 					t.Logf("server:\n%s\nclient:\n%s", so, co)
 				}
-			})
-		}
-	}
-}
-
-// TestPerfDaemonWorkers: a daemon whose device has two receive workers (softroce daemon
-// --workers 2) carries four QPs of 64 KiB WRITEs and of SENDs, as sender and as receiver (the
-// kernel steers each packet to worker QPN mod 2), and every run passes TestPerfPairs' checks.
-func TestPerfDaemonWorkers(t *testing.T) {
-	for _, args := range [][]string{
-		{"write", "-s", "65536", "-n", "40", "-q", "4", "--report_gbits"},
-		{"send", "-s", "3000", "-n", "100", "-q", "4", "-m", "1024"},
-	} {
-		for _, server := range []bool{true, false} {
-			t.Run(fmt.Sprintf("%s/server-through-daemon=%v", strings.Join(args, "_"), server), func(t *testing.T) {
-				cfg, err := parsePerf(args, new(bytes.Buffer))
-				if err != nil {
-					t.Fatal(err)
-				}
-				so, co, se, ce := perfPairDaemon(t, perfDaemonSides{Server: server, NoDev: server, Workers: 2}, args...)
-				if se != "" || ce != "" {
-					t.Errorf("stderr: server %q client %q", se, ce)
-				}
-				checkPerfPair(t, so, co, cfg.Test, []int{cfg.Size}, cfg.Iters, 4, cfg.Gbits)
 			})
 		}
 	}
