@@ -27,3 +27,15 @@ func (s *Server) LockPosts(qpn uint32) (unlock func()) {
 
 // LiveMWs is the count of clients' memory windows (the mws metric).
 func (s *Server) LiveMWs() int64 { return s.nMW.Load() }
+
+// UserInFlight is uid's in-flight budget: the PSNs its QPs have in flight and the limit (0, 0:
+// none, or no such user).
+func (s *Server) UserInFlight(uid uint32) (inflight, limit int) {
+	s.acct.mu.Lock()
+	t := s.acct.users[uid]
+	s.acct.mu.Unlock()
+	if t == nil || t.budget == nil {
+		return 0, 0
+	}
+	return t.budget.InFlight(), t.budget.Limit()
+}

@@ -88,14 +88,26 @@ func TestTenantFairness(t *testing.T) {
 			p.cmd.Wait()
 		}
 	}()
-	child := func(name, role, sock string, local, peer netip.Addr, args ...int) *proc {
+	// As root, each bandwidth client runs as a user of its own (uid 64000+i): the daemon's
+	// per-user limits, its in-flight budget among them, see two tenants, as on a shared host.
+	// Otherwise every program is one user.
+	users := os.Getuid() == 0
+	self := os.Args[0]
+	if users {
+		self = reachableByAll(t, sockA, sockB, bwA, bwB)
+	}
+	child := func(name, role, sock string, local, peer netip.Addr, uid int, args ...int) *proc {
 		s := make([]string, len(args))
 		for i, a := range args {
 			s[i] = strconv.Itoa(a)
 		}
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd := exec.Command(self, "-test.run=^$")
 		cmd.Env = append(os.Environ(), "SOFTROCE_DAEMON_CHILD="+role, "SRC_SOCK="+sock, "SRC_LOCAL="+local.String(),
 			"SRC_PEER="+peer.String(), "SRC_ARGS="+strings.Join(s, ","))
+		if uid > 0 && users {
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
+			cmd.Dir = filepath.Dir(self)
+		}
 		return startProc(t, name, cmd, false)
 	}
 	pair := func(x, y *proc) {
@@ -106,8 +118,8 @@ func TestTenantFairness(t *testing.T) {
 		y.expect(t, "READY")
 	}
 	ping := func() (*proc, *proc) {
-		p := child("ping", "fping", sockA, ipA, ipB, secs)
-		q := child("pong", "fpong", sockB, ipB, ipA)
+		p := child("ping", "fping", sockA, ipA, ipB, 0, secs)
+		q := child("pong", "fpong", sockB, ipB, ipA, 0)
 		pair(p, q)
 		return p, q
 	}
@@ -136,8 +148,8 @@ func TestTenantFairness(t *testing.T) {
 	// Loaded: the two bandwidth clients and the ping-pong, all started together.
 	var bws, sinks []*proc
 	for i, n := range qps {
-		b := child(fmt.Sprintf("bw %d", i), "fbw", bwA, bwIPA, bwIPB, secs, n, depth, size)
-		s := child(fmt.Sprintf("sink %d", i), "fsink", bwB, bwIPB, bwIPA, secs, n, depth, size)
+		b := child(fmt.Sprintf("bw %d", i), "fbw", bwA, bwIPA, bwIPB, 64000+i, secs, n, depth, size)
+		s := child(fmt.Sprintf("sink %d", i), "fsink", bwB, bwIPB, bwIPA, 0, secs, n, depth, size)
 		pair(b, s)
 		bws, sinks = append(bws, b), append(sinks, s)
 	}

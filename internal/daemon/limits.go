@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softroce/softroce/internal/daemon/proto"
+	"github.com/softroce/softroce/internal/qp"
 )
 
 // Limits bound what the clients of one user hold in the daemon at a time, summed over every
@@ -47,6 +48,12 @@ type Limits struct {
 	// and the shared one), QP work queues (qp.Footprint: sized by the QP's caps), SRQs
 	// (qp.SRQFootprint) and post rings.
 	EngineBytes int64 `json:"engine_bytes,omitempty"`
+	// InFlight: RC request packets (PSNs) the user's QPs together may have sent and not yet
+	// seen acknowledged (qp.Budget), on top of each QP's own window of 128: a user with more
+	// QPs does not keep more data in flight, so a shared link or peer is divided between
+	// users, not QPs ("Fair service" in docs/daemon.md). Never refused: a QP over it waits
+	// for ACKs, and a QP always keeps an eighth of it in flight. Not a daemon-wide ceiling.
+	InFlight int `json:"inflight,omitempty"`
 }
 
 // res names one limited resource (an index into usage).
@@ -108,11 +115,11 @@ func (u usage) proto() proto.Usage {
 //
 //	conns 64, fds 2048, pds 1024, mrs 4096, cqs 1024, srqs 256, qps 4096, cm_ids 4096,
 //	mapped_bytes a quarter of the host's memory (at least 1 GiB), mappings 8192,
-//	engine_bytes an eighth of the host's memory (at least 512 MiB)
+//	engine_bytes an eighth of the host's memory (at least 512 MiB), inflight 128 (one QP's window)
 func DefaultLimits() Limits {
 	mem := hostMemory()
 	return Limits{Conns: 64, FDs: 2048, PDs: 1024, MRs: 4096, CQs: 1024, SRQs: 256, QPs: 4096, CMIDs: 4096,
-		MappedBytes: max(mem/4, 1<<30), Mappings: 8192, EngineBytes: max(mem/8, 512<<20)}
+		MappedBytes: max(mem/4, 1<<30), Mappings: 8192, EngineBytes: max(mem/8, 512<<20), InFlight: qp.MaxUnackedPSNs}
 }
 
 // DefaultCeiling is the daemon-wide limit over all users together, for the resources the
@@ -146,9 +153,10 @@ func hostMemory() int64 {
 
 // tenant is one user's account: what its clients hold together.
 type tenant struct {
-	uid  uint32
-	used usage
-	refs int // sessions of the user (user, leave)
+	uid    uint32
+	used   usage
+	refs   int        // sessions of the user (user, leave)
+	budget *qp.Budget // the in-flight budget of the user's QPs (Limits.InFlight; nil: none)
 }
 
 // accounts charges the users' holdings against the per-user limits and the daemon-wide
@@ -160,10 +168,17 @@ type accounts struct {
 	total   usage
 	users   map[uint32]*tenant
 	refused [nRes]atomic.Uint64
+	// inflight is each user's in-flight budget in PSNs (0: none)
+	inflight int
 }
 
 func newAccounts(limit, ceiling Limits) *accounts {
-	return &accounts{limit: limit.vector(DefaultLimits()), ceiling: ceiling.vector(DefaultCeiling()), users: map[uint32]*tenant{}}
+	inflight := limit.InFlight
+	if inflight == 0 {
+		inflight = DefaultLimits().InFlight
+	}
+	return &accounts{limit: limit.vector(DefaultLimits()), ceiling: ceiling.vector(DefaultCeiling()), users: map[uint32]*tenant{},
+		inflight: max(inflight, 0)}
 }
 
 // user returns uid's account for a new session (leave gives it back).
@@ -173,6 +188,9 @@ func (a *accounts) user(uid uint32) *tenant {
 	t := a.users[uid]
 	if t == nil {
 		t = &tenant{uid: uid}
+		if a.inflight > 0 {
+			t.budget = qp.NewBudget(a.inflight)
+		}
 		a.users[uid] = t
 	}
 	t.refs++
@@ -293,7 +311,7 @@ func (l *Limits) Set(name, value string) error {
 		v = n * mul
 	}
 	ints := map[string]*int{"conns": &l.Conns, "fds": &l.FDs, "pds": &l.PDs, "mrs": &l.MRs, "cqs": &l.CQs,
-		"srqs": &l.SRQs, "qps": &l.QPs, "cm_ids": &l.CMIDs, "mappings": &l.Mappings}
+		"srqs": &l.SRQs, "qps": &l.QPs, "cm_ids": &l.CMIDs, "mappings": &l.Mappings, "inflight": &l.InFlight}
 	if p, ok := ints[name]; ok {
 		if v > 1<<31-1 {
 			return fmt.Errorf("limit %s: %d is too large", name, v)
@@ -307,7 +325,7 @@ func (l *Limits) Set(name, value string) error {
 	case "engine_bytes":
 		l.EngineBytes = v
 	default:
-		return fmt.Errorf("unknown limit %q (one of %s)", name, strings.Join(resNames[:], ", "))
+		return fmt.Errorf("unknown limit %q (one of %s, inflight)", name, strings.Join(resNames[:], ", "))
 	}
 	return nil
 }

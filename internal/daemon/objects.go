@@ -120,7 +120,7 @@ func (ss *session) createQP(r wire.CreateQPReq) (wire.CreateQPResp, error) {
 	}
 	var srq *srqObj
 	in := roce.QPInit{Type: qp.Type(r.QPType), PD: pd.pd, SendCQ: scq.c, RecvCQ: rcq.c,
-		Cap: proto.CapFromWire(&r.Cap), SigAll: r.SQSigAll != 0}
+		Cap: proto.CapFromWire(&r.Cap), SigAll: r.SQSigAll != 0, Budget: ss.ten.budget}
 	if r.SRQ == 0 {
 		in.RecvRefill = ss.refill // receives posted through the ring are visible at once (postring.go)
 	} else {

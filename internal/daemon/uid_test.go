@@ -78,31 +78,8 @@ func TestLimitsTwoUsers(t *testing.T) {
 	}
 	withLimits(t, daemon.Limits{QPs: 1}, daemon.Limits{})
 	da, _ := memPair(t)
-	dir := t.TempDir()
-	// The socket and this test binary where uid 65534 can reach them.
-	for d := dir; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
-		os.Chmod(d, 0o755)
-	}
-	if err := os.Chmod(da.sock, 0o666); err != nil {
-		t.Fatal(err)
-	}
-	for d := filepath.Dir(da.sock); d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
-		os.Chmod(d, 0o755)
-	}
-	bin := filepath.Join(dir, "daemon.test")
-	src, err := os.Open(os.Args[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst, err := os.OpenFile(bin, os.O_CREATE|os.O_WRONLY, 0o755)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(dst, src); err != nil {
-		t.Fatal(err)
-	}
-	src.Close()
-	dst.Close()
+	bin := reachableByAll(t, da.sock)
+	dir := filepath.Dir(bin)
 
 	root := da.dial(t)
 	q, n, err := udQPs(root)
@@ -126,4 +103,39 @@ func TestLimitsTwoUsers(t *testing.T) {
 	if d, err := root.Debug(); err != nil || d.UID != 0 || d.User.QPs != 1 || d.Refused.QPs != 2 {
 		t.Fatalf("root's view: uid %d, QPs %d, refused %d (%v)", d.UID, d.User.QPs, d.Refused.QPs, err)
 	}
+}
+
+// reachableByAll makes the sockets and a copy of this test binary usable by any user (a client
+// process of another uid): the sockets mode 0666, the directories up to them 0755. It returns
+// the copy's path, in a directory of its own.
+func reachableByAll(t *testing.T, socks ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, p := range append([]string{filepath.Join(dir, "x")}, socks...) {
+		for d := filepath.Dir(p); d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+			os.Chmod(d, 0o755)
+		}
+		if p != filepath.Join(dir, "x") {
+			if err := os.Chmod(p, 0o666); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	bin := filepath.Join(dir, "daemon.test")
+	src, err := os.Open(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	dst, err := os.OpenFile(bin, os.O_CREATE|os.O_WRONLY, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(dst, src); err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return bin
 }

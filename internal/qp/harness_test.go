@@ -106,6 +106,8 @@ type sideOpts struct {
 	// copied registers the buffer as copied memory (mr.Memory, RegMemory: every access a copy,
 	// as the daemon reaches a client process's memory) instead of mapped memory.
 	copied bool
+	// budget is the QP's group in-flight budget (budget.go; nil: none).
+	budget *Budget
 }
 
 func (n *net) newSide(addr string, o sideOpts) *side {
@@ -163,6 +165,7 @@ func (n *net) newSide(addr string, o sideOpts) *side {
 		Resolve:  func(ah *AHAttr) (Path, error) { return Path{Src: local, Dst: ah.DGID, TClass: ah.TrafficClass}, nil },
 		Schedule: n.schedule,
 		CC:       o.cc,
+		Budget:   o.budget,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -131,6 +131,9 @@ type Config struct {
 	// LineRate is the device's line rate in bit/s, DCQCN's maximum rate when rp_max_rate is 0
 	// (0: DefaultLineRate).
 	LineRate float64
+	// Budget, if set, bounds the request packets in flight over a group of RC QPs, this one
+	// among them, besides the QP's own window (budget.go). nil: the window alone.
+	Budget *Budget
 }
 
 // Engine tunables (rxe values: RXE_MAX_UNACKED_PSNS, RXE_MAX_PKT_PER_ACK).
@@ -220,6 +223,7 @@ type QP struct {
 	comp completer
 	tmr  timers
 	cc   congestion
+	bud  budgetState // in the group's in-flight budget (budget.go)
 
 	// output: the current burst (nil when idle; fastpath.go) and the
 	// Output's GSO run and pair interfaces (nil if it has none)
@@ -292,6 +296,7 @@ func New(c Config) (*QP, error) {
 	q.initCC()
 	q.resetLocked()
 	q.tmr.t = c.Clock.AfterFunc(time.Hour, q.onTimerFire)
+	q.bud.t = q.tmr.t // (a waker's copy, never rewritten: budget.go)
 	q.tmr.t.Stop()
 	return q, nil
 }
@@ -494,6 +499,7 @@ func (q *QP) resetLocked() {
 	rdq.clear()
 	q.resp = responder{res: res, wqe: recvWQE{sge: sge[:0]}, sr: sr, rdq: rdq}
 	q.comp = completer{}
+	q.budgetRelease()
 	if q.tmr.t != nil {
 		q.tmr.t.Stop()
 	}
@@ -529,6 +535,7 @@ func (q *QP) Destroy() {
 	q.dropHeld()
 	q.dead = true
 	q.state = StateReset
+	q.budgetRelease()
 	if q.tmr.t != nil {
 		q.tmr.t.Stop()
 		q.tmr.armed = false
@@ -544,6 +551,7 @@ func (q *QP) enterError() {
 		return
 	}
 	q.state = StateErr
+	q.budgetRelease()
 	q.detachWrites()
 	q.resp.rd = readGen{} // no more READ responses (readresp.go)
 	q.resp.rdq.clear()

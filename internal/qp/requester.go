@@ -167,7 +167,7 @@ func (q *QP) runRequester() {
 }
 
 func (q *QP) canStart(w *sendWQE) bool {
-	if q.typ == TypeRC && q.req.psn.Sub(q.comp.psn) >= MaxUnackedPSNs {
+	if q.typ == TypeRC && (q.req.psn.Sub(q.comp.psn) >= MaxUnackedPSNs || !q.budgetOK()) {
 		return false
 	}
 	k := kindOf(w.wr.Opcode)
@@ -233,7 +233,7 @@ func (q *QP) transmit(w *sendWQE) bool {
 	}
 	for w.nextPkt < w.npsn {
 		psn := w.firstPSN.Add(w.nextPkt)
-		if q.typ == TypeRC && psn.Sub(q.comp.psn) >= MaxUnackedPSNs {
+		if q.typ == TypeRC && (psn.Sub(q.comp.psn) >= MaxUnackedPSNs || !q.budgetOK()) {
 			return false
 		}
 		if !q.sendSegment(w, w.nextPkt, psn, false) {
@@ -313,7 +313,7 @@ func (q *QP) sendSegment(w *sendWQE, idx uint32, psn bth.PSN, resend bool) bool 
 	ackReq := resend && last
 	if q.typ == TypeRC && !resend {
 		q.req.noAck++
-		if last || q.req.noAck >= PktsPerAck {
+		if last || q.req.noAck >= q.ackEvery() {
 			ackReq = true
 			q.req.noAck = 0
 		}
@@ -374,6 +374,9 @@ func (q *QP) sendRead(w *sendWQE) bool {
 	skip := w.readDone / q.mtu
 	if skip < w.readReq {
 		return false // the chunk asked for is still arriving
+	}
+	if w.readReq > 0 && !q.budgetOK() { // a later chunk (the first passed canStart)
+		return false
 	}
 	if !w.sentAll && q.paceHold() { // (a READ asked again for a gap, readGap, is not held)
 		return false

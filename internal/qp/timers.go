@@ -68,6 +68,15 @@ func (q *QP) armTimerAt(now time.Time) { q.rearm(now, true) }
 
 // rearm is armTimer and armTimerAt: now is valid if have, else read from the clock when needed.
 func (q *QP) rearm(now time.Time, have bool) {
+	q.budgetSync() // (budget.go)
+	q.budgetPass()
+	if q.bud.woken.Load() && (q.state == StateRTS || q.state == StateSQD) {
+		// a waker's request for the requester, or one budgetOK left: the timer runs it now
+		q.tmr.armed = true
+		q.tmr.deadline = time.Time{}
+		q.tmr.t.Reset(0)
+		return
+	}
 	var dl time.Time
 	on := false
 	if q.state == StateRTS || q.state == StateSQD {
@@ -130,6 +139,9 @@ func (q *QP) onTimer(now time.Time) {
 	}
 	if q.cc.held && !now.Before(q.cc.paceAt) {
 		q.cc.held = false
+		q.runRequester()
+	}
+	if q.budgetWoken() { // the group's budget has room again (budget.go)
 		q.runRequester()
 	}
 	if q.tmr.rnrWait {

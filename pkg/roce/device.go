@@ -486,6 +486,9 @@ type QPInit struct {
 	RecvRefill func(q *QP) bool
 	// CC is this QP's congestion control (nil = the device's, Options.CC).
 	CC *CCParams
+	// Budget bounds the RC request packets in flight over every QP given the same one, on
+	// top of each QP's own window (qp.Budget; the daemon gives each user one). nil: none.
+	Budget *qp.Budget
 }
 
 // CreateQP creates a QP in RESET (ibv_create_qp). QP numbers are drawn at
@@ -532,7 +535,7 @@ func (d *Device) CreateQP(in QPInit) (*QP, error) {
 		Resolve: d.resolve, DstPort: d.port, Device: &d.attr, Counters: &d.cnt,
 		AtomicMu: &d.atomicMu, Events: d.sink, MTU: d.mtu, RecvRefill: refill,
 		Writes: d.writesFor(qpn), Schedule: d.scheds[qpn%uint32(len(d.scheds))].add,
-		CC: d.ccFor(in.CC), LineRate: d.line, RxeFlushICRC: d.rxeFlush,
+		CC: d.ccFor(in.CC), LineRate: d.line, RxeFlushICRC: d.rxeFlush, Budget: in.Budget,
 	})
 	if err != nil {
 		return nil, err

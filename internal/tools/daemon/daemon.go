@@ -105,7 +105,7 @@ func newFlagSet(f *flags) *pflag.FlagSet {
 	fs.IntVar(&f.workers, "workers", 0, fmt.Sprintf("receive `workers`: SO_REUSEPORT sockets, each packet steered to worker destination QP mod N, so N busy QPs use up to N cores (0 or 1: one; at most %d)", udp.MaxShards))
 	fs.StringVar(&f.logFmt, "log", "text", "log `format`: text or json")
 	fs.StringVar(&f.CPUProfile, "cpuprofile", "", "write a CPU profile of the daemon's run to this `file` (diagnostics)")
-	fs.StringArrayVar(&f.limits, "limit", nil, "per-user limit `NAME=VALUE` (repeatable; names: conns, fds, pds, mrs, cqs, srqs, qps, cm_ids, mapped_bytes, mappings, engine_bytes; VALUE a count with an optional K/M/G/T suffix, or none)")
+	fs.StringArrayVar(&f.limits, "limit", nil, "per-user limit `NAME=VALUE` (repeatable; names: conns, fds, pds, mrs, cqs, srqs, qps, cm_ids, mapped_bytes, mappings, engine_bytes, inflight; VALUE a count with an optional K/M/G/T suffix, or none)")
 	fs.DurationVar(&f.PostSpin, "post-spin", 0, "keep polling a client's post ring this long after draining it before sleeping on its doorbell (0 = no spinning; costs CPU)")
 	fs.StringArrayVar(&f.cc, "cc", nil, "congestion control `settings` under mlx5's names (repeatable; off, on, rp_ai_rate=5, np_min_time_between_cnps=50, ...; docs/congestion.md)")
 	return fs

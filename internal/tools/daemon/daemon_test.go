@@ -39,6 +39,7 @@ func TestDaemonFlags(t *testing.T) {
 		{[]string{"--listen", "127.0.0.1", "--limit", "qps=many"}, 2},
 		{[]string{"--listen", "127.0.0.1", "--limit", "bogus=1"}, 2},
 		{[]string{"--listen", "127.0.0.1", "--limit", "qps"}, 2},
+		{[]string{"--listen", "127.0.0.1", "--limit", "inflight=0"}, 2},
 		{[]string{"--listen", "127.0.0.1", "--log", "xml"}, 2},
 		{[]string{"-listen", "127.0.0.1"}, 2},
 		{[]string{"--listen", "127.0.0.1", "extra"}, 2},
@@ -53,7 +54,7 @@ func TestDaemonFlags(t *testing.T) {
 		}
 	}
 	good := filepath.Join(t.TempDir(), "g.json")
-	os.WriteFile(good, []byte(`{"listen": ["127.0.0.2"], "socket": "/tmp/x.sock", "mtu": 2048, "log": "json", "limits": {"qps": 9, "cqs": 7}, "cc": "rp_ai_rate=2,rp_hai_rate=20", "workers": 3}`), 0o600)
+	os.WriteFile(good, []byte(`{"listen": ["127.0.0.2"], "socket": "/tmp/x.sock", "mtu": 2048, "log": "json", "limits": {"qps": 9, "cqs": 7, "inflight": 64}, "cc": "rp_ai_rate=2,rp_hai_rate=20", "workers": 3}`), 0o600)
 	c, err := ParseArgs([]string{"-c", good, "-s/tmp/y.sock", "--port=14791", "--limit", "qps=4", "--limit=mapped_bytes=2G", "--post-spin=2us",
 		"--cc", "rp_ai_rate=1"})
 	if err != nil {
@@ -66,6 +67,12 @@ func TestDaemonFlags(t *testing.T) {
 	}
 	if p := c.Device.CC; p == nil || p.AIRate != 1 || p.HAIRate != 20 || p.TimeReset != 300 || !p.Enabled {
 		t.Errorf("--cc over the file's cc: %+v", p)
+	}
+	if c.Limits.InFlight != 64 {
+		t.Errorf("inflight from the file: %d", c.Limits.InFlight)
+	}
+	if c, err := ParseArgs([]string{"-c", good, "--limit", "inflight=none"}); err != nil || c.Limits.InFlight != -1 {
+		t.Errorf("--limit inflight=none over the file's: %v %d", err, c.Limits.InFlight)
 	}
 	if c, err := ParseArgs([]string{"-c", good, "--workers", "2"}); err != nil || c.Device.FastPath.Workers != 2 {
 		t.Errorf("--workers over the file's workers: %v %+v", err, c.Device.FastPath)
