@@ -2,6 +2,8 @@ package daemon_test
 
 import (
 	"bytes"
+	"fmt"
+	"regexp"
 	"os"
 	"sync/atomic"
 	"testing"
@@ -13,7 +15,8 @@ import (
 // TestUserInFlightBudget: the QPs of one user, on two connections of their own, share the
 // user's in-flight budget (limit inflight=16: the two keep at most 16 PSNs plus a floor of 2
 // each unacknowledged, where each alone may keep 128), and both streams of WRITEs complete
-// byte-exact. inflight=none gives the user no budget.
+// byte-exact; the metrics count the waits and show nothing in flight after. inflight=none
+// gives the user no budget.
 func TestUserInFlightBudget(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -81,6 +84,18 @@ func TestUserInFlightBudget(t *testing.T) {
 			}
 			if v, _ := da.srv.UserInFlight(uid); v != 0 {
 				t.Fatalf("%d still in flight", v)
+			}
+			var m bytes.Buffer
+			if err := da.srv.WriteMetrics(&m); err != nil {
+				t.Fatal(err)
+			}
+			waits := regexp.MustCompile(fmt.Sprintf(`softroce_daemon_user_inflight_waits_total\{device="[^"]*",uid="%d"\} ([0-9]+)`, uid)).FindSubmatch(m.Bytes())
+			if tc.want > 0 && (waits == nil || string(waits[1]) == "0" ||
+				!bytes.Contains(m.Bytes(), []byte(fmt.Sprintf(`softroce_daemon_user_inflight{device="a",uid="%d"} 0`, uid)))) {
+				t.Fatalf("metrics: no waits counted or in flight not 0:\n%s", m.String())
+			}
+			if tc.want == 0 && waits != nil {
+				t.Fatalf("metrics: a budget's waits without a budget: %s", waits[0])
 			}
 		})
 	}

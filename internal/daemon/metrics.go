@@ -8,6 +8,7 @@ import (
 	"sort"
 
 	"github.com/softroce/softroce/internal/daemon/proto"
+	"github.com/softroce/softroce/internal/qp"
 )
 
 // WriteMetrics writes the Prometheus text exposition (format 0.0.4): the
@@ -65,12 +66,13 @@ func (s *Server) WriteMetrics(w io.Writer) error {
 	}
 	s.acct.mu.Lock()
 	type userRow struct {
-		uid  uint32
-		used usage
+		uid    uint32
+		used   usage
+		budget *qp.Budget
 	}
 	users := make([]userRow, 0, len(s.acct.users))
 	for uid, t := range s.acct.users {
-		users = append(users, userRow{uid, t.used})
+		users = append(users, userRow{uid, t.used, t.budget})
 	}
 	s.acct.mu.Unlock()
 	sort.Slice(users, func(i, j int) bool { return users[i].uid < users[j].uid })
@@ -78,6 +80,18 @@ func (s *Server) WriteMetrics(w io.Writer) error {
 	for _, u := range users {
 		for r, v := range u.used {
 			fmt.Fprintf(bw, "softroce_daemon_user_usage{device=%q,uid=\"%d\",resource=%q} %d\n", dev, u.uid, resNames[r], v)
+		}
+	}
+	fmt.Fprintf(bw, "# HELP softroce_daemon_user_inflight RC request packets each user's QPs have unacknowledged (its inflight budget)\n# TYPE softroce_daemon_user_inflight gauge\n")
+	for _, u := range users {
+		if u.budget != nil {
+			fmt.Fprintf(bw, "softroce_daemon_user_inflight{device=%q,uid=\"%d\"} %d\n", dev, u.uid, u.budget.InFlight())
+		}
+	}
+	fmt.Fprintf(bw, "# HELP softroce_daemon_user_inflight_waits_total times one of a user's QPs waited for the user's inflight budget\n# TYPE softroce_daemon_user_inflight_waits_total counter\n")
+	for _, u := range users {
+		if u.budget != nil {
+			fmt.Fprintf(bw, "softroce_daemon_user_inflight_waits_total{device=%q,uid=\"%d\"} %d\n", dev, u.uid, u.budget.Waits())
 		}
 	}
 	type qpRow struct {

@@ -38,6 +38,7 @@ type Budget struct {
 	limit int64
 	floor int64
 	used  atomic.Int64
+	waits atomic.Uint64
 	nwait atomic.Int32
 	mu    sync.Mutex
 	wait  []*QP // waiters (mu)
@@ -55,6 +56,9 @@ func (b *Budget) Limit() int { return int(b.limit) }
 
 // InFlight is the PSNs its QPs have in flight now.
 func (b *Budget) InFlight() int { return int(b.used.Load()) }
+
+// Waits counts the times one of its QPs stopped to wait for the budget.
+func (b *Budget) Waits() uint64 { return b.waits.Load() }
 
 // ackEvery is how many request packets in a row may go without AckReq: PktsPerAck, or under a
 // budget its floor. A QP the budget stops has its charge at the floor or above; the ACK of its
@@ -124,6 +128,7 @@ func (q *QP) budgetOK() bool {
 	}
 	if !q.bud.waiting {
 		q.bud.waiting = true
+		b.waits.Add(1)
 		b.mu.Lock()
 		b.wait = append(b.wait, q)
 		b.nwait.Store(int32(len(b.wait)))
