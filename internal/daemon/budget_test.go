@@ -3,8 +3,8 @@ package daemon_test
 import (
 	"bytes"
 	"fmt"
-	"regexp"
 	"os"
+	"regexp"
 	"sync/atomic"
 	"testing"
 
@@ -34,6 +34,8 @@ func TestUserInFlightBudget(t *testing.T) {
 			for i := 0; i < 2; i++ {
 				a := newEnd(t, da.dial(t), size, 16, rcAccess)
 				b := newEnd(t, db.dial(t), size, 16, rcAccess)
+				// two full windows on a loaded machine (-race): 67 ms, 7 retries
+				a.timeout, a.retry, b.timeout, b.retry = 14, 7, 14, 7
 				pattern(a.buf, i+1)
 				a.connect(t, ipB, b.q.Num(), 1)
 				b.connect(t, ipA, a.q.Num(), 1)
@@ -46,6 +48,14 @@ func TestUserInFlightBudget(t *testing.T) {
 			var peak atomic.Int64
 			stop := make(chan struct{})
 			sampled := make(chan struct{})
+			t.Cleanup(func() { // before the daemons stop (cleanups run last first)
+				select {
+				case <-stop:
+				default:
+					close(stop)
+				}
+				<-sampled
+			})
 			go func() {
 				defer close(sampled)
 				for {

@@ -28,7 +28,9 @@ import (
 //     budget taken waits again, at the end; one that leaves room wakes the next.
 //
 // The total may go above the limit by less than one floor per QP: a packet is started when the
-// check passed, and a READ chunk or a message's packets already started are not cut short.
+// check passed. READs are the exception: a READ chunk (up to 128 response PSNs, readChunk) is
+// charged whole when its request leaves, and a QP below its floor may send one, so a group's
+// READs can take it over the limit by up to a chunk per QP.
 // Accounting is one atomic add per packet sent and per ACK that advances; nothing allocates
 // per packet (the waiter list grows to the group's QP count once).
 
@@ -168,11 +170,10 @@ func (q *QP) budgetLeave() {
 	q.bud.waiting = false
 	b.mu.Lock()
 	for i, w := range b.wait {
-		if w == q {
-			last := len(b.wait) - 1
-			b.wait[i] = b.wait[last]
-			b.wait[last] = nil
-			b.wait = b.wait[:last]
+		if w == q { // (in order: the first is the longest waiting)
+			copy(b.wait[i:], b.wait[i+1:])
+			b.wait[len(b.wait)-1] = nil
+			b.wait = b.wait[:len(b.wait)-1]
 			break
 		}
 	}

@@ -221,3 +221,48 @@ func TestBudgetZeroAlloc(t *testing.T) {
 		t.Fatalf("%d in flight after", bud.InFlight())
 	}
 }
+
+// hookTimer runs hook (once) inside the next Reset with a delay: a waker that runs between a
+// QP's rearm looking at its woken flag and re-arming its timer.
+type hookTimer struct {
+	Timer
+	hook func()
+}
+
+func (h *hookTimer) Reset(d time.Duration) bool {
+	if d > 0 && h.hook != nil {
+		f := h.hook
+		h.hook = nil
+		f()
+	}
+	return h.Timer.Reset(d)
+}
+
+// TestBudgetWakeNotOverridden: a wake that lands while the waiter re-arms its own timer (its
+// Reset to the ACK deadline comes after the waker's Reset(0)) still runs the waiter now, not
+// at its ACK timeout.
+func TestBudgetWakeNotOverridden(t *testing.T) {
+	b := NewBudget(32)
+	n, a1, a2, b1, b2 := budgetPairs(t, b)
+	writeAll(t, a1, b1)
+	writeAll(t, a2, b2)
+	if len(a2.out.q) != 4 || b.nwait.Load() != 2 {
+		t.Fatalf("a2 sent %d, %d waiters; want 4 and 2", len(a2.out.q), b.nwait.Load())
+	}
+	ht := &hookTimer{Timer: a2.qp.tmr.t}
+	a2.qp.mu.Lock()
+	a2.qp.tmr.t, a2.qp.bud.t = ht, ht
+	ht.Timer.Stop()
+	a2.qp.tmr.armed = false // as an expiry leaves it for the rearm after it
+	a2.qp.mu.Unlock()
+	ht.hook = func() { a1.qp.Destroy() } // a1 gives back 32 and wakes a2 meanwhile
+	a2.postSend(t, SendWR{WRID: 2, Opcode: WRRDMAWrite, SGL: []SGE{a2.sge(0, 1024)},
+		RemoteAddr: b2.va(0), RKey: b2.mr.RKey()})
+	if ht.hook != nil {
+		t.Fatal("the waker did not run inside the re-arm")
+	}
+	n.clk.Advance(0)
+	if len(a2.out.q) != 32 {
+		t.Fatalf("a2 sent %d after its wake, want 32 (in flight %d)", len(a2.out.q), b.InFlight())
+	}
+}

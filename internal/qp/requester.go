@@ -372,11 +372,8 @@ const readChunk = MaxUnackedPSNs
 // more chunks follow (later WQEs wait: their PSNs come after the READ's).
 func (q *QP) sendRead(w *sendWQE) bool {
 	skip := w.readDone / q.mtu
-	if skip < w.readReq {
-		return false // the chunk asked for is still arriving
-	}
-	if w.readReq > 0 && !q.budgetOK() { // a later chunk (the first passed canStart)
-		return false
+	if skip < w.readReq || w.readReq > 0 && !q.budgetOK() { // (a first chunk passed canStart)
+		return false // the chunk asked for is still arriving, or a later one waits for the budget
 	}
 	if !w.sentAll && q.paceHold() { // (a READ asked again for a gap, readGap, is not held)
 		return false

@@ -116,6 +116,12 @@ func (q *QP) rearm(now time.Time, have bool) {
 		d = 0
 	}
 	q.tmr.t.Reset(d)
+	if q.bud.woken.Load() {
+		// a waker's Reset(0) (budget.go) that came after the check above: this Reset undid it.
+		// The waker sets woken before its Reset, so one of the two sees the other.
+		q.tmr.deadline = time.Time{}
+		q.tmr.t.Reset(0)
+	}
 }
 
 // onTimerFire is the Timer callback.
