@@ -97,18 +97,26 @@ func TestBudgetShared(t *testing.T) {
 	}
 }
 
+// budgetWaiting is budgetPairs under a budget of 32 with both WRITEs posted: a1 holds 32
+// PSNs, a2 its floor of 4, and both wait.
+func budgetWaiting(t *testing.T) (b *Budget, n *net, a1, a2, b1, b2 *side) {
+	t.Helper()
+	b = NewBudget(32)
+	n, a1, a2, b1, b2 = budgetPairs(t, b)
+	writeAll(t, a1, b1)
+	writeAll(t, a2, b2)
+	if len(a2.out.q) != 4 || b.nwait.Load() != 2 {
+		t.Fatalf("a2 sent %d, %d waiters; want 4 and 2", len(a2.out.q), b.nwait.Load())
+	}
+	return
+}
+
 // TestBudgetRelease: a QP that leaves RTS (ERR, or destroyed) gives its charge back at once and
 // wakes the QP waiting for it, which then fills the budget.
 func TestBudgetRelease(t *testing.T) {
 	for _, how := range []string{"error", "destroy"} {
 		t.Run(how, func(t *testing.T) {
-			b := NewBudget(32)
-			n, a1, a2, b1, b2 := budgetPairs(t, b)
-			writeAll(t, a1, b1)
-			writeAll(t, a2, b2)
-			if len(a2.out.q) != 4 || b.nwait.Load() != 2 {
-				t.Fatalf("a2 sent %d, %d waiters; want 4 and 2", len(a2.out.q), b.nwait.Load())
-			}
+			b, n, a1, a2, _, b2 := budgetWaiting(t)
 			if how == "error" {
 				if err := a1.qp.Modify(&Attr{State: StateErr}, AttrState); err != nil {
 					t.Fatal(err)
@@ -242,13 +250,7 @@ func (h *hookTimer) Reset(d time.Duration) bool {
 // Reset to the ACK deadline comes after the waker's Reset(0)) still runs the waiter now, not
 // at its ACK timeout.
 func TestBudgetWakeNotOverridden(t *testing.T) {
-	b := NewBudget(32)
-	n, a1, a2, b1, b2 := budgetPairs(t, b)
-	writeAll(t, a1, b1)
-	writeAll(t, a2, b2)
-	if len(a2.out.q) != 4 || b.nwait.Load() != 2 {
-		t.Fatalf("a2 sent %d, %d waiters; want 4 and 2", len(a2.out.q), b.nwait.Load())
-	}
+	b, n, a1, a2, _, b2 := budgetWaiting(t)
 	ht := &hookTimer{Timer: a2.qp.tmr.t}
 	a2.qp.mu.Lock()
 	a2.qp.tmr.t, a2.qp.bud.t = ht, ht
