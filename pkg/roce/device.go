@@ -487,8 +487,8 @@ type QPInit struct {
 	// CC is this QP's congestion control (nil = the device's, Options.CC).
 	CC *CCParams
 	// Budget bounds the RC request packets in flight over every QP given the same one, on
-	// top of each QP's own window (qp.Budget; the daemon gives each user one). nil: none.
-	Budget *qp.Budget
+	// top of each QP's own window (NewBudget; the daemon gives each user one). nil: none.
+	Budget *Budget
 }
 
 // CreateQP creates a QP in RESET (ibv_create_qp). QP numbers are drawn at

@@ -521,5 +521,13 @@ func CCNames() []string { return cc.Names() }
 // CCUnit returns a congestion control parameter's unit ("us", "Mbit/s", ...).
 func CCUnit(name string) string { return cc.Unit(name) }
 
+// Budget is qp.Budget: an in-flight budget shared by a group of RC QPs (QPInit.Budget): the
+// request packets they have sent and not seen acknowledged together, on top of each QP's own
+// window (docs/engine.md, "In-flight budgets"). The daemon gives each user one.
+type Budget = qp.Budget
+
+// NewBudget returns a budget of limit request packets (PSNs) in flight.
+func NewBudget(limit int) *Budget { return qp.NewBudget(limit) }
+
 // CCState is a snapshot of a QP's congestion control (QP.CongestionState).
 type CCState = qp.CCState
