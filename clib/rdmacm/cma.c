@@ -153,14 +153,30 @@ struct rdma_event_channel *rdma_create_event_channel(void)
 	return &ch->ch;
 }
 
-void rdma_destroy_event_channel(struct rdma_event_channel *channel)
+static void chan_free(struct cma_channel *ch)
 {
-	struct cma_channel *ch = cma_chan(channel);
-	cma_destroy(SR_OP_CM_DESTROY_CHANNEL, ch->handle);
 	close(ch->ch.fd);
 	free(ch->queue);
 	pthread_mutex_destroy(&ch->mu);
 	free(ch);
+}
+
+// rdma_destroy_event_channel while another thread waits in rdma_get_cm_event on the channel
+// (rping's CM thread at exit): on the kernel's ucma that thread sleeps in the kernel, which
+// holds the file until the call returns, and nothing wakes it: it stays blocked until the
+// process exits, and the program never sees an error from it. So here: the channel is marked
+// closed and kept, not freed, and the waiting thread blocks for good (cma_next) instead of
+// returning the daemon's error for a channel that is gone.
+void rdma_destroy_event_channel(struct rdma_event_channel *channel)
+{
+	struct cma_channel *ch = cma_chan(channel);
+	pthread_mutex_lock(&ch->mu);
+	int busy = ch->users > 0;
+	ch->closed = 1;
+	pthread_mutex_unlock(&ch->mu);
+	cma_destroy(SR_OP_CM_DESTROY_CHANNEL, ch->handle);
+	if (!busy) // else the waiter keeps it (and its fd, which nothing writes any more)
+		chan_free(ch);
 }
 
 int cma_destroy(uint16_t op, uint32_t handle)
@@ -223,15 +239,33 @@ static void drain(int fd)
 	}
 }
 
+// blocked is where a thread waiting on a destroyed channel stays (rdma_destroy_event_channel):
+// a cancellation point, as the kernel's wait is.
+static void blocked(void)
+{
+	for (;;)
+		pause();
+}
+
 // cma_next takes the channel's next event into *out (blocking unless the
 // program made the fd non-blocking).
 int cma_next(struct cma_channel *ch, struct sr_cm_event *out)
 {
+	pthread_mutex_lock(&ch->mu);
+	ch->users++;
 	for (;;) {
-		pthread_mutex_lock(&ch->mu);
+		if (ch->closed) {
+			pthread_mutex_unlock(&ch->mu);
+			blocked();
+		}
 		drain(ch->ch.fd);
 		if (ch->n == 0 && fetch(ch) < 0) {
+			int e = errno;
+			if (ch->closed) // destroyed meanwhile: the daemon no longer knows it
+				continue;
+			ch->users--;
 			pthread_mutex_unlock(&ch->mu);
+			errno = e;
 			return -1;
 		}
 		if (ch->n > 0) {
@@ -244,15 +278,29 @@ int cma_next(struct cma_channel *ch, struct sr_cm_event *out)
 					// saturated: it stays readable
 				}
 			}
+			ch->users--;
 			pthread_mutex_unlock(&ch->mu);
 			return 0;
 		}
 		pthread_mutex_unlock(&ch->mu);
 		int fl = fcntl(ch->ch.fd, F_GETFL);
-		if (fl >= 0 && (fl & O_NONBLOCK))
+		if (fl >= 0 && (fl & O_NONBLOCK)) {
+			pthread_mutex_lock(&ch->mu);
+			int gone = --ch->users == 0 && ch->closed;
+			pthread_mutex_unlock(&ch->mu);
+			if (gone) // destroyed while this call ran: the last one out frees it
+				chan_free(ch);
 			return sr_fail(EAGAIN);
+		}
 		struct pollfd p = {.fd = ch->ch.fd, .events = POLLIN};
-		if (poll(&p, 1, -1) < 0 && errno != EINTR)
+		int r = poll(&p, 1, -1);
+		int e = errno;
+		pthread_mutex_lock(&ch->mu);
+		if (r < 0 && e != EINTR && !ch->closed) {
+			ch->users--;
+			pthread_mutex_unlock(&ch->mu);
+			errno = e;
 			return -1;
+		}
 	}
 }

@@ -14,6 +14,8 @@ struct cma_channel {
 	struct sr_cm_event *queue;    // fetched, not yet returned
 	size_t n;
 	int sync;                     // created for a synchronous ID (rdma_create_ep)
+	int users;                    // threads inside cma_next (mu)
+	int closed;                   // rdma_destroy_event_channel ran while users > 0 (mu)
 };
 
 static inline struct cma_channel *cma_chan(struct rdma_event_channel *ch)

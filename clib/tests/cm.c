@@ -8,11 +8,19 @@
 // it made itself (ibv_create_qp, rdma_init_qp_attr), gets CONNECT_RESPONSE, moves
 // it and calls rdma_establish; both sides set RDMA_OPTION_ID_ACK_TIMEOUT and find it
 // in their QP's timeout; rdma_set_option's refusals and rdma_join_multicast's
-// EOPNOTSUPP. Without $SOFTROCE_SOCKET it exits 77 (skipped).
+// EOPNOTSUPP. `cm destroy-wait` (one process): a thread waiting in rdma_get_cm_event on a
+// channel another thread destroys stays blocked, as on the kernel's ucma, even when a signal
+// interrupts its wait: no error, no use of the freed channel (ASan). Without $SOFTROCE_SOCKET
+// it exits 77 (skipped).
 #include <arpa/inet.h>
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <rdma/rdma_cma.h>
 
@@ -273,8 +281,70 @@ static void connect_to(struct sockaddr *sa, enum rdma_port_space ps)
 	CHECK(rdma_destroy_id(id) == 0);
 }
 
+static volatile pid_t waiter_tid;
+static volatile int waiter_ret = 1;
+
+static void *waiter(void *arg)
+{
+	(void)arg;
+	waiter_tid = (pid_t)syscall(SYS_gettid);
+	struct rdma_cm_event *e;
+	waiter_ret = rdma_get_cm_event(ch, &e); // never returns (the channel has no events)
+	return NULL;
+}
+
+static void on_usr1(int sig) { (void)sig; }
+
+// in_poll reports whether thread tid sleeps in poll or ppoll (/proc/self/task/TID/syscall).
+static int in_poll(pid_t tid)
+{
+	char path[64], buf[64] = {0};
+	snprintf(path, sizeof(path), "/proc/self/task/%d/syscall", (int)tid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	long nr = strtol(buf, NULL, 10);
+	return nr == SYS_poll || nr == SYS_ppoll;
+}
+
+static int destroy_wait(void)
+{
+	struct sigaction sa = {.sa_handler = on_usr1}; // no SA_RESTART: the wait is interrupted
+	CHECK(sigaction(SIGUSR1, &sa, NULL) == 0);
+	pthread_t th;
+	CHECK(pthread_create(&th, NULL, waiter, NULL) == 0);
+	int waiting = 0;
+	for (int i = 0; i < 5000 && !waiting; i++) { // until it waits in poll, at most 5 s
+		struct timespec ms = {0, 1000000};
+		waiting = waiter_tid && in_poll(waiter_tid);
+		if (!waiting)
+			nanosleep(&ms, NULL);
+	}
+	CHECK(waiting);
+	rdma_destroy_event_channel(ch);
+	CHECK(pthread_kill(th, SIGUSR1) == 0);
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_nsec += 300000000;
+	if (until.tv_nsec >= 1000000000) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000;
+	}
+	CHECK(pthread_timedjoin_np(th, NULL, &until) == ETIMEDOUT); // still waiting: no error
+	CHECK(waiter_ret == 1);
+	return check_done("cm destroy-wait"); // (exiting ends the waiting thread)
+}
+
 int main(int argc, char **argv)
 {
+	if (getenv("SOFTROCE_SOCKET") && argc == 2 && !strcmp(argv[1], "destroy-wait")) {
+		ch = rdma_create_event_channel();
+		CHECK(ch != NULL);
+		return ch ? destroy_wait() : check_done("cm destroy-wait");
+	}
 	if (!getenv("SOFTROCE_SOCKET") || argc < 4) {
 		printf("cm: needs SOFTROCE_SOCKET and s|c ADDR PORT [udp|ext], skipped\n");
 		return 77;

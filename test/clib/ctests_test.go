@@ -128,6 +128,16 @@ func TestCRdmacm(t *testing.T) {
 	}
 }
 
+// TestCRdmacmDestroyWait runs clib/tests/cm.c's destroy-wait: a thread waiting in
+// rdma_get_cm_event while another destroys the channel (rping's CM thread at exit) stays
+// blocked, as on the kernel's ucma, through a signal that interrupts its wait, instead of
+// returning an error or touching the freed channel (under ASan).
+func TestCRdmacmDestroyWait(t *testing.T) {
+	needDevice(t)
+	d := startDaemon(t)
+	t.Log(strings.TrimSpace(runC(t, d, "cm", "destroy-wait")))
+}
+
 // TestCMemoryWindows runs clib/tests/mw.c against a daemon: type 1 windows (ibv_bind_mw) and
 // type 2 (IBV_WR_BIND_MW, ibv_wr_bind_mw), remote WRITEs through them byte for byte and past
 // their ends, LOCAL_INV and SEND_WITH_INV (the invalidated R_Key in the receive completion,
