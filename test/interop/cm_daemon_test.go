@@ -35,11 +35,11 @@ func init() {
 	)
 }
 
-// startLabDaemon runs `softroce daemon` in the lab netns and returns its socket once it is
-// ready; the daemon is stopped (SIGTERM, then killed) at cleanup. Over IPv4 it listens on the
+// startLabDaemon runs `softroce daemon` (with the extra flags) in the lab netns and returns
+// its socket once it is ready; the daemon is stopped (SIGTERM, then killed) at cleanup. Over IPv4 it listens on the
 // host address; over IPv6 on the tap, whose GID table (gid.FromInterface: the link-local GID,
 // ::ffff:198.18.0.1, 2001:db8:198:18::1) the tools then pick their address from.
-func startLabDaemon(t *testing.T, ctx context.Context, lab *rxelab.Lab, bin string, n labNet) string {
+func startLabDaemon(t *testing.T, ctx context.Context, lab *rxelab.Lab, bin string, n labNet, extra ...string) string {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "softroce.sock")
 	log := rocetest.NewWatch("softroce daemon ready")
@@ -47,7 +47,7 @@ func startLabDaemon(t *testing.T, ctx context.Context, lab *rxelab.Lab, bin stri
 	if n.V6() {
 		listen = rxelab.Tap
 	}
-	cmd := lab.NSCommand(ctx, bin, "daemon", "--listen", listen, "--socket", sock)
+	cmd := lab.NSCommand(ctx, bin, append([]string{"daemon", "--listen", listen, "--socket", sock}, extra...)...)
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -51,6 +51,8 @@ type fileConfig struct {
 	MTU     int      `json:"mtu"`
 	Workers int      `json:"workers"`
 	Log     string   `json:"log"` // "text" (default) or "json"
+	// RxeFlushICRC is --rxe-flush-icrc.
+	RxeFlushICRC bool `json:"rxe_flush_icrc"`
 	// Limits are the per-user limits ({"qps": 64, "mapped_bytes": 1073741824, ...}; a key
 	// left out keeps its default, -1 = none; docs/daemon.md).
 	Limits daemonsrv.Limits `json:"limits"`
@@ -90,6 +92,7 @@ type flags struct {
 	port                                  uint
 	mtu, workers                          int
 	cc                                    []string
+	rxeFlushICRC                          bool
 }
 
 func newFlagSet(f *flags) *pflag.FlagSet {
@@ -97,7 +100,7 @@ func newFlagSet(f *flags) *pflag.FlagSet {
 	fs.StringArrayVarP(&f.listen, "listen", "l", nil, "local `address` or interface to bind UDP 4791 on (repeatable; default: every address of every up interface)")
 	fs.StringVarP(&f.socket, "socket", "s", client.DefaultSocket, "unix `socket` path for local clients (mode 0660)")
 	fs.StringVarP(&f.group, "group", "g", "", "`group` owning the socket (name or gid)")
-	fs.StringVarP(&f.cfgPath, "config", "c", "", "JSON config `file` (keys: listen, socket, group, metrics, name, port, mtu, workers, log, limits, cc)")
+	fs.StringVarP(&f.cfgPath, "config", "c", "", "JSON config `file` (keys: listen, socket, group, metrics, name, port, mtu, workers, log, limits, cc, rxe_flush_icrc)")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus text metrics on this loopback `ADDR:PORT` (opt-in)")
 	fs.StringVar(&f.name, "name", "softroce0", "device `name`")
 	fs.UintVar(&f.port, "port", 4791, "RoCE UDP `port` (tests only; peers must use the same)")
@@ -107,6 +110,7 @@ func newFlagSet(f *flags) *pflag.FlagSet {
 	fs.StringVar(&f.CPUProfile, "cpuprofile", "", "write a CPU profile of the daemon's run to this `file` (diagnostics)")
 	fs.StringArrayVar(&f.limits, "limit", nil, "per-user limit `NAME=VALUE` (repeatable; names: conns, fds, pds, mrs, cqs, srqs, qps, cm_ids, mapped_bytes, mappings, engine_bytes, inflight; VALUE a count with an optional K/M/G/T suffix, or none)")
 	fs.DurationVar(&f.PostSpin, "post-spin", 0, "keep polling a client's post ring this long after draining it before sleeping on its doorbell (0 = no spinning; costs CPU)")
+	fs.BoolVar(&f.rxeFlushICRC, "rxe-flush-icrc", false, "send RC FLUSHes with the ICRC kernel rxe (6.2 to at least 6.12) computes and expects instead of IBTA A17.3.3's, which rxe drops (for peers that are rxe; a hardware RNIC checks the spec's)")
 	fs.StringArrayVar(&f.cc, "cc", nil, "congestion control `settings` under mlx5's names (repeatable; off, on, rp_ai_rate=5, np_min_time_between_cnps=50, ...; docs/congestion.md)")
 	return fs
 }
@@ -161,6 +165,9 @@ func ParseArgs(args []string) (Config, error) {
 		if !fs.Changed("workers") && c.Workers != 0 {
 			f.workers = c.Workers
 		}
+		if !fs.Changed("rxe-flush-icrc") {
+			f.rxeFlushICRC = c.RxeFlushICRC
+		}
 		f.Limits = c.Limits
 		if c.CC != "" {
 			f.cc = append([]string{c.CC}, f.cc...)
@@ -203,6 +210,7 @@ func ParseArgs(args []string) (Config, error) {
 		return c, fmt.Errorf("%w: --workers %d: 0..%d", cli.ErrUsage, f.workers, udp.MaxShards)
 	}
 	c.Device.FastPath.Workers = f.workers
+	c.Device.RxeFlushICRC = f.rxeFlushICRC
 	if f.mtu != 0 {
 		if c.Device.MTU = qp.MTUFromBytes(f.mtu); !c.Device.MTU.Valid() || c.Device.MTU.Bytes() != f.mtu {
 			return c, fmt.Errorf("%w: --mtu %d", cli.ErrUsage, f.mtu)
@@ -316,8 +324,12 @@ func Run(ctx context.Context, c Config, log io.Writer) error {
 	for _, a := range dev.Addrs() {
 		addrs = append(addrs, a.String())
 	}
-	lg.Info("softroce daemon ready", "device", dev.Name(), "addrs", strings.Join(addrs, ","),
-		"port", uo.Port, "mtu", dev.PortAttr().ActiveMTU.Bytes(), "workers", max(uo.FastPath.Workers, 1), "socket", c.Socket, "pid", os.Getpid())
+	ready := []any{"device", dev.Name(), "addrs", strings.Join(addrs, ","),
+		"port", uo.Port, "mtu", dev.PortAttr().ActiveMTU.Bytes(), "workers", max(uo.FastPath.Workers, 1), "socket", c.Socket, "pid", os.Getpid()}
+	if uo.RxeFlushICRC {
+		ready = append(ready, "rxe_flush_icrc", true)
+	}
+	lg.Info("softroce daemon ready", ready...)
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()

@@ -54,7 +54,7 @@ func TestDaemonFlags(t *testing.T) {
 		}
 	}
 	good := filepath.Join(t.TempDir(), "g.json")
-	os.WriteFile(good, []byte(`{"listen": ["127.0.0.2"], "socket": "/tmp/x.sock", "mtu": 2048, "log": "json", "limits": {"qps": 9, "cqs": 7, "inflight": 64}, "cc": "rp_ai_rate=2,rp_hai_rate=20", "workers": 3}`), 0o600)
+	os.WriteFile(good, []byte(`{"listen": ["127.0.0.2"], "socket": "/tmp/x.sock", "mtu": 2048, "log": "json", "limits": {"qps": 9, "cqs": 7, "inflight": 64}, "cc": "rp_ai_rate=2,rp_hai_rate=20", "workers": 3, "rxe_flush_icrc": true}`), 0o600)
 	c, err := ParseArgs([]string{"-c", good, "-s/tmp/y.sock", "--port=14791", "--limit", "qps=4", "--limit=mapped_bytes=2G", "--post-spin=2us",
 		"--cc", "rp_ai_rate=1"})
 	if err != nil {
@@ -67,6 +67,12 @@ func TestDaemonFlags(t *testing.T) {
 	}
 	if p := c.Device.CC; p == nil || p.AIRate != 1 || p.HAIRate != 20 || p.TimeReset != 300 || !p.Enabled {
 		t.Errorf("--cc over the file's cc: %+v", p)
+	}
+	if !c.Device.RxeFlushICRC {
+		t.Errorf("rxe_flush_icrc from the file: off")
+	}
+	if c, err := ParseArgs([]string{"-c", good, "--rxe-flush-icrc=false"}); err != nil || c.Device.RxeFlushICRC {
+		t.Errorf("--rxe-flush-icrc=false over the file's: %v %v", err, c.Device.RxeFlushICRC)
 	}
 	if c.Limits.InFlight != 64 {
 		t.Errorf("inflight from the file: %d", c.Limits.InFlight)
@@ -92,7 +98,7 @@ func TestDaemonFlags(t *testing.T) {
 func TestDaemonRun(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "d.sock")
 	port := tooltest.FreeUDPPort(t)
-	c, err := ParseArgs([]string{"--listen", "127.0.0.1", "--socket", sock, "--port", fmt.Sprintf("%#x", port), "--name", "softrocerun", "--workers", "2"})
+	c, err := ParseArgs([]string{"--listen", "127.0.0.1", "--socket", sock, "--port", fmt.Sprintf("%#x", port), "--name", "softrocerun", "--workers", "2", "--rxe-flush-icrc"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +124,7 @@ func TestDaemonRun(t *testing.T) {
 	cl.Close()
 	cancel()
 	if err := <-done; err != nil || !strings.Contains(log.String(), "softroce daemon ready") || !strings.Contains(log.String(), fmt.Sprintf("port=%d", port)) ||
-		!strings.Contains(log.String(), "workers=2") {
+		!strings.Contains(log.String(), "workers=2") || !strings.Contains(log.String(), "rxe_flush_icrc=true") {
 		t.Errorf("Run: %v\n%s", err, log.String())
 	}
 }
