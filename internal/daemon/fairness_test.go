@@ -28,7 +28,8 @@ import (
 // throughput and their ratio (min/max: the fair share is 1), and the ping-pong's p99 loaded
 // against its p99 with the daemons otherwise idle, all from one run. A measurement, not a
 // pass/fail check (the machine is shared and noisy; the targets are printed next to the
-// ratios):
+// ratios; a FAIRCDF line carries the ping-pong's round-trip distributions, idle and loaded,
+// for bench/fairplot):
 //
 //	SOFTROCE_FAIRNESS_BENCH=1 go test -run TestTenantFairness -v ./internal/daemon/
 //
@@ -123,11 +124,12 @@ func TestTenantFairness(t *testing.T) {
 		pair(p, q)
 		return p, q
 	}
-	lat := func(p *proc) (p50, p99 float64, n int) {
+	lat := func(p *proc) (p50, p99 float64, n int, quant string) {
 		line := p.expect(t, "LAT ")
 		if _, err := fmt.Sscanf(line, "LAT %f %f %d", &p50, &p99, &n); err != nil {
 			t.Fatalf("ping: %q", line)
 		}
+		quant = strings.Join(strings.Fields(strings.TrimPrefix(p.expect(t, "QUANT "), "QUANT ")), ",")
 		return
 	}
 	finish := func(ps ...*proc) {
@@ -142,7 +144,7 @@ func TestTenantFairness(t *testing.T) {
 	// Idle: the ping-pong alone.
 	p, q := ping()
 	fmt.Fprintln(p.in, "GO")
-	idle50, idle99, idleN := lat(p)
+	idle50, idle99, idleN, idleQ := lat(p)
 	finish(p, q)
 
 	// Loaded: the two bandwidth clients and the ping-pong, all started together.
@@ -166,7 +168,7 @@ func TestTenantFairness(t *testing.T) {
 		}
 		mbps[i] = bytes / ns * 1e3
 	}
-	load50, load99, loadN := lat(p)
+	load50, load99, loadN, loadQ := lat(p)
 	finish(append(append(bws, sinks...), p, q)...)
 	share := min(mbps[0], mbps[1]) / max(mbps[0], mbps[1])
 	t.Logf("bandwidth clients (QPs %d and %d, %d x %d B in flight per QP): %.0f and %.0f MB/s, share min/max %.2f (target >= 0.80)",
@@ -179,6 +181,8 @@ func TestTenantFairness(t *testing.T) {
 	}
 	fmt.Printf("FAIRNESS%s qps=%d,%d mbps=%.0f,%.0f share=%.2f p50_idle_us=%.1f p50_loaded_us=%.1f p99_idle_us=%.1f p99_loaded_us=%.1f p99_ratio=%.2f\n", apart,
 		qps[0], qps[1], mbps[0], mbps[1], share, idle50, load50, idle99, load99, load99/idle99)
+	// the round trips' distributions (bench/fairplot draws them): µs at the quantiles fping prints
+	fmt.Printf("FAIRCDF%s qps=%d,%d idle=%s loaded=%s\n", apart, qps[0], qps[1], idleQ, loadQ)
 }
 
 // fairChild runs one program of TestTenantFairness (role fbw, fsink, fping or fpong).
@@ -308,6 +312,12 @@ func fairChild(role string) int {
 		sort.Slice(rtts, func(i, j int) bool { return rtts[i] < rtts[j] })
 		us := func(q float64) float64 { return float64(rtts[int(q*float64(len(rtts)-1))]) / 1e3 }
 		fmt.Printf("LAT %.1f %.1f %d\n", us(0.5), us(0.99), len(rtts))
+		// the distribution: the round trip at quantiles 0, 0.01, ..., 0.99, 0.999 and 1
+		q := make([]string, 0, 102)
+		for i := 0; i <= 99; i++ {
+			q = append(q, fmt.Sprintf("%.1f", us(float64(i)/100)))
+		}
+		fmt.Printf("QUANT %s %.1f %.1f\n", strings.Join(q, " "), us(0.999), us(1))
 		in.Scan()
 		return 0
 	case "fbw":
