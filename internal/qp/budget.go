@@ -28,9 +28,9 @@ import (
 //     budget taken waits again, at the end; one that leaves room wakes the next.
 //
 // The total may go above the limit by less than one floor per QP: a packet is started when the
-// check passed. READs are the exception: a READ chunk (up to 128 response PSNs, readChunk) is
-// charged whole when its request leaves, and a QP below its floor may send one, so a group's
-// READs can take it over the limit by up to a chunk per QP.
+// check passed. A READ chunk (up to 128 response PSNs, readChunk) is charged whole when its
+// request leaves, so it is checked whole (budgetOKRead): it fits in the room left, or its QP
+// has nothing in flight and the group is below the limit — over it by at most one chunk.
 // Accounting is one atomic add per packet sent and per ACK that advances; nothing allocates
 // per packet (the waiter list grows to the group's QP count once).
 
@@ -120,11 +120,59 @@ func (q *QP) budgetOK() bool {
 	}
 	q.budgetSync()
 	if q.bud.charged < b.floor || b.used.Load() < b.limit {
-		if q.bud.waiting { // (its own ACKs let it go on before a wake)
-			q.budgetLeave()
-		}
+		q.budgetGo()
 		return true
 	}
+	return q.budgetWait()
+}
+
+// budgetOKRead reports whether q may request a READ chunk of n response PSNs (q.mu held),
+// charged whole: if it fits in the group's room, or q has nothing in flight and the group is
+// below its limit (one chunk over it at most, and never a starved READ). A QP with packets
+// in flight that finds no room waits for its own responses and ACKs, which run its requester
+// again, and registers as no one's waiter: a waiter must be able to go on whenever the group
+// is below its limit, or wakes would be handed round in vain (budgetPass).
+func (q *QP) budgetOKRead(n uint32) bool {
+	b := q.cfg.Budget
+	if b == nil {
+		return true
+	}
+	q.budgetSync()
+	used := b.used.Load()
+	if used+int64(n) <= b.limit || q.bud.charged == 0 && used < b.limit {
+		q.budgetGo()
+		return true
+	}
+	if q.bud.charged > 0 {
+		return false
+	}
+	return q.budgetWait()
+}
+
+// budgetFor is the check for the first packet of w: budgetOKRead for a READ's first chunk,
+// budgetOK otherwise.
+func (q *QP) budgetFor(w *sendWQE) bool {
+	if kindOf(w.wr.Opcode) != kindRead || q.cfg.Budget == nil {
+		return q.budgetOK()
+	}
+	n := uint32(1)
+	if w.length > q.mtu {
+		n = (w.length + q.mtu - 1) / q.mtu
+	}
+	return q.budgetOKRead(min(n, readChunk))
+}
+
+// budgetGo: q goes on; it is no waiter any more (its own ACKs let it go on before a wake).
+func (q *QP) budgetGo() {
+	if q.bud.waiting {
+		q.budgetLeave()
+	}
+}
+
+// budgetWait registers q as a waiter (q.mu held) and reports false, or true if the group fell
+// below its limit meanwhile.
+func (q *QP) budgetWait() bool {
+	b := q.cfg.Budget
 	if q.bud.woken.Swap(false) {
 		q.bud.waiting = false // a wake this check answers: the waker dropped q from its list
 	}

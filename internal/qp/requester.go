@@ -167,7 +167,7 @@ func (q *QP) runRequester() {
 }
 
 func (q *QP) canStart(w *sendWQE) bool {
-	if q.typ == TypeRC && (q.req.psn.Sub(q.comp.psn) >= MaxUnackedPSNs || !q.budgetOK()) {
+	if q.typ == TypeRC && (q.req.psn.Sub(q.comp.psn) >= MaxUnackedPSNs || !q.budgetFor(w)) {
 		return false
 	}
 	k := kindOf(w.wr.Opcode)
@@ -372,7 +372,7 @@ const readChunk = MaxUnackedPSNs
 // more chunks follow (later WQEs wait: their PSNs come after the READ's).
 func (q *QP) sendRead(w *sendWQE) bool {
 	skip := w.readDone / q.mtu
-	if skip < w.readReq || w.readReq > 0 && !q.budgetOK() { // (a first chunk passed canStart)
+	if skip < w.readReq || w.readReq > 0 && !q.budgetOKRead(min((skip/readChunk+1)*readChunk, w.npsn)-skip) {
 		return false // the chunk asked for is still arriving, or a later one waits for the budget
 	}
 	if !w.sentAll && q.paceHold() { // (a READ asked again for a gap, readGap, is not held)

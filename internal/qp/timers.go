@@ -148,7 +148,11 @@ func (q *QP) onTimer(now time.Time) {
 		q.runRequester()
 	}
 	if q.budgetWoken() { // the group's budget has room again (budget.go)
+		// An expiry for the wake, not for the ACK timer: a QP that waited with nothing in flight
+		// has no ACK timer running, and the requests it sends now start one (rearm); a timeout
+		// due meanwhile fires right after.
 		q.runRequester()
+		return
 	}
 	if q.tmr.rnrWait {
 		if now.Before(q.tmr.rnrDeadline) {
