@@ -30,7 +30,8 @@ import (
 // The total may go above the limit by less than one floor per QP: a packet is started when the
 // check passed. A READ chunk (up to 128 response PSNs, readChunk) is charged whole when its
 // request leaves, so it is checked whole (budgetOKRead): it fits in the room left, or its QP
-// has nothing in flight and the group is below the limit — over it by at most one chunk.
+// has nothing in flight and the group is below the limit — over it by a chunk (more only when
+// QPs on different goroutines check at the same instant).
 // Accounting is one atomic add per packet sent and per ACK that advances; nothing allocates
 // per packet (the waiter list grows to the group's QP count once).
 
