@@ -546,16 +546,7 @@ func placementFromRxe(t *testing.T, lab *rxelab.Lab) {
 	if l, err := rd.ReadString('\n'); err != nil || l != "done\n" {
 		t.Fatalf("the peer's done line %q, %v", l, err)
 	}
-	// placement.c's client sequence: WRITE 256 bytes (0xa5 ^ k) at 512, FLUSH of that range,
-	// ATOMIC WRITE 0x1122334455667788 at 8, 0x0102030405060708 at 4088, then
-	// 0x8877665544332211 at 8 (each stored as its little-endian bytes), and a FLUSH of the
-	// whole region (a range outside it, Memory Region level)
-	want := plPattern()
-	for k := 0; k < 256; k++ {
-		want[512+k] = byte(0xa5 ^ k)
-	}
-	binary.LittleEndian.PutUint64(want[8:], 0x8877665544332211)
-	binary.LittleEndian.PutUint64(want[plRegion-8:], 0x0102030405060708)
+	want := plClientImage()
 	// the responder stores under the QP's lock: taking it orders those stores before the copy
 	if st := s.q.State(); st != qp.StateRTS {
 		t.Errorf("QP %v after the peer's sequence, want RTS", st)
@@ -567,15 +558,36 @@ func placementFromRxe(t *testing.T, lab *rxelab.Lab) {
 	}
 	out := plWaitPeer(t, g)
 	plCompare(t, "softroce's region", got, want)
-	// IBV_WC_FLUSH is 8 in rdma-core 56 (IBV_WC_TSO + 1)
-	if n, f := strings.Count(out, " status=0 (success)"), strings.Count(out, "opcode=8 status=0 (success)"); n != 8 || f != 2 ||
-		!strings.Contains(out, "placement: client ok (8 operations)") {
-		t.Errorf("the peer's client: %d successful completions (want 8), %d of them FLUSH (want 2), or no \"client ok (8 operations)\"", n, f)
-	}
+	plCheckClient(t, "the peer's client", out)
 	if counters["resp_remote_access_errors"] != 0 {
 		t.Errorf("softroce counters: %v", counters)
 	}
 	wire, lost := stopCapture()
 	plCheckWire(t, wire, lost, guestIP, []bth.Opcode{bth.OpRCWriteOnly, bth.OpRCFlush, bth.OpRCAtomicWrite, bth.OpRCAtomicWrite,
 		bth.OpRCReadRequest, bth.OpRCAtomicWrite, bth.OpRCReadRequest, bth.OpRCFlush}, false)
+}
+
+// plClientImage is the server's region after placement.c's client sequence (the rdma-core 56
+// build): WRITE 256 bytes (0xa5 ^ k) at 512, FLUSH of that range, ATOMIC WRITE
+// 0x1122334455667788 at 8, 0x0102030405060708 at 4088, then 0x8877665544332211 at 8 (each
+// stored as its little-endian bytes), and a FLUSH of the whole region (a range outside it,
+// Memory Region level).
+func plClientImage() []byte {
+	want := plPattern()
+	for k := 0; k < 256; k++ {
+		want[512+k] = byte(0xa5 ^ k)
+	}
+	binary.LittleEndian.PutUint64(want[8:], 0x8877665544332211)
+	binary.LittleEndian.PutUint64(want[plRegion-8:], 0x0102030405060708)
+	return want
+}
+
+// plCheckClient checks the output of placement.c's client (the rdma-core 56 build): all 8
+// completions successful, the 2 FLUSHes as IBV_WC_FLUSH (8 in rdma-core 56: IBV_WC_TSO + 1).
+func plCheckClient(t *testing.T, who, out string) {
+	t.Helper()
+	if n, f := strings.Count(out, " status=0 (success)"), strings.Count(out, "opcode=8 status=0 (success)"); n != 8 || f != 2 ||
+		!strings.Contains(out, "placement: client ok (8 operations)") {
+		t.Errorf("%s: %d successful completions (want 8), %d of them IBV_WC_FLUSH (want 2), or no \"client ok (8 operations)\"", who, n, f)
+	}
 }
