@@ -65,7 +65,7 @@ func (s *udpSock) busyRecv(fd uintptr) bool {
 func (s *udpSock) busyGRORecv(fd uintptr) bool {
 	var start time.Time
 	for i := 0; ; i++ {
-		s.gn = s.recvmmsg(fd, s.gmsgs)
+		s.gn = s.recvmmsg(fd, s.gscr[:s.gscrN])
 		if !s.again || !s.keepPolling(i, &start) {
 			return !s.again
 		}

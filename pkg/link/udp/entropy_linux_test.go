@@ -84,21 +84,38 @@ func roceDatagram(src, dst netip.AddrPort, dqpn uint32, psn, size int) link.Data
 	return link.Datagram{Buf: pkt, Src: src, Dst: dst}
 }
 
-// checkArrived verifies that got carries want's payloads, that each arrived with the UDP source
-// port wantPort[i] (the real header, as the receiving socket reports it) and that its ICRC
-// verifies over the endpoints it arrived with.
+// checkArrived verifies that got carries want's payloads, each flow's (source port's) in the
+// order sent (flows may pass each other: the GRO ring hands a sparse flow's datagram out
+// first, groring_linux.go), that each arrived with the UDP source port wantPort[i] (the real
+// header, as the receiving socket reports it) and that its ICRC verifies over the endpoints it
+// arrived with.
 func checkArrived(t *testing.T, got, want []link.Datagram, wantPort []uint16) {
 	t.Helper()
 	if len(got) != len(want) {
 		t.Fatalf("%d datagrams, want %d", len(got), len(want))
 	}
-	for i := range got {
-		g := got[i]
-		if string(g.Buf) != string(want[i].Buf) {
-			t.Fatalf("datagram %d: payload differs (order or content)", i)
+	next := map[uint16]int{} // per port: how many of its datagrams arrived
+	for i, g := range got {
+		port := g.Src.Port()
+		k, n := -1, next[port]
+		for j := range want {
+			if wantPort[j] == port {
+				if n == 0 {
+					k = j
+					break
+				}
+				n--
+			}
 		}
-		if g.Src.Port() != wantPort[i] || g.Src.Addr() != want[i].Src.Addr() {
-			t.Fatalf("datagram %d arrived from %v, want port %d", i, g.Src, wantPort[i])
+		if k < 0 {
+			t.Fatalf("datagram %d arrived from %v: no more were sent from port %d", i, g.Src, port)
+		}
+		next[port]++
+		if string(g.Buf) != string(want[k].Buf) {
+			t.Fatalf("datagram %d (port %d): payload differs (order within its flow, or content)", i, port)
+		}
+		if g.Src.Addr() != want[k].Src.Addr() {
+			t.Fatalf("datagram %d arrived from %v, want %v", i, g.Src, want[k].Src.Addr())
 		}
 		ep := bth.Endpoints{Src: g.Src.Addr(), Dst: g.Dst.Addr(), SrcPort: g.Src.Port(), DstPort: g.Dst.Port()}
 		if c := bth.ICRC(&ep, g.Buf); c != bth.GetICRC(g.Buf) {

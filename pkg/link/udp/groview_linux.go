@@ -26,47 +26,11 @@ func (l *Link) RecvView(batch []link.Datagram) (int, error) {
 	l.rmu.Lock()
 	defer l.rmu.Unlock()
 	for {
-		if !s.groPending() {
-			s.prepGRO()
-			if err := s.rc.Read(s.groFn); err != nil || s.rerr != nil {
-				return l.recvResult(s, 0, err)
-			}
+		if n, err := s.groRecv(); err != nil || s.rerr != nil {
+			return l.recvResult(s, n, err)
 		}
-		if n := s.viewGRO(batch); n > 0 {
+		if n := s.groHandOut(batch, false); n > 0 {
 			return n, nil
 		}
 	}
-}
-
-// viewGRO is drainGRO without the copy: batch[k].Buf is a view of the held segment.
-func (s *udpSock) viewGRO(batch []link.Datagram) int {
-	k := 0
-	for k < len(batch) && s.gmi < s.gn {
-		m := &s.gmsgs[s.gmi]
-		total := int(m.len)
-		seg, tc := s.groControl(s.gmi)
-		if seg <= 0 || seg > total {
-			seg = total
-		}
-		if s.goff == 0 && seg < total {
-			s.l.groReceives.Add(1)
-		}
-		end := min(s.goff+seg, total)
-		batch[k].Buf = s.gbufs[s.gmi][s.goff:end:end]
-		batch[k].Src = getSockaddr(&s.gsa[s.gmi])
-		batch[k].Dst = s.local
-		batch[k].TClass = tc
-		batch[k].HasIPv4ID = false
-		k++
-		s.goff = end
-		if s.goff >= total {
-			s.gmi++
-			s.goff = 0
-		}
-	}
-	if k > 0 {
-		s.l.received.Add(uint64(k))
-		s.l.recvBatches.Add(1)
-	}
-	return k
 }

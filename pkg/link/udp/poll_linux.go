@@ -68,17 +68,10 @@ func (l *Link) tryRecvLocked(batch []link.Datagram) (int, error) {
 // tryRecvOnce is one non-blocking attempt on s (held GRO segments first).
 func (s *udpSock) tryRecvOnce(batch []link.Datagram) (int, error) {
 	if s.gro {
-		if !s.groPending() {
-			// an empty read (EAGAIN) leaves the message headers untouched: a polling loop
-			// prepares them once per datagram received, not once per attempt
-			if !s.gclean {
-				s.prepGRO()
-			}
-			if err := s.rc.Control(s.gtryFn); err != nil || s.rerr != nil || s.again {
-				return 0, err
-			}
+		if err := s.groTry(); err != nil || s.rerr != nil || s.again {
+			return 0, err
 		}
-		return s.viewGRO(batch), nil
+		return s.groHandOut(batch, false), nil
 	}
 	s.prepRecv(batch)
 	err := s.rc.Control(s.tryFn)

@@ -44,7 +44,7 @@ func (s *udpSock) recvmmsg(fd uintptr, msgs []mmsghdr) int {
 			uintptr(len(msgs)))
 		switch e {
 		case 0:
-			if r > 0 && s.gro && &msgs[0] == &s.gmsgs[0] {
+			if r > 0 && s.gro && &msgs[0] == &s.gscr[0] {
 				s.gclean = false // the kernel wrote lengths, names and control data
 			}
 			return int(r)
@@ -69,36 +69,6 @@ func (s *udpSock) doRecv(fd uintptr) bool {
 // tryRecv runs inside RawConn.Control: one attempt, never waits.
 func (s *udpSock) tryRecv(fd uintptr) { s.rn = s.recvmmsg(fd, s.rmsgs[:s.rcount]) }
 
-// prepGRO points the GRO messages at the private buffers.
-func (s *udpSock) prepGRO() {
-	space := groCtlSpace
-	for i := range s.gmsgs {
-		s.giov[i].Base = &s.gbufs[i][0]
-		s.giov[i].SetLen(len(s.gbufs[i]))
-		h := &s.gmsgs[i].hdr
-		h.Name = (*byte)(unsafe.Pointer(&s.gsa[i]))
-		h.Namelen = unix.SizeofSockaddrInet6
-		h.Iov = &s.giov[i]
-		h.SetIovlen(1)
-		h.Control = &s.gctl[i*space]
-		h.SetControllen(space)
-		h.Flags = 0
-		s.gmsgs[i].len = 0
-	}
-	s.gn, s.gmi, s.goff = 0, 0, 0
-	s.rerr, s.again = nil, false
-	s.gclean = true
-}
-
-// doGRORecv runs inside RawConn.Read; false = wait readable.
-func (s *udpSock) doGRORecv(fd uintptr) bool {
-	s.gn = s.recvmmsg(fd, s.gmsgs)
-	return !s.again
-}
-
-// tryGRORecv runs inside RawConn.Control: one attempt.
-func (s *udpSock) tryGRORecv(fd uintptr) { s.gn = s.recvmmsg(fd, s.gmsgs) }
-
 // The receive control buffers: IP_RECVTOS / IPV6_RECVTCLASS deliver each datagram's IPv4 TOS
 // (one byte) or IPv6 Traffic Class (an int) as a control message, which carries the ECN field a
 // switch marks CE (IBTA A17.9.1, RFC 3168); a GRO message has its UDP_GRO segment size too (the
@@ -108,13 +78,6 @@ var (
 	recvCtlSpace = unix.CmsgSpace(4)
 	groCtlSpace  = unix.CmsgSpace(4) + unix.CmsgSpace(4)
 )
-
-// groControl returns the UDP_GRO segment size (0 if none) and the traffic class in message
-// i's control data.
-func (s *udpSock) groControl(i int) (seg int, tclass uint8) {
-	n := min(int(s.gmsgs[i].hdr.Controllen), groCtlSpace)
-	return parseControl(s.gctl[i*groCtlSpace : i*groCtlSpace+n])
-}
 
 // recvTClass returns the traffic class in plain message i's control data (0 if none).
 func (s *udpSock) recvTClass(i int) uint8 {
@@ -170,50 +133,6 @@ func parseControl(ctl []byte) (seg int, tclass uint8) {
 	}
 	return seg, tclass
 }
-
-// drainGRO copies held segments into batch; returns how many.
-func (s *udpSock) drainGRO(batch []link.Datagram) int {
-	k, trunc := 0, 0
-	for k < len(batch) && s.gmi < s.gn {
-		m := &s.gmsgs[s.gmi]
-		total := int(m.len)
-		seg, tc := s.groControl(s.gmi)
-		if seg <= 0 || seg > total {
-			seg = total
-		}
-		if s.goff == 0 && seg < total {
-			s.l.groReceives.Add(1)
-		}
-		end := min(s.goff+seg, total)
-		b := batch[k].Buf[:cap(batch[k].Buf)]
-		c := copy(b, s.gbufs[s.gmi][s.goff:end])
-		if c < end-s.goff {
-			trunc++
-		}
-		batch[k].Buf = b[:c]
-		batch[k].Src = getSockaddr(&s.gsa[s.gmi])
-		batch[k].Dst = s.local
-		batch[k].TClass = tc
-		batch[k].HasIPv4ID = false
-		k++
-		s.goff = end
-		if s.goff >= total {
-			s.gmi++
-			s.goff = 0
-		}
-	}
-	if k > 0 {
-		s.l.received.Add(uint64(k))
-		s.l.recvBatches.Add(1)
-	}
-	if trunc > 0 {
-		s.l.truncated.Add(uint64(trunc))
-	}
-	return k
-}
-
-// groPending reports held segments not yet handed out.
-func (s *udpSock) groPending() bool { return s.gmi < s.gn }
 
 // finishRecv fills batch from the received messages and drops buffer references.
 func (s *udpSock) finishRecv(batch []link.Datagram) int {
@@ -295,13 +214,10 @@ func (l *Link) Recv(batch []link.Datagram) (int, error) {
 		for {
 			var n int
 			if s.gro {
-				if !s.groPending() {
-					s.prepGRO()
-					if err := s.rc.Read(s.groFn); err != nil || s.rerr != nil {
-						return l.recvResult(s, 0, err)
-					}
+				if n, err := s.groRecv(); err != nil || s.rerr != nil {
+					return l.recvResult(s, n, err)
 				}
-				n = s.drainGRO(batch)
+				n = s.groHandOut(batch, true)
 			} else {
 				s.prepRecv(batch)
 				err := s.rc.Read(s.recvFn)
@@ -321,8 +237,9 @@ func (l *Link) Recv(batch []link.Datagram) (int, error) {
 		for k := range l.socks {
 			s := l.socks[(l.next+k)%len(l.socks)]
 			if s.gro {
+				s.groRelease()
 				if !s.groPending() {
-					s.prepGRO()
+					s.groPrep()
 					err := s.rc.Control(s.gtryFn)
 					if s.again {
 						select {
@@ -334,9 +251,10 @@ func (l *Link) Recv(batch []link.Datagram) (int, error) {
 					if err != nil || s.rerr != nil {
 						return l.recvResult(s, 0, err)
 					}
+					s.groAccept()
 				}
 				l.next = (l.next + k + 1) % len(l.socks)
-				return s.drainGRO(batch), nil
+				return s.groHandOut(batch, true), nil
 			}
 			s.prepRecv(batch)
 			err := s.rc.Control(s.tryFn)

@@ -38,8 +38,6 @@ const (
 	// limits of a run, link.MaxRunSegments and link.MaxRunBytes).
 	maxGSOSegments = link.MaxRunSegments
 	maxGSOBytes    = link.MaxRunBytes
-	// groBatch is the number of 64 KiB messages one GRO receive reads.
-	groBatch = 8
 )
 
 // Options configure Listen.
@@ -155,21 +153,23 @@ type udpSock struct {
 	peekFn func(uintptr) bool
 	rearm  chan struct{}
 
-	// GRO receive: private 64 KiB buffers, split into the caller's buffers by drainGRO.
-	gro    bool
-	gbufs  [][]byte
-	gmsgs  []mmsghdr
-	giov   []unix.Iovec
-	gsa    []unix.RawSockaddrInet6
-	gctl   []byte
-	gn     int  // messages held
-	gclean bool // gmsgs are as prepGRO left them: no read has filled them since (poll_linux.go)
-	gmi    int  // next message to hand out
-	goff   int  // offset of the next segment in message gmi
-	groFn  func(uintptr) bool
-	gtryFn func(uintptr)
-	busy   time.Duration // Options.BusyPoll (busypoll_linux.go)
-	raw    bool          // sendmmsg/recvmmsg as raw system calls (!SchedSyscalls or BusyPoll; busypoll_linux.go)
+	// GRO receive: the ring of private 64 KiB buffers (groring_linux.go).
+	gro      bool
+	gbufs    [][]byte
+	giov     []unix.Iovec
+	gsa      []unix.RawSockaddrInet6
+	gctl     []byte
+	gslot    []groSlot
+	gq       []uint8   // queued slots, oldest first
+	gscr     []mmsghdr // the next read's messages: the free slots
+	gscrSlot []uint8   // the slot of each of gscr
+	gscrN    int       // how many of gscr are prepared
+	gn       int       // messages the last read returned
+	gclean   bool      // gscr is prepared for the current free slots and no read has filled it since
+	groFn    func(uintptr) bool
+	gtryFn   func(uintptr)
+	busy     time.Duration // Options.BusyPoll (busypoll_linux.go)
+	raw      bool          // sendmmsg/recvmmsg as raw system calls (!SchedSyscalls or BusyPoll; busypoll_linux.go)
 }
 
 // Listen opens one unconnected UDP socket per address, bound to ADDR:Port, with DF set
@@ -320,16 +320,7 @@ func openSock(l *Link, a netip.Addr, o *Options) (*udpSock, error) {
 	s.tryFn = s.tryRecv
 	s.peekFn = s.peek
 	if s.gro {
-		s.gbufs = make([][]byte, groBatch)
-		for i := range s.gbufs {
-			s.gbufs[i] = make([]byte, link.MaxDatagram)
-		}
-		s.gmsgs = make([]mmsghdr, groBatch)
-		s.giov = make([]unix.Iovec, groBatch)
-		s.gsa = make([]unix.RawSockaddrInet6, groBatch)
-		s.gctl = make([]byte, groBatch*groCtlSpace)
-		s.groFn = s.doGRORecv
-		s.gtryFn = s.tryGRORecv
+		s.groInit()
 	}
 	s.raw = !o.SchedSyscalls
 	s.setBusyPoll(o.BusyPoll)
