@@ -82,15 +82,6 @@ type usage [nRes]int64
 
 // vector returns l as a usage: each field, or def's where l's is zero, -1 for none.
 func (l Limits) vector(def Limits) usage {
-	pick := func(v, d int64) int64 {
-		if v == 0 {
-			v = d
-		}
-		if v < 0 {
-			return -1
-		}
-		return v
-	}
 	return usage{
 		resConns: pick(int64(l.Conns), int64(def.Conns)), resFDs: pick(int64(l.FDs), int64(def.FDs)),
 		resPDs: pick(int64(l.PDs), int64(def.PDs)), resMRs: pick(int64(l.MRs), int64(def.MRs)),
@@ -99,6 +90,18 @@ func (l Limits) vector(def Limits) usage {
 		resMappedBytes: pick(l.MappedBytes, def.MappedBytes), resMappings: pick(int64(l.Mappings), int64(def.Mappings)),
 		resEngineBytes: pick(l.EngineBytes, def.EngineBytes),
 	}
+}
+
+// pick is one limit's effective value: v as set, d (the default) for 0, -1 (none) for a
+// negative v.
+func pick(v, d int64) int64 {
+	if v == 0 {
+		v = d
+	}
+	if v < 0 {
+		return -1
+	}
+	return v
 }
 
 // proto converts a usage to its wire form.
@@ -173,12 +176,8 @@ type accounts struct {
 }
 
 func newAccounts(limit, ceiling Limits) *accounts {
-	inflight := limit.InFlight
-	if inflight == 0 {
-		inflight = DefaultLimits().InFlight
-	}
 	return &accounts{limit: limit.vector(DefaultLimits()), ceiling: ceiling.vector(DefaultCeiling()), users: map[uint32]*tenant{},
-		inflight: max(inflight, 0)}
+		inflight: int(max(pick(int64(limit.InFlight), int64(DefaultLimits().InFlight)), 0))}
 }
 
 // user returns uid's account for a new session (leave gives it back).
