@@ -17,6 +17,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"runtime/pprof"
+	"runtime/trace"
 	"strconv"
 	"strings"
 	"syscall"
@@ -75,6 +76,8 @@ type Config struct {
 	JSONLog bool
 	// CPUProfile, if set, is where a CPU profile of the run is written.
 	CPUProfile string
+	// Trace, if set, is where a Go execution trace of the run is written.
+	Trace string
 	// Limits (per user) and PostSpin are internal/daemon's Options.
 	Limits   daemonsrv.Limits
 	PostSpin time.Duration
@@ -108,6 +111,7 @@ func newFlagSet(f *flags) *pflag.FlagSet {
 	fs.IntVar(&f.workers, "workers", 0, fmt.Sprintf("receive `workers`: SO_REUSEPORT sockets, each packet steered to worker destination QP mod N, so N busy QPs use up to N cores (0 or 1: one; at most %d)", udp.MaxShards))
 	fs.StringVar(&f.logFmt, "log", "text", "log `format`: text or json")
 	fs.StringVar(&f.CPUProfile, "cpuprofile", "", "write a CPU profile of the daemon's run to this `file` (diagnostics)")
+	fs.StringVar(&f.Trace, "trace", "", "write a Go execution trace of the daemon's run to this `file` (diagnostics: go tool trace)")
 	fs.StringArrayVar(&f.limits, "limit", nil, "per-user limit `NAME=VALUE` (repeatable; names: conns, fds, pds, mrs, cqs, srqs, qps, cm_ids, mapped_bytes, mappings, engine_bytes, inflight; VALUE a count with an optional K/M/G/T suffix, or none)")
 	fs.DurationVar(&f.PostSpin, "post-spin", 0, "keep polling a client's post ring this long after draining it before sleeping on its doorbell (0 = no spinning; costs CPU)")
 	fs.BoolVar(&f.rxeFlushICRC, "rxe-flush-icrc", false, "send RC FLUSHes with the ICRC kernel rxe (6.2 to at least 6.12) computes and expects instead of IBTA A17.3.3's, which rxe drops (for peers that are rxe; a hardware RNIC checks the spec's)")
@@ -261,6 +265,19 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // Run opens the device and serves it on c.Socket until ctx is done or c.Signals delivers,
 // logging to log. It returns the error that stopped it early (already logged).
 func Run(ctx context.Context, c Config, log io.Writer) error {
+	if c.Trace != "" {
+		f, err := os.Create(c.Trace)
+		if err != nil {
+			fmt.Fprintln(log, "softroce daemon:", err)
+			return err
+		}
+		defer f.Close()
+		if err := trace.Start(f); err != nil {
+			fmt.Fprintln(log, "softroce daemon:", err)
+			return err
+		}
+		defer trace.Stop()
+	}
 	if c.CPUProfile != "" {
 		f, err := os.Create(c.CPUProfile)
 		if err != nil {

@@ -94,11 +94,13 @@ func TestDaemonFlags(t *testing.T) {
 }
 
 // TestDaemonRun: Run serves a device on a socket until its context ends; a client sees the
-// device the options describe (with two receive workers: the device opens both).
+// device the options describe (with two receive workers: the device opens both); --trace
+// leaves an execution trace of the run.
 func TestDaemonRun(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "d.sock")
+	tr := filepath.Join(t.TempDir(), "run.trace")
 	port := tooltest.FreeUDPPort(t)
-	c, err := ParseArgs([]string{"--listen", "127.0.0.1", "--socket", sock, "--port", fmt.Sprintf("%#x", port), "--name", "softrocerun", "--workers", "2", "--rxe-flush-icrc"})
+	c, err := ParseArgs([]string{"--listen", "127.0.0.1", "--socket", sock, "--port", fmt.Sprintf("%#x", port), "--name", "softrocerun", "--workers", "2", "--rxe-flush-icrc", "--trace", tr})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,5 +128,8 @@ func TestDaemonRun(t *testing.T) {
 	if err := <-done; err != nil || !strings.Contains(log.String(), "softroce daemon ready") || !strings.Contains(log.String(), fmt.Sprintf("port=%d", port)) ||
 		!strings.Contains(log.String(), "workers=2") || !strings.Contains(log.String(), "rxe_flush_icrc=true") {
 		t.Errorf("Run: %v\n%s", err, log.String())
+	}
+	if b, err := os.ReadFile(tr); err != nil || !bytes.HasPrefix(b, []byte("go 1.")) || !bytes.Contains(b[:16], []byte(" trace")) {
+		t.Errorf("--trace: %v, %d bytes", err, len(b))
 	}
 }
