@@ -262,34 +262,37 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// diagnose starts a diagnostic of the run (an execution trace, a CPU profile) writing to path;
+// the function it returns stops it and closes the file.
+func diagnose(path string, start func(io.Writer) error, stop func()) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := start(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { stop(); f.Close() }, nil
+}
+
 // Run opens the device and serves it on c.Socket until ctx is done or c.Signals delivers,
 // logging to log. It returns the error that stopped it early (already logged).
 func Run(ctx context.Context, c Config, log io.Writer) error {
-	if c.Trace != "" {
-		f, err := os.Create(c.Trace)
+	for _, d := range []struct {
+		path  string
+		start func(io.Writer) error
+		stop  func()
+	}{{c.Trace, trace.Start, trace.Stop}, {c.CPUProfile, pprof.StartCPUProfile, pprof.StopCPUProfile}} {
+		if d.path == "" {
+			continue
+		}
+		stop, err := diagnose(d.path, d.start, d.stop)
 		if err != nil {
 			fmt.Fprintln(log, "softroce daemon:", err)
 			return err
 		}
-		defer f.Close()
-		if err := trace.Start(f); err != nil {
-			fmt.Fprintln(log, "softroce daemon:", err)
-			return err
-		}
-		defer trace.Stop()
-	}
-	if c.CPUProfile != "" {
-		f, err := os.Create(c.CPUProfile)
-		if err != nil {
-			fmt.Fprintln(log, "softroce daemon:", err)
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fmt.Fprintln(log, "softroce daemon:", err)
-			return err
-		}
-		defer pprof.StopCPUProfile()
+		defer stop()
 	}
 	var h slog.Handler = slog.NewTextHandler(log, nil)
 	if c.JSONLog {
