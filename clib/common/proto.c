@@ -102,14 +102,18 @@ int sr_call(struct sr_conn *c, struct sr_call *call)
 		pthread_mutex_unlock(&c->mu);
 		return sr_fail(e);
 	}
-	struct sr_hdr rhdr;
+	struct sr_hdr rhdr = {0};
+	if ((size_t)n >= sizeof(rhdr))
+		memcpy(&rhdr, c->rbuf, sizeof(rhdr));
+	// A success answer means the daemon carried the request out, even when what came
+	// with it is cut short below.
+	call->took_effect = (size_t)n >= sizeof(rhdr) && rhdr.op == call->op && rhdr.status == 0;
 	if ((size_t)n < sizeof(rhdr) || (rh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
 		pthread_mutex_unlock(&c->mu);
 		for (int i = 0; i < got; i++)
 			close(call->rfds[i]);
 		return sr_fail(EPROTO);
 	}
-	memcpy(&rhdr, c->rbuf, sizeof(rhdr));
 	size_t blen = (size_t)n - sizeof(rhdr);
 	const char *body = c->rbuf + sizeof(rhdr);
 	if (rhdr.op != call->op) {

@@ -2,7 +2,8 @@
 // context's session; its completions arrive in a ring shared with the daemon
 // (docs/daemon-protocol.md, "Completion ring"): ibv_poll_cq and
 // ibv_req_notify_cq touch only that memory. ibv_resize_cq swaps the ring for
-// a new one the daemon filled with the unpolled completions.
+// a new one the daemon filled with the unpolled completions; a CQ that could
+// not switch is broken (sr_cq.broken): its verbs fail with EIO.
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -122,7 +123,7 @@ static int poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
 	if (*c->forked)
 		return -1;
 	pthread_mutex_lock(&c->poll_mu);
-	int n = poll_locked(c, num_entries, wc);
+	int n = c->broken ? sr_fail(EIO) : poll_locked(c, num_entries, wc);
 	pthread_mutex_unlock(&c->poll_mu);
 	return n;
 }
@@ -154,7 +155,7 @@ static int start_poll(struct ibv_cq_ex *cq, struct ibv_poll_cq_attr *attr)
 	if (*c->forked)
 		return ENOTCONN;
 	pthread_mutex_lock(&c->poll_mu);
-	int err = step(c);
+	int err = c->broken ? EIO : step(c);
 	if (err)
 		pthread_mutex_unlock(&c->poll_mu);
 	return err;
@@ -248,6 +249,10 @@ static int req_notify_cq(struct ibv_cq *cq, int solicited_only)
 	if (*c->forked)
 		return ENOTCONN;
 	pthread_rwlock_rdlock(&c->ring_lock);
+	if (c->broken) {
+		pthread_rwlock_unlock(&c->ring_lock);
+		return EIO;
+	}
 	_Atomic uint32_t *p = cq_u32(c, SR_CQ_ARMED);
 	uint32_t w = atomic_load(p);
 	for (;;) {
@@ -383,6 +388,20 @@ int ibv_destroy_cq(struct ibv_cq *cq)
 	return 0;
 }
 
+// break_cq marks c broken (poll_mu and ring_lock held) and writes its notify
+// eventfd, so a thread blocked in ibv_get_cq_event on its channel returns the
+// CQ and finds the error at its next poll or arm.
+static void break_cq(struct sr_cq *c)
+{
+	c->broken = 1;
+	if (c->cq.channel) {
+		uint64_t one = 1;
+		if (write(c->notify_fd, &one, sizeof(one)) < 0) {
+			// saturated: the channel is readable anyway
+		}
+	}
+}
+
 // ibv_resize_cq: the daemon moves the unpolled completions, the arm and the
 // completions it kept behind a full ring into a new ring at the same
 // counters, and sends its memfd (docs/daemon-protocol.md, "Completion ring").
@@ -392,6 +411,11 @@ int ibv_destroy_cq(struct ibv_cq *cq)
 // completion channel is woken by the next completion as before. A size below
 // the completions the CQ holds is EINVAL from the daemon; cq->cqe becomes the
 // size it reports, as a provider's resize sets it.
+//
+// Once the daemon answered with success it writes only to the new ring: if
+// the answer is then unusable (descriptor or body cut short, a ring size it
+// cannot have) or the mapping fails, the CQ is broken (break_cq) rather than
+// left polling a ring that never fills again. A refusal changes nothing.
 int ibv_resize_cq(struct ibv_cq *cq, int cqe)
 {
 	struct sr_cq *c = sr_cq(cq);
@@ -407,20 +431,28 @@ int ibv_resize_cq(struct ibv_cq *cq, int cqe)
 	int err = 0;
 	pthread_mutex_lock(&c->poll_mu);
 	pthread_rwlock_wrlock(&c->ring_lock);
+	if (c->broken) {
+		err = EIO;
+		goto out;
+	}
 	if (sr_call(conn_of(cq->context), &call) < 0) {
 		err = errno;
+		if (call.took_effect)
+			break_cq(c);
 		goto out;
 	}
 	if (call.nrfds != 1 || call.resplen < sizeof(resp) || !valid_ring(resp.entries, resp.bytes)) {
 		if (call.nrfds)
 			close(fd);
 		err = EPROTO;
+		break_cq(c);
 		goto out;
 	}
 	void *m = mmap(NULL, resp.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	close(fd);
 	if (m == MAP_FAILED) {
 		err = errno;
+		break_cq(c);
 		goto out;
 	}
 	madvise(m, resp.bytes, MADV_DONTFORK);
@@ -463,6 +495,10 @@ struct ibv_cq_ex *sr_create_cq_ex(struct ibv_context *context, struct ibv_cq_ini
 static void clean(struct sr_cq *c, uint32_t qpn)
 {
 	pthread_mutex_lock(&c->poll_mu);
+	if (c->broken) { // no completion of the old ring is polled again
+		pthread_mutex_unlock(&c->poll_mu);
+		return;
+	}
 	uint64_t tail = atomic_load_explicit(cq_u64(c, SR_CQ_TAIL), memory_order_acquire);
 	uint64_t freed = 0;
 	for (uint64_t i = tail; i != c->head;) {

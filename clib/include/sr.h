@@ -60,6 +60,8 @@ struct sr_call {
 	int nrfds;
 	uint32_t code;     // out, on failure: SR_E_* (0 if none)
 	uint32_t bad_wr;   // out, on a failed post: the WRs posted before the failing one
+	int took_effect;   // out: the daemon answered with success, even if sr_call then fails
+			   // (descriptors or body cut short): the request was carried out
 };
 
 // sr_call sends call's request and reads its response; it returns 0, or -1
@@ -174,6 +176,10 @@ struct sr_cq {
 	int nqps;
 	struct ibv_wc cur;         // the ibv_cq_ex poll API's current completion
 	const int *forked;         // the context's forked flag
+	// broken: ibv_resize_cq could not switch to the ring the daemon moved the CQ to (set
+	// holding poll_mu and ring_lock, read under either): the old ring gets no completion
+	// again, so polls, arms and resizes fail with EIO; only ibv_destroy_cq is left.
+	int broken;
 };
 
 // sr_cq_ex_init fills the ibv_cq_ex poll functions (ibv_start_poll, ...).

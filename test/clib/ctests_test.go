@@ -105,6 +105,20 @@ func TestCModify(t *testing.T) {
 	}
 }
 
+// TestCCQBroken runs clib/tests/cqbroken.c against a daemon: a resize whose mapping of the
+// daemon's new ring fails (the test's own mmap fails it) leaves the CQ broken — a thread
+// blocked on its channel woken, polls -1 with EIO, arms, extended polls and resizes EIO,
+// its QP's move to RESET and its destruction fine — while another CQ of the context goes on
+// and a resize the daemon refuses maps nothing and keeps the CQ's completions.
+func TestCCQBroken(t *testing.T) {
+	needMem(t)
+	d := startDaemon(t)
+	t.Log(strings.TrimSpace(runC(t, d, "cqbroken")))
+	if n := d.srv.Debug(); n.QPs != 0 || n.CQs != 0 || n.PDs != 0 || n.MRs != 0 {
+		t.Errorf("the daemon still holds objects: %+v", n)
+	}
+}
+
 // TestCRdmacm runs clib/tests/cm.c's server on one daemon and its client on another, RC, UD
 // (SIDR), and RC for a QP the client's ID does not own (rdma_establish) with the ACK timeout
 // option.
