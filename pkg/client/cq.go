@@ -1,6 +1,7 @@
 package client
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -15,6 +16,15 @@ import (
 	"github.com/softroce/softroce/pkg/roce"
 )
 
+// ErrCQBroken: a resize the daemon carried out could not be completed here (the new
+// ring's mapping failed, or the answer was malformed), so the CQ's completions now go
+// to a ring this client does not see. Poll returns 0; ReqNotify, Wait and ResizeCQ fail
+// with this error; only DestroyCQ is left to do.
+var ErrCQBroken = errors.New("softroce client: CQ lost its completion ring in a failed resize")
+
+// mapResized maps the ring a resize moved a CQ to (a variable: a test fails it).
+var mapResized = unix.Mmap
+
 // cqc is a client CQ: a view of the daemon's completion ring. Poll and
 // ReqNotify touch only shared memory. Wait parks the calling goroutine on
 // the notify eventfd in the Go poller; Channel, once used, is fed by a
@@ -28,6 +38,9 @@ type cqc struct {
 	ring   *proto.Ring
 	mem    []byte
 	ringMu sync.RWMutex
+	// broken: a resize could not switch to the daemon's new ring (ErrCQBroken); set
+	// holding mu and ringMu, read under either
+	broken bool
 
 	mu   sync.Mutex // consumer side
 	head uint64
@@ -96,7 +109,7 @@ func (c *Conn) CreateCQ(cqe int) (roce.CompletionQueue, error) {
 		return nil, err
 	}
 	q.taken = func(uintptr) bool { return q.armTaken() || q.lostConn() }
-	q.never = func(uintptr) bool { return q.lostConn() }
+	q.never = func(uintptr) bool { return q.lostConn() || q.isBroken() }
 	c.bmu.Lock()
 	c.cqs[q] = struct{}{}
 	c.bmu.Unlock()
@@ -108,7 +121,7 @@ func (c *Conn) CreateCQ(cqe int) (roce.CompletionQueue, error) {
 func (q *cqc) Poll(dst []cq.WC) int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.destroyed {
+	if q.destroyed || q.broken {
 		return 0
 	}
 	tail := q.ring.Tail()
@@ -133,7 +146,7 @@ func (q *cqc) Poll(dst []cq.WC) int {
 func (q *cqc) clean(qpn uint32) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.destroyed {
+	if q.destroyed || q.broken {
 		return
 	}
 	if head := q.ring.Clean(q.head, q.ring.Tail(), qpn); head != q.head {
@@ -156,6 +169,9 @@ func (q *cqc) ReqNotify(solicitedOnly bool) error {
 	}
 	if q.lostConn() {
 		return errLost
+	}
+	if q.broken {
+		return ErrCQBroken
 	}
 	kind := uint32(proto.ArmNext)
 	if solicitedOnly {
@@ -182,14 +198,21 @@ func (q *cqc) ReqNotify(solicitedOnly bool) error {
 // is never read (every write is an edge; a stale edge only makes the wait
 // look at the arm once more). With no ReqNotify since the last event it
 // blocks, as ibv_get_cq_event does; it returns cq.ErrClosed once the CQ is
-// destroyed, and proto.ErrDisconnected once the daemon is gone (the
-// connection's watcher writes the eventfd then). No allocation.
+// destroyed, proto.ErrDisconnected once the daemon is gone (the
+// connection's watcher writes the eventfd then), and ErrCQBroken once a
+// resize broke the CQ (that resize writes it). No allocation.
 func (q *cqc) Wait() error {
 	if q.chStarted.Load() {
+		if q.isBroken() {
+			return ErrCQBroken
+		}
 		select {
 		case <-q.ch:
 			if q.lostConn() {
 				return errLost
+			}
+			if q.isBroken() {
+				return ErrCQBroken
 			}
 			return nil
 		case <-q.done:
@@ -205,13 +228,23 @@ func (q *cqc) Wait() error {
 		return errLost
 	}
 	if !q.armed.Swap(false) {
-		q.rc.Read(q.never) // no event can come: until the CQ is destroyed or the daemon gone
-		if q.lostConn() && !q.gone.Load() {
+		// no event can come: until the CQ is destroyed or broken, or the daemon gone
+		q.rc.Read(q.never)
+		switch {
+		case q.gone.Load():
+			return cq.ErrClosed
+		case q.lostConn():
 			return errLost
+		case q.isBroken():
+			return ErrCQBroken
 		}
 		return cq.ErrClosed
 	}
 	q.ringMu.RLock()
+	if q.broken {
+		q.ringMu.RUnlock()
+		return ErrCQBroken
+	}
 	sleeping := q.ring.Sleep()
 	q.ringMu.RUnlock()
 	if !sleeping {
@@ -220,6 +253,9 @@ func (q *cqc) Wait() error {
 	if err := q.rc.Read(q.taken); err != nil {
 		return cq.ErrClosed
 	}
+	if q.isBroken() {
+		return ErrCQBroken
+	}
 	if !q.armTaken() && q.lostConn() {
 		return errLost
 	}
@@ -227,11 +263,19 @@ func (q *cqc) Wait() error {
 	return nil
 }
 
-// armTaken reports whether the daemon took the arm (Wait's readiness check).
+// armTaken reports whether the daemon took the arm, or a resize broke the CQ (Wait's
+// readiness check).
 func (q *cqc) armTaken() bool {
 	q.ringMu.RLock()
 	defer q.ringMu.RUnlock()
-	return q.ring.Taken()
+	return q.broken || q.ring.Taken()
+}
+
+// isBroken reports whether a resize broke the CQ (for Wait, which holds no q.mu).
+func (q *cqc) isBroken() bool {
+	q.ringMu.RLock()
+	defer q.ringMu.RUnlock()
+	return q.broken
 }
 
 // lostConn reports whether the daemon is gone (the connection's watcher saw it).
@@ -334,6 +378,9 @@ func (c *Conn) ModifyCQ(x roce.CompletionQueue, m cq.Moderation) error {
 // ResizeCQ is ibv_resize_cq: one request; the daemon moves the unpolled completions (and the
 // arm) into a new ring at the same counters and passes its memfd, which replaces the CQ's
 // mapping before anything polls or arms again (the CQ's lock is held from the request on).
+// Once the daemon answered with success it writes only to the new ring: if the answer is
+// then unusable or the mapping fails, the CQ is broken (the error wraps ErrCQBroken) rather
+// than left polling a ring that never fills again. A refusal changes nothing.
 func (c *Conn) ResizeCQ(x roce.CompletionQueue, cqe int) error {
 	q, ok := x.(*cqc)
 	if !ok || q == nil || q.c != c {
@@ -347,30 +394,55 @@ func (c *Conn) ResizeCQ(x roce.CompletionQueue, cqe int) error {
 	if q.destroyed {
 		return cq.ErrClosed
 	}
+	if q.broken {
+		return ErrCQBroken
+	}
 	q.ringMu.Lock()
 	defer q.ringMu.Unlock()
 	var r wire.ResizeCQResp
-	fds, err := c.call(wire.OpResizeCQ, wire.Bytes(&wire.ResizeCQReq{Handle: uint32(q.h), CQE: uint32(min(cqe, 1<<30))}), wire.Bytes(&r))
+	out := wire.Bytes(&r)
+	answered := false // the daemon carried the resize out
+	fds, err := c.callFunc(wire.OpResizeCQ, wire.Bytes(&wire.ResizeCQReq{Handle: uint32(q.h), CQE: uint32(min(cqe, 1<<30))}),
+		func(b []byte) error {
+			answered = true
+			if len(b) < len(out) {
+				return fmt.Errorf("%w: %d-byte ResizeCQ response, want %d", proto.ErrProtocol, len(b), len(out))
+			}
+			copy(out, b)
+			return nil
+		})
 	if err != nil {
+		if answered {
+			return q.breakRing(err)
+		}
 		return err
 	}
 	if len(fds) != 1 {
 		proto.CloseFDs(fds)
-		return fmt.Errorf("%w: ResizeCQ: %d fds", proto.ErrProtocol, len(fds))
+		return q.breakRing(fmt.Errorf("%w: ResizeCQ: %d fds", proto.ErrProtocol, len(fds)))
 	}
-	mem, err := unix.Mmap(fds[0], 0, int(r.Bytes), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := mapResized(fds[0], 0, int(r.Bytes), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	proto.CloseFD(fds[0])
 	if err != nil {
-		return fmt.Errorf("mmap completion ring: %w", err)
+		return q.breakRing(fmt.Errorf("mmap completion ring: %w", err))
 	}
 	ring, ok := proto.NewRing(mem, int(r.Entries))
 	if !ok {
 		proto.Unmap(mem)
-		return fmt.Errorf("%w: ring of %d entries in %d bytes", proto.ErrProtocol, r.Entries, r.Bytes)
+		return q.breakRing(fmt.Errorf("%w: ring of %d entries in %d bytes", proto.ErrProtocol, r.Entries, r.Bytes))
 	}
 	old := q.mem
 	q.ring, q.mem = ring, mem
 	return proto.Unmap(old)
+}
+
+// breakRing marks q broken (mu and ringMu held) after a resize the daemon carried out could
+// not switch to its ring, and writes the notify eventfd so that a Wait parked on it, or
+// Channel's goroutine, looks again; it returns cause wrapped with ErrCQBroken.
+func (q *cqc) breakRing(cause error) error {
+	q.broken = true
+	q.rc.Control(func(fd uintptr) { proto.Signal(int(fd)) })
+	return fmt.Errorf("%w: %w", ErrCQBroken, cause)
 }
 
 // DestroyCQ is ibv_destroy_cq; the ring is unmapped and the eventfds closed.
