@@ -26,8 +26,9 @@ func addCaptureSeeds(f *testing.F, add func(udp []byte)) {
 	}
 }
 
-// FuzzParse: Parse never panics; what it accepts is self-consistent and
-// re-encodes, header by header, to the same bytes (pad bytes aside).
+// FuzzParse: Parse never panics; what it accepts is self-consistent (an RC
+// Acknowledge's SACK extension included) and re-encodes, header by header, to
+// the same bytes (pad bytes aside).
 func FuzzParse(f *testing.F) {
 	addCaptureSeeds(f, func(b []byte) { f.Add(b) })
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -45,8 +46,11 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("error %v wraps no sentinel", err)
 		}
 		info := p.Info
-		if !info.Valid || p.BTH.TVer() != 0 || info.HdrLen+len(p.Payload)+p.Pad+ICRCSize != len(b) {
-			t.Fatalf("inconsistent packet: %v hdr %d payload %d pad %d len %d", info.Name, info.HdrLen, len(p.Payload), p.Pad, len(b))
+		if !info.Valid || p.BTH.TVer() != 0 || info.HdrLen+len(p.SACK)+len(p.Payload)+p.Pad+ICRCSize != len(b) {
+			t.Fatalf("inconsistent packet: %v hdr %d SACK %d payload %d pad %d len %d", info.Name, info.HdrLen, len(p.SACK), len(p.Payload), p.Pad, len(b))
+		}
+		if p.SACK != nil && (info.Kind != KindAck || len(p.SACK) != SACKSize) {
+			t.Fatalf("%v parsed with a SACK of %d bytes", info.Name, len(p.SACK))
 		}
 		re := reencode(t, &p)
 		if info.Kind == KindCNP {
