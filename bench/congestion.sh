@@ -47,12 +47,13 @@ done
 # DCQCN's defaults are a 40-100 Gbit/s NIC's with microseconds of feedback delay (a CNP per
 # 50 us, a cut per CNP, an increase every 300 us). The lab's feedback delay is milliseconds
 # (the RED queue at 20 Mbit/s, RED's averaging, TCG's scheduling), so the periods are scaled
-# to it keeping their order: a CNP per 4 ms, a cut at most per CNP interval (monitor period
-# 4 ms), alpha updated per CNP interval with DCTCP's gain (g 1/16: rp_dce_tcp_g 960), an
-# increase of 1 Mbit/s (5% of the bottleneck) every 20 ms, the target rate clamped at each cut,
+# to it keeping their order: a CNP per 4 ms, alpha updated per CNP interval with DCTCP's gain
+# (g 1/16: rp_dce_tcp_g 960), a cut at most every 16 ms (about a round trip through the queue
+# while RED marks: one cut per round trip, as TCP), an increase of 1 Mbit/s (5% of the
+# bottleneck) every 30 ms (longer than the cut period), the target rate clamped at each cut,
 # no byte counter; the first CNP sets a QP to 5 Mbit/s, the fair share of four flows (a QP
 # starts at line rate, as on a NIC: without it the start overflowed the queue).
-CC_PARAMS=${CC_PARAMS:-rp_clamp_tgt_rate=1,rp_ai_rate=1,rp_hai_rate=2,rp_time_reset=20000,rp_byte_reset=0,rp_dce_tcp_g=960,rp_dce_tcp_rtt=4000,np_min_time_between_cnps=4000,rp_rate_reduce_monitor_period=4000,rp_rate_to_set_on_first_cnp=5}
+CC_PARAMS=${CC_PARAMS:-rp_clamp_tgt_rate=1,rp_ai_rate=1,rp_hai_rate=2,rp_time_reset=30000,rp_byte_reset=0,rp_dce_tcp_g=960,rp_dce_tcp_rtt=4000,np_min_time_between_cnps=4000,rp_rate_reduce_monitor_period=16000,rp_rate_to_set_on_first_cnp=5}
 [ -n "$OUT" ] || OUT=$(mktemp -d /tmp/softroce-congestion.XXXXXX)
 mkdir -p "$OUT"
 SHARE=$(mktemp -d /tmp/softroce-congestion-share.XXXXXX)
