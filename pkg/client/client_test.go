@@ -37,6 +37,13 @@ type side struct {
 }
 
 func open(t *testing.T, sock string, depth uint32) *side {
+	s, _ := openCQs(t, sock, depth, 64, 0)
+	return s
+}
+
+// openCQs is open with the QP's send CQ of sendCQE entries and a receive CQ of its own of
+// recvCQE (0: the send CQ receives too), which it returns besides.
+func openCQs(t *testing.T, sock string, depth uint32, sendCQE, recvCQE int) (*side, *cqc) {
 	c, err := Dial(sock)
 	if err != nil {
 		t.Fatal(err)
@@ -46,21 +53,27 @@ func open(t *testing.T, sock string, depth uint32) *side {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x, err := c.CreateCQ(64)
+	x, err := c.CreateCQ(sendCQE)
 	if err != nil {
 		t.Fatal(err)
+	}
+	y := x
+	if recvCQE > 0 {
+		if y, err = c.CreateCQ(recvCQE); err != nil {
+			t.Fatal(err)
+		}
 	}
 	buf, _ := c.AllocBuffer(1 << 16)
 	m, err := c.RegMR(pd, buf, 0, mr.AccessLocalWrite|mr.AccessRemoteWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
-	q, err := c.CreateQP(roce.VerbsQPInit{Type: qp.TypeRC, PD: pd, SendCQ: x, RecvCQ: x,
+	q, err := c.CreateQP(roce.VerbsQPInit{Type: qp.TypeRC, PD: pd, SendCQ: x, RecvCQ: y,
 		Cap: qp.Cap{MaxSendWR: depth, MaxRecvWR: depth, MaxSendSGE: 1, MaxRecvSGE: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &side{c: c, cq: x.(*cqc), q: q.(*qpc), m: m, buf: buf}
+	return &side{c: c, cq: x.(*cqc), q: q.(*qpc), m: m, buf: buf}, y.(*cqc)
 }
 
 func (s *side) waitWC(t *testing.T) cq.WC {

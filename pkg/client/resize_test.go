@@ -10,10 +10,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softroce/softroce/internal/cq"
-	"github.com/softroce/softroce/internal/mr"
 	"github.com/softroce/softroce/internal/qp"
 	"github.com/softroce/softroce/pkg/link/mem"
-	"github.com/softroce/softroce/pkg/roce"
 )
 
 // failResizeMaps makes every mapping of a resized ring fail with ENOMEM until the test ends
@@ -56,36 +54,10 @@ func TestResizeMapFailureBreaksCQ(t *testing.T) {
 	la, _ := nw.Attach(netip.MustParseAddr("10.8.0.1"))
 	lb, _ := nw.Attach(netip.MustParseAddr("10.8.0.2"))
 	b := open(t, serve(t, lb), 8)
-	c, err := Dial(serve(t, la))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	pd, err := c.AllocPD()
-	if err != nil {
-		t.Fatal(err)
-	}
-	x, err := c.CreateCQ(8)
-	if err != nil {
-		t.Fatal(err)
-	}
-	y, err := c.CreateCQ(16)
-	if err != nil {
-		t.Fatal(err)
-	}
-	buf, _ := c.AllocBuffer(1 << 16)
-	m, err := c.RegMR(pd, buf, 0, mr.AccessLocalWrite|mr.AccessRemoteWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q, err := c.CreateQP(roce.VerbsQPInit{Type: qp.TypeRC, PD: pd, SendCQ: x, RecvCQ: y,
-		Cap: qp.Cap{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 1, MaxRecvSGE: 1}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	// a: sends complete on x (the CQ this test breaks), receives on y.
-	a := &side{c: c, cq: x.(*cqc), q: q.(*qpc), m: m, buf: buf}
-	other := &side{cq: y.(*cqc)}
+	a, y := openCQs(t, serve(t, la), 8, 8, 16)
+	c, x := a.c, a.cq
+	other := &side{cq: y}
 	a.rts(t, netip.MustParseAddr("10.8.0.2"), b.q.Num(), 14)
 	b.rts(t, netip.MustParseAddr("10.8.0.1"), a.q.Num(), 14)
 
@@ -121,7 +93,7 @@ func TestResizeMapFailureBreaksCQ(t *testing.T) {
 		}
 		runtime.Gosched()
 	}
-	err = c.ResizeCQ(x, 32)
+	err := c.ResizeCQ(x, 32)
 	if !errors.Is(err, ErrCQBroken) || !errors.Is(err, unix.ENOMEM) || *calls != 1 {
 		t.Fatalf("resize whose mapping fails: %v (%d mappings)", err, *calls)
 	}
