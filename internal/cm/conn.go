@@ -574,7 +574,9 @@ func (m *Manager) commEst(c *Conn) bool {
 }
 
 // Disconnect releases an established connection with a DREQ (IBTA 12.6.10),
-// moving the QP to ERR; in DREQ_RCVD (ManualDREP) it sends the DREP.
+// moving the QP to ERR; in DREQ_RCVD (ManualDREP) it moves the QP and sends
+// the DREP. After the peer's DREQ was answered (TIMEWAIT) it only moves the
+// QP, as rdma_disconnect does on the side that received the DREQ.
 func (c *Conn) Disconnect(privateData []byte) error {
 	if len(privateData) > DREQPrivateDataSize {
 		return ErrTooLong
@@ -587,8 +589,12 @@ func (c *Conn) Disconnect(privateData []byte) error {
 		m.sendDREQ(c, privateData)
 		return nil
 	case StateDREQRcvd:
+		m.qpErr(c)
 		m.sendDREP(c, privateData)
 		m.enterTimewait(c)
+		return nil
+	case StateTimewait:
+		m.qpErr(c)
 		return nil
 	}
 	return ErrState

@@ -303,8 +303,11 @@ func (m *Manager) onDREQ(src Addr, tid uint64, r DREQ) {
 		m.drop()
 		return
 	}
+	// The QP is left as it is: as with the kernel's CM, the consumer moves it
+	// to ERR (Disconnect, rdma_disconnect). Packets that were on their way
+	// before the DREQ, such as the ACK of this side's last SEND, still
+	// complete their work requests instead of racing the DREQ to a flush.
 	m.cancel(c)
-	m.qpErr(c)
 	c.tid = tid
 	c.state = StateDREQRcvd
 	m.disconnected(c, copyBytes(r.PrivateData()))

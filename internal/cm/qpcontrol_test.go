@@ -47,8 +47,8 @@ func newEngineQP(t *testing.T, clk qp.Clock, typ qp.Type, qpn uint32, local neti
 }
 
 // TestEngineQPs: two Managers connect two real engine QPs through
-// NewQPControl; both end in RTS with matching PSNs and QPNs, and go to ERR
-// on disconnection.
+// NewQPControl; both end in RTS with matching PSNs and QPNs. The side that
+// disconnects goes to ERR at once, the other when it disconnects in turn.
 func TestEngineQPs(t *testing.T) {
 	for _, typ := range []qp.Type{qp.TypeRC, qp.TypeUC} {
 		p := newPair(t, Options{})
@@ -87,8 +87,11 @@ func TestEngineQPs(t *testing.T) {
 		}
 		ca.Disconnect(nil)
 		p.flow(p.a, p.b)
-		if qa.State() != qp.StateErr || qb.State() != qp.StateErr {
-			t.Fatalf("%v: after disconnect %v %v", typ, qa.State(), qb.State())
+		if qa.State() != qp.StateErr || qb.State() != qp.StateRTS {
+			t.Fatalf("%v: after the DREQ %v %v", typ, qa.State(), qb.State())
+		}
+		if err := cb.Disconnect(nil); err != nil || qb.State() != qp.StateErr {
+			t.Fatalf("%v: passive disconnect %v, state %v", typ, err, qb.State())
 		}
 	}
 }

@@ -118,8 +118,17 @@ func TestConnectEstablishDisconnect(t *testing.T) {
 	}
 	p.a.wantEvents(EventDisconnected)
 	wantState(t, ca, StateTimewait)
-	if !eqIDs(p.a.qp.calls, []string{"RTR", "RTS", "ERR"}) || !eqIDs(p.b.qp.calls, []string{"RTR", "RTS", "ERR"}) {
+	// The DREQ's receiver leaves its QP alone (its consumer's Disconnect moves
+	// it): an ACK already on its way still completes the last SEND.
+	if !eqIDs(p.a.qp.calls, []string{"RTR", "RTS", "ERR"}) || !eqIDs(p.b.qp.calls, []string{"RTR", "RTS"}) {
 		t.Fatalf("QP calls %v / %v", p.a.qp.calls, p.b.qp.calls)
+	}
+	if err := cb.Disconnect(nil); err != nil {
+		t.Fatal(err)
+	}
+	p.b.wantSent()
+	if !eqIDs(p.b.qp.calls, []string{"RTR", "RTS", "ERR"}) {
+		t.Fatalf("passive QP calls after Disconnect %v", p.b.qp.calls)
 	}
 	p.clk.Advance(CMTimeout(testPath.LocalACKTimeout) - time.Nanosecond)
 	wantState(t, ca, StateTimewait)

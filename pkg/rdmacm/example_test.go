@@ -112,13 +112,17 @@ func Example() {
 	}
 	fmt.Println("received:", wc[0].Status, string(sbuf[:wc[0].ByteLen]))
 
-	// rdma_disconnect: both sides see DISCONNECTED, the QPs are in ERR
+	// rdma_disconnect: both sides see DISCONNECTED; the client's QP is in
+	// ERR, the server's when the server disconnects in turn
 	check(cid.Disconnect())
 	next(sch, rdmacm.EventDisconnected)
 	next(cch, rdmacm.EventDisconnected)
 	fmt.Println("disconnected:", cqp.State(), sqp.State())
+	check(req.ID.Disconnect())
+	fmt.Println("server disconnected:", sqp.State())
 	// Output:
 	// connected: RTS RTS hi
 	// received: success hello over rdma_cm
-	// disconnected: ERR ERR
+	// disconnected: ERR RTS
+	// server disconnected: ERR
 }

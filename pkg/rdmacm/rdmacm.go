@@ -1019,7 +1019,9 @@ func (id *ID) Reject(privateData []byte) error {
 
 // Disconnect releases the connection (rdma_disconnect): the QP goes to
 // ERR and a DREQ is sent; DISCONNECTED follows. Answering a received DREQ
-// is automatic.
+// is automatic, and leaves the QP as it was (as the kernel's rdma_cm does):
+// work requests whose packets were already on their way still complete.
+// Disconnect after the peer's DISCONNECTED moves the QP to ERR.
 func (id *ID) Disconnect() error {
 	if id.rem != nil {
 		return id.rem.r.CMDisconnect(id.rh)
@@ -1031,9 +1033,8 @@ func (id *ID) Disconnect() error {
 	if c == nil || (st != stConnected && st != stAccepting && st != stDisconnect) {
 		return ErrState
 	}
-	if st == stDisconnect {
-		return nil // the peer disconnected first; the DREP went out already
-	}
+	// When the peer disconnected first (stDisconnect) the DREP went out
+	// already, and this moves the QP to ERR.
 	return c.Disconnect(nil)
 }
 

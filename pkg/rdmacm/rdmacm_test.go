@@ -247,8 +247,15 @@ func TestConnectAcceptData(t *testing.T) {
 	}
 	next(t, srv.ch, EventDisconnected)
 	next(t, cli.ch, EventDisconnected)
-	if qa.State() != qp.StateErr || qb.State() != qp.StateErr {
-		t.Fatalf("QP states after disconnect %v %v", qa.State(), qb.State())
+	// The side that received the DREQ keeps its QP until it disconnects too.
+	if qa.State() != qp.StateErr || qb.State() != qp.StateRTS {
+		t.Fatalf("QP states after the peer's disconnect %v %v", qa.State(), qb.State())
+	}
+	if err := child.Disconnect(); err != nil {
+		t.Fatal(err)
+	}
+	if qb.State() != qp.StateErr {
+		t.Fatalf("QP state after disconnect %v", qb.State())
 	}
 	clk.Advance(2 * time.Second)
 	next(t, cli.ch, EventTimewaitExit)
