@@ -5,7 +5,7 @@
 #
 #   sender k (softroce): netns cs<k>, s<k> 198.19.(100+k).1 --+
 #   sender k (kernel rxe): init_net, k<k> 198.19.(120+k).1 ----+-- netns sw (router)
-#                                                                |  bn0 198.19.99.1: tbf RATE, red ecn below it
+#                                                                |  bn0 198.19.99.1: tbf RATE; RoCE through red ecn below it
 #                                                                |     (the bottleneck: sw -> rt only)
 #                                                 netns rt (router) bn1 198.19.99.2
 #   receiver k (softroce, always): netns cr<k>, r<k> 198.19.(110+k).1 -- rt<k> in rt
@@ -36,7 +36,7 @@ log() { echo "congestion-guest: $*" >&2; }
 
 up() {
   local n=$1 rate=$2 k
-  modprobe veth; modprobe sch_tbf; modprobe sch_red
+  modprobe veth; modprobe sch_tbf; modprobe sch_red; modprobe sch_prio; modprobe cls_u32
   ip netns add sw; ip netns add rt
   for ns in sw rt; do
     ip -n $ns link set lo up
@@ -67,19 +67,32 @@ up() {
     ip -n rt route add 198.19.$((120 + k)).0/24 via 198.19.99.1
     rdma link add rxeb$k type rxe netdev k$k || log "rdma link add rxeb$k failed"
   done
-  # The bottleneck: tbf at RATE, RED marking ECN-capable packets below it (non-ECT ones are
-  # dropped where ECT ones are marked). Thresholds in bytes of the RED queue (the average):
-  # marking starts at min (RED_MIN), every packet is marked above max, the queue's hard limit
-  # (tail drop) is RED_LIMIT.
-  tc -n sw qdisc add dev bn0 root handle 1: tbf rate "${rate}mbit" burst 20000 limit 1000000
-  tc -n sw qdisc add dev bn0 parent 1:1 handle 10: red limit "$RED_LIMIT" min "$RED_MIN" max "$RED_MAX" \
-    avpkt 4200 burst "$RED_BURST" probability "$RED_P" bandwidth "${rate}mbit" ecn
+  bottleneck "$rate"
   sleep 1
   for k in $(seq 1 "$n"); do
     ip netns exec cs$k ping -c1 -W2 198.19.$((110 + k)).1 > /dev/null || log "ping cs$k -> cr$k failed"
     ping -c1 -W2 -I 198.19.$((120 + k)).1 198.19.$((110 + k)).1 > /dev/null || log "ping rxeb$k -> cr$k failed"
   done
   tc -n sw -s qdisc show dev bn0 | sed 's/^/congestion-guest: /' >&2
+}
+
+# bottleneck RATE: bn0's qdiscs. A tbf at RATE; below it, RoCE (UDP to port 4791) goes through
+# RED, which marks ECN-capable packets (and drops non-ECT ones where it would mark). RED's
+# thresholds are bytes of its average queue: marking starts at min (RED_MIN), every packet is
+# marked above max, the hard limit (tail drop) is RED_LIMIT. Everything else, the tools' TCP
+# connections (perftest's out-of-band exchange), has a band of its own ahead of RED, as control
+# traffic has a class of its own in a RoCE network: through RED, a connection's SYN (never
+# ECN-capable) was dropped when the flows already running filled the queue, and its flow started
+# 1, 3 or 7 s late (TCP's SYN retries).
+bottleneck() {
+  local rate=$1
+  tc -n sw qdisc add dev bn0 root handle 1: tbf rate "${rate}mbit" burst 20000 limit 1000000
+  tc -n sw qdisc add dev bn0 parent 1:1 handle 2: prio bands 2 priomap 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0
+  tc -n sw qdisc add dev bn0 parent 2:1 handle 20: pfifo limit 1000
+  tc -n sw qdisc add dev bn0 parent 2:2 handle 10: red limit "$RED_LIMIT" min "$RED_MIN" max "$RED_MAX" \
+    avpkt 4200 burst "$RED_BURST" probability "$RED_P" bandwidth "${rate}mbit" ecn
+  tc -n sw filter add dev bn0 parent 2: protocol ip prio 1 u32 match ip protocol 17 0xff \
+    match ip dport 4791 0xffff flowid 2:2
 }
 
 # sample N SECS: every 0.25 s, the bytes each flow delivered past the bottleneck and the RED
@@ -92,7 +105,7 @@ sample() {
     line="S|$t"
     for k in $(seq 1 "$n"); do read -r b < /sys/class/net/rt$k/statistics/tx_bytes; line+="|$b"; done
     read -r b < /sys/class/net/bn1/statistics/rx_bytes; line+="|$b"
-    tc=$(tc -n sw -s qdisc show dev bn0 parent 1:1)
+    tc=$(tc -n sw -s qdisc show dev bn0 parent 2:2)
     [[ $tc =~ backlog\ ([0-9]+)b ]] && b=${BASH_REMATCH[1]} || b=0
     [[ $tc =~ marked\ ([0-9]+)\ early\ ([0-9]+)\ pdrop\ ([0-9]+) ]] && { m=${BASH_REMATCH[1]} e=${BASH_REMATCH[2]} p=${BASH_REMATCH[3]}; } || { m=0 e=0 p=0; }
     echo "$line|$b|$m|$e|$p"
@@ -105,9 +118,7 @@ run() {
   rate=$(tc -n sw qdisc show dev bn0 | sed -n 's/.*tbf.* rate \([0-9]*\)Mbit.*/\1/p')
   # fresh counters: the qdiscs again (same parameters), the tools start from zero
   tc -n sw qdisc del dev bn0 root
-  tc -n sw qdisc add dev bn0 root handle 1: tbf rate "${rate}mbit" burst 20000 limit 1000000
-  tc -n sw qdisc add dev bn0 parent 1:1 handle 10: red limit "$RED_LIMIT" min "$RED_MIN" max "$RED_MAX" \
-    avpkt 4200 burst "$RED_BURST" probability "$RED_P" bandwidth "${rate}mbit" ecn
+  bottleneck "$rate"
   echo "PHASE|$name|$kind|$n|$secs|$rate|$cc|red min $RED_MIN max $RED_MAX limit $RED_LIMIT p $RED_P burst $RED_BURST"
   # -t 2: two 64 KiB WRITEs outstanding per flow (128 KiB, far above the bottleneck's
   # bandwidth-delay product), so the end of a phase does not wait for a deep send queue to drain
@@ -156,7 +167,7 @@ run() {
 st() { sed -n "s/^stats: $1 \([0-9]*\)$/\1/p" "$2" | head -1; }
 
 RED_MIN=${RED_MIN:-40000} RED_MAX=${RED_MAX:-160000} RED_LIMIT=${RED_LIMIT:-500000}
-RED_P=${RED_P:-0.1} RED_BURST=${RED_BURST:-11}
+RED_P=${RED_P:-0.5} RED_BURST=${RED_BURST:-11}
 case "$CMD" in
 up) up "$@" ;;
 run) run "$@" ;;

@@ -50,10 +50,10 @@ done
 # to it keeping their order: a CNP per 4 ms, alpha updated per CNP interval with DCTCP's gain
 # (g 1/16: rp_dce_tcp_g 960), a cut at most every 16 ms (about a round trip through the queue
 # while RED marks: one cut per round trip, as TCP), an increase of 1 Mbit/s (5% of the
-# bottleneck) every 30 ms (longer than the cut period), the target rate clamped at each cut,
+# bottleneck) every 25 ms (longer than the cut period), the target rate clamped at each cut,
 # no byte counter; the first CNP sets a QP to 5 Mbit/s, the fair share of four flows (a QP
 # starts at line rate, as on a NIC: without it the start overflowed the queue).
-CC_PARAMS=${CC_PARAMS:-rp_clamp_tgt_rate=1,rp_ai_rate=1,rp_hai_rate=2,rp_time_reset=30000,rp_byte_reset=0,rp_dce_tcp_g=960,rp_dce_tcp_rtt=4000,np_min_time_between_cnps=4000,rp_rate_reduce_monitor_period=16000,rp_rate_to_set_on_first_cnp=5}
+CC_PARAMS=${CC_PARAMS:-rp_clamp_tgt_rate=1,rp_ai_rate=1,rp_hai_rate=2,rp_time_reset=25000,rp_byte_reset=0,rp_dce_tcp_g=960,rp_dce_tcp_rtt=4000,np_min_time_between_cnps=4000,rp_rate_reduce_monitor_period=16000,rp_rate_to_set_on_first_cnp=5}
 [ -n "$OUT" ] || OUT=$(mktemp -d /tmp/softroce-congestion.XXXXXX)
 mkdir -p "$OUT"
 SHARE=$(mktemp -d /tmp/softroce-congestion-share.XXXXXX)
@@ -70,7 +70,11 @@ SR_OK=1
 source test/rxelab/session.sh   # lab_session_start, lab_session_end: the lock, the VM
 trap 'lab_session_end; rm -rf "$SHARE"' EXIT
 lab_session_start bench/congestion.sh "$LOG" 2400 --share "$SHARE" --max-life $((300 + ROUNDS * 300)) || exit 1
-G="RED_MIN=${RED_MIN:-40000} RED_MAX=${RED_MAX:-160000} RED_LIMIT=${RED_LIMIT:-500000} RED_P=${RED_P:-0.1} RED_BURST=${RED_BURST:-11} bash /mnt/host/congestion-guest.sh /mnt/host/softroce"
+# RED marks with probability up to 0.5 within its band: the bottleneck passes about 600 packets
+# a second, so at 0.1 a flow got a mark only every 70-130 ms inside the band, fewer than its
+# increases, and the flows kept rising until the queue passed the point where RED marks every
+# packet: control by all or nothing, the queue swinging between empty and twice that point.
+G="RED_MIN=${RED_MIN:-40000} RED_MAX=${RED_MAX:-160000} RED_LIMIT=${RED_LIMIT:-500000} RED_P=${RED_P:-0.5} RED_BURST=${RED_BURST:-11} bash /mnt/host/congestion-guest.sh /mnt/host/softroce"
 test/rxelab/vm exec --timeout 120 -c "$G up $FLOWS $RATE" >> "$LOG" 2>&1 7>&- ||
   { echo "bench/congestion.sh: the dumbbell did not come up (see $LOG)" >&2; exit 1; }
 for round in $(seq 1 "$ROUNDS"); do
