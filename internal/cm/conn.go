@@ -4,6 +4,7 @@
 package cm
 
 import (
+	"sync"
 	"time"
 
 	"github.com/softroce/softroce/internal/qp"
@@ -36,8 +37,9 @@ type Conn struct {
 	// sides asked, so the QP gets it at RTR (ext.go)
 	srOffer, sr bool
 	qp          QPControl
-	qpErred     bool
-	inserted    bool // in m.remote / m.remoteQP
+	qpErred     bool      // ToErr is queued or done
+	qpErrOnce   sync.Once // runs ToErr: the queued effect or Disconnect, whichever is first
+	inserted    bool      // in m.remote / m.remoteQP
 
 	// Retransmission and the single timer.
 	pending     []byte // the MAD being retransmitted
@@ -583,7 +585,18 @@ func (c *Conn) Disconnect(privateData []byte) error {
 	}
 	m := c.m
 	m.mu.Lock()
-	defer m.unlock()
+	err := m.disconnect(c, privateData)
+	q, erred := c.qp, c.qpErred
+	m.unlock()
+	if q != nil && erred {
+		// The queued ToErr runs on whichever goroutine drains the effects, maybe after
+		// unlock returned here: the QP is in ERR when Disconnect returns (rdma_disconnect).
+		c.qpErrOnce.Do(q.ToErr)
+	}
+	return err
+}
+
+func (m *Manager) disconnect(c *Conn, privateData []byte) error {
 	switch c.state {
 	case StateEstablished:
 		m.sendDREQ(c, privateData)

@@ -102,6 +102,7 @@ type effect struct {
 	mad  []byte
 	ev   Event
 	qp   QPControl
+	conn *Conn // effQPErr: qp's Conn (its qpErrOnce)
 }
 
 // Listener receives CONNECT_REQUEST events for one service ID.
@@ -214,7 +215,7 @@ func (m *Manager) unlock() {
 				m.o.Events(e.ev)
 			}
 		case effQPErr:
-			e.qp.ToErr()
+			e.conn.qpErrOnce.Do(e.qp.ToErr)
 		}
 		m.mu.Lock()
 		if err != nil {
@@ -244,7 +245,7 @@ func (m *Manager) event(c *Conn, ev Event) {
 func (m *Manager) qpErr(c *Conn) {
 	if c.qp != nil && !c.qpErred {
 		c.qpErred = true
-		m.queue = append(m.queue, effect{kind: effQPErr, qp: c.qp})
+		m.queue = append(m.queue, effect{kind: effQPErr, qp: c.qp, conn: c})
 	}
 }
 
