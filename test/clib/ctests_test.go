@@ -96,24 +96,21 @@ func TestCZeroCopy(t *testing.T) {
 // translation and PD changes with the keys kept and their effect on a peer's WRITEs and
 // SENDs), ibv_wr_atomic_write on a QP with no inline capacity, and ibv_wr_flush as a
 // program built against rdma-core 45+ calls it.
-func TestCModify(t *testing.T) {
-	needMem(t)
-	d := startDaemon(t)
-	t.Log(strings.TrimSpace(runC(t, d, "modify")))
-	if n := d.srv.Debug(); n.QPs != 0 || n.CQs != 0 || n.PDs != 0 || n.MRs != 0 {
-		t.Errorf("the daemon still holds objects: %+v", n)
-	}
-}
+func TestCModify(t *testing.T) { runCAlone(t, "modify") }
 
 // TestCCQBroken runs clib/tests/cqbroken.c against a daemon: a resize whose mapping of the
 // daemon's new ring fails (the test's own mmap fails it) leaves the CQ broken — a thread
 // blocked on its channel woken, polls -1 with EIO, arms, extended polls and resizes EIO,
 // its QP's move to RESET and its destruction fine — while another CQ of the context goes on
 // and a resize the daemon refuses maps nothing and keeps the CQ's completions.
-func TestCCQBroken(t *testing.T) {
+func TestCCQBroken(t *testing.T) { runCAlone(t, "cqbroken") }
+
+// runCAlone runs the C test program prog against a daemon of its own, which holds no QP, CQ,
+// PD or MR afterwards.
+func runCAlone(t *testing.T, prog string) {
 	needMem(t)
 	d := startDaemon(t)
-	t.Log(strings.TrimSpace(runC(t, d, "cqbroken")))
+	t.Log(strings.TrimSpace(runC(t, d, prog)))
 	if n := d.srv.Debug(); n.QPs != 0 || n.CQs != 0 || n.PDs != 0 || n.MRs != 0 {
 		t.Errorf("the daemon still holds objects: %+v", n)
 	}
